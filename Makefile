@@ -1,0 +1,43 @@
+# Forge: every target creates (once) and reuses the local virtual environment in $(VENV).
+# GPU users: make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.forge-installed
+RUN_DIR ?= runs/demo
+
+.PHONY: run test lint protos assets venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+## The main job on the embedded default (whole system on CPU, built-in tiny model).
+run: venv
+	$(BIN)/python -m forge.demo --run-dir $(RUN_DIR)
+
+## The tests and the linter, as CI runs them.
+test: venv
+	$(BIN)/python -m pytest -q
+	$(BIN)/ruff check .
+
+lint: venv
+	$(BIN)/ruff check .
+
+## Regenerate the gRPC stubs from protos/forge/v1/*.proto.
+protos: venv
+	$(BIN)/python tools/gen_protos.py
+
+## Rebuild the built-in tokenizer (forge/assets/tiny).
+assets: venv
+	$(BIN)/python tools/build_tiny_tokenizer.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,44 @@
+"""The ``forge`` command group and the ``forge-*`` console scripts."""
+
+from __future__ import annotations
+
+import click
+
+from forge import __version__
+from forge.cli.common import CONTEXT_SETTINGS, entry_point, not_built
+from forge.cli.model import model_group
+
+learner = not_built("learner", 5, "Train the policy with CISPO on windowed-FIFO batches from the pool")
+actor = not_built("actor", 3, "Serve token generation from a checkpoint (embedded torch engine, TensorRT-LLM)")
+gateway = not_built("gateway", 4, "Serve agents (gRPC and OpenAI-compatible HTTP) and record every call in the pool")
+cache = not_built("cache", 8, "Serve the global L3 KV block store")
+up = not_built("up", 6, "Run the whole system locally on the built-in tiny model and tasks")
+top = not_built("top", 9, "Show live telemetry of a running system in the terminal")
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "-V", "--version", prog_name="forge")
+def forge() -> None:
+    """Forge: reinforcement learning of LLM agents at scale.
+
+    Services run as separate processes: forge actor (generation), forge gateway (the agents' door, recording every
+    call in the pool), forge learner (training), forge cache (the L3 KV cache). Options can also come from
+    FORGE_<COMMAND>_<OPTION> environment variables and from a TOML file given with --config.
+    """
+
+
+for command in (up, learner, actor, gateway, cache, top, model_group):
+    forge.add_command(command)
+
+learner_entry = entry_point(learner, "learner")
+actor_entry = entry_point(actor, "actor")
+gateway_entry = entry_point(gateway, "gateway")
+cache_entry = entry_point(cache, "cache")
+
+
+def main() -> None:
+    forge.main(prog_name="forge", auto_envvar_prefix="FORGE")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""``forge model``: inspect, create and try checkpoints in the Hugging Face layout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from forge.cli.common import CONTEXT_SETTINGS
+
+MODEL_HELP = "Checkpoint directory (HF layout: config.json + safetensors), or 'tiny' for the built-in model."
+
+
+@click.group("model", context_settings=CONTEXT_SETTINGS)
+def model_group() -> None:
+    """Inspect, create and try model checkpoints."""
+
+
+@model_group.command("info")
+@click.argument("model", default="tiny")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def info(model: str, as_json: bool) -> None:
+    """Show the architecture of MODEL (a checkpoint directory or 'tiny') and its parameter count."""
+    import torch
+
+    from forge.builtin import resolve_model_dir
+    from forge.model import CausalLM, ModelConfig
+
+    try:
+        directory = resolve_model_dir(model)
+        config = ModelConfig.from_file(directory)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    with torch.device("meta"):
+        net = CausalLM(config)
+    mtp = sum(p.numel() for p in net.mtp.parameters())
+    total = sum(p.numel() for p in net.parameters())
+    report = {"path": str(directory), "parameters": total, "mtp_parameters": mtp,
+              "has_weights": any(directory.glob("*.safetensors")), **config.to_hf_dict()}
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    click.echo(f"{directory}: {total / 1e6:.2f} M parameters ({mtp / 1e6:.2f} M in MTP modules)"
+               f"{'' if report['has_weights'] else ', no weights'}")
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_theta", "tie_word_embeddings",
+                "num_nextn_predict_layers"):
+        click.echo(f"  {key:26s} {report[key]}")
+
+
+@model_group.command("init")
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--seed", default=0, show_default=True, help="Initialisation seed.")
+def init(out: Path, seed: int) -> None:
+    """Write the built-in tiny architecture with freshly initialised weights, and its tokenizer, to OUT."""
+    from forge.builtin import write_tiny_checkpoint
+
+    write_tiny_checkpoint(out, seed=seed)
+    click.echo(f"wrote {out}")
+
+
+@model_group.command("generate")
+@click.argument("model")
+@click.option("--prompt", required=True, help="User message; rendered with the model's chat template.")
+@click.option("--system", default=None, help="Optional system message.")
+@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0, 100),
+              help="0 = greedy.")
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(0))
+@click.option("--seed", default=None, type=click.IntRange(0))
+def generate_command(model: str, prompt: str, system: str | None, max_tokens: int, temperature: float, top_p: float,
+                     top_k: int, seed: int | None) -> None:
+    """Chat once with MODEL using the plain reference decoder (no server), printing the reply and its tokens."""
+    from forge.model import CausalLM
+    from forge.model.generate import generate
+    from forge.model.sampling import SamplingParams
+    from forge.tokenizer import Tokenizer
+
+    try:
+        net = CausalLM.from_pretrained(model)
+        tokenizer = Tokenizer.from_dir(model)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
+    out = generate(net.eval(), prompt_ids, params)
+    click.echo(tokenizer.decode(out.token_ids))
+    click.echo(f"[{len(prompt_ids)} prompt tokens, {len(out.token_ids)} generated, finish: {out.finish_reason}, "
+               f"mean log-prob {sum(out.logprobs) / len(out.logprobs):.3f}]", err=True)

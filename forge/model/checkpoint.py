@@ -1,0 +1,107 @@
+"""Loading and saving models in the Hugging Face layout: config.json plus safetensors, single-file or sharded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from forge.model.config import ModelConfig
+from forge.model.qwen3 import CausalLM, RotaryEmbedding
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Buffers that some exporters write but that are derived from the config.
+_DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded into the model its config describes."""
+
+
+def weight_files(directory: Path) -> list[Path]:
+    index = directory / INDEX_FILE
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [directory / name for name in sorted(set(weight_map.values()))]
+    if (directory / SINGLE_FILE).exists():
+        return [directory / SINGLE_FILE]
+    raise CheckpointError(f"{directory} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
+
+
+def load_state_dict(directory: str | Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for path in weight_files(Path(directory)):
+        with safe_open(path, framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                tensor = handle.get_tensor(name)
+                tensors[name] = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+    return tensors
+
+
+def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> CausalLM:
+    directory = Path(directory)
+    config = ModelConfig.from_file(directory)
+    state = {k: v for k, v in load_state_dict(directory, dtype).items() if not k.endswith(_DERIVED_SUFFIXES)}
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    with torch.device("meta"):
+        model = CausalLM(config)
+    expected = dict(model.state_dict())
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{directory} does not match its config: missing {missing[:8]}{'…' if len(missing) > 8 else ''}, "
+            f"unexpected {unexpected[:8]}{'…' if len(unexpected) > 8 else ''}"
+        )
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise CheckpointError(f"{name}: shape {tuple(tensor.shape)} in {directory}, {tuple(expected[name].shape)}"
+                                  " expected by config.json")
+    model.load_state_dict(state, assign=True)
+    model.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+    return model.to(device=device, dtype=dtype)
+
+
+def save_pretrained(model: CausalLM, directory: str | Path, max_shard_bytes: int | None = None) -> Path:
+    """Write config.json and the weights; shards of at most ``max_shard_bytes`` (plus an index) when given."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()}
+    dtype_name = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    config_data = model.config.to_hf_dict() | {"torch_dtype": dtype_name, "dtype": dtype_name}
+    (directory / "config.json").write_text(json.dumps(config_data, indent=2, sort_keys=True) + "\n")
+    for stale in [*directory.glob("model-*-of-*.safetensors"), directory / SINGLE_FILE, directory / INDEX_FILE]:
+        stale.unlink(missing_ok=True)
+    shards = _shard(state, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(shards[0], directory / SINGLE_FILE, metadata={"format": "pt"})
+        return directory
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, directory / name, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return directory
+
+
+def _shard(state: dict[str, torch.Tensor], max_bytes: int | None) -> list[dict[str, torch.Tensor]]:
+    if not max_bytes:
+        return [state]
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards

@@ -1,0 +1,132 @@
+"""The model configuration: the Qwen3 hyper-parameters, read from and written to a Hugging Face config.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("qwen3",)
+
+
+class ModelConfigError(ValueError):
+    """A config.json that describes a model this implementation does not support."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    # Multi-token prediction modules (DeepSeek-V3 style), chained: module k predicts token t + 2 + k.
+    num_nextn_predict_layers: int = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    torch_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "head_dim", "max_position_embeddings")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelConfigError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ModelConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.num_nextn_predict_layers < 0:
+            raise ModelConfigError("num_nextn_predict_layers must be >= 0")
+        if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
+            raise ModelConfigError("rope_theta and rms_norm_eps must be positive")
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.eos_token_id is None:
+            return ()
+        if isinstance(self.eos_token_id, int):
+            return (self.eos_token_id,)
+        return tuple(self.eos_token_id)
+
+    @property
+    def num_layers_with_mtp(self) -> int:
+        """Attention layers in the whole network: the main stack followed by the MTP modules' layers."""
+        return self.num_hidden_layers + self.num_nextn_predict_layers
+
+    @classmethod
+    def from_hf_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        model_type = data.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelConfigError(f"model_type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
+        act = data.get("hidden_act", "silu")
+        if act != "silu":
+            raise ModelConfigError(f"hidden_act {act!r} is not supported (only 'silu')")
+        if data.get("use_sliding_window"):
+            raise ModelConfigError("sliding-window attention is not supported")
+        rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ModelConfigError(f"rope type {rope_type!r} is not supported (only the default rotary embedding)")
+        rope_theta = rope.get("rope_theta", data.get("rope_theta", cls.rope_theta))
+        names = {f.name for f in fields(cls)} - {"rope_theta"}
+        kwargs = {k: data[k] for k in names if k in data and data[k] is not None}
+        kwargs.setdefault("num_key_value_heads", data.get("num_attention_heads"))
+        if "head_dim" not in kwargs and "hidden_size" in data and "num_attention_heads" in data:
+            kwargs["head_dim"] = data["hidden_size"] // data["num_attention_heads"]
+        kwargs["num_nextn_predict_layers"] = int(data.get("num_nextn_predict_layers") or 0)
+        dtype = data.get("dtype") or data.get("torch_dtype")
+        if dtype:
+            kwargs["torch_dtype"] = str(dtype).removeprefix("torch.")
+        missing = [f.name for f in fields(cls) if f.name not in kwargs and f.default is MISSING]
+        if missing:
+            raise ModelConfigError(f"config.json lacks required keys: {', '.join(sorted(missing))}")
+        try:
+            return cls(rope_theta=float(rope_theta), **kwargs)
+        except TypeError as exc:
+            raise ModelConfigError(str(exc)) from exc
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(
+            architectures=["Qwen3ForCausalLM"],
+            model_type="qwen3",
+            hidden_act="silu",
+            attention_dropout=0.0,
+            use_cache=True,
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            dtype=self.torch_dtype,
+        )
+        return data
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise ModelConfigError(f"no config.json at {path}") from exc
+        except json.JSONDecodeError as exc:
+            raise ModelConfigError(f"{path} is not valid JSON: {exc}") from exc
+        return cls.from_hf_dict(data)
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / "config.json"
+        path.write_text(json.dumps(self.to_hf_dict(), indent=2, sort_keys=True) + "\n")
+        return path

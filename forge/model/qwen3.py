@@ -1,0 +1,211 @@
+"""The Qwen3-family decoder-only transformer with optional DeepSeek-V3-style multi-token-prediction (MTP) modules.
+
+Parameter names follow the Hugging Face layout (``model.layers.N.self_attn.q_proj.weight`` …), so checkpoints load
+and save without renaming. MTP module k (``mtp.k.*``) combines the hidden state at position t with the embedding
+of token t + 1 + k and predicts token t + 2 + k through the shared output head.
+
+The forward pass takes explicit position ids and an attention backend (``forge.model.attention``), which is how
+the learner runs tree-packed sequences and the actor engine runs its paged KV cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from forge.model.attention import AttentionBackend, CausalAttention
+from forge.model.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        self.register_buffer("inv_freq", 1.0 / (theta**exponents), persistent=False)
+
+    def forward(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin of shape [B, 1, T, D] for position ids of shape [B, T]."""
+        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq.float()
+        angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated_half * sin
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionBackend) -> Tensor:
+        batch, length, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rope
+        out = attention.attend(self.layer, rotate(q, cos, sin), rotate(k, cos, sin), v, self.scale)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(config, layer)
+        self.mlp = SwiGLU(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionBackend) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, attention)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class MTPModule(nn.Module):
+    """One multi-token-prediction depth: norm both inputs, project their concatenation, run one decoder layer."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.pre_fc_norm_embedding = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.pre_fc_norm_hidden = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        self.layer = DecoderLayer(config, layer)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, hidden: Tensor, next_embeds: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionBackend):
+        x = self.fc(torch.cat([self.pre_fc_norm_embedding(next_embeds), self.pre_fc_norm_hidden(hidden)], dim=-1))
+        return self.layer(x, rope, attention)
+
+
+class CausalLM(nn.Module):
+    """The policy model. ``forward`` returns hidden states; ``logits`` turns them into next-token logits."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, False)
+        self.mtp = nn.ModuleList(
+            MTPModule(config, config.num_hidden_layers + k) for k in range(config.num_nextn_predict_layers)
+        )
+
+    @property
+    def output_weight(self) -> Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def rope(self, input_ids: Tensor, position_ids: Tensor | None) -> tuple[Tensor, Tensor]:
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device).expand(input_ids.shape)
+        if position_ids.shape != input_ids.shape:
+            raise ValueError(f"position_ids {tuple(position_ids.shape)} must match input_ids {tuple(input_ids.shape)}")
+        return self.rotary(position_ids, self.model.embed_tokens.weight.dtype)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor | None = None,
+        attention: AttentionBackend | None = None,
+    ) -> Tensor:
+        """Hidden states [B, T, H] of the last decoder layer (before the final norm) for token ids [B, T].
+
+        ``position_ids`` default to 0..T-1 per row; ``attention`` defaults to causal attention within each row."""
+        attention = attention or CausalAttention()
+        rope = self.rope(input_ids, position_ids)
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, rope, attention)
+        return x
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return F.linear(self.model.norm(hidden), self.output_weight)
+
+    def mtp_forward(
+        self,
+        hidden: Tensor,
+        next_ids: Tensor,
+        depth: int = 0,
+        position_ids: Tensor | None = None,
+        attention: AttentionBackend | None = None,
+    ) -> Tensor:
+        """Hidden states of MTP module ``depth``: ``hidden`` is the previous depth's output at each position t (the
+        main model's for depth 0) and ``next_ids`` holds token t + 1 + depth at position t."""
+        if depth >= len(self.mtp):
+            raise ValueError(f"the model has {len(self.mtp)} MTP module(s); depth {depth} does not exist")
+        rope = self.rope(next_ids, position_ids)
+        return self.mtp[depth](hidden, self.model.embed_tokens(next_ids), rope, attention or CausalAttention())
+
+    def mtp_logits(self, hidden: Tensor, depth: int = 0) -> Tensor:
+        return F.linear(self.mtp[depth].norm(hidden), self.output_weight)
+
+    def init_weights(self, std: float = 0.02, seed: int | None = None) -> None:
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                with torch.no_grad():
+                    weight = torch.empty(module.weight.shape).normal_(0.0, std, generator=generator)
+                    module.weight.copy_(weight)
+                    if getattr(module, "bias", None) is not None:
+                        module.bias.zero_()
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> CausalLM:
+        from forge.model.checkpoint import load_pretrained
+
+        return load_pretrained(path, dtype=dtype, device=device)
+
+    def save_pretrained(self, path: str | Path, max_shard_bytes: int | None = None) -> Path:
+        from forge.model.checkpoint import save_pretrained
+
+        return save_pretrained(self, path, max_shard_bytes=max_shard_bytes)

@@ -1,0 +1,73 @@
+"""Sampling: the distribution a token is drawn from (temperature, top-k, top-p) and its log-probabilities.
+
+The log-probability recorded for a sampled token is taken under exactly the distribution it was drawn from (after
+temperature and truncation), so the learner can recompute it with the same parameters. Greedy decoding
+(temperature 0) records the log-probability of the argmax token under the untempered softmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+class SamplingError(ValueError):
+    """Sampling parameters out of range."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                      # 0 = off
+    seed: int | None = None
+    max_tokens: int | None = None       # None = up to the context length
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 100.0:
+            raise SamplingError(f"temperature must be in [0, 100], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise SamplingError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise SamplingError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise SamplingError(f"seed must be in [0, 2**63), got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def sampling_logprobs(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Log-probabilities [N, V] of the distribution tokens are drawn from; -inf outside its support.
+
+    Greedy (temperature 0) gives the untempered log-softmax (its argmax is the token taken)."""
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs
+        drop_sorted = mass_before >= top_p          # keep the smallest prefix whose mass reaches top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(logits, dim=-1)
+
+
+def sample(logprobs: Tensor, greedy: bool, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Draw one token per row from ``logprobs`` [N, V]; returns (token ids [N], their log-probabilities [N])."""
+    if greedy:
+        tokens = logprobs.argmax(-1)
+    else:
+        tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,140 @@
+"""Starting a gRPC server the Forge way: health service and server reflection on every server, loopback unless
+told otherwise, optional API keys, and a graceful stop on SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from forge.rpc.auth import ApiKeyInterceptor
+
+log = logging.getLogger(__name__)
+
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class ServiceBinding:
+    """One gRPC service to serve: its full name (``forge.v1.Actor``) and how to add its servicer to a server."""
+
+    name: str
+    register: Callable[[grpc.Server], None]
+
+    @classmethod
+    def of(cls, add_to_server: Callable, servicer: object, descriptor_module: object, service: str) -> ServiceBinding:
+        """From generated stubs, e.g. ``ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer,
+        actor_pb2, "Actor")``."""
+        name = descriptor_module.DESCRIPTOR.services_by_name[service].full_name
+        return cls(name, lambda server: add_to_server(servicer, server))
+
+
+@dataclass
+class ServerOptions:
+    host: str = LOOPBACK
+    port: int = 0                              # 0 = any free port
+    max_workers: int = 64
+    max_message_bytes: int = 256 * 1024 * 1024
+    grace_s: float = 5.0                       # how long in-flight calls may finish on stop
+    api_keys: Sequence[str] = ()               # when set, every call but health checks needs one
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class GrpcServer:
+    """A running gRPC server; ``port`` is the bound port (useful with port 0)."""
+
+    def __init__(self, services: Iterable[ServiceBinding], options: ServerOptions | None = None,
+                 interceptors: Sequence[grpc.ServerInterceptor] = ()) -> None:
+        self.options = options or ServerOptions()
+        self.services = list(services)
+        chain = list(interceptors)
+        if self.options.api_keys:
+            chain.insert(0, ApiKeyInterceptor(self.options.api_keys, exempt=(HEALTH_SERVICE,)))
+        message_limit = self.options.max_message_bytes
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc"),
+            interceptors=chain,
+            options=[("grpc.max_receive_message_length", message_limit),
+                     ("grpc.max_send_message_length", message_limit),
+                     ("grpc.so_reuseport", 0)],
+        )
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        for service in self.services:
+            service.register(self.server)
+        names = [s.name for s in self.services]
+        reflection.enable_server_reflection((*names, HEALTH_SERVICE, reflection.SERVICE_NAME), self.server)
+        address = _address(self.options.host, self.options.port)
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:   # grpc reports a failed bind this way
+            raise OSError(f"cannot bind gRPC server to {address} (address in use or not local)") from exc
+        self.address = _address(self.options.host, self.port)
+        self._started = False
+        self._stopped = threading.Event()
+
+    def start(self) -> GrpcServer:
+        if self._started:
+            return self
+        self._started = True
+        self.server.start()
+        serving = health_pb2.HealthCheckResponse.SERVING
+        for name in ("", *(s.name for s in self.services)):
+            self.health.set(name, serving)
+        log.info("serving %s on %s", ", ".join(s.name for s in self.services) or "health", self.address)
+        return self
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Report NOT_SERVING, let in-flight calls finish for up to ``grace_s`` seconds, then stop."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.health.enter_graceful_shutdown()
+        self.server.stop(self.options.grace_s if grace_s is None else grace_s).wait()
+        log.info("stopped serving on %s", self.address)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.server.wait_for_termination(timeout)
+
+    def run_until_signal(self, on_stop: Callable[[], None] | None = None) -> None:
+        """Serve until SIGTERM or SIGINT (main thread only), then stop gracefully and call ``on_stop``."""
+        received = threading.Event()
+
+        def handle(signum: int, _frame: object) -> None:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            received.set()
+
+        previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            while not received.wait(0.5) and not self._stopped.is_set():
+                pass
+        finally:
+            self.stop()
+            if on_stop:
+                on_stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def __enter__(self) -> GrpcServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(0)
+
+
+def serve(services: Iterable[ServiceBinding], options: ServerOptions | None = None,
+          interceptors: Sequence[grpc.ServerInterceptor] = ()) -> GrpcServer:
+    """Build and start a server; stop it with ``.stop()`` or block in ``.run_until_signal()``."""
+    return GrpcServer(services, options, interceptors).start()

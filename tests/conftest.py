@@ -1,0 +1,36 @@
+"""Shared test fixtures: free loopback ports, the venv's console scripts, the repository root."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def script(name: str) -> str:
+    """Path of a console script installed beside the running interpreter."""
+    path = BIN / name
+    found = str(path) if path.exists() else shutil.which(name)
+    if not found:
+        pytest.fail(f"console script {name} is not installed (pip install -e '.[dev]')")
+    return found
+
+
+@pytest.fixture
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env

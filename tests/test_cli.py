@@ -1,0 +1,77 @@
+"""The CLIs: options from flags, FORGE_* environment variables and a TOML config file, in that order of precedence;
+parts not built yet say so and exit non-zero; the model commands work end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import click
+import pytest
+from click.testing import CliRunner
+from conftest import script
+
+from forge.cli.common import config_option, entry_point
+
+
+@click.command("actor")
+@config_option
+@click.option("--port", default=1, show_default=True)
+@click.option("--host", default="127.0.0.1")
+def probe(port: int, host: str) -> None:
+    click.echo(f"{host}:{port}")
+
+
+def test_precedence_flag_over_env_over_config_over_default(tmp_path, monkeypatch):
+    config = tmp_path / "forge.toml"
+    config.write_text('[actor]\nport = 3\nhost = "10.0.0.1"\n')
+    runner = CliRunner()
+    run = lambda *args: runner.invoke(probe, list(args), auto_envvar_prefix="FORGE_ACTOR").output.strip()  # noqa: E731
+    assert run() == "127.0.0.1:1"
+    assert run("--config", str(config)) == "10.0.0.1:3"
+    monkeypatch.setenv("FORGE_ACTOR_PORT", "4")
+    assert run("--config", str(config)) == "10.0.0.1:4"
+    assert run("--config", str(config), "--port", "5") == "10.0.0.1:5"
+
+
+def test_bad_config_file_is_a_clear_error(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text("[actor\nport = ")
+    result = CliRunner().invoke(probe, ["--config", str(config)])
+    assert result.exit_code == 2 and "cannot read" in result.output
+
+
+def test_entry_point_uses_the_command_prefix(monkeypatch, capsys):
+    monkeypatch.setenv("FORGE_ACTOR_PORT", "7")
+    monkeypatch.setattr("sys.argv", ["forge-actor"])
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point(probe, "actor")()
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == "127.0.0.1:7"
+
+
+@pytest.mark.parametrize("name, issue", [("forge-actor", 3), ("forge-gateway", 4), ("forge-learner", 5),
+                                         ("forge-cache", 8)])
+def test_unbuilt_services_say_so_and_fail(name, issue):
+    result = subprocess.run([script(name)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "not built yet" in result.stderr and f"#{issue}" in result.stderr
+
+
+def test_model_init_info_and_generate(tmp_path):
+    out = tmp_path / "tiny"
+    subprocess.run([script("forge"), "model", "init", str(out), "--seed", "3"], check=True, timeout=120)
+    info = json.loads(subprocess.run([script("forge"), "model", "info", str(out), "--json"], check=True,
+                                     capture_output=True, text=True, timeout=120).stdout)
+    assert info["has_weights"] and info["num_nextn_predict_layers"] == 1 and info["parameters"] > 1e6
+    result = subprocess.run([script("forge"), "model", "generate", str(out), "--prompt", "Compute 2 + 3.",
+                             "--max-tokens", "5", "--temperature", "0.8", "--seed", "1"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "5 generated" in result.stderr or "finish: stop" in result.stderr
+
+
+def test_model_commands_report_bad_paths(tmp_path):
+    result = subprocess.run([script("forge"), "model", "info", str(tmp_path)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1 and "not a model directory" in result.stderr

@@ -1,0 +1,123 @@
+"""The model equals transformers' Qwen3ForCausalLM loaded from the same files (fp32, 1e-5), in both directions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from forge.model import CausalLM, CheckpointError, ModelConfig, ModelConfigError
+
+transformers = pytest.importorskip("transformers")
+
+CONFIGS = {
+    "mha-headdim-not-hidden-over-heads": dict(vocab_size=131, hidden_size=48, intermediate_size=80,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                               head_dim=16, tie_word_embeddings=False),
+    "gqa4-tied-bias": dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                           num_attention_heads=8, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True,
+                           attention_bias=True, rope_theta=500.0),
+    "mqa-untied-mtp2": dict(vocab_size=211, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=1, head_dim=32, tie_word_embeddings=False,
+                            num_nextn_predict_layers=2, rope_theta=1_000_000.0),
+    "gqa2-tied-mtp1": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=24, tie_word_embeddings=True,
+                           num_nextn_predict_layers=1, rms_norm_eps=1e-5),
+}
+
+
+def random_model(config: ModelConfig, seed: int) -> CausalLM:
+    torch.manual_seed(seed)
+    model = CausalLM(config)
+    model.init_weights(std=0.1, seed=seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                param.add_(torch.randn_like(param) * 0.2)   # non-trivial norms and biases catch misplaced ones
+    return model
+
+
+def hf_model(path) -> torch.nn.Module:
+    return transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("shard", [None, 40_000])
+def test_logits_match_transformers(tmp_path, name, shard):
+    config = ModelConfig(**CONFIGS[name])
+    random_model(config, seed=len(name)).save_pretrained(tmp_path, max_shard_bytes=shard)
+    if shard:
+        assert (tmp_path / "model.safetensors.index.json").exists()
+    ours = CausalLM.from_pretrained(tmp_path).eval()
+    reference = hf_model(tmp_path)
+    ids = torch.randint(0, config.vocab_size, (3, 29), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference(ids).logits
+        actual = ours.logits(ours(ids))
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+
+
+def test_loads_a_checkpoint_saved_by_transformers(tmp_path):
+    hf_config = transformers.Qwen3Config(vocab_size=150, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                         tie_word_embeddings=False, rope_theta=20_000.0)
+    torch.manual_seed(3)
+    reference = transformers.Qwen3ForCausalLM(hf_config).eval()
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.2)
+    reference.save_pretrained(tmp_path)
+    ours = CausalLM.from_pretrained(tmp_path).eval()
+    assert ours.config.rope_theta == 20_000.0
+    ids = torch.randint(0, 150, (2, 33))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.logits(ours(ids)), reference(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_explicit_position_ids_match_transformers(tmp_path):
+    config = ModelConfig(**CONFIGS["gqa4-tied-bias"])
+    random_model(config, seed=5).save_pretrained(tmp_path)
+    ours, reference = CausalLM.from_pretrained(tmp_path).eval(), hf_model(tmp_path)
+    ids = torch.randint(0, config.vocab_size, (2, 12))
+    positions = torch.arange(7, 19).expand(2, 12)
+    with torch.no_grad():
+        expected = reference(ids, position_ids=positions).logits
+        torch.testing.assert_close(ours.logits(ours(ids, positions)), expected, atol=1e-5, rtol=0)
+
+
+def test_save_load_round_trip_keeps_every_tensor(tmp_path):
+    config = ModelConfig(**CONFIGS["mqa-untied-mtp2"])
+    model = random_model(config, seed=9)
+    model.save_pretrained(tmp_path, max_shard_bytes=10_000)
+    loaded = CausalLM.from_pretrained(tmp_path)
+    assert loaded.config == config
+    original = model.state_dict()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, original[name]), name
+
+
+def test_mismatched_checkpoints_are_refused_with_a_reason(tmp_path):
+    config = ModelConfig(**CONFIGS["gqa2-tied-mtp1"])
+    random_model(config, seed=2).save_pretrained(tmp_path)
+    bad = dict(CONFIGS["gqa2-tied-mtp1"], intermediate_size=32)
+    ModelConfig(**bad).save(tmp_path)
+    with pytest.raises(CheckpointError, match=r"intermediate|shape"):
+        CausalLM.from_pretrained(tmp_path)
+    ModelConfig(**dict(CONFIGS["gqa2-tied-mtp1"], num_nextn_predict_layers=2)).save(tmp_path)
+    with pytest.raises(CheckpointError, match=r"missing \['mtp\.1"):
+        CausalLM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "llama"}, "model_type"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"num_key_value_heads": 3}, "multiple"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope type"),
+    ({"use_sliding_window": True}, "sliding"),
+    ({"hidden_size": 0}, "positive"),
+])
+def test_unsupported_configs_are_refused(change, message):
+    data = ModelConfig(**CONFIGS["mha-headdim-not-hidden-over-heads"]).to_hf_dict() | change
+    with pytest.raises(ModelConfigError, match=message):
+        ModelConfig.from_hf_dict(data)

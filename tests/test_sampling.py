@@ -1,0 +1,86 @@
+"""Sampling: truncation and temperature produce the intended distribution, recorded log-probs are those of the
+distribution sampled from, and the reference decoder matches transformers' greedy generation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from forge.model import CausalLM, ModelConfig
+from forge.model.generate import generate
+from forge.model.sampling import SamplingError, SamplingParams, sample, sampling_logprobs
+
+
+def test_top_k_and_top_p_support():
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    probs = sampling_logprobs(logits, 1.0, top_k=2).exp()[0]
+    torch.testing.assert_close(probs, torch.tensor([5 / 7, 2 / 7, 0, 0, 0]))
+    probs = sampling_logprobs(logits, 1.0, top_p=0.8).exp()[0]   # 0.5 + 0.2 < 0.8 -> keep three tokens
+    torch.testing.assert_close(probs, torch.tensor([0.5, 0.2, 0.15, 0, 0]) / 0.85)
+    probs = sampling_logprobs(logits, 1.0, top_p=0.7).exp()[0]   # 0.5 + 0.2 reaches 0.7 exactly
+    torch.testing.assert_close(probs, torch.tensor([0.5, 0.2, 0, 0, 0]) / 0.7)
+
+
+def test_temperature_scales_logits():
+    logits = torch.randn(3, 11)
+    torch.testing.assert_close(sampling_logprobs(logits, 0.5), torch.log_softmax(logits / 0.5, -1))
+    torch.testing.assert_close(sampling_logprobs(logits, 0.0), torch.log_softmax(logits, -1))
+
+
+def test_samples_follow_the_distribution_and_log_probs_match():
+    logits = torch.log(torch.tensor([0.6, 0.3, 0.1])).expand(20_000, 3)
+    logprobs = sampling_logprobs(logits, 1.0)
+    tokens, recorded = sample(logprobs, greedy=False, generator=torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=3).float() / len(tokens)
+    torch.testing.assert_close(freq, torch.tensor([0.6, 0.3, 0.1]), atol=0.015, rtol=0)
+    torch.testing.assert_close(recorded, logprobs.gather(-1, tokens[:, None])[:, 0])
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2),
+                                    dict(max_tokens=0), dict(seed=-1)])
+def test_bad_sampling_values_are_refused(kwargs):
+    with pytest.raises(SamplingError):
+        SamplingParams(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    config = ModelConfig(vocab_size=89, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, eos_token_id=88)
+    net = CausalLM(config)
+    net.init_weights(std=0.2, seed=4)
+    path = tmp_path_factory.mktemp("model")
+    net.save_pretrained(path)
+    return net.eval(), path
+
+
+def test_greedy_generation_matches_transformers(model):
+    transformers = pytest.importorskip("transformers")
+    net, path = model
+    reference = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompt = [5, 17, 33, 2, 60, 61]
+    ours = generate(net, prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert ours.token_ids == expected
+    assert ours.finish_reason == "length"
+
+
+def test_recorded_log_probs_equal_a_full_forward_pass(model):
+    net, _ = model
+    prompt = [1, 2, 3, 4]
+    out = generate(net, prompt, SamplingParams(temperature=0.7, top_k=20, seed=11, max_tokens=16, ignore_eos=True))
+    ids = torch.tensor([prompt + out.token_ids])
+    with torch.no_grad():
+        logits = net.logits(net(ids))[0, len(prompt) - 1:-1]
+    expected = sampling_logprobs(logits, 0.7, top_k=20).gather(-1, torch.tensor(out.token_ids)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-5, rtol=0)
+    assert all(math.isfinite(x) for x in out.logprobs)
+
+
+def test_seed_makes_sampling_reproducible(model):
+    net, _ = model
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=12, ignore_eos=True)
+    assert generate(net, [3, 4], params).token_ids == generate(net, [3, 4], params).token_ids
