@@ -1,1 +1,1 @@
-"""placeholder"""
+"""The Rollout Engine: actor servers and their inference backends (embedded torch engine, TensorRT-LLM, vLLM)."""
