@@ -215,31 +215,81 @@ class SessionWithCalls(_message.Message):
     def __init__(self, session: _Optional[_Union[SessionRecord, _Mapping]] = ..., calls: _Optional[_Iterable[_Union[CallRecord, _Mapping]]] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("head", "tail", "entries")
+    __slots__ = ("head", "tail", "entries", "seq")
     HEAD_FIELD_NUMBER: _ClassVar[int]
     TAIL_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     head: int
     tail: int
     entries: _containers.RepeatedCompositeFieldContainer[QueueEntry]
-    def __init__(self, head: _Optional[int] = ..., tail: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ...) -> None: ...
+    seq: int
+    def __init__(self, head: _Optional[int] = ..., tail: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ("positions", "failed")
+    __slots__ = ("positions", "failed", "expected_seq", "commit")
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
     positions: _containers.RepeatedScalarFieldContainer[int]
     failed: bool
-    def __init__(self, positions: _Optional[_Iterable[int]] = ..., failed: _Optional[bool] = ...) -> None: ...
+    expected_seq: int
+    commit: bool
+    def __init__(self, positions: _Optional[_Iterable[int]] = ..., failed: _Optional[bool] = ..., expected_seq: _Optional[int] = ..., commit: _Optional[bool] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
-    __slots__ = ("head",)
+    __slots__ = ("head", "cursor")
     HEAD_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
     head: int
-    def __init__(self, head: _Optional[int] = ...) -> None: ...
+    cursor: Cursor
+    def __init__(self, head: _Optional[int] = ..., cursor: _Optional[_Union[Cursor, _Mapping]] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("session_id",)
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class Cursor(_message.Message):
+    __slots__ = ("head", "tail", "seq", "committed_seq", "committed_head")
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_HEAD_FIELD_NUMBER: _ClassVar[int]
+    head: int
+    tail: int
+    seq: int
+    committed_seq: int
+    committed_head: int
+    def __init__(self, head: _Optional[int] = ..., tail: _Optional[int] = ..., seq: _Optional[int] = ..., committed_seq: _Optional[int] = ..., committed_head: _Optional[int] = ...) -> None: ...
+
+class GetCursorRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CommitCursorRequest(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
+class RewindCursorRequest(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
+class ExpireSessionsRequest(_message.Message):
+    __slots__ = ("idle_s",)
+    IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    idle_s: float
+    def __init__(self, idle_s: _Optional[float] = ...) -> None: ...
+
+class ExpireSessionsResponse(_message.Message):
+    __slots__ = ("session_ids",)
+    SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -76,6 +76,26 @@ class PoolStub:
                 request_serializer=forge_dot_v1_dot_common__pb2.StatsRequest.SerializeToString,
                 response_deserializer=forge_dot_v1_dot_common__pb2.StatsReport.FromString,
                 _registered_method=True)
+        self.GetCursor = channel.unary_unary(
+                '/forge.v1.Pool/GetCursor',
+                request_serializer=forge_dot_v1_dot_pool__pb2.GetCursorRequest.SerializeToString,
+                response_deserializer=forge_dot_v1_dot_pool__pb2.Cursor.FromString,
+                _registered_method=True)
+        self.CommitCursor = channel.unary_unary(
+                '/forge.v1.Pool/CommitCursor',
+                request_serializer=forge_dot_v1_dot_pool__pb2.CommitCursorRequest.SerializeToString,
+                response_deserializer=forge_dot_v1_dot_pool__pb2.Cursor.FromString,
+                _registered_method=True)
+        self.RewindCursor = channel.unary_unary(
+                '/forge.v1.Pool/RewindCursor',
+                request_serializer=forge_dot_v1_dot_pool__pb2.RewindCursorRequest.SerializeToString,
+                response_deserializer=forge_dot_v1_dot_pool__pb2.Cursor.FromString,
+                _registered_method=True)
+        self.ExpireSessions = channel.unary_unary(
+                '/forge.v1.Pool/ExpireSessions',
+                request_serializer=forge_dot_v1_dot_pool__pb2.ExpireSessionsRequest.SerializeToString,
+                response_deserializer=forge_dot_v1_dot_pool__pb2.ExpireSessionsResponse.FromString,
+                _registered_method=True)
 
 
 class PoolServicer:
@@ -137,6 +157,36 @@ class PoolServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCursor(self, request, context):
+        """The consumption cursor; a learner saves its seq in its checkpoint (docs/pool.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitCursor(self, request, context):
+        """The learner's checkpoint holds every consume up to seq: those can no longer be rewound, and retention may
+        delete their records.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RewindCursor(self, request, context):
+        """Undo every consume after seq (not below the committed seq): a learner restarted from a checkpoint rewinds to
+        the seq saved in it, so it neither skips nor repeats entries.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExpireSessions(self, request, context):
+        """Close as failed ("timeout") every open session idle for longer than idle_s, and groups that never filled up.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PoolServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +229,26 @@ def add_PoolServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=forge_dot_v1_dot_common__pb2.StatsRequest.FromString,
                     response_serializer=forge_dot_v1_dot_common__pb2.StatsReport.SerializeToString,
+            ),
+            'GetCursor': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCursor,
+                    request_deserializer=forge_dot_v1_dot_pool__pb2.GetCursorRequest.FromString,
+                    response_serializer=forge_dot_v1_dot_pool__pb2.Cursor.SerializeToString,
+            ),
+            'CommitCursor': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitCursor,
+                    request_deserializer=forge_dot_v1_dot_pool__pb2.CommitCursorRequest.FromString,
+                    response_serializer=forge_dot_v1_dot_pool__pb2.Cursor.SerializeToString,
+            ),
+            'RewindCursor': grpc.unary_unary_rpc_method_handler(
+                    servicer.RewindCursor,
+                    request_deserializer=forge_dot_v1_dot_pool__pb2.RewindCursorRequest.FromString,
+                    response_serializer=forge_dot_v1_dot_pool__pb2.Cursor.SerializeToString,
+            ),
+            'ExpireSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExpireSessions,
+                    request_deserializer=forge_dot_v1_dot_pool__pb2.ExpireSessionsRequest.FromString,
+                    response_serializer=forge_dot_v1_dot_pool__pb2.ExpireSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +468,114 @@ class Pool:
             '/forge.v1.Pool/Stats',
             forge_dot_v1_dot_common__pb2.StatsRequest.SerializeToString,
             forge_dot_v1_dot_common__pb2.StatsReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCursor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forge.v1.Pool/GetCursor',
+            forge_dot_v1_dot_pool__pb2.GetCursorRequest.SerializeToString,
+            forge_dot_v1_dot_pool__pb2.Cursor.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitCursor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forge.v1.Pool/CommitCursor',
+            forge_dot_v1_dot_pool__pb2.CommitCursorRequest.SerializeToString,
+            forge_dot_v1_dot_pool__pb2.Cursor.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RewindCursor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forge.v1.Pool/RewindCursor',
+            forge_dot_v1_dot_pool__pb2.RewindCursorRequest.SerializeToString,
+            forge_dot_v1_dot_pool__pb2.Cursor.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExpireSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forge.v1.Pool/ExpireSessions',
+            forge_dot_v1_dot_pool__pb2.ExpireSessionsRequest.SerializeToString,
+            forge_dot_v1_dot_pool__pb2.ExpireSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,252 @@
+"""``forge pool``: inspect a Data Pool directory (figures, queue entries, one session decoded to text) and serve a
+pool over gRPC. The inspection commands open the pool read-only, so they are safe while the gateway writes."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from google.protobuf import json_format
+
+from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, setup_logging
+from forge.gateway.pool.errors import PoolError
+from forge.gateway.pool.fifo import STATUS_NAMES
+from forge.gateway.pool.layout import COMPLETED
+from forge.gateway.pool.sessions import SESSION_STATUS_NAMES
+
+DEFAULT_PORT = 50057
+PATH_ARG = click.Path(exists=True, file_okay=False, path_type=Path)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
+
+
+class ByteSize(click.ParamType):
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+        if not match or match.group(2).lower() not in _UNITS:
+            self.fail(f"{value!r} is not a size such as 65536, 64MiB or 1GiB", param, ctx)
+        return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _open_reader(path: Path) -> Any:
+    from forge.gateway.pool.pool import PoolReader
+
+    try:
+        return PoolReader(path)
+    except (OSError, PoolError) as exc:
+        raise click.ClickException(f"cannot open the pool at {path}: {exc}") from exc
+
+
+def _when(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t).isoformat(sep=" ", timespec="seconds") if t else "-"
+
+
+@click.group("pool", context_settings=CONTEXT_SETTINGS)
+def pool_group() -> None:
+    """Inspect a Data Pool (an LMDB directory) and serve it over gRPC.
+
+    The pool holds every LLM call and session recorded by the gateway, and the generation queue from which the
+    learner takes completed entries through a window [head, head + W - 1].
+    """
+
+
+@pool_group.command("stats")
+@click.argument("path", type=PATH_ARG)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def stats_command(path: Path, as_json: bool) -> None:
+    """Counts of the pool at PATH: queue head and tail, entries by status, sessions, calls, bytes on disk."""
+    with _open_reader(path) as reader:
+        figures = reader.stats()
+    if as_json:
+        click.echo(json.dumps({k: (int(v) if float(v).is_integer() else v) for k, v in figures.items()}, indent=2,
+                              sort_keys=True))
+        return
+    f = {k: int(v) if float(v).is_integer() else v for k, v in figures.items()}
+    click.echo(f"{path}")
+    click.echo(f"  queue      head {f['head']}  tail {f['tail']}  ({f['in_queue']} not yet consumed; head entry "
+               f"{figures['head_age_s']:.1f} s old)")
+    click.echo(f"  entries    {f['queued']} pending  {f['completed']} completed  {f['consumed']} consumed  "
+               f"{f['failed']} failed")
+    click.echo(f"  cursor     seq {f['seq']}  committed {f['committed_seq']}")
+    click.echo(f"  sessions   {f['sessions']} opened  {f['sessions_open']} open  {f['sessions_stored']} stored")
+    click.echo(f"  calls      {f['calls']} appended  {f['calls_stored']} stored")
+    click.echo(f"  disk       {figures['bytes_on_disk'] / 2**20:.1f} MiB on disk  "
+               f"{figures['bytes_used'] / 2**20:.1f} MiB used  map {figures['map_size'] / 2**20:.0f} MiB")
+
+
+@pool_group.command("entries")
+@click.argument("path", type=PATH_ARG)
+@click.option("--window", "-w", type=click.IntRange(1), default=None,
+              help="Show the window [head, head + W - 1] and mark the entries a fetch with this window returns.")
+@click.option("--start", type=click.IntRange(0), default=None, help="First queue position to show (default: head).")
+@click.option("--limit", type=click.IntRange(1), default=50, show_default=True,
+              help="Most entries to show without --window.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def entries_command(path: Path, window: int | None, start: int | None, limit: int, as_json: bool) -> None:
+    """Queue entries of the pool at PATH from the head on: status, group, sessions closed and failed."""
+    with _open_reader(path) as reader:
+        cursor = reader.cursor()
+        first = cursor.head if start is None else start
+        entries = reader.entries(first, window if window else limit)
+        if window:
+            entries = [e for e in entries if e.position < cursor.head + window]
+    now = time.time()
+    if as_json:
+        rows = [{"position": e.position, "status": STATUS_NAMES[e.status], "group_id": e.group_id,
+                 "group_size": e.size, "sessions": e.members, "closed": e.closed, "failed": e.failed,
+                 "created_at": e.created_at, "in_window": window is not None and e.position < cursor.head + window,
+                 "fetched": window is not None and e.status == COMPLETED and e.position < cursor.head + window}
+                for e in entries]
+        click.echo(json.dumps({"head": cursor.head, "tail": cursor.tail, "seq": cursor.seq, "entries": rows},
+                              indent=2))
+        return
+    span = f"; window {window}: positions {cursor.head}-{cursor.head + window - 1}" if window else ""
+    click.echo(f"head {cursor.head}  tail {cursor.tail}  seq {cursor.seq}{span}")
+    if not entries:
+        click.echo("(no entries)")
+        return
+    click.echo(f"{'position':>9}  {'status':9}  {'closed':>8}  {'failed':>6}  {'age':>8}  group")
+    for e in entries:
+        mark = "  <- fetch" if window and e.status == COMPLETED else ""
+        click.echo(f"{e.position:>9}  {STATUS_NAMES[e.status]:9}  {e.closed:>3}/{e.size:<4}  {e.failed:>6}  "
+                   f"{now - e.created_at:>7.1f}s  {e.group_id or '-'}{mark}")
+
+
+def _tokenizer(model: str) -> Any:
+    from forge.assets import TINY_DIR, TINY_NAME
+    from forge.tokenizer import Tokenizer
+
+    directory = TINY_DIR if model in ("tiny", TINY_NAME) else Path(model)
+    try:
+        return Tokenizer.from_dir(directory)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot load a tokenizer from {directory}: {exc}") from exc
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@pool_group.command("show")
+@click.argument("path", type=PATH_ARG)
+@click.argument("session_id")
+@click.option("--model", default="tiny", show_default=True,
+              help="Tokenizer to decode with: a checkpoint directory with tokenizer.json, or 'tiny' (built-in).")
+@click.option("--ids", "show_ids", is_flag=True, help="Print token ids instead of decoded text.")
+@click.option("--full-prompt", is_flag=True,
+              help="Print every call's whole prompt (default: only what it adds to the previous call).")
+@click.option("--json", "as_json", is_flag=True, help="Print the session and its calls as JSON (token ids).")
+def show_command(path: Path, session_id: str, model: str, show_ids: bool, full_prompt: bool, as_json: bool) -> None:
+    """One session of the pool at PATH with its calls decoded to text, rewards and metrics."""
+    with _open_reader(path) as reader:
+        try:
+            found = reader.get_session(session_id)
+        except PoolError as exc:
+            raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json_format.MessageToJson(found, preserving_proto_field_name=True))
+        return
+    tokenizer = None if show_ids else _tokenizer(model)
+
+    def text(ids: list[int]) -> str:
+        return " ".join(map(str, ids)) if tokenizer is None else tokenizer.decode(ids)
+
+    s = found.session
+    click.echo(f"session {s.session_id}  {SESSION_STATUS_NAMES.get(s.status, '?')}"
+               f"{'  (' + s.failure_reason + ')' if s.failure_reason else ''}")
+    click.echo(f"  task {s.task_id or '-'}  domain {s.domain or '-'}  group {s.group_id or '-'} (size {s.group_size})"
+               f"  queue position {s.queue_position}")
+    click.echo(f"  started {_when(s.started_at)}  ended {_when(s.ended_at)}  calls {s.num_calls}")
+    for title, values in (("outcome rewards", s.outcome_rewards), ("metrics", s.metrics), ("metadata", s.metadata)):
+        if values:
+            click.echo(f"  {title}: " + "  ".join(f"{k}={v}" for k, v in sorted(values.items())))
+    previous: list[int] = []
+    for call in found.calls:
+        prompt, completion = list(call.prompt_ids), list(call.completion_ids)
+        versions = sorted(set(call.weight_versions))
+        mean = sum(call.logprobs) / len(call.logprobs) if call.logprobs else 0.0
+        finish = common_finish_name(call.finish_reason)
+        click.echo(f"\n--- call {call.index}  actor {call.actor or '-'}  finish {finish}  "
+                   f"{len(prompt)} prompt + {len(completion)} completion tokens  weight versions "
+                   f"{versions[0] if versions else '-'}..{versions[-1] if versions else '-'}  "
+                   f"mean logprob {mean:.3f}  {call.timing.total_s:.3f} s")
+        shared = 0 if full_prompt else _shared_prefix(previous, prompt)
+        label = f"[prompt, after {shared} tokens shared with the previous call]" if shared else "[prompt]"
+        click.echo(label)
+        click.echo(text(prompt[shared:]))
+        click.echo("[completion]")
+        click.echo(text(completion))
+        if call.process_rewards:
+            click.echo("process rewards: " + ", ".join(f"{r:g}" for r in call.process_rewards))
+        previous = prompt + completion
+
+
+def common_finish_name(value: int) -> str:
+    from forge.v1 import common_pb2
+
+    try:
+        return common_pb2.FinishReason.Name(value).removeprefix("FINISH_REASON_").lower()
+    except ValueError:
+        return str(value)
+
+
+@pool_group.command("serve", context_settings=CONTEXT_SETTINGS)
+@config_option
+@click.option("--path", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Pool directory (created if missing).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to bind (0: any free port).")
+@click.option("--map-size", type=ByteSize(), default="1GiB", show_default=True,
+              help="Initial LMDB map size (it doubles when full), e.g. 64MiB.")
+@click.option("--max-map-size", type=ByteSize(), default="1TiB", show_default=True,
+              help="Largest map: beyond it appends fail with RESOURCE_EXHAUSTED.")
+@click.option("--api-key", multiple=True, help="Accept only calls with this key (repeatable; health checks exempt).")
+@click.option("--session-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Close sessions idle this many seconds as failed ('timeout').")
+@click.option("--keep-consumed", type=click.IntRange(0), default=None,
+              help="Keep the records of at most this many consumed entries (default: all).")
+@click.option("--keep-consumed-s", type=click.FloatRange(min=0), default=None,
+              help="Delete the records of entries consumed longer ago than this (seconds).")
+@click.option("--min-completed", type=click.IntRange(1), default=1, show_default=True,
+              help="A group with fewer completed sessions becomes a FAILED entry.")
+@log_level_option
+def serve_command(path: Path, host: str, port: int, map_size: int, max_map_size: int, api_key: tuple[str, ...],
+                  session_timeout: float | None, keep_consumed: int | None, keep_consumed_s: float | None,
+                  min_completed: int, log_level: str) -> None:
+    """Serve the pool at --path as the forge.v1.Pool gRPC service (with health and reflection) until SIGTERM."""
+    from forge.gateway.pool.pool import Pool
+    from forge.gateway.pool.service import serve_pool
+    from forge.rpc import ServerOptions
+
+    setup_logging(log_level)
+    try:
+        pool = Pool(path, map_size=map_size, max_map_size=max_map_size, session_timeout_s=session_timeout,
+                    keep_consumed=keep_consumed, keep_consumed_s=keep_consumed_s, min_completed=min_completed)
+    except (OSError, PoolError) as exc:
+        raise click.ClickException(f"cannot open the pool at {path}: {exc}") from exc
+    try:
+        server = serve_pool(pool, ServerOptions(host=host, port=port, api_keys=api_key))
+    except OSError as exc:
+        pool.close()
+        raise click.ClickException(str(exc)) from exc
+    def ready() -> None:
+        click.echo(f"serving the pool at {path} on {server.address}")
+        sys.stdout.flush()
+
+    server.run_until_signal(on_stop=pool.close, on_ready=ready)

@@ -1,0 +1,93 @@
+"""``PoolClient``: the Pool service over gRPC with the same methods as the in-process ``Pool``, raising the same
+exceptions, so the learner and the gateway can use either."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import grpc
+
+from forge.gateway.pool.errors import error_for_status
+from forge.rpc import connect
+from forge.v1 import common_pb2, pool_pb2, pool_pb2_grpc
+
+# Codes only the pool sends; UNAVAILABLE, INTERNAL, DEADLINE_EXCEEDED... stay grpc.RpcError.
+_POOL_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED,
+                         grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+class PoolClient:
+    """A client of the Pool service at ``address`` (host:port). Errors the service reports come back as the pool's
+    exceptions (``InvalidRequestError``, ``NotFoundError``, ``ConflictError``, ``PoolFullError``...); transport
+    failures stay ``grpc.RpcError``."""
+
+    def __init__(self, address: str, api_key: str | None = None, timeout_s: float | None = 60.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.channel = connect(address, api_key)
+        self.stub = pool_pb2_grpc.PoolStub(self.channel)
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self.stub, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() not in _POOL_CODES:
+                raise
+            raise error_for_status(exc.code(), exc.details() or "") from exc
+
+    def open_session(self, request: pool_pb2.OpenSessionRequest | None = None, /, **fields: Any
+                     ) -> pool_pb2.SessionRecord:
+        return self._call("OpenSession", request if request is not None else pool_pb2.OpenSessionRequest(**fields))
+
+    def append_call(self, record: pool_pb2.CallRecord) -> int:
+        return self._call("AppendCall", record).index
+
+    def add_process_reward(self, session_id: str, call_index: int, reward: float) -> None:
+        self._call("AddProcessReward", pool_pb2.ProcessReward(session_id=session_id, call_index=call_index,
+                                                              reward=reward))
+
+    def close_session(self, request: pool_pb2.CloseSessionRequest | None = None, /, **fields: Any
+                      ) -> pool_pb2.SessionRecord:
+        return self._call("CloseSession", request if request is not None else pool_pb2.CloseSessionRequest(**fields))
+
+    def expire_sessions(self, older_than_s: float) -> list[str]:
+        return list(self._call("ExpireSessions", pool_pb2.ExpireSessionsRequest(idle_s=older_than_s)).session_ids)
+
+    def fetch(self, window: int, max_entries: int = 0, include_calls: bool = False) -> pool_pb2.FetchResponse:
+        return self._call("Fetch", pool_pb2.FetchRequest(window=window, max_entries=max_entries,
+                                                         include_calls=include_calls))
+
+    def consume(self, positions: Iterable[int], failed: bool = False, expected_seq: int | None = None,
+                commit: bool = False) -> pool_pb2.Cursor:
+        request = pool_pb2.ConsumeRequest(positions=list(positions), failed=failed, commit=commit)
+        if expected_seq is not None:
+            request.expected_seq = expected_seq
+        return self._call("Consume", request).cursor
+
+    def cursor(self) -> pool_pb2.Cursor:
+        return self._call("GetCursor", pool_pb2.GetCursorRequest())
+
+    def commit_cursor(self, seq: int) -> pool_pb2.Cursor:
+        return self._call("CommitCursor", pool_pb2.CommitCursorRequest(seq=seq))
+
+    def rewind(self, seq: int) -> pool_pb2.Cursor:
+        return self._call("RewindCursor", pool_pb2.RewindCursorRequest(seq=seq))
+
+    def get_session(self, session_id: str) -> pool_pb2.SessionWithCalls:
+        return self._call("GetSession", pool_pb2.GetSessionRequest(session_id=session_id))
+
+    def stats_report(self) -> common_pb2.StatsReport:
+        return self._call("Stats", common_pb2.StatsRequest())
+
+    def stats(self) -> dict[str, float]:
+        return dict(self.stats_report().gauges)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> PoolClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

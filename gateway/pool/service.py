@@ -1,0 +1,106 @@
+"""The Pool gRPC service: every rpc of forge.v1.Pool over an in-process ``Pool``, with pool errors turned into
+status codes (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, ABORTED, RESOURCE_EXHAUSTED) and clear messages."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from forge.gateway.pool.errors import PoolError, status_code
+from forge.gateway.pool.pool import Pool
+from forge.rpc import GrpcServer, ServerOptions, ServiceBinding
+from forge.telemetry import stats_report
+from forge.v1 import pool_pb2, pool_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def _guarded(method: Callable) -> Callable:
+    """Run an rpc, answering pool errors (and any unexpected failure) with a status instead of a crash."""
+
+    @functools.wraps(method)
+    def run(self: PoolServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except PoolError as exc:
+            context.abort(status_code(exc), str(exc))
+        except Exception as exc:
+            log.exception("Pool.%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {exc}")
+
+    return run
+
+
+class PoolServicer(pool_pb2_grpc.PoolServicer):
+    def __init__(self, pool: Pool, instance: str = "pool") -> None:
+        self.pool = pool
+        self.instance = instance
+        self.started = time.time()
+
+    @_guarded
+    def OpenSession(self, request, context):
+        return self.pool.open_session(request)
+
+    @_guarded
+    def AppendCall(self, request, context):
+        return pool_pb2.AppendCallResponse(index=self.pool.append_call(request))
+
+    @_guarded
+    def AddProcessReward(self, request, context):
+        self.pool.add_process_reward(request.session_id, request.call_index, request.reward)
+        return pool_pb2.AddProcessRewardResponse()
+
+    @_guarded
+    def CloseSession(self, request, context):
+        return self.pool.close_session(request)
+
+    @_guarded
+    def Fetch(self, request, context):
+        return self.pool.fetch(request.window, request.max_entries, request.include_calls)
+
+    @_guarded
+    def Consume(self, request, context):
+        expected = request.expected_seq if request.HasField("expected_seq") else None
+        cursor = self.pool.consume(request.positions, request.failed, expected, request.commit)
+        return pool_pb2.ConsumeResponse(head=cursor.head, cursor=cursor)
+
+    @_guarded
+    def GetSession(self, request, context):
+        return self.pool.get_session(request.session_id)
+
+    @_guarded
+    def GetCursor(self, request, context):
+        return self.pool.cursor()
+
+    @_guarded
+    def CommitCursor(self, request, context):
+        return self.pool.commit_cursor(request.seq)
+
+    @_guarded
+    def RewindCursor(self, request, context):
+        return self.pool.rewind(request.seq)
+
+    @_guarded
+    def ExpireSessions(self, request, context):
+        return pool_pb2.ExpireSessionsResponse(session_ids=self.pool.expire_sessions(request.idle_s))
+
+    @_guarded
+    def Stats(self, request, context):
+        return stats_report("pool", self.instance, self.started, self.pool.stats(), {"path": str(self.pool.path)})
+
+
+def pool_binding(servicer: PoolServicer) -> ServiceBinding:
+    return ServiceBinding.of(pool_pb2_grpc.add_PoolServicer_to_server, servicer, pool_pb2, "Pool")
+
+
+def serve_pool(pool: Pool, options: ServerOptions | None = None) -> GrpcServer:
+    """A started gRPC server for ``pool`` (loopback and any free port unless ``options`` say otherwise)."""
+    servicer = PoolServicer(pool)
+    server = GrpcServer([pool_binding(servicer)], options or ServerOptions())
+    servicer.instance = server.address
+    return server.start()
