@@ -62,7 +62,8 @@ def test_greedy_generation_matches_transformers(model):
     reference = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompt = [5, 17, 33, 2, 60, 61]
     ours = generate(net, prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
-    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+    ids = torch.tensor([prompt])
+    expected = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
                                   eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert ours.token_ids == expected
     assert ours.finish_reason == "length"

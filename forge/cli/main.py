@@ -5,11 +5,12 @@ from __future__ import annotations
 import click
 
 from forge import __version__
+from forge.actors.cli import actor
 from forge.cli.common import CONTEXT_SETTINGS, entry_point, not_built
 from forge.cli.model import model_group
+from forge.gateway.pool.cli import pool_group
 
 learner = not_built("learner", 5, "Train the policy with CISPO on windowed-FIFO batches from the pool")
-actor = not_built("actor", 3, "Serve token generation from a checkpoint (embedded torch engine, TensorRT-LLM)")
 gateway = not_built("gateway", 4, "Serve agents (gRPC and OpenAI-compatible HTTP) and record every call in the pool")
 cache = not_built("cache", 8, "Serve the global L3 KV block store")
 up = not_built("up", 6, "Run the whole system locally on the built-in tiny model and tasks")
@@ -27,7 +28,7 @@ def forge() -> None:
     """
 
 
-for command in (up, learner, actor, gateway, cache, top, model_group):
+for command in (up, learner, actor, gateway, cache, top, model_group, pool_group):
     forge.add_command(command)
 
 learner_entry = entry_point(learner, "learner")

@@ -71,3 +71,25 @@ def sample(logprobs: Tensor, greedy: bool, generator: torch.Generator | None = N
     else:
         tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def batched_sampling_logprobs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """``sampling_logprobs`` with per-row parameters ([N] tensors; temperature 0 = greedy, top_k 0 = off)."""
+    logits = logits.float()
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(logits)
+    logits = logits / scale.unsqueeze(-1)
+    vocab = logits.shape[-1]
+    truncate_k = (top_k > 0) & (top_k < vocab)
+    truncate_p = top_p < 1.0
+    if bool(truncate_k.any()) or bool(truncate_p.any()):
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        k = torch.where(truncate_k, top_k, torch.full_like(top_k, vocab)).clamp(1, vocab).to(order.device)
+        kth = sorted_logits.gather(-1, (k - 1).unsqueeze(-1))
+        drop_sorted = sorted_logits < kth
+        if bool(truncate_p.any()):
+            probs = sorted_logits.masked_fill(drop_sorted, float("-inf")).softmax(-1)
+            mass_before = probs.cumsum(-1) - probs
+            drop_sorted |= mass_before >= top_p.to(probs).unsqueeze(-1)
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(logits, dim=-1)

@@ -107,8 +107,10 @@ class GrpcServer:
     def wait(self, timeout: float | None = None) -> bool:
         return self.server.wait_for_termination(timeout)
 
-    def run_until_signal(self, on_stop: Callable[[], None] | None = None) -> None:
-        """Serve until SIGTERM or SIGINT (main thread only), then stop gracefully and call ``on_stop``."""
+    def run_until_signal(self, on_stop: Callable[[], None] | None = None,
+                         on_ready: Callable[[], None] | None = None) -> None:
+        """Serve until SIGTERM or SIGINT (main thread only), then stop gracefully and call ``on_stop``.
+        ``on_ready`` runs once the server is serving and the signal handlers are in place."""
         received = threading.Event()
 
         def handle(signum: int, _frame: object) -> None:
@@ -118,6 +120,8 @@ class GrpcServer:
         previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.start()
+            if on_ready:
+                on_ready()
             while not received.wait(0.5) and not self._stopped.is_set():
                 pass
         finally:

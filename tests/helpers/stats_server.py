@@ -37,8 +37,8 @@ def main() -> None:
     binding = ServiceBinding.of(learner_pb2_grpc.add_LearnerServicer_to_server, Learner(args.slow_s), learner_pb2,
                                 "Learner")
     server = GrpcServer([binding], options)
-    print(f"PORT {server.port} ADDRESS {server.address}", flush=True)
-    server.run_until_signal(on_stop=lambda: print("STOPPED", flush=True))
+    server.run_until_signal(on_stop=lambda: print("STOPPED", flush=True),
+                            on_ready=lambda: print(f"PORT {server.port} ADDRESS {server.address}", flush=True))
 
 
 if __name__ == "__main__":

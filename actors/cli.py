@@ -1,0 +1,116 @@
+"""``forge-actor``: serve token generation from a checkpoint over gRPC."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import click
+
+from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, setup_logging
+
+log = logging.getLogger("forge.actor")
+
+
+def load_policy(model: str, device: str, dtype: str):
+    """The model for ``--model``: a checkpoint directory, or 'tiny' (its shipped weights, else a fresh init)."""
+    import torch
+
+    from forge.builtin import TINY_DIR, TINY_NAME, is_builtin, tiny_model
+    from forge.model import CausalLM
+
+    torch_dtype = getattr(torch, dtype)
+    if is_builtin(model):
+        if any(TINY_DIR.glob("*.safetensors")):
+            return CausalLM.from_pretrained(TINY_DIR, dtype=torch_dtype, device=device), TINY_NAME
+        log.warning("the built-in tiny model has no trained weights in this installation: using a fresh init")
+        return tiny_model(seed=0).to(device=device, dtype=torch_dtype), TINY_NAME
+    path = Path(model)
+    if not (path / "config.json").exists():
+        raise click.BadParameter(f"{model} is not a checkpoint directory (no config.json) nor 'tiny'",
+                                 param_hint="--model")
+    return CausalLM.from_pretrained(path, dtype=torch_dtype, device=device), str(path.resolve())
+
+
+def write_ready_file(path: Path, **fields: object) -> None:
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(json.dumps(fields))
+    os.replace(temporary, path)
+
+
+@click.command("actor", context_settings=CONTEXT_SETTINGS)
+@config_option
+@click.option("--model", default="tiny", show_default=True,
+              help="Checkpoint directory in the Hugging Face layout, or 'tiny' for the built-in model.")
+@click.option("--backend", type=click.Choice(["torch", "trtllm", "vllm"]), default="torch", show_default=True,
+              help="Inference backend: the embedded torch engine, TensorRT-LLM (GPU, optional extra) or vLLM.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
+@click.option("--port", default=50051, show_default=True, type=click.IntRange(0, 65535),
+              help="gRPC port; 0 picks a free one (see --ready-file).")
+@click.option("--name", default=None, help="Instance name in stats and records [default: actor-PORT].")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N, or auto.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--kv-cache-mb", default=256, show_default=True, type=click.IntRange(1),
+              help="Memory for the paged KV cache.")
+@click.option("--block-size", default=16, show_default=True, type=click.IntRange(1, 1024),
+              help="Tokens per KV block (also the prefix-reuse granularity).")
+@click.option("--max-batch", default=64, show_default=True, type=click.IntRange(1),
+              help="Sequences decoded together at most.")
+@click.option("--max-batched-tokens", default=4096, show_default=True, type=click.IntRange(16),
+              help="Prompt tokens in one prefill step (longer prompts are chunked).")
+@click.option("--max-waiting", default=1024, show_default=True, type=click.IntRange(0),
+              help="Queued requests beyond the running batch; more are refused with RESOURCE_EXHAUSTED.")
+@click.option("--speculative/--no-speculative", default=True, show_default=True,
+              help="Draft with the checkpoint's MTP head and verify with the main model (when it has one).")
+@click.option("--on-weight-swap", type=click.Choice(["continue", "abort"]), default="continue", show_default=True,
+              help="What in-flight requests do when a new weight version arrives.")
+@click.option("--api-key", "api_keys", multiple=True, envvar="FORGE_ACTOR_API_KEYS",
+              help="Require this API key on every call (repeatable).")
+@click.option("--threads", default=0, type=click.IntRange(0), help="Torch CPU threads (0 = all cores).")
+@click.option("--seed", default=0, show_default=True, help="Seed for requests that bring none.")
+@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write {address, instance, pid} as JSON here once serving.")
+@log_level_option
+def actor(model: str, backend: str, host: str, port: int, name: str | None, device: str, dtype: str,
+          kv_cache_mb: int, block_size: int, max_batch: int, max_batched_tokens: int, max_waiting: int,
+          speculative: bool, on_weight_swap: str, api_keys: tuple[str, ...], threads: int, seed: int,
+          ready_file: Path | None, log_level: str) -> None:
+    """Serve token generation from MODEL over gRPC (forge.v1.Actor: Generate, Abort, Stats, plus health and
+    reflection). Token ids in, token ids out, with the log-probability and weight version of every token."""
+    setup_logging(log_level)
+    import torch
+
+    from forge.actors.server import ActorServicer
+    from forge.rpc import ServerOptions, ServiceBinding
+    from forge.rpc.server import GrpcServer
+    from forge.v1 import actor_pb2, actor_pb2_grpc
+
+    if threads:
+        torch.set_num_threads(threads)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if backend != "torch":
+        from forge.actors.trtllm import backend_unavailable
+
+        raise click.ClickException(backend_unavailable(backend))
+    from forge.actors.engine.engine import EngineConfig, TorchEngine
+
+    policy, model_id = load_policy(model, device, dtype)
+    options = ServerOptions(host=host, port=port, api_keys=api_keys)
+    config = EngineConfig(kv_cache_bytes=kv_cache_mb * 2**20, block_size=block_size, max_num_seqs=max_batch,
+                          max_num_batched_tokens=max_batched_tokens, max_waiting=max_waiting, speculative=speculative,
+                          abort_on_weight_swap=on_weight_swap == "abort", seed=seed, model_id=model_id)
+    engine = TorchEngine(policy, config)
+    servicer = ActorServicer(engine, name or "actor", {"model": model_id, "device": device})
+    server = GrpcServer([ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2,
+                                           "Actor")], options)
+    servicer.instance = name or f"actor-{server.port}"
+
+    def ready() -> None:
+        log.info("actor %s serving %s on %s (device %s)", servicer.instance, model_id, server.address, device)
+        if ready_file:
+            write_ready_file(ready_file, address=server.address, instance=servicer.instance, pid=os.getpid())
+
+    server.run_until_signal(on_stop=engine.close, on_ready=ready)

@@ -1,0 +1,153 @@
+"""The paged KV cache's bookkeeping: fixed-size blocks, reference counts, and prefix reuse by chained block hashes.
+
+A full block whose KV is computed is registered under the chained hash of its prefix (``forge.kvhash``) salted by
+the weight version that computed it. A new request reuses every leading block whose hash is registered *and* whose
+stored token ids equal its own (a hash hit is verified, never trusted). Freed blocks keep their contents and hash
+until they are handed out again, least recently freed first, so recently used prefixes survive longest (LRU).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from forge.actors.engine.sequence import Sequence
+from forge.kvhash import block_hash
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: bytes | None = None
+    token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.by_hash: dict[bytes, int] = {}
+        self.lookups = 0
+        self.hit_tokens = 0
+        self.lookup_tokens = 0
+        self.evicted: list[bytes] = []       # hashes dropped since the last drain (KV events for the router)
+        self.stored: list[bytes] = []
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def used_fraction(self) -> float:
+        return 1.0 - len(self.free) / len(self.blocks)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _take_free(self) -> int:
+        block_id, _ = self.free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None:
+            if self.by_hash.get(block.hash) == block_id:
+                del self.by_hash[block.hash]
+                self.evicted.append(block.hash)
+            block.hash, block.token_ids = None, ()
+        block.ref_count = 1
+        return block_id
+
+    def _prefix_hits(self, seq: Sequence, salt: bytes) -> tuple[list[int], list[bytes]]:
+        hits: list[int] = []
+        hashes: list[bytes] = []
+        parent = salt
+        size = self.block_size
+        # Leave at least one token to compute: its logits are needed to sample the next one.
+        for start in range(0, len(seq) - size, size):
+            tokens = tuple(seq.token_ids[start:start + size])
+            parent = block_hash(parent, tokens)
+            block_id = self.by_hash.get(parent)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+            hashes.append(parent)
+        return hits, hashes
+
+    @staticmethod
+    def slots_at_admission(seq: Sequence) -> int:
+        """Positions a sequence needs when admitted: its tokens, the next one, and with a pending draft the
+        draft's and the bonus token's."""
+        return len(seq) + (2 if seq.draft is not None else 1)
+
+    def can_allocate(self, seq: Sequence, salt: bytes, reserve: int = 0) -> bool:
+        hits, _ = self._prefix_hits(seq, salt)
+        reusable_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        needed = self.blocks_needed(self.slots_at_admission(seq)) - len(hits) + reusable_free
+        return needed + reserve <= len(self.free)
+
+    def allocate(self, seq: Sequence, salt: bytes) -> None:
+        """Give ``seq`` blocks for its positions at admission, reusing cached prefix blocks."""
+        if seq.block_table:
+            raise RuntimeError(f"{seq.request_id} already holds blocks")
+        hits, hashes = self._prefix_hits(seq, salt)
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free[block_id]
+            block.ref_count += 1
+        seq.block_table = list(hits)
+        seq.block_hashes = hashes
+        seq.num_cached_blocks = len(hits)
+        seq.num_computed = len(hits) * self.block_size
+        seq.prefix_hit_tokens = seq.num_computed
+        self.lookups += 1
+        self.lookup_tokens += len(seq)
+        self.hit_tokens += seq.num_computed
+        self.ensure_slots(seq, self.slots_at_admission(seq))
+
+    def can_append(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.blocks_needed(num_tokens) - len(seq.block_table) <= len(self.free)
+
+    def ensure_slots(self, seq: Sequence, num_tokens: int) -> None:
+        """Make sure ``seq`` has blocks for positions [0, num_tokens)."""
+        while len(seq.block_table) < self.blocks_needed(num_tokens):
+            seq.block_table.append(self._take_free())
+
+    def register_full_blocks(self, seq: Sequence, salt: bytes) -> None:
+        """Register every block of ``seq`` whose KV is now completely computed under the given salt's chain."""
+        size = self.block_size
+        full = min(seq.num_computed, len(seq.token_ids)) // size
+        for index in range(len(seq.block_hashes), full):
+            tokens = tuple(seq.token_ids[index * size:(index + 1) * size])
+            parent = block_hash(seq.block_hashes[-1] if seq.block_hashes else salt, tokens)
+            seq.block_hashes.append(parent)
+            block = self.blocks[seq.block_table[index]]
+            block.hash, block.token_ids = parent, tokens
+            if parent not in self.by_hash:
+                self.by_hash[parent] = block.block_id
+                self.stored.append(parent)
+        seq.num_cached_blocks = len(seq.block_hashes)
+
+    def free_sequence(self, seq: Sequence) -> None:
+        """Drop ``seq``'s references; blocks nobody holds go to the back of the free list (evicted last)."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash is None or self.by_hash.get(block.hash) != block_id:
+                    block.hash, block.token_ids = None, ()
+                    self.free[block_id] = None
+                    self.free.move_to_end(block_id, last=False)   # contents useless: hand out first
+                else:
+                    self.free[block_id] = None
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed = 0
+        seq.num_cached_blocks = 0
+
+    def drain_events(self) -> tuple[list[bytes], list[bytes]]:
+        stored, evicted = self.stored, self.evicted
+        self.stored, self.evicted = [], []
+        return stored, evicted

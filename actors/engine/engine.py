@@ -1,0 +1,310 @@
+"""The embedded torch engine: a background loop that admits requests, runs model steps over the paged KV cache,
+streams sampled tokens to their requests, and swaps weight versions between steps (never during one)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from forge.actors.backend import (
+    Backend,
+    FinishReason,
+    GenerationRequest,
+    InvalidRequest,
+    Overloaded,
+    RequestStream,
+    TokenChunk,
+)
+from forge.actors.engine.block_manager import BlockManager
+from forge.actors.engine.paged_attention import PagedKVCache
+from forge.actors.engine.runner import ModelRunner, Sampled, Work
+from forge.actors.engine.scheduler import Scheduler, SchedulerConfig
+from forge.actors.engine.sequence import Sequence, Status
+from forge.kvhash import kv_salt
+from forge.model.qwen3 import CausalLM
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    kv_cache_bytes: int = 256 * 1024 * 1024     # KV budget; sets the number of blocks
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    max_waiting: int = 1024                     # queued requests beyond this are refused (backpressure)
+    speculative: bool = True                    # draft with the MTP head when the checkpoint has one
+    abort_on_weight_swap: bool = False          # else in-flight requests continue under the new version
+    seed: int = 0
+    name: str = "actor"
+    model_id: str = "model"
+
+
+class TorchEngine(Backend):
+    name = "torch"
+
+    def __init__(self, model: CausalLM, config: EngineConfig | None = None, initial_version: int = 0) -> None:
+        self.config = config = config or EngineConfig()
+        self.model = model.eval()
+        self.model.requires_grad_(False)
+        mc = model.config
+        self.device = model.output_weight.device
+        self.speculative = config.speculative and mc.num_nextn_predict_layers > 0
+        layers = mc.num_hidden_layers + (1 if self.speculative else 0)
+        dtype = model.output_weight.dtype
+        per_block = PagedKVCache.bytes_per_block(layers, config.block_size, mc.num_key_value_heads, mc.head_dim, dtype)
+        num_blocks = config.kv_cache_bytes // per_block
+        if num_blocks < 2:
+            raise ValueError(f"kv_cache_bytes={config.kv_cache_bytes} holds fewer than 2 blocks of {per_block} bytes")
+        self.cache = PagedKVCache(layers, num_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim, dtype,
+                                  self.device)
+        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                                                   recompute_last_cached=self.speculative), self.blocks)
+        self.runner = ModelRunner(model, self.cache, self.speculative)
+        self._seeds = random.Random(config.seed)     # seeds of requests that bring none
+        self._version = initial_version
+        self._variant = "mtp" if self.speculative else ""
+        self._lock = threading.Condition()
+        self._inbox: deque[Sequence] = deque()
+        self._aborts: set[str] = set()
+        self._live: dict[str, Sequence] = {}
+        self._pending_weights: tuple[int, Mapping[str, torch.Tensor]] | None = None
+        self._closed = False
+        self._started = time.time()
+        self._counters = dict(steps=0, tokens=0, prompt_tokens=0, finished=0, drafts=0, drafts_accepted=0,
+                              weight_swaps=0, weight_rejections=0, refused=0)
+        self._recent: deque[tuple[float, int]] = deque()
+        self._thread = threading.Thread(target=self._loop, name=f"{config.name}-engine", daemon=True)
+        self._thread.start()
+        log.info("torch engine ready: %d KV blocks of %d tokens (%.1f MiB), speculative=%s, device=%s",
+                 num_blocks, config.block_size, num_blocks * per_block / 2**20, self.speculative, self.device)
+
+    # ------------------------------------------------------------------ interface
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def salt(self, version: int | None = None) -> bytes:
+        return kv_salt(self.config.model_id, self._version if version is None else version, self._variant)
+
+    def submit(self, request: GenerationRequest) -> RequestStream:
+        seq = self._validate(request)
+        with self._lock:
+            if self._closed:
+                raise Overloaded("the engine is shutting down")
+            if len(self._live) >= self.config.max_waiting + self.config.max_num_seqs:
+                self._counters["refused"] += 1
+                raise Overloaded(f"{len(self._live)} requests in flight; the queue is full, retry later")
+            if seq.request_id in self._live:
+                raise InvalidRequest(f"request id {seq.request_id!r} is already in flight")
+            self._live[seq.request_id] = seq
+            self._inbox.append(seq)
+            self._lock.notify()
+        return seq.stream
+
+    def abort(self, request_id: str) -> bool:
+        with self._lock:
+            if request_id not in self._live:
+                return False
+            self._aborts.add(request_id)
+            self._lock.notify()
+        return True
+
+    def load_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        expected = self.model.state_dict()
+        problems = [n for n in expected if n not in state_dict or state_dict[n].shape != expected[n].shape]
+        if problems or len(state_dict) != len(expected):
+            extra = sorted(set(state_dict) - set(expected))
+            self._counters["weight_rejections"] += 1
+            raise ValueError(f"weight version {version} does not fit the model: mismatched {problems[:5]}, "
+                             f"unexpected {extra[:5]}")
+        with self._lock:
+            if version <= self._version or (self._pending_weights and version <= self._pending_weights[0]):
+                raise ValueError(f"weight version {version} is not newer than {self._version}")
+            self._pending_weights = (version, state_dict)
+            self._lock.notify()
+
+    def wait_for_version(self, version: int, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._version < version:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def stats(self) -> dict[str, float]:
+        now = time.perf_counter()
+        while self._recent and now - self._recent[0][0] > 10.0:
+            self._recent.popleft()
+        window = now - self._recent[0][0] if len(self._recent) > 1 else 0.0
+        recent_tokens = self._recent[-1][1] - self._recent[0][1] if self._recent else 0
+        c = self._counters
+        return {
+            "tokens_per_s": recent_tokens / window if window > 0 else 0.0,
+            "running": float(len(self.scheduler.running)),
+            "waiting": float(len(self.scheduler.waiting) + len(self._inbox)),
+            "kv_used_frac": self.blocks.used_fraction,
+            "kv_blocks": float(len(self.blocks.blocks)),
+            "prefix_hit_rate": self.blocks.hit_tokens / self.blocks.lookup_tokens if self.blocks.lookup_tokens else 0.0,
+            "spec_acceptance": c["drafts_accepted"] / c["drafts"] if c["drafts"] else 0.0,
+            "weight_version": float(self._version),
+            "preemptions": float(self.scheduler.preemptions),
+            **{k: float(v) for k, v in c.items()},
+        }
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join(timeout=30)
+        for seq in list(self._live.values()):
+            self._finish(seq, FinishReason.ABORT)
+
+    # ------------------------------------------------------------------ validation
+
+    def _validate(self, request: GenerationRequest) -> Sequence:
+        prompt = list(request.prompt_ids)
+        mc = self.model.config
+        if not prompt:
+            raise InvalidRequest("the prompt is empty: give at least one token id")
+        bad = [t for t in prompt if not 0 <= t < mc.vocab_size]
+        if bad:
+            raise InvalidRequest(f"token ids outside the vocabulary [0, {mc.vocab_size}): {bad[:5]}")
+        if len(prompt) >= mc.max_position_embeddings:
+            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; the model's context is "
+                                 f"{mc.max_position_embeddings}, leaving no room to generate")
+        params = request.params
+        bad_stops = [t for t in params.stop_token_ids if not 0 <= t < mc.vocab_size]
+        if bad_stops:
+            raise InvalidRequest(f"stop token ids outside the vocabulary: {bad_stops[:5]}")
+        capacity = len(self.blocks.blocks) * self.config.block_size - 2
+        if len(prompt) >= capacity:
+            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; this actor's KV cache holds {capacity}")
+        room = min(mc.max_position_embeddings, capacity) - len(prompt)
+        max_tokens = min(params.max_tokens or room, room)
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(mc.eos_token_ids))
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
+        request_id = request.request_id or uuid.uuid4().hex
+        return Sequence(request_id, prompt, len(prompt), params, RequestStream(request_id), max_tokens, stops,
+                        seed=seed)
+
+    # ------------------------------------------------------------------ loop
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._closed or self._inbox or self._aborts or self._pending_weights
+                           or self.scheduler.has_work):
+                    self._lock.wait()
+                if self._closed:
+                    return
+                incoming, self._inbox = self._inbox, deque()
+                aborts, self._aborts = self._aborts, set()
+                weights, self._pending_weights = self._pending_weights, None
+            for seq in incoming:
+                self.scheduler.add(seq)
+            for request_id in aborts:
+                seq = self._live.get(request_id)
+                if seq is not None:
+                    self._finish(seq, FinishReason.ABORT)
+            if weights is not None:
+                self._apply_weights(*weights)
+            if self.scheduler.has_work:
+                try:
+                    self._step()
+                except Exception as exc:  # a failed step must not kill the engine: fail its requests instead
+                    log.exception("engine step failed")
+                    for seq in [*self.scheduler.running]:
+                        self._finish(seq, FinishReason.ERROR, error=f"engine step failed: {exc}")
+
+    def _apply_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        started = time.perf_counter()
+        with torch.no_grad():
+            for name, tensor in self.model.state_dict().items():
+                tensor.copy_(state_dict[name])
+        self._version = version
+        self._counters["weight_swaps"] += 1
+        if self.config.abort_on_weight_swap:
+            for seq in list(self.scheduler.running):
+                self._finish(seq, FinishReason.ABORT, error="aborted by a weight swap")
+        for seq in self.scheduler.running:
+            seq.draft = None        # drafted by the old weights' MTP head
+        log.info("applied weight version %d in %.1f ms", version, (time.perf_counter() - started) * 1e3)
+
+    def _step(self) -> None:
+        salt = self.salt()
+        admitted_before = set(map(id, self.scheduler.running))
+        work = self.scheduler.schedule(salt)
+        if not work:
+            if self.scheduler.waiting and not self.scheduler.running:
+                seq = self.scheduler.waiting[0]   # cannot fit even alone (should have been refused at submit)
+                self._finish(seq, FinishReason.ERROR, error="the request does not fit in the KV cache")
+            return
+        now = time.perf_counter()
+        for item in work:
+            if id(item.seq) not in admitted_before:
+                item.seq.kv_version = self._version
+                if item.seq.admitted is None:
+                    item.seq.admitted = now
+                    self._counters["prompt_tokens"] += item.seq.num_prompt
+        drafts = [item.draft is not None for item in work]
+        results = self.runner.run(work)
+        self._counters["steps"] += 1
+        produced = 0
+        for item, result, drafted in zip(work, results, drafts, strict=True):
+            if drafted and result is not None:
+                self._counters["drafts"] += 1
+                self._counters["drafts_accepted"] += int(bool(result.draft_accepted))
+            self.blocks.register_full_blocks(item.seq, self.salt(item.seq.kv_version))
+            if result is not None:
+                produced += len(result.tokens)
+                self._emit(item, result)
+        self._counters["tokens"] += produced
+        self._recent.append((time.perf_counter(), self._counters["tokens"]))
+
+    def _emit(self, item: Work, result: Sampled) -> None:
+        seq = item.seq
+        now = time.perf_counter()
+        cached = 0
+        if seq.first_token is None:
+            seq.first_token = now
+            cached = seq.prefix_hit_tokens
+        seq.token_ids.extend(result.tokens)
+        seq.logprobs.extend(result.logprobs)
+        seq.versions.extend([self._version] * len(result.tokens))
+        finish = None
+        if result.tokens and result.tokens[-1] in seq.stop_ids:
+            finish = FinishReason.STOP
+        elif seq.num_output >= seq.max_tokens:
+            finish = FinishReason.LENGTH
+        chunk = TokenChunk(list(result.tokens), list(result.logprobs), [self._version] * len(result.tokens),
+                           cached_prompt_tokens=cached)
+        if finish is None:
+            seq.stream.put(chunk)
+        else:
+            self._finish(seq, finish, chunk=chunk)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str = "", chunk: TokenChunk | None = None) -> None:
+        if seq.status is Status.FINISHED:
+            return
+        self.scheduler.finish(seq)
+        self._live.pop(seq.request_id, None)
+        self._counters["finished"] += 1
+        now = time.perf_counter()
+        chunk = chunk or TokenChunk()
+        chunk.finish_reason, chunk.error = reason, error
+        admitted = seq.admitted or now
+        first = seq.first_token or now
+        chunk.queue_s, chunk.prefill_s = admitted - seq.arrived, first - admitted
+        chunk.decode_s, chunk.total_s = now - first, now - seq.arrived
+        seq.stream.put(chunk)

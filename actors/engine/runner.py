@@ -1,0 +1,250 @@
+"""The model runner: turns one scheduled step into tensors, runs the model over the paged KV cache, samples, and
+(with an MTP head) verifies the previous draft by rejection sampling and proposes the next one.
+
+Speculative decoding with one MTP module: a decode step feeds [last token, draft]. The draft d ~ q is accepted
+with probability min(1, p(d) / q(d)), else a token is drawn from normalise(max(0, p - q)); after an accepted draft
+a bonus token is drawn from the next position's p. Every emitted token is thus distributed exactly as without
+speculation, and the log-probability recorded for it is log p, the policy's distribution it follows.
+
+The MTP layer's KV for hidden position i is stored at slot i + 1: it depends on h_i and token i + 1, i.e. on the
+prefix up to i + 1 only, so it is cached and shared with the main KV by the same block hashes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from forge.actors.engine.paged_attention import PagedAttention, PagedKVCache, StepLayout
+from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft, Sequence
+from forge.model.qwen3 import CausalLM
+from forge.model.sampling import batched_sampling_logprobs
+
+
+@dataclass
+class Work:
+    """Feed positions [start, end) of ``seq`` (plus its draft when ``end`` reaches its last token); write KV for
+    positions >= ``write_from`` (earlier ones are already cached and only recomputed for their hidden state)."""
+
+    seq: Sequence
+    start: int
+    end: int
+    write_from: int
+
+    @property
+    def samples(self) -> bool:
+        return self.end == len(self.seq.token_ids)
+
+    @property
+    def draft(self) -> Draft | None:
+        return self.seq.draft if self.samples else None
+
+
+@dataclass
+class Sampled:
+    tokens: list[int]
+    logprobs: list[float]
+    draft_accepted: bool | None = None
+
+
+@dataclass
+class _Row:
+    block_table: list[int]
+    slots: list[int]          # slot position of each query (its token position, or i + 1 in the MTP layer)
+    rope: list[int]           # rotary position of each query
+    write_from: int
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, cache: PagedKVCache, speculative: bool) -> None:
+        self.model = model
+        self.cache = cache
+        self.block_size = cache.block_size
+        self.device = model.output_weight.device
+        self.speculative = speculative and len(model.mtp) > 0
+
+    def _layout(self, rows: list[_Row], width: int, key_lower: int) -> StepLayout:
+        size = self.block_size
+        length = max(max(r.slots) for r in rows) + 1
+        write_rows, write_slots, query_slots, tables = [], [], [], []
+        max_blocks = max(len(r.block_table) for r in rows)
+        for b, row in enumerate(rows):
+            for t, pos in enumerate(row.slots):
+                if pos >= row.write_from:
+                    write_rows.append(b * width + t)
+                    write_slots.append(row.block_table[pos // size] * size + pos % size)
+            query_slots.append(row.slots + [key_lower] * (width - len(row.slots)))
+            tables.append(row.block_table + [row.block_table[0]] * (max_blocks - len(row.block_table)))
+        device = self.device
+        num_blocks = -(-length // size)
+        positions = torch.arange(num_blocks * size, device=device)
+        table = torch.tensor([t[:num_blocks] for t in tables], device=device)
+        query = torch.tensor(query_slots, device=device).unsqueeze(-1)
+        mask = (positions <= query) & (positions >= key_lower)
+        return StepLayout(torch.tensor(write_rows, dtype=torch.long, device=device),
+                          torch.tensor(write_slots, dtype=torch.long, device=device), table, mask.unsqueeze(1))
+
+    def _padded(self, values: list[list[int]], width: int) -> Tensor:
+        return torch.tensor([v + [0] * (width - len(v)) for v in values], device=self.device)
+
+    @torch.inference_mode()
+    def run(self, work: list[Work]) -> list[Sampled | None]:
+        """One forward pass over ``work``; returns, per item, the tokens sampled (None for a partial prefill)."""
+        model = self.model
+        fed = []
+        for item in work:
+            tokens = item.seq.token_ids[item.start:item.end]
+            if item.draft is not None:
+                tokens = [*tokens, item.draft.token]
+            fed.append(tokens)
+        width = max(len(t) for t in fed)
+        rows = [_Row(item.seq.block_table, list(range(item.start, item.start + len(t))),
+                     list(range(item.start, item.start + len(t))), item.write_from) for item, t in zip(work, fed, strict=True)]
+        layout = self._layout(rows, width, key_lower=0)
+        hidden = model(self._padded(fed, width), self._padded([r.rope for r in rows], width),
+                       PagedAttention(self.cache, layout))
+        flat = hidden.reshape(-1, hidden.shape[-1])
+
+        logit_rows, owners = [], []
+        for b, item in enumerate(work):
+            if item.samples:
+                last = b * width + item.end - 1 - item.start
+                logit_rows.extend([last, last + 1] if item.draft is not None else [last])
+                owners.append(b)
+        results: list[Sampled | None] = [None] * len(work)
+        if logit_rows:
+            params = [work[b].seq.params for b in owners for _ in range(2 if work[b].draft is not None else 1)]
+            logprobs = self._sampling_logprobs(model.logits(flat[torch.tensor(logit_rows, device=self.device)]),
+                                               params)
+            plain, drafted, cursor = [], [], 0
+            for b in owners:
+                (plain if work[b].draft is None else drafted).append((b, cursor))
+                cursor += 1 if work[b].draft is None else 2
+            if plain:
+                rows = [c for _, c in plain]
+                seqs = [work[b].seq for b, _ in plain]
+                tokens = self._draw(logprobs[rows], [s.uniform(len(s), SAMPLE) for s in seqs], seqs)
+                picked = logprobs[rows].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+                for (b, _), token, logprob in zip(plain, tokens.tolist(), picked.tolist(), strict=True):
+                    results[b] = Sampled([token], [logprob])
+            if drafted:
+                for (b, _), result in zip(drafted, self._verify(logprobs, drafted, work), strict=True):
+                    results[b] = result
+        for item, result in zip(work, results, strict=True):
+            if result is not None:
+                _truncate(result, item.seq)
+            accepted = result is not None and result.draft_accepted
+            item.seq.num_computed = item.end + (1 if accepted else 0)
+        if self.speculative:
+            self._mtp_pass(work, results, flat, width)
+        return results
+
+    def _sampling_logprobs(self, logits: Tensor, params: list) -> Tensor:
+        device = logits.device
+        return batched_sampling_logprobs(
+            logits,
+            torch.tensor([p.temperature for p in params], device=device),
+            torch.tensor([p.top_k for p in params], device=device),
+            torch.tensor([p.top_p for p in params], device=device),
+        )
+
+    @staticmethod
+    def _draw(logprobs: Tensor, uniforms: list[float], seqs: list[Sequence]) -> Tensor:
+        """One token per row by inverse-CDF sampling with the given uniforms; argmax for greedy requests."""
+        return draw(logprobs.exp(), uniforms, seqs, logprobs.argmax(-1))
+
+    def _verify(self, logprobs: Tensor, drafted: list[tuple[int, int]], work: list[Work]) -> list[Sampled]:
+        rows = torch.tensor([c for _, c in drafted], device=self.device)
+        p0, p1 = logprobs[rows], logprobs[rows + 1]
+        seqs = [work[b].seq for b, _ in drafted]
+        drafts = [s.draft for s in seqs]
+        draft_ids = torch.tensor([d.token for d in drafts], device=self.device)
+        q = torch.stack([d.logprobs for d in drafts])
+        p_draft = p0.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1)
+        ratio = torch.exp(p_draft - q.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1)).clamp(max=1.0).tolist()
+        greedy_argmax = p0.argmax(-1).tolist()
+        accepted = [(argmax == d.token) if s.params.greedy else s.uniform(len(s), ACCEPT) < r
+                    for s, d, r, argmax in zip(seqs, drafts, ratio, greedy_argmax, strict=True)]
+        residual = (p0.exp() - q.exp()).clamp(min=0.0)
+        degenerate = residual.sum(-1) <= 0          # p == q up to rounding: a draw from p is exact
+        residual[degenerate] = p0[degenerate].exp()
+        index = [i for i, ok in enumerate(accepted) if not ok]
+        rejected = [seqs[i] for i in index]
+        resampled = draw(residual[index], [s.uniform(len(s), RESIDUAL) for s in rejected], rejected,
+                         p0[index].argmax(-1)).tolist() if index else []
+        index = [i for i, ok in enumerate(accepted) if ok]
+        kept = [seqs[i] for i in index]
+        bonus = self._draw(p1[index], [s.uniform(len(s) + 1, SAMPLE) for s in kept], kept).tolist() if index else []
+        out = []
+        for i, ok in enumerate(accepted):
+            if ok:
+                token = bonus.pop(0)
+                out.append(Sampled([drafts[i].token, token], [float(p_draft[i]), float(p1[i, token])], True))
+            else:
+                token = resampled.pop(0)
+                out.append(Sampled([token], [float(p0[i, token])], False))
+        return out
+
+    def _mtp_pass(self, work: list[Work], results: list[Sampled | None], flat: Tensor, width: int) -> None:
+        """Run the MTP layer for every fed position whose next token is now known (reading this step's samples from
+        ``results``), and draft the token after the last one for every sampling sequence."""
+        rows, hidden_index, next_ids, drafting = [], [], [], []
+        for b, (item, result) in enumerate(zip(work, results, strict=True)):
+            seq = item.seq
+            known = seq.token_ids + (result.tokens if result else [])
+            positions = list(range(item.start, item.end))
+            if result is not None and result.draft_accepted and len(result.tokens) == 2:
+                positions.append(item.end)
+            positions = [i for i in positions if i + 1 < len(known)]
+            if not positions:
+                continue
+            rows.append(_Row(seq.block_table, [i + 1 for i in positions], positions, item.write_from))
+            hidden_index.append([b * width + i - item.start for i in positions])
+            next_ids.append([known[i + 1] for i in positions])
+            drafting.append(b if result is not None else None)
+        if not rows:
+            return
+        mtp_width = max(len(r.slots) for r in rows)
+        layout = self._layout(rows, mtp_width, key_lower=1)
+        gather = self._padded(hidden_index, mtp_width)
+        hidden = flat[gather.reshape(-1)].reshape(len(rows), mtp_width, -1)
+        out = self.model.mtp_forward(hidden, self._padded(next_ids, mtp_width), 0,
+                                     self._padded([r.rope for r in rows], mtp_width), PagedAttention(self.cache,
+                                                                                                   layout))
+        last_rows = [(r, b) for r, b in enumerate(drafting) if b is not None]
+        for item, result in zip(work, results, strict=True):
+            if result is not None:          # its draft was verified; a partial prefill keeps a pending one
+                item.seq.draft = None
+        if not last_rows:
+            return
+        picks = torch.tensor([r * mtp_width + len(rows[r].slots) - 1 for r, _ in last_rows], device=self.device)
+        logits = self.model.mtp_logits(out.reshape(-1, out.shape[-1])[picks])
+        logprobs = self._sampling_logprobs(logits, [work[b].seq.params for _, b in last_rows])
+        seqs = [work[b].seq for _, b in last_rows]
+        # The draft is for the position after the last known token (this step's samples not yet appended).
+        uniforms = [s.uniform(len(s) + len(results[b].tokens), DRAFT) for s, (_, b) in zip(seqs, last_rows,
+                                                                                           strict=True)]
+        for seq, token, q in zip(seqs, self._draw(logprobs, uniforms, seqs).tolist(), logprobs, strict=True):
+            seq.draft = Draft(token, q)
+
+
+def _truncate(result: Sampled, seq: Sequence) -> None:
+    """Keep tokens up to the first stop token and within the request's token budget."""
+    keep = max(0, seq.max_tokens - seq.num_output)
+    for index, token in enumerate(result.tokens[:keep]):
+        if token in seq.stop_ids:
+            keep = index + 1
+            break
+    del result.tokens[keep:], result.logprobs[keep:]
+
+
+def draw(probs: Tensor, uniforms: list[float], seqs: list[Sequence], argmax: Tensor) -> Tensor:
+    """Inverse-CDF sampling of one token per row of (unnormalised) ``probs``; greedy rows take ``argmax``."""
+    cdf = probs.cumsum(-1)
+    uniforms = torch.tensor(uniforms, dtype=cdf.dtype, device=cdf.device)
+    tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    tokens = tokens.clamp(max=probs.shape[-1] - 1)
+    greedy = torch.tensor([s.params.greedy for s in seqs], device=cdf.device)
+    return torch.where(greedy, argmax, tokens)

@@ -1,0 +1,109 @@
+"""Continuous batching: which sequences run in the next step.
+
+Sequences wait in FIFO order and are admitted while the KV budget, the batch size and the step's token budget
+allow. A step is either a prefill step (prompts, or chunks of long prompts, of newly admitted sequences) or a
+decode step (one token, plus the MTP draft when speculating, for every running sequence). When a decode step runs
+out of KV blocks, the most recently admitted sequence is preempted: its blocks are freed and it returns to the
+front of the queue, to be recomputed (with whatever prefix blocks survived) when it is admitted again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from forge.actors.engine.block_manager import BlockManager
+from forge.actors.engine.runner import Work
+from forge.actors.engine.sequence import Sequence, Status
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64              # sequences running at once
+    max_num_batched_tokens: int = 4096  # tokens fed in one prefill step (long prompts are chunked)
+    recompute_last_cached: bool = False  # feed the last cached token again (the MTP layer needs its hidden state)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _prefill_work(self, seq: Sequence, budget: int) -> Work:
+        cached = seq.num_computed
+        after_prefix_hit = cached > 0 and cached == seq.prefix_hit_tokens
+        start = cached - 1 if self.config.recompute_last_cached and after_prefix_hit else cached
+        end = min(len(seq), start + max(1, budget))
+        return Work(seq, start, end, write_from=cached)
+
+    def schedule(self, salt: bytes) -> list[Work]:
+        budget = self.config.max_num_batched_tokens
+        work: list[Work] = []
+        # Unfinished prompts of running sequences first (chunked prefill), then new admissions.
+        for seq in self.running:
+            if seq.num_pending > 1 or (seq.num_pending == 1 and seq.num_output == 0):
+                item = self._prefill_work(seq, budget)
+                work.append(item)
+                budget -= item.end - item.start
+                if budget <= 0:
+                    return work
+        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            if not self.blocks.can_allocate(seq, salt):
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(seq, salt)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            item = self._prefill_work(seq, budget)
+            work.append(item)
+            budget -= item.end - item.start
+        if work:
+            return work
+        return self._decode_work()
+
+    def _decode_work(self) -> list[Work]:
+        work: list[Work] = []
+        for seq in list(self.running):
+            if seq.status is not Status.RUNNING:
+                continue
+            # The draft's slot, and the MTP slot of the bonus token that follows an accepted draft.
+            needed = len(seq) + (2 if seq.draft is not None else 0)
+            while not self.blocks.can_append(seq, needed):
+                victim = self.running[-1]
+                self.preempt(victim)
+                if victim is seq:
+                    break
+            if seq.status is not Status.RUNNING:
+                continue
+            self.blocks.ensure_slots(seq, needed)
+            work.append(Work(seq, seq.num_computed, len(seq), write_from=seq.num_computed))
+        return work
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free_sequence(seq)
+        seq.status = Status.WAITING          # its draft is kept and verified after recompute: same tokens for a seed
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.block_table:
+            self.blocks.free_sequence(seq)
+        seq.status = Status.FINISHED
+        seq.draft = None

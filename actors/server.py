@@ -1,0 +1,100 @@
+"""The gRPC Actor service over any backend: server-streaming Generate, Abort and Stats.
+
+Requests are validated before they are queued; bad ones get INVALID_ARGUMENT with the reason, a full queue gets
+RESOURCE_EXHAUSTED. A client that goes away (cancel, deadline, dropped connection) aborts its request, which frees
+its KV blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from forge.actors.backend import Backend, FinishReason, GenerationRequest, InvalidRequest, Overloaded, TokenChunk
+from forge.model.sampling import SamplingError, SamplingParams
+from forge.telemetry import stats_report
+from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
+
+log = logging.getLogger(__name__)
+
+FINISH_TO_PROTO = {
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: common_pb2.FINISH_REASON_ABORT,
+    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
+}
+
+
+def sampling_from_proto(message: common_pb2.SamplingParams) -> SamplingParams:
+    """Proto sampling parameters to the engine's (unset temperature = 1, unset top_p = 1, max_tokens 0 = no cap)."""
+    return SamplingParams(
+        temperature=message.temperature if message.HasField("temperature") else 1.0,
+        top_p=message.top_p or 1.0,
+        top_k=message.top_k,
+        seed=message.seed if message.HasField("seed") else None,
+        max_tokens=message.max_tokens or None,
+        stop_token_ids=tuple(message.stop_token_ids),
+        ignore_eos=message.ignore_eos,
+    )
+
+
+def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
+    message = common_pb2.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                                        max_tokens=params.max_tokens or 0, stop_token_ids=params.stop_token_ids,
+                                        ignore_eos=params.ignore_eos)
+    if params.seed is not None:
+        message.seed = params.seed
+    return message
+
+
+def chunk_to_proto(request_id: str, chunk: TokenChunk, actor: str, first: bool) -> actor_pb2.GenerateChunk:
+    message = actor_pb2.GenerateChunk(request_id=request_id, token_ids=chunk.token_ids, logprobs=chunk.logprobs,
+                                      weight_versions=chunk.weight_versions)
+    if first:
+        message.actor = actor
+        message.cached_prompt_tokens = chunk.cached_prompt_tokens
+    if chunk.finish_reason is not None:
+        message.finish_reason = FINISH_TO_PROTO[chunk.finish_reason]
+        message.error = chunk.error
+        message.timing.CopyFrom(common_pb2.Timing(queue_s=chunk.queue_s, prefill_s=chunk.prefill_s,
+                                                  decode_s=chunk.decode_s, total_s=chunk.total_s))
+    return message
+
+
+class ActorServicer(actor_pb2_grpc.ActorServicer):
+    def __init__(self, backend: Backend, instance: str, labels: dict[str, str] | None = None) -> None:
+        self.backend = backend
+        self.instance = instance
+        self.labels = {"backend": backend.name, **(labels or {})}
+        self.started = time.time()
+
+    def Generate(self, request: actor_pb2.GenerateRequest, context: grpc.ServicerContext):
+        try:
+            params = sampling_from_proto(request.sampling)
+            stream = self.backend.submit(GenerationRequest(request.request_id, list(request.prompt_ids), params,
+                                                           request.session_id))
+        except (InvalidRequest, SamplingError) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Overloaded as exc:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        request_id = stream.request_id
+
+        def on_done() -> None:
+            if not stream.finished.is_set():
+                self.backend.abort(request_id)
+
+        context.add_callback(on_done)
+        first = True
+        for chunk in stream:
+            yield chunk_to_proto(request_id, chunk, self.instance, first)
+            first = False
+
+    def Abort(self, request: actor_pb2.AbortRequest, context: grpc.ServicerContext) -> actor_pb2.AbortResponse:
+        if not request.request_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
+        return actor_pb2.AbortResponse(found=self.backend.abort(request.request_id))
+
+    def Stats(self, request: common_pb2.StatsRequest, context: grpc.ServicerContext) -> common_pb2.StatsReport:
+        return stats_report("actor", self.instance, self.started, self.backend.stats(), self.labels)

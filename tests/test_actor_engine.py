@@ -1,0 +1,297 @@
+"""The embedded torch engine: exact greedy outputs and log-probs (with prefix hits, chunked prefill, preemption and
+MTP speculation), isolation of concurrent requests, abort, weight swaps at step boundaries, and clear refusals."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections import Counter
+
+import pytest
+import torch
+
+from forge.actors.backend import FinishReason, GenerationRequest, InvalidRequest, Overloaded
+from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.model import CausalLM, ModelConfig
+from forge.model.generate import generate
+from forge.model.sampling import SamplingParams, sampling_logprobs
+
+CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                     num_nextn_predict_layers=1, eos_token_id=100)
+
+
+def make_model(seed: int, config: ModelConfig = CONFIG) -> CausalLM:
+    model = CausalLM(config)
+    model.init_weights(std=0.15, seed=seed)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model() -> CausalLM:
+    return make_model(0)
+
+
+def run(engine: TorchEngine, prompt: list[int], params: SamplingParams, request_id: str = ""):
+    tokens, logprobs, versions, last = [], [], [], None
+    for chunk in engine.submit(GenerationRequest(request_id, prompt, params)):
+        tokens += chunk.token_ids
+        logprobs += chunk.logprobs
+        versions += chunk.weight_versions
+        last = chunk
+    return tokens, logprobs, versions, last
+
+
+def full_forward_logprobs(model: CausalLM, prompt: list[int], tokens: list[int], params: SamplingParams):
+    with torch.no_grad():
+        logits = model.logits(model(torch.tensor([prompt + tokens])))[0, len(prompt) - 1:-1]
+    chosen = sampling_logprobs(logits, params.temperature, params.top_k, params.top_p)
+    return chosen.gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+def engine_for(model: CausalLM, **overrides) -> TorchEngine:
+    defaults = dict(kv_cache_bytes=8 * 2**20, block_size=8)
+    return TorchEngine(model, EngineConfig(**{**defaults, **overrides}))
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_greedy_equals_transformers_and_concurrent_requests_stay_isolated(tmp_path, model, speculative):
+    transformers = pytest.importorskip("transformers")
+    model.save_pretrained(tmp_path)
+    reference = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    rng = random.Random(1)
+    prompts = [[rng.randrange(100) for _ in range(rng.randrange(1, 40))] for _ in range(12)]
+    engine = engine_for(model, speculative=speculative)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+        results: dict[int, list[int]] = {}
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run(engine, prompts[i], params)[0]))
+                   for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        for i, prompt in enumerate(prompts):
+            ids = torch.tensor([prompt])
+            expected = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20,
+                                          do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+            assert results[i] == expected, f"request {i}"
+        if speculative:
+            assert engine.stats()["drafts"] > 0
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=3),
+                                    SamplingParams(temperature=1.2, top_k=10, top_p=0.9, max_tokens=24, seed=4,
+                                                   ignore_eos=True),
+                                    SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)])
+def test_recorded_logprobs_equal_a_full_forward_pass_with_and_without_prefix_hits(model, speculative, params):
+    engine = engine_for(model, speculative=speculative)
+    prompt = [random.Random(7).randrange(100) for _ in range(45)]
+    try:
+        for attempt in range(2):               # the second request reuses the first one's prompt blocks
+            tokens, logprobs, _, last = run(engine, prompt, params)
+            assert len(tokens) == 24 and last.finish_reason is FinishReason.LENGTH
+            expected = full_forward_logprobs(model, prompt, tokens, params)
+            torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(expected), atol=2e-5, rtol=0)
+            if attempt:
+                assert engine.blocks.hit_tokens >= 40
+    finally:
+        engine.close()
+
+
+def test_prefix_hits_chunked_prefill_and_preemption_do_not_change_outputs(model):
+    rng = random.Random(5)
+    shared = [rng.randrange(100) for _ in range(30)]
+    prompts = [shared + [rng.randrange(100) for _ in range(rng.randrange(1, 20))] for _ in range(8)]
+    params = [SamplingParams(temperature=0.9, seed=i, max_tokens=40, ignore_eos=True) for i in range(8)]
+    roomy = engine_for(model)
+    expected = [run(roomy, p, s)[0] for p, s in zip(prompts, params, strict=True)]
+    roomy.close()
+    # 12 blocks of 8 tokens cannot hold 8 sequences of up to 89 tokens: requests get preempted and recomputed.
+    per_block = 2 * CONFIG.num_layers_with_mtp * 8 * CONFIG.num_key_value_heads * CONFIG.head_dim * 4
+    tight = engine_for(model, kv_cache_bytes=14 * per_block, max_num_batched_tokens=16)
+    try:
+        got: dict[int, list[int]] = {}
+        threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, run(tight, prompts[i], params[i])[0]))
+                   for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert [got[i] for i in range(8)] == expected
+        assert tight.stats()["preemptions"] > 0
+        assert tight.blocks.num_free == len(tight.blocks.blocks)
+    finally:
+        tight.close()
+
+
+def test_speculative_sampling_keeps_the_exact_distribution():
+    config = ModelConfig(vocab_size=6, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_nextn_predict_layers=1)
+    model = make_model(3, config)
+    with torch.no_grad():
+        model.mtp[0].fc.weight.mul_(4.0)       # a draft head that disagrees with the policy often
+    prompt = [1, 2, 3]
+    with torch.no_grad():
+        first = model.logits(model(torch.tensor([prompt])))[0, -1].softmax(-1)
+        exact = {}
+        for a in range(6):
+            second = model.logits(model(torch.tensor([[*prompt, a]])))[0, -1].softmax(-1)
+            for b in range(6):
+                exact[(a, b)] = float(first[a] * second[b])
+    engine = engine_for(model, speculative=True, max_waiting=4000)
+    samples = 3000
+    try:
+        streams = [engine.submit(GenerationRequest("", prompt, SamplingParams(seed=i, max_tokens=2, ignore_eos=True)))
+                   for i in range(samples)]
+        counts = Counter(tuple(t for chunk in stream for t in chunk.token_ids) for stream in streams)
+        acceptance = engine.stats()["spec_acceptance"]
+    finally:
+        engine.close()
+    chi2 = sum((counts.get(cell, 0) - samples * p) ** 2 / (samples * p) for cell, p in exact.items())
+    assert chi2 < 80.0, f"chi-square {chi2:.1f} over 35 degrees of freedom"   # p < 1e-4 at 80
+    assert 0.0 < acceptance < 1.0
+
+
+def test_seeded_requests_reproduce_whatever_the_batch(model):
+    engine = engine_for(model)
+    try:
+        params = SamplingParams(temperature=1.0, seed=42, max_tokens=16, ignore_eos=True)
+        alone = run(engine, [5, 6, 7], params)[0]
+        streams = [engine.submit(GenerationRequest("", [5, 6, 7] if i == 3 else [i, 9],
+                                                   params if i == 3 else SamplingParams(max_tokens=16)))
+                   for i in range(8)]
+        crowded = [t for chunk in streams[3] for t in chunk.token_ids]
+        for stream in streams:
+            list(stream)
+        assert crowded == alone
+    finally:
+        engine.close()
+
+
+def test_abort_frees_blocks_and_ends_the_stream(model):
+    engine = engine_for(model)
+    try:
+        stream = engine.submit(GenerationRequest("long", list(range(50)), SamplingParams(max_tokens=400,
+                                                                                           ignore_eos=True)))
+        stream.get(timeout=30)
+        assert engine.abort("long")
+        chunks = list(stream)
+        assert chunks[-1].finish_reason is FinishReason.ABORT
+        assert not engine.abort("long")
+        engine.submit(GenerationRequest("", [1], SamplingParams(max_tokens=1))).finished.wait(30)
+        assert engine.blocks.num_free == len(engine.blocks.blocks)
+    finally:
+        engine.close()
+
+
+def test_stop_tokens_and_eos_finish_with_stop(model):
+    engine = engine_for(model)
+    try:
+        tokens = run(engine, [3, 4], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
+        stop = tokens[5]
+        got, _, _, last = run(engine, [3, 4], SamplingParams(temperature=0, max_tokens=30, stop_token_ids=(stop,)))
+        assert got == tokens[:tokens.index(stop) + 1] and last.finish_reason is FinishReason.STOP
+    finally:
+        engine.close()
+
+
+def test_weight_swap_applies_between_steps_and_stamps_versions(model):
+    other = make_model(9)
+    engine = engine_for(model, speculative=True)
+    try:
+        stream = engine.submit(GenerationRequest("", [1, 2, 3], SamplingParams(temperature=0, max_tokens=300,
+                                                                                ignore_eos=True)))
+        seen = stream.get(timeout=30)
+        engine.load_weights(1, other.state_dict())
+        chunks = [seen, *stream]
+        versions = [v for chunk in chunks for v in chunk.weight_versions]
+        assert versions[0] == 0 and versions[-1] == 1
+        assert versions == sorted(versions)
+        for chunk in chunks:                   # one step, one version
+            assert len(set(chunk.weight_versions)) <= 1
+        fresh = run(engine, [1, 2, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+        expected = generate(other, [1, 2, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+        assert fresh[0] == expected.token_ids and set(fresh[2]) == {1}
+        assert engine.weight_version == 1
+    finally:
+        engine.close()
+
+
+def test_weight_swap_can_abort_in_flight_requests(model):
+    engine = engine_for(model, abort_on_weight_swap=True)
+    try:
+        stream = engine.submit(GenerationRequest("", [1, 2], SamplingParams(max_tokens=400, ignore_eos=True)))
+        stream.get(timeout=30)
+        engine.load_weights(1, make_model(2).state_dict())
+        assert list(stream)[-1].finish_reason is FinishReason.ABORT
+    finally:
+        engine.close()
+
+
+def test_mismatched_or_stale_weights_are_refused_and_the_old_version_stays(model):
+    engine = engine_for(model)
+    try:
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        state["model.norm.weight"] = torch.ones(7)
+        with pytest.raises(ValueError, match="does not fit"):
+            engine.load_weights(1, state)
+        engine.load_weights(3, model.state_dict())
+        with pytest.raises(ValueError, match="not newer"):
+            engine.load_weights(2, model.state_dict())
+        assert engine.wait_for_version(3, timeout=10)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("prompt, params, message", [
+    ([], SamplingParams(), "empty"),
+    ([1, 101], SamplingParams(), "outside the vocabulary"),
+    ([-1], SamplingParams(), "outside the vocabulary"),
+    (list(range(100)) * 6, SamplingParams(), "context"),
+    ([1], SamplingParams(stop_token_ids=(500,)), "stop token"),
+])
+def test_bad_requests_are_refused_with_a_reason(model, prompt, params, message):
+    engine = engine_for(model)
+    try:
+        with pytest.raises(InvalidRequest, match=message):
+            engine.submit(GenerationRequest("", prompt, params))
+        assert run(engine, [1, 2], SamplingParams(max_tokens=3))[3].finish_reason is FinishReason.LENGTH
+    finally:
+        engine.close()
+
+
+def test_a_full_queue_refuses_with_overloaded(model):
+    engine = engine_for(model, max_num_seqs=1, max_waiting=1)
+    try:
+        long = SamplingParams(max_tokens=300, ignore_eos=True)
+        engine.submit(GenerationRequest("a", [1], long))
+        engine.submit(GenerationRequest("b", [1], long))
+        with pytest.raises(Overloaded, match="queue is full"):
+            engine.submit(GenerationRequest("c", [1], long))
+    finally:
+        engine.close()
+    engine = engine_for(model)
+    try:
+        engine.submit(GenerationRequest("a", [1], SamplingParams(max_tokens=300, ignore_eos=True)))
+        with pytest.raises(InvalidRequest, match="already in flight"):
+            engine.submit(GenerationRequest("a", [1], SamplingParams()))
+    finally:
+        engine.close()
+
+
+def test_stats_report_the_figures_telemetry_needs(model):
+    engine = engine_for(model)
+    try:
+        run(engine, [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+        stats = engine.stats()
+        for key in ("tokens_per_s", "running", "waiting", "kv_used_frac", "prefix_hit_rate", "spec_acceptance",
+                    "weight_version", "preemptions"):
+            assert key in stats and math.isfinite(stats[key])
+        assert stats["tokens"] == 5
+    finally:
+        engine.close()
