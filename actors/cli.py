@@ -34,6 +34,26 @@ def load_policy(model: str, device: str, dtype: str):
     return CausalLM.from_pretrained(path, dtype=torch_dtype, device=device), str(path.resolve())
 
 
+def trtllm_backend(model: str, max_waiting: int):
+    """The TensorRT-LLM backend over a checkpoint directory (the tiny model is written out first if needed)."""
+    import tempfile
+
+    from forge.actors.trtllm import TrtllmBackend
+    from forge.builtin import TINY_DIR, TINY_NAME, is_builtin, write_tiny_checkpoint
+    from forge.model import ModelConfig
+
+    directory = TINY_DIR if is_builtin(model) else Path(model)
+    if is_builtin(model) and not any(TINY_DIR.glob("*.safetensors")):
+        directory = write_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="forge-tiny-")))
+    config = ModelConfig.from_file(directory)
+    try:
+        backend = TrtllmBackend(str(directory), config.vocab_size, config.max_position_embeddings,
+                                config.eos_token_ids, max_waiting=max_waiting)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return backend, TINY_NAME if is_builtin(model) else str(directory.resolve())
+
+
 def write_ready_file(path: Path, **fields: object) -> None:
     temporary = path.with_suffix(path.suffix + ".tmp")
     temporary.write_text(json.dumps(fields))
@@ -64,6 +84,8 @@ def write_ready_file(path: Path, **fields: object) -> None:
               help="Queued requests beyond the running batch; more are refused with RESOURCE_EXHAUSTED.")
 @click.option("--speculative/--no-speculative", default=True, show_default=True,
               help="Draft with the checkpoint's MTP head and verify with the main model (when it has one).")
+@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+              help="Reuse the KV blocks of earlier requests that share a prompt prefix.")
 @click.option("--on-weight-swap", type=click.Choice(["continue", "abort"]), default="continue", show_default=True,
               help="What in-flight requests do when a new weight version arrives.")
 @click.option("--api-key", "api_keys", multiple=True, envvar="FORGE_ACTOR_API_KEYS",
@@ -75,8 +97,8 @@ def write_ready_file(path: Path, **fields: object) -> None:
 @log_level_option
 def actor(model: str, backend: str, host: str, port: int, name: str | None, device: str, dtype: str,
           kv_cache_mb: int, block_size: int, max_batch: int, max_batched_tokens: int, max_waiting: int,
-          speculative: bool, on_weight_swap: str, api_keys: tuple[str, ...], threads: int, seed: int,
-          ready_file: Path | None, log_level: str) -> None:
+          speculative: bool, prefix_caching: bool, on_weight_swap: str, api_keys: tuple[str, ...], threads: int,
+          seed: int, ready_file: Path | None, log_level: str) -> None:
     """Serve token generation from MODEL over gRPC (forge.v1.Actor: Generate, Abort, Stats, plus health and
     reflection). Token ids in, token ids out, with the log-probability and weight version of every token."""
     setup_logging(log_level)
@@ -91,18 +113,23 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
         torch.set_num_threads(threads)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if backend != "torch":
+    if backend == "vllm":
         from forge.actors.trtllm import backend_unavailable
 
         raise click.ClickException(backend_unavailable(backend))
-    from forge.actors.engine.engine import EngineConfig, TorchEngine
+    if backend == "trtllm":
+        engine, model_id = trtllm_backend(model, max_waiting)
+    else:
+        from forge.actors.engine.engine import EngineConfig, TorchEngine
 
-    policy, model_id = load_policy(model, device, dtype)
+        policy, model_id = load_policy(model, device, dtype)
+        config = EngineConfig(kv_cache_bytes=kv_cache_mb * 2**20, block_size=block_size, max_num_seqs=max_batch,
+                              max_num_batched_tokens=max_batched_tokens, max_waiting=max_waiting,
+                              speculative=speculative, prefix_caching=prefix_caching,
+                              abort_on_weight_swap=on_weight_swap == "abort", seed=seed,
+                              model_id=model_id)
+        engine = TorchEngine(policy, config)
     options = ServerOptions(host=host, port=port, api_keys=api_keys)
-    config = EngineConfig(kv_cache_bytes=kv_cache_mb * 2**20, block_size=block_size, max_num_seqs=max_batch,
-                          max_num_batched_tokens=max_batched_tokens, max_waiting=max_waiting, speculative=speculative,
-                          abort_on_weight_swap=on_weight_swap == "abort", seed=seed, model_id=model_id)
-    engine = TorchEngine(policy, config)
     servicer = ActorServicer(engine, name or "actor", {"model": model_id, "device": device})
     server = GrpcServer([ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2,
                                            "Actor")], options)

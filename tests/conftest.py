@@ -34,3 +34,24 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked gpu, trtllm or vllm are skipped (and say why) where the hardware or backend is absent."""
+    import torch
+
+    absent = {
+        "gpu": None if torch.cuda.is_available() else "no CUDA GPU on this machine",
+        "trtllm": None if _importable("tensorrt_llm") else "TensorRT-LLM is not installed (GPU extra)",
+        "vllm": None if _importable("vllm") else "vLLM is not installed (GPU extra)",
+    }
+    for item in items:
+        for marker, reason in absent.items():
+            if reason and item.get_closest_marker(marker):
+                item.add_marker(pytest.mark.skip(reason=reason))

@@ -295,3 +295,17 @@ def test_stats_report_the_figures_telemetry_needs(model):
         assert stats["tokens"] == 5
     finally:
         engine.close()
+
+
+def test_group_rollouts_of_one_prompt_compute_its_prefix_once(model):
+    engine = engine_for(model)
+    prompt = [random.Random(11).randrange(100) for _ in range(97)]
+    try:
+        streams = [engine.submit(GenerationRequest("", prompt, SamplingParams(seed=i, max_tokens=4)))
+                   for i in range(8)]
+        for stream in streams:
+            list(stream)
+        blocks = engine.blocks
+        assert blocks.hit_tokens == 7 * (96 // 8) * 8      # all but the first rollout reuse every full block
+    finally:
+        engine.close()

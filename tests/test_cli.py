@@ -9,9 +9,10 @@ import subprocess
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import script
 
 from forge.cli.common import config_option, entry_point
+
+from conftest import script
 
 
 @click.command("actor")

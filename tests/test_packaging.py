@@ -7,6 +7,7 @@ import sys
 import zipfile
 
 import pytest
+
 from conftest import REPO, script
 
 SERVICE_SCRIPTS = ("forge-learner", "forge-actor", "forge-gateway", "forge-cache")

@@ -8,13 +8,14 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from helpers.pool_util import make_call
 
 from forge.assets import TINY_DIR
 from forge.gateway.pool import Pool
 from forge.gateway.pool.cli import pool_group
 from forge.tokenizer import Tokenizer
 from forge.v1 import pool_pb2
+
+from helpers.pool_util import make_call
 
 
 @pytest.fixture(scope="module")

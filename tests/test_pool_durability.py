@@ -11,9 +11,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers.pool_util import make_call, same_call
 
 from forge.gateway.pool import Pool, PoolReader
+
+from helpers.pool_util import make_call, same_call
 
 HELPER = Path(__file__).parent / "helpers" / "pool_appender.py"
 

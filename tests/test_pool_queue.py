@@ -7,7 +7,6 @@ import math
 import time
 
 import pytest
-from helpers.pool_util import make_call, same_call, snapshot
 
 from forge.gateway.pool import (
     ConflictError,
@@ -20,6 +19,8 @@ from forge.gateway.pool import (
     PoolReader,
 )
 from forge.v1 import pool_pb2
+
+from helpers.pool_util import make_call, same_call, snapshot
 
 COMPLETED = pool_pb2.ENTRY_STATUS_COMPLETED
 CONSUMED = pool_pb2.ENTRY_STATUS_CONSUMED

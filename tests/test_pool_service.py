@@ -10,7 +10,6 @@ import sys
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers.pool_util import make_call, same_call
 
 from forge.gateway.pool import (
     ConflictError,
@@ -23,6 +22,8 @@ from forge.gateway.pool import (
     serve_pool,
 )
 from forge.v1 import common_pb2, pool_pb2, pool_pb2_grpc
+
+from helpers.pool_util import make_call, same_call
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import importlib.util
 import sys
 
 import pytest
+
 from conftest import REPO
 
 SERVICES = {"actor": "Actor", "gateway": "Gateway", "pool": "Pool", "cache": "Cache", "router": "Router",

@@ -24,10 +24,11 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.block_size = block_size
+        self.prefix_caching = prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.by_hash: dict[bytes, int] = {}
@@ -62,6 +63,8 @@ class BlockManager:
     def _prefix_hits(self, seq: Sequence, salt: bytes) -> tuple[list[int], list[bytes]]:
         hits: list[int] = []
         hashes: list[bytes] = []
+        if not self.prefix_caching:
+            return hits, hashes
         parent = salt
         size = self.block_size
         # Leave at least one token to compute: its logits are needed to sample the next one.
@@ -74,6 +77,17 @@ class BlockManager:
             hits.append(block_id)
             hashes.append(parent)
         return hits, hashes
+
+    def prompt_block_hashes(self, seq: Sequence, salt: bytes) -> list[bytes]:
+        """Chained hashes of the full blocks ``seq`` would compute at admission (all but its last token)."""
+        if not self.prefix_caching:
+            return []
+        size = self.block_size
+        hashes, parent = [], salt
+        for start in range(0, len(seq) - size, size):
+            parent = block_hash(parent, seq.token_ids[start:start + size])
+            hashes.append(parent)
+        return hashes
 
     @staticmethod
     def slots_at_admission(seq: Sequence) -> int:
@@ -125,7 +139,7 @@ class BlockManager:
             seq.block_hashes.append(parent)
             block = self.blocks[seq.block_table[index]]
             block.hash, block.token_ids = parent, tokens
-            if parent not in self.by_hash:
+            if self.prefix_caching and parent not in self.by_hash:
                 self.by_hash[parent] = block.block_id
                 self.stored.append(parent)
         seq.num_cached_blocks = len(seq.block_hashes)

@@ -42,6 +42,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 4096
     max_waiting: int = 1024                     # queued requests beyond this are refused (backpressure)
     speculative: bool = True                    # draft with the MTP head when the checkpoint has one
+    prefix_caching: bool = True                 # reuse KV blocks of earlier requests with the same prefix
     abort_on_weight_swap: bool = False          # else in-flight requests continue under the new version
     seed: int = 0
     name: str = "actor"
@@ -66,7 +67,7 @@ class TorchEngine(Backend):
             raise ValueError(f"kv_cache_bytes={config.kv_cache_bytes} holds fewer than 2 blocks of {per_block} bytes")
         self.cache = PagedKVCache(layers, num_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim, dtype,
                                   self.device)
-        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.blocks = BlockManager(num_blocks, config.block_size, prefix_caching=config.prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    recompute_last_cached=self.speculative), self.blocks)
         self.runner = ModelRunner(model, self.cache, self.speculative)

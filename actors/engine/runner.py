@@ -100,8 +100,10 @@ class ModelRunner:
                 tokens = [*tokens, item.draft.token]
             fed.append(tokens)
         width = max(len(t) for t in fed)
-        rows = [_Row(item.seq.block_table, list(range(item.start, item.start + len(t))),
-                     list(range(item.start, item.start + len(t))), item.write_from) for item, t in zip(work, fed, strict=True)]
+        rows = []
+        for item, tokens in zip(work, fed, strict=True):
+            positions = list(range(item.start, item.start + len(tokens)))
+            rows.append(_Row(item.seq.block_table, positions, positions, item.write_from))
         layout = self._layout(rows, width, key_lower=0)
         hidden = model(self._padded(fed, width), self._padded([r.rope for r in rows], width),
                        PagedAttention(self.cache, layout))

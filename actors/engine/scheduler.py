@@ -1,7 +1,8 @@
 """Continuous batching: which sequences run in the next step.
 
 Sequences wait in FIFO order and are admitted while the KV budget, the batch size and the step's token budget
-allow. A step is either a prefill step (prompts, or chunks of long prompts, of newly admitted sequences) or a
+allow. A request whose prompt starts with blocks another request computes in the same step waits one step, so the
+G rollouts of one prompt compute its prefix once and share it. A step is either a prefill step (prompts, or chunks of long prompts, of newly admitted sequences) or a
 decode step (one token, plus the MTP draft when speculating, for every running sequence). When a decode step runs
 out of KV blocks, the most recently admitted sequence is preempted: its blocks are freed and it returns to the
 front of the queue, to be recomputed (with whatever prefix blocks survived) when it is admitted again.
@@ -57,17 +58,25 @@ class Scheduler:
                 budget -= item.end - item.start
                 if budget <= 0:
                     return work
+        computing: set[bytes] = set()     # prefix blocks this step computes: same-prefix requests wait one step
+        deferred: list[Sequence] = []
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             seq = self.waiting[0]
+            hashes = self.blocks.prompt_block_hashes(seq, salt)
+            if hashes and hashes[0] in computing:
+                deferred.append(self.waiting.popleft())
+                continue
             if not self.blocks.can_allocate(seq, salt):
                 break
             self.waiting.popleft()
             self.blocks.allocate(seq, salt)
+            computing.update(hashes[seq.num_cached_blocks:])
             seq.status = Status.RUNNING
             self.running.append(seq)
             item = self._prefill_work(seq, budget)
             work.append(item)
             budget -= item.end - item.start
+        self.waiting.extendleft(reversed(deferred))
         if work:
             return work
         return self._decode_work()

@@ -1,0 +1,200 @@
+"""Actor benchmarks, each side by side with its baseline in one run (medians of --repeats runs, and ratios):
+
+1. decode tokens/s at batch 1, 8, 32, 64: the embedded torch engine against transformers' ``generate`` on the same
+   checkpoint (sampling, same prompt and output lengths);
+2. prefill time saved by prefix reuse for 8 rollouts of one long prompt (prefix caching on against off);
+3. speculative decoding at batch 1 with the MTP head as draft (on against off), and its acceptance rate; the draft
+   head is first distilled from the main head for --distill-steps (as the learner's MTP co-training would);
+4. the pause a weight swap causes in decoding (longest gap between steps around a swap against the median gap).
+
+Usage: python bench/actor_decode.py [--model tiny|DIR] [--batches 1,8,32,64] [--new-tokens 128] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import tempfile
+import time
+
+import click
+import torch
+
+from forge.actors.backend import GenerationRequest
+from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.model import CausalLM
+from forge.model.sampling import SamplingParams
+
+
+def load(model: str) -> CausalLM:
+    from forge.builtin import TINY_DIR, is_builtin, tiny_model
+
+    if is_builtin(model):
+        return CausalLM.from_pretrained(TINY_DIR) if any(TINY_DIR.glob("*.safetensors")) else tiny_model(0)
+    return CausalLM.from_pretrained(model)
+
+
+def engine_tokens_per_s(model: CausalLM, batch: int, prompt_len: int, new_tokens: int, **config) -> float:
+    engine = TorchEngine(model, EngineConfig(kv_cache_bytes=256 * 2**20, **config))
+    try:
+        params = [SamplingParams(temperature=1.0, seed=i, max_tokens=new_tokens, ignore_eos=True) for i in range(batch)]
+        prompts = [[(7 * i + j) % 1000 + 1 for j in range(prompt_len)] for i in range(batch)]
+        started = time.perf_counter()
+        streams = [engine.submit(GenerationRequest("", p, s)) for p, s in zip(prompts, params, strict=True)]
+        produced = sum(len(c.token_ids) for stream in streams for c in stream)
+        return produced / (time.perf_counter() - started)
+    finally:
+        engine.close()
+
+
+def hf_tokens_per_s(reference, batch: int, prompt_len: int, new_tokens: int) -> float:
+    prompts = torch.tensor([[(7 * i + j) % 1000 + 1 for j in range(prompt_len)] for i in range(batch)])
+    started = time.perf_counter()
+    with torch.inference_mode():
+        reference.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, max_new_tokens=new_tokens,
+                           min_new_tokens=new_tokens, pad_token_id=0, top_k=0, top_p=1.0)
+    return batch * new_tokens / (time.perf_counter() - started)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def decode_section(model: CausalLM, batches: list[int], new_tokens: int, repeats: int) -> None:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    with tempfile.TemporaryDirectory() as directory:
+        model.save_pretrained(directory)
+        reference = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    hf_tokens_per_s(reference, 2, 32, 4)                       # warm-up: first calls pay one-off costs
+    engine_tokens_per_s(model, 2, 32, 4)
+    print(f"\n## Decode tokens/s (sampling, 32-token prompts, {new_tokens} new tokens)")
+    print("| batch | forge engine | forge + MTP speculation | transformers generate | engine / transformers |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for batch in batches:
+        ours = median([engine_tokens_per_s(model, batch, 32, new_tokens, speculative=False) for _ in range(repeats)])
+        spec = median([engine_tokens_per_s(model, batch, 32, new_tokens, speculative=True) for _ in range(repeats)])
+        theirs = median([hf_tokens_per_s(reference, batch, 32, new_tokens) for _ in range(repeats)])
+        print(f"| {batch} | {ours:,.0f} | {spec:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x |")
+
+
+def prefix_section(model: CausalLM, prompt_len: int, repeats: int) -> None:
+    def prefill_s(caching: bool) -> float:
+        engine = TorchEngine(model, EngineConfig(kv_cache_bytes=256 * 2**20, prefix_caching=caching,
+                                                 speculative=False))
+        try:
+            prompt = [(11 * j) % 1000 + 1 for j in range(prompt_len)]
+            started = time.perf_counter()
+            streams = [engine.submit(GenerationRequest("", prompt, SamplingParams(seed=i, max_tokens=1)))
+                       for i in range(8)]
+            for stream in streams:
+                list(stream)
+            return time.perf_counter() - started
+        finally:
+            engine.close()
+
+    on = median([prefill_s(True) for _ in range(repeats)])
+    off = median([prefill_s(False) for _ in range(repeats)])
+    print(f"\n## Prefix reuse: 8 rollouts of one {prompt_len}-token prompt (time to all first tokens)")
+    print("| prefix caching | seconds |\n| --- | ---: |")
+    print(f"| off | {off:.3f} |\n| on | {on:.3f} |")
+    print(f"time saved: {100 * (1 - on / off):.0f}% ({off / on:.2f}x faster); the limit is 8x (one prefill for 8)")
+
+
+def distill_draft(model: CausalLM, steps: int, seq_len: int = 64, batch: int = 16) -> None:
+    """Train the MTP head to predict token t+2 as the main model would (top-k KL to its detached distribution)."""
+    if steps <= 0 or not len(model.mtp):
+        return
+    model.mtp.requires_grad_(True)
+    optimizer = torch.optim.AdamW(model.mtp.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        ids = torch.randint(1, model.config.vocab_size, (batch, seq_len), generator=generator)
+        with torch.no_grad():
+            hidden = model(ids)
+            target = model.logits(hidden)[:, 1:-1].log_softmax(-1)   # the main head's prediction of token t+2
+        draft = model.mtp_logits(model.mtp_forward(hidden[:, :-2], ids[:, 1:-1])).log_softmax(-1)
+        loss = torch.nn.functional.kl_div(draft, target, log_target=True, reduction="batchmean")
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.requires_grad_(False)
+
+
+def speculative_section(model: CausalLM, new_tokens: int, repeats: int) -> None:
+    rates = {}
+    for speculative in (False, True):
+        runs = []
+        for _ in range(repeats):
+            engine = TorchEngine(model, EngineConfig(kv_cache_bytes=64 * 2**20, speculative=speculative))
+            params = SamplingParams(temperature=1.0, seed=1, max_tokens=new_tokens, ignore_eos=True)
+            started = time.perf_counter()
+            produced = sum(len(c.token_ids) for c in engine.submit(GenerationRequest("", list(range(1, 33)), params)))
+            runs.append(produced / (time.perf_counter() - started))
+            acceptance = engine.stats()["spec_acceptance"]
+            engine.close()
+        rates[speculative] = (median(runs), acceptance)
+    (off, _), (on, acceptance) = rates[False], rates[True]
+    print("\n## MTP speculative decoding at batch 1 (sampling at temperature 1)")
+    print(f"| speculation | tokens/s |\n| --- | ---: |\n| off | {off:,.0f} |\n| on | {on:,.0f} |")
+    print(f"speed-up {on / off:.2f}x at acceptance {acceptance:.1%}")
+
+
+def swap_section(model: CausalLM, swaps: int = 5) -> None:
+    engine = TorchEngine(model, EngineConfig(kv_cache_bytes=64 * 2**20, speculative=False))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    params = [SamplingParams(seed=i, max_tokens=1500, ignore_eos=True) for i in range(8)]
+    streams = [engine.submit(GenerationRequest("", [1, 2, 3], p)) for p in params]
+    arrivals: list[tuple[float, int]] = []
+    swap_times = []
+    for version in range(1, swaps + 1):
+        for _ in range(40):
+            chunk = streams[0].get(timeout=60)
+            arrivals.append((time.perf_counter(), chunk.weight_versions[0] if chunk.weight_versions else -1))
+        swap_times.append(time.perf_counter())
+        engine.load_weights(version, state)
+    for _ in range(40):
+        chunk = streams[0].get(timeout=60)
+        arrivals.append((time.perf_counter(), chunk.weight_versions[0] if chunk.weight_versions else -1))
+    for stream in streams:
+        engine.abort(stream.request_id)
+    engine.close()
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals)]
+    swap_gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals) if b[1] != a[1]]
+    size_mb = sum(t.numel() * t.element_size() for t in state.values()) / 2**20
+    print(f"\n## Weight swap pause ({size_mb:.1f} MiB of weights, batch 8 decoding, {swaps} swaps)")
+    print(f"median step gap {1e3 * median(gaps):.2f} ms; gap across a swap {1e3 * median(swap_gaps):.2f} ms "
+          f"(median), {1e3 * max(swap_gaps):.2f} ms (max); pause = {1e3 * (median(swap_gaps) - median(gaps)):.2f} ms")
+
+
+@click.command()
+@click.option("--model", default="tiny", show_default=True)
+@click.option("--batches", default="1,8,32,64", show_default=True)
+@click.option("--new-tokens", default=128, show_default=True)
+@click.option("--prompt-len", default=1024, show_default=True, help="Prompt length of the prefix-reuse section.")
+@click.option("--repeats", default=3, show_default=True)
+@click.option("--distill-steps", default=300, show_default=True, help="MTP draft distillation before section 3.")
+@click.option("--threads", default=0, help="torch threads (0 = all cores)")
+@click.option("--sections", default="decode,prefix,speculative,swap", show_default=True)
+def main(model: str, batches: str, new_tokens: int, prompt_len: int, repeats: int, distill_steps: int, threads: int,
+         sections: str) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+    policy = load(model).eval()
+    chosen = set(sections.split(","))
+    print(f"model {model}: {sum(p.numel() for p in policy.parameters()) / 1e6:.2f} M parameters; "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if "decode" in chosen:
+        decode_section(policy, [int(b) for b in batches.split(",")], new_tokens, repeats)
+    if "prefix" in chosen:
+        prefix_section(policy, prompt_len, repeats)
+    if "speculative" in chosen:
+        distill_draft(policy.train(), distill_steps)
+        speculative_section(policy.eval(), new_tokens, repeats)
+    if "swap" in chosen:
+        swap_section(policy)
+
+
+if __name__ == "__main__":
+    main()

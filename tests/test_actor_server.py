@@ -1,0 +1,141 @@
+"""The gRPC actor server as a real forge-actor process: streams, isolation, clear errors, backpressure, abort on
+client cancel, stats and graceful stop."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
+
+from helpers.processes import start_actor
+
+
+@pytest.fixture(scope="module")
+def actor(tmp_path_factory):
+    service = start_actor(tmp_path_factory.mktemp("actor"))
+    yield service
+    assert service.stop() == 0
+
+
+def generate(stub, prompt, **sampling):
+    request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=common_pb2.SamplingParams(**sampling))
+    return list(stub.Generate(request, timeout=60))
+
+
+def test_stream_carries_tokens_logprobs_versions_and_a_final_timing(actor):
+    with grpc.insecure_channel(actor.address) as channel:
+        chunks = generate(actor_pb2_grpc.ActorStub(channel), [1, 2, 3], temperature=0, max_tokens=6,
+                          ignore_eos=True)
+    tokens = [t for c in chunks for t in c.token_ids]
+    assert len(tokens) == 6
+    assert sum(len(c.logprobs) for c in chunks) == 6 and sum(len(c.weight_versions) for c in chunks) == 6
+    assert chunks[0].actor == actor.info["instance"]
+    assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert chunks[-1].timing.total_s > 0
+    assert all(c.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED for c in chunks[:-1])
+
+
+def test_concurrent_streams_are_isolated(actor):
+    prompts = [[i, i + 1, i + 2, 7 * i % 50] for i in range(1, 11)]
+    with grpc.insecure_channel(actor.address) as channel:
+        stub = actor_pb2_grpc.ActorStub(channel)
+        alone = [[t for c in generate(stub, p, temperature=0, max_tokens=12, ignore_eos=True) for t in c.token_ids]
+                 for p in prompts]
+        together: dict[int, list[int]] = {}
+
+        def worker(i: int) -> None:
+            chunks = generate(stub, prompts[i], temperature=0, max_tokens=12, ignore_eos=True)
+            together[i] = [t for c in chunks for t in c.token_ids]
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert [together[i] for i in range(len(prompts))] == alone
+
+
+@pytest.mark.parametrize("prompt, sampling, message", [
+    ([], {}, "empty"),
+    ([1, 99999], {}, "outside the vocabulary"),
+    (list(range(1000)) * 3, {}, "context"),
+    ([1], {"temperature": -1.0}, "temperature"),
+    ([1], {"top_p": 2.0}, "top_p"),
+    ([1], {"top_k": -3}, "top_k"),
+])
+def test_bad_requests_get_invalid_argument_and_the_server_keeps_serving(actor, prompt, sampling, message):
+    with grpc.insecure_channel(actor.address) as channel:
+        stub = actor_pb2_grpc.ActorStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            generate(stub, prompt, **sampling)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.details()
+        assert generate(stub, [1, 2], max_tokens=2)[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+
+
+def test_cancelled_streams_and_abort_free_their_kv_blocks(actor):
+    with grpc.insecure_channel(actor.address) as channel:
+        stub = actor_pb2_grpc.ActorStub(channel)
+        stream = stub.Generate(actor_pb2.GenerateRequest(
+            prompt_ids=list(range(40)), sampling=common_pb2.SamplingParams(max_tokens=1500, ignore_eos=True)))
+        next(stream)
+        stream.cancel()
+        aborted = stub.Generate(actor_pb2.GenerateRequest(
+            request_id="to-abort", prompt_ids=list(range(40)),
+            sampling=common_pb2.SamplingParams(max_tokens=1500, ignore_eos=True)))
+        next(aborted)
+        assert stub.Abort(actor_pb2.AbortRequest(request_id="to-abort")).found
+        assert list(aborted)[-1].finish_reason == common_pb2.FINISH_REASON_ABORT
+        assert not stub.Abort(actor_pb2.AbortRequest(request_id="to-abort")).found
+        generate(stub, [1], max_tokens=1)
+        stats = stub.Stats(common_pb2.StatsRequest()).gauges
+    assert stats["running"] == 0 and stats["kv_used_frac"] == 0
+
+
+def test_stats_and_health(actor):
+    with grpc.insecure_channel(actor.address) as channel:
+        report = actor_pb2_grpc.ActorStub(channel).Stats(common_pb2.StatsRequest())
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="forge.v1.Actor"))
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    assert report.service == "actor" and report.labels["backend"] == "torch" and report.labels["model"]
+    for key in ("tokens_per_s", "running", "waiting", "kv_used_frac", "prefix_hit_rate", "spec_acceptance",
+                "weight_version"):
+        assert key in report.gauges
+    assert report.host.cpu_count >= 1 and report.host.memory_total_bytes > 0
+    assert report.host.gpu_available or report.host.gpu_unavailable_reason
+
+
+def test_a_full_queue_answers_resource_exhausted(tmp_path):
+    service = start_actor(tmp_path, "--max-batch", "1", "--max-waiting", "0")
+    try:
+        with grpc.insecure_channel(service.address) as channel:
+            stub = actor_pb2_grpc.ActorStub(channel)
+            busy = stub.Generate(actor_pb2.GenerateRequest(
+                prompt_ids=[1], sampling=common_pb2.SamplingParams(max_tokens=1500, ignore_eos=True)))
+            next(busy)
+            with pytest.raises(grpc.RpcError) as err:
+                generate(stub, [2], max_tokens=2)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue is full" in err.value.details()
+            busy.cancel()
+    finally:
+        assert service.stop(signal.SIGINT) == 0
+
+
+def test_api_keys_are_enforced(tmp_path):
+    service = start_actor(tmp_path, "--api-key", "secret-1")
+    try:
+        with grpc.insecure_channel(service.address) as channel:
+            with pytest.raises(grpc.RpcError) as err:
+                generate(actor_pb2_grpc.ActorStub(channel), [1], max_tokens=1)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        from forge.rpc import connect
+
+        with connect(service.address, api_key="secret-1") as channel:
+            assert generate(actor_pb2_grpc.ActorStub(channel), [1], max_tokens=1)
+    finally:
+        service.stop()
+    assert "secret-1" not in service.log.read_text()
