@@ -9,8 +9,8 @@ from forge.actors.cli import actor
 from forge.cli.common import CONTEXT_SETTINGS, entry_point, not_built
 from forge.cli.model import model_group
 from forge.gateway.pool.cli import pool_group
+from forge.learner.cli import learner
 
-learner = not_built("learner", 5, "Train the policy with CISPO on windowed-FIFO batches from the pool")
 gateway = not_built("gateway", 4, "Serve agents (gRPC and OpenAI-compatible HTTP) and record every call in the pool")
 cache = not_built("cache", 8, "Serve the global L3 KV block store")
 up = not_built("up", 6, "Run the whole system locally on the built-in tiny model and tasks")

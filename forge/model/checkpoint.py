@@ -69,11 +69,17 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, d
 
 def save_pretrained(model: CausalLM, directory: str | Path, max_shard_bytes: int | None = None) -> Path:
     """Write config.json and the weights; shards of at most ``max_shard_bytes`` (plus an index) when given."""
+    return save_state_dict(model.config, model.state_dict(), directory, max_shard_bytes)
+
+
+def save_state_dict(config: ModelConfig, state_dict: dict[str, torch.Tensor], directory: str | Path,
+                    max_shard_bytes: int | None = None) -> Path:
+    """``save_pretrained`` for a state dict (e.g. one gathered from a sharded model)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()}
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in state_dict.items()}
     dtype_name = str(next(iter(state.values())).dtype).removeprefix("torch.")
-    config_data = model.config.to_hf_dict() | {"torch_dtype": dtype_name, "dtype": dtype_name}
+    config_data = config.to_hf_dict() | {"torch_dtype": dtype_name, "dtype": dtype_name}
     (directory / "config.json").write_text(json.dumps(config_data, indent=2, sort_keys=True) + "\n")
     for stale in [*directory.glob("model-*-of-*.safetensors"), directory / SINGLE_FILE, directory / INDEX_FILE]:
         stale.unlink(missing_ok=True)

@@ -174,16 +174,22 @@ class CausalLM(nn.Module):
         depth: int = 0,
         position_ids: Tensor | None = None,
         attention: AttentionBackend | None = None,
+        detach_trunk: bool = False,
     ) -> Tensor:
         """Hidden states of MTP module ``depth``: ``hidden`` is the previous depth's output at each position t (the
-        main model's for depth 0) and ``next_ids`` holds token t + 1 + depth at position t."""
+        main model's for depth 0) and ``next_ids`` holds token t + 1 + depth at position t. ``detach_trunk`` keeps
+        gradients out of the shared embeddings and the main model (co-training the draft only)."""
         if depth >= len(self.mtp):
             raise ValueError(f"the model has {len(self.mtp)} MTP module(s); depth {depth} does not exist")
         rope = self.rope(next_ids, position_ids)
-        return self.mtp[depth](hidden, self.model.embed_tokens(next_ids), rope, attention or CausalAttention())
+        embeds = self.model.embed_tokens(next_ids)
+        if detach_trunk:
+            hidden, embeds = hidden.detach(), embeds.detach()
+        return self.mtp[depth](hidden, embeds, rope, attention or CausalAttention())
 
-    def mtp_logits(self, hidden: Tensor, depth: int = 0) -> Tensor:
-        return F.linear(self.mtp[depth].norm(hidden), self.output_weight)
+    def mtp_logits(self, hidden: Tensor, depth: int = 0, detach_head: bool = False) -> Tensor:
+        weight = self.output_weight.detach() if detach_head else self.output_weight
+        return F.linear(self.mtp[depth].norm(hidden), weight)
 
     def init_weights(self, std: float = 0.02, seed: int | None = None) -> None:
         generator = torch.Generator().manual_seed(seed) if seed is not None else None

@@ -1,0 +1,108 @@
+"""Data parallelism for the learner: process groups under torchrun (gloo on CPU, NCCL on GPU), FSDP2 applied per
+decoder layer, and the few collectives the training step needs. A single process needs no torchrun and runs the
+same code with every collective a no-op."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, value: float) -> float:
+        if not self.enabled:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor)
+        return float(tensor.item())
+
+    def max(self, value: int) -> int:
+        if not self.enabled:
+            return value
+        tensor = torch.tensor([value], dtype=torch.long, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return int(tensor.item())
+
+    def broadcast(self, value: Any) -> Any:
+        """``value`` of rank 0, on every rank (any picklable object)."""
+        if not self.enabled:
+            return value
+        box = [value if self.is_main else None]
+        dist.broadcast_object_list(box, src=0, device=self.device if self.device.type == "cuda" else None)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_distributed(device: str = "auto") -> Distributed:
+    """Join the torchrun job described by the environment, or run alone when there is none."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    target = torch.device(device)
+    if target.type == "cuda":
+        target = torch.device("cuda", local_rank if target.index is None else target.index)
+        torch.cuda.set_device(target)
+    if world_size == 1:
+        return Distributed(device=target)
+    dist.init_process_group("nccl" if target.type == "cuda" else "gloo")
+    return Distributed(dist.get_rank(), dist.get_world_size(), target)
+
+
+def shard_model(model: nn.Module, distributed: Distributed) -> nn.Module:
+    """FSDP2: shard every decoder layer, then the rest at the root. The root stays unsharded between forward and
+    backward (the output head and MTP draft run outside ``forward``). FSDP averages gradients over ranks; the
+    trainer scales its losses (already normalised by global counts) by the world size to get their sum."""
+    if not distributed.enabled:
+        return model
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model, reshard_after_forward=False)
+    return model
+
+
+def full_state_dict(model: nn.Module, distributed: Distributed) -> dict[str, torch.Tensor]:
+    """The whole model's parameters as CPU tensors on rank 0 (empty elsewhere); every rank must call it."""
+    if not distributed.enabled:
+        return {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def split_for_ranks(lengths: list[int], world_size: int) -> list[list[int]]:
+    """Indices of items per rank, balancing total length (longest first onto the least loaded rank)."""
+    loads = [0] * world_size
+    parts: list[list[int]] = [[] for _ in range(world_size)]
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        parts[rank].append(index)
+        loads[rank] += lengths[index]
+    return parts

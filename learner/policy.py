@@ -1,0 +1,45 @@
+"""The learner's forward pass over a micro-batch: log-probabilities of the sampled tokens under the current policy
+(with the same temperature and truncation the actor sampled with), and the MTP draft's distillation loss."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from forge.learner.losses import mtp_topk_kl
+from forge.learner.samples import MicroBatch
+from forge.model.qwen3 import CausalLM
+from forge.model.sampling import batched_sampling_logprobs
+
+
+@dataclass
+class PolicyOutput:
+    logprobs: Tensor                 # [N] log π(token) of every completion token
+    mtp_kl: Tensor | None            # [M] per-position draft loss (positions with a previous token)
+
+
+def policy_forward(model: CausalLM, batch: MicroBatch, mtp_top_k: int = 0) -> PolicyOutput:
+    """One forward pass. With ``mtp_top_k`` > 0 and an MTP module, the draft at position q − 1 (hidden state at
+    q − 1, embedding of token q) is distilled toward the main head's distribution at q; the draft's loss reaches
+    the MTP module only (the trunk, embeddings and output head are detached)."""
+    hidden = model(batch.input_ids)
+    picked = hidden[batch.rows, batch.positions]
+    logits = model.logits(picked)
+    logprobs = batched_sampling_logprobs(logits, batch.temperature, batch.top_k, batch.top_p)
+    token_logprobs = logprobs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    mtp_kl = None
+    if mtp_top_k > 0 and len(model.mtp):
+        draft_hidden = model.mtp_forward(hidden[:, :-1], batch.input_ids[:, 1:], detach_trunk=True)
+        has_previous = batch.positions >= 1
+        rows, positions = batch.rows[has_previous], batch.positions[has_previous] - 1
+        draft_logits = model.mtp_logits(draft_hidden[rows, positions], detach_head=True)
+        mtp_kl = mtp_topk_kl(logits[has_previous], draft_logits, mtp_top_k)
+    return PolicyOutput(token_logprobs, mtp_kl)
+
+
+@torch.no_grad()
+def recompute_logprobs(model: CausalLM, batch: MicroBatch) -> Tensor:
+    """log π of the recorded tokens without gradient (the learner-vs-actor agreement check)."""
+    return policy_forward(model, batch).logprobs

@@ -1,0 +1,136 @@
+"""From recorded sessions to per-call advantages: the composite reward, reward-to-go and the group baseline.
+
+For call p of a session (calls 0 … n−1):
+
+    r_p = α · r_p^process + [p = n−1] · (β · r^speed + r^outcome)
+
+- r_p^process is the sum of the process rewards attached to call p (e.g. −1 for a malformed tool call);
+- r^outcome is the sum of the session's outcome rewards (``failure_reward`` for a failed session);
+- r^speed = h(T / T_baseline) with h(x) = clip(1 − x, −1, 1): T is the session's completion time and T_baseline
+  the median completion time of its group's sessions, so finishing faster than the group pays (parallel tool
+  calls finish sooner) and h(1) = 0; a group of one gets 0.
+
+The advantage of every token of call c is the reward-to-go minus a baseline,
+
+    Â_c = Σ_{p ≥ c} γ^{p−c} r_p − B,
+
+with B the mean return (Σ_p γ^p r_p) of the group's sessions (``baseline="group"``) or 0 (``"none"``).
+``normalize="group"`` divides by the group's return standard deviation (GRPO-style); ``"domain"`` standardises
+advantages within each domain of the batch, so mixed reasoning, QA and agent tasks get comparable scales.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from forge.v1 import pool_pb2
+
+FAILED = pool_pb2.SESSION_STATUS_FAILED
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    alpha: float = 1.0               # weight of process rewards
+    beta: float = 0.0                # weight of the completion-time reward
+    gamma: float = 1.0               # discount of the reward-to-go over a session's calls
+    baseline: str = "group"          # "group" or "none"
+    normalize: str = "none"          # "none", "group" or "domain"
+    failure_reward: float = 0.0      # outcome of a failed (abandoned, errored) session
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.baseline not in ("group", "none"):
+            raise ValueError(f"baseline must be 'group' or 'none', got {self.baseline!r}")
+        if self.normalize not in ("none", "group", "domain"):
+            raise ValueError(f"normalize must be 'none', 'group' or 'domain', got {self.normalize!r}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+
+
+@dataclass
+class SessionRewards:
+    session_id: str
+    domain: str
+    rewards: list[float]             # r_p per call
+    advantages: list[float]          # Â_c per call
+    outcome: float
+    speed: float
+    completion_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def speed_reward(completion_s: float, baseline_s: float) -> float:
+    if baseline_s <= 0 or not math.isfinite(completion_s):
+        return 0.0
+    return max(-1.0, min(1.0, 1.0 - completion_s / baseline_s))
+
+
+def completion_time(session: pool_pb2.SessionRecord) -> float:
+    if "completion_time_s" in session.metrics:
+        return float(session.metrics["completion_time_s"])
+    return max(0.0, session.ended_at - session.started_at)
+
+
+def outcome_reward(session: pool_pb2.SessionRecord, config: RewardConfig) -> float:
+    if session.status == FAILED:
+        return config.failure_reward
+    return float(sum(session.outcome_rewards.values()))
+
+
+def discounted(rewards: list[float], gamma: float) -> list[float]:
+    """Reward-to-go of every position: Σ_{p ≥ c} γ^{p−c} r_p."""
+    out, running = [0.0] * len(rewards), 0.0
+    for index in range(len(rewards) - 1, -1, -1):
+        running = rewards[index] + gamma * running
+        out[index] = running
+    return out
+
+
+def group_rewards(sessions: list[pool_pb2.SessionWithCalls], config: RewardConfig) -> list[SessionRewards]:
+    """Rewards and advantages of the sessions of one group (one queue entry)."""
+    times = [completion_time(s.session) for s in sessions]
+    finished = [t for s, t in zip(sessions, times, strict=True) if s.session.status != FAILED]
+    baseline_time = statistics.median(finished) if len(finished) > 1 else 0.0
+    out: list[SessionRewards] = []
+    for item, seconds in zip(sessions, times, strict=True):
+        session = item.session
+        calls = sorted(item.calls, key=lambda c: c.index)
+        rewards = [config.alpha * float(sum(call.process_rewards)) for call in calls]
+        speed = speed_reward(seconds, baseline_time) if session.status != FAILED else 0.0
+        outcome = outcome_reward(session, config)
+        if rewards:
+            rewards[-1] += config.beta * speed + outcome
+        out.append(SessionRewards(session.session_id, session.domain, rewards, discounted(rewards, config.gamma),
+                                  outcome, speed, seconds, dict(session.metrics)))
+    returns = [s.advantages[0] if s.advantages else 0.0 for s in out]
+    baseline = statistics.fmean(returns) if config.baseline == "group" and returns else 0.0
+    scale = 1.0
+    if config.normalize == "group" and len(returns) > 1:
+        scale = 1.0 / (statistics.pstdev(returns) + config.eps)
+    for s in out:
+        s.advantages = [(a - baseline) * scale for a in s.advantages]
+    return out
+
+
+def normalize_by_domain(batch: list[SessionRewards], eps: float = 1e-6) -> None:
+    """Standardise call advantages within each domain of the batch (weighted by calls)."""
+    by_domain: dict[str, list[SessionRewards]] = defaultdict(list)
+    for s in batch:
+        by_domain[s.domain].append(s)
+    for group in by_domain.values():
+        values = [a for s in group for a in s.advantages]
+        if len(values) < 2:
+            continue
+        mean, std = statistics.fmean(values), statistics.pstdev(values)
+        for s in group:
+            s.advantages = [(a - mean) / (std + eps) for a in s.advantages]
+
+
+def batch_rewards(entries: list[pool_pb2.QueueEntry], config: RewardConfig) -> list[SessionRewards]:
+    out = [r for entry in entries for r in group_rewards(list(entry.sessions), config)]
+    if config.normalize == "domain":
+        normalize_by_domain(out, config.eps)
+    return out

@@ -1,0 +1,257 @@
+"""The training loop: take a windowed-FIFO batch from the pool, turn its calls into samples with advantages, run
+the policy and MTP losses over micro-batches (data-parallel under FSDP2), step the optimizer, mark the entries
+consumed, publish the new weight version, and checkpoint together with the pool cursor."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from forge.learner.checkpoint import Checkpointer, set_rng_state
+from forge.learner.losses import LossConfig, loss_metrics, policy_loss
+from forge.learner.metrics import MetricsWriter
+from forge.learner.parallel import Distributed, full_state_dict, split_for_ranks
+from forge.learner.policy import policy_forward
+from forge.learner.rewards import RewardConfig, batch_rewards
+from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
+from forge.learner.window import Batch, PoolSource, WindowConfig, WindowedFifo
+from forge.model.qwen3 import CausalLM
+from forge.v1 import pool_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 8192
+    max_steps: int = 0                  # 0 = until stopped
+    checkpoint_every: int = 10
+    publish_every: int = 1
+    max_staleness: int = 0              # 0 = no limit
+    staleness_policy: str = "drop"      # what to do with samples staler than max_staleness: "drop" or "keep"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.staleness_policy not in ("drop", "keep"):
+            raise ValueError(f"staleness_policy must be 'drop' or 'keep', got {self.staleness_policy!r}")
+        if self.lr <= 0 or self.micro_batch_tokens < 1 or self.checkpoint_every < 1 or self.publish_every < 1:
+            raise ValueError("lr, micro_batch_tokens, checkpoint_every and publish_every must be positive")
+
+
+@dataclass
+class TrainerState:
+    step: int = 0
+    version: int = 0                    # weight version of the current parameters (= optimizer steps taken)
+    pool_seq: int = 0
+    trained_positions: list[int] = field(default_factory=list)   # entries trained since the last checkpoint
+
+
+def _dummy_sample() -> Sample:
+    """A one-token sample whose loss is multiplied by zero: keeps FSDP collectives in step across ranks."""
+    return Sample([0, 0], 1, [0.0], [0], 0.0, 1.0, 0, 1.0, "", -1, "", 0)
+
+
+class Trainer:
+    def __init__(self, model: CausalLM, distributed: Distributed, config: TrainerConfig, loss: LossConfig,
+                 rewards: RewardConfig, window: WindowConfig, pool: PoolSource | None,
+                 checkpointer: Checkpointer | None = None, publisher: Any = None,
+                 metrics: MetricsWriter | None = None) -> None:
+        self.model = model
+        self.dist = distributed
+        self.config = config
+        self.loss = loss
+        self.rewards = rewards
+        self.fifo = WindowedFifo(pool, window) if pool is not None else None
+        self.pool = pool
+        self.checkpointer = checkpointer
+        self.publisher = publisher
+        self.metrics = metrics
+        self.state = TrainerState()
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
+                                           weight_decay=config.weight_decay)
+        self.last: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ resume
+
+    def restore(self) -> bool:
+        """Resume from the latest checkpoint (the model's weights were loaded from it already): optimizer, RNG,
+        step, version, and the pool rewound to the checkpoint's cursor. False when there is none."""
+        restored = self.checkpointer.latest() if self.checkpointer else None
+        if restored is None:
+            return False
+        state = restored.state
+        optimizer_state = torch.load(restored.optimizer_path, weights_only=False)
+        if self.dist.enabled:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=optimizer_state,
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(optimizer_state)
+        set_rng_state(state["rng"])
+        self.state = TrainerState(step=state["step"], version=state["version"], pool_seq=state["pool_seq"])
+        if self.dist.is_main and self.pool is not None:
+            cursor = self.pool.rewind(state["pool_seq"])
+            log.info("resumed from %s at step %d (version %d); pool rewound to seq %d, head %d", restored.path,
+                     self.state.step, self.state.version, cursor.seq, cursor.head)
+        return True
+
+    # ------------------------------------------------------------------ one step
+
+    def _next_batch(self, should_stop: Callable[[], bool]) -> Batch | None:
+        batch = self.fifo.next_batch(should_stop) if self.dist.is_main else None
+        if not self.dist.enabled:
+            return batch
+        payload = None if batch is None else (
+            [e.SerializeToString() for e in batch.entries], batch.seq, batch.head, batch.tail, batch.window,
+            batch.waited_s)
+        payload = self.dist.broadcast(payload)
+        if payload is None:
+            return None
+        entries = [pool_pb2.QueueEntry.FromString(raw) for raw in payload[0]]
+        return Batch(entries, *payload[1:])
+
+    def _select(self, samples: list[Sample]) -> tuple[list[Sample], list[int]]:
+        """Samples to train on, and the staleness (learner version − oldest behaviour version) of every sample."""
+        staleness = [self.state.version - min(s.versions) for s in samples]
+        limit = self.config.max_staleness
+        if limit and self.config.staleness_policy == "drop":
+            kept = [s for s, age in zip(samples, staleness, strict=True) if age <= limit]
+            return kept, staleness
+        return samples, staleness
+
+    def step(self, should_stop: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
+        batch = self._next_batch(should_stop)
+        if batch is None:
+            return None
+        started = time.perf_counter()
+        rewards = batch_rewards(batch.entries, self.rewards)
+        samples, staleness = self._select(build_samples(batch.entries, rewards))
+        parts = split_for_ranks([len(s.tokens) for s in samples], self.dist.world_size)
+        local = [samples[i] for i in parts[self.dist.rank]]
+        total_tokens = max(1.0, float(sum(s.num_completion for s in samples)))
+        total_samples = max(1.0, float(len(samples)))
+        total_mtp = max(1.0, float(sum(s.num_completion - (s.prompt_len == 1) for s in samples)))
+        groups = list(micro_batches(local, self.config.micro_batch_tokens))
+        rounds = self.dist.max(len(groups))
+        groups += [[_dummy_sample()]] * (rounds - len(groups))
+
+        self.model.train()
+        policy_sum = mtp_sum = 0.0
+        figures: list[dict[str, float]] = []
+        for group in groups:
+            real = group[0].position >= 0
+            micro = make_micro_batch(group, self.dist.device)
+            mtp_k = self.loss.mtp_top_k if self.loss.mtp_weight > 0 else 0
+            out = policy_forward(self.model, micro, mtp_k)
+            mask = torch.ones_like(out.logprobs)
+            policy = policy_loss(self.loss, out.logprobs, micro.old_logprobs, micro.advantages, mask,
+                                 micro.sample_index, total_tokens, total_samples)
+            mtp = out.mtp_kl.sum() / total_mtp if out.mtp_kl is not None else None
+            loss = policy if mtp is None else policy + self.loss.mtp_weight * mtp
+            if real:
+                policy_sum += float(policy.detach())
+                mtp_sum += float(mtp.detach()) if mtp is not None else 0.0
+                figures.append(loss_metrics(out.logprobs.detach(), micro.old_logprobs, mask, self.loss)
+                               | {"count": float(micro.num_tokens)})
+            # FSDP averages gradients over ranks: scale back to their sum (the losses use global counts).
+            (loss * (self.dist.world_size if real else 0.0)).backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        self.state.version += 1
+        self.state.trained_positions += [e.position for e in batch.entries]
+        train_s = time.perf_counter() - started
+
+        if self.dist.is_main:
+            cursor = self.fifo.consume(batch)
+            self.state.pool_seq = cursor.seq
+        self.state.pool_seq = self.dist.broadcast(self.state.pool_seq)
+        record = self._record(batch, rewards, samples, staleness, figures, grad_norm, train_s,
+                              policy_sum=self.dist.sum(policy_sum), mtp_sum=self.dist.sum(mtp_sum))
+        self.last = record
+        if self.metrics is not None and self.dist.is_main:
+            self.metrics.write(record)      # before the checkpoint: a redone step rewrites its record
+        if (self.publisher is not None or self.dist.enabled) and self.state.step % self.config.publish_every == 0:
+            self._publish()
+        if self.state.step % self.config.checkpoint_every == 0:
+            self.save_checkpoint()
+        return record
+
+    def _publish(self) -> None:
+        state = full_state_dict(self.model, self.dist)
+        if self.dist.is_main and self.publisher is not None:
+            self.publisher.publish(self.state.version, state)
+
+    def save_checkpoint(self) -> None:
+        """Every rank calls this; rank 0 writes, then commits the pool cursor up to the saved seq."""
+        if self.checkpointer is None:
+            return
+        model_state = full_state_dict(self.model, self.dist)
+        if self.dist.enabled:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            optimizer_state = get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True))
+        else:
+            optimizer_state = self.optimizer.state_dict()
+        if self.dist.is_main:
+            state = {"version": self.state.version, "pool_seq": self.state.pool_seq,
+                     "trained_positions": self.state.trained_positions, "saved_at": time.time()}
+            self.checkpointer.save(self.state.step, self.model.config, model_state, optimizer_state, state)
+            if self.pool is not None:
+                self.pool.commit_cursor(self.state.pool_seq)
+        self.state.trained_positions = []
+        self.dist.barrier()
+
+    def _record(self, batch: Batch, rewards: list, samples: list[Sample], staleness: list[int],
+                figures: list[dict[str, float]], grad_norm: torch.Tensor, train_s: float, policy_sum: float,
+                mtp_sum: float) -> dict[str, Any]:
+        tokens = sum(s.num_completion for s in samples)
+        by_domain: dict[str, list[float]] = defaultdict(list)
+        for r in rewards:
+            by_domain[r.domain or "default"].append(r.outcome)
+        counted = sum(f["count"] for f in figures) or 1.0
+
+        def weighted(key: str) -> float:
+            return self.dist.sum(sum(f[key] * f["count"] for f in figures)) / self.dist.sum(counted)
+
+        record: dict[str, Any] = {
+            "step": self.state.step, "version": self.state.version, "time": time.time(),
+            "loss": policy_sum + self.loss.mtp_weight * mtp_sum, "policy_loss": policy_sum, "mtp_loss": mtp_sum,
+            "grad_norm": float(grad_norm), "groups": len(batch.entries), "sessions": len(rewards),
+            "samples": len(samples), "tokens": tokens, "tokens_per_s": tokens / max(train_s, 1e-9),
+            "step_s": train_s, "waited_s": batch.waited_s, "window": batch.window, "head": batch.head,
+            "tail": batch.tail, "pool_seq": self.state.pool_seq,
+            "reward_mean": statistics.fmean(r.outcome for r in rewards) if rewards else 0.0,
+            "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
+            "staleness_max": max(staleness, default=0),
+            "dropped_stale": len(staleness) - len(samples) if self.config.staleness_policy == "drop" else 0,
+            "positions": [e.position for e in batch.entries],
+            "ratio_mean": weighted("ratio_mean"), "clip_frac": weighted("clip_frac"),
+            "approx_kl": weighted("approx_kl"),
+        }
+        for domain, values in by_domain.items():
+            record[f"reward/{domain}"] = statistics.fmean(values)
+            record[f"sessions/{domain}"] = len(values)
+        return record
+
+    def run(self, should_stop: Callable[[], bool] = lambda: False,
+            on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        while not should_stop() and not (self.config.max_steps and self.state.step >= self.config.max_steps):
+            record = self.step(should_stop)
+            if record is None:
+                break
+            if on_step is not None:
+                on_step(record)

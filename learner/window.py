@@ -1,0 +1,94 @@
+"""The Windowed FIFO over the Data Pool: which finished work the next training step takes.
+
+With head i and N = tail − i queue entries in flight, a step may take any completed entry in [i, i + W − 1] and
+nothing beyond. W is ``window`` itself when it is >= 1, else ⌈window · N⌉ (the default 0.3 N); ``mode="fifo"``
+forces W = 1 (no drift, head-of-line blocking) and ``mode="greedy"`` W = N (maximum throughput, drift toward fast
+samples). Steps take whole entries, i.e. all G rollouts of a task together.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from forge.v1 import pool_pb2
+
+
+class PoolSource(Protocol):
+    """What the learner needs from the pool: ``Pool`` (in-process), ``PoolReader`` + writes, or ``PoolClient``."""
+
+    def cursor(self) -> pool_pb2.Cursor: ...
+
+    def fetch(self, window: int, max_entries: int = 0, include_calls: bool = False) -> pool_pb2.FetchResponse: ...
+
+    def consume(self, positions, failed: bool = False, expected_seq: int | None = None,
+                commit: bool = False) -> pool_pb2.Cursor: ...
+
+    def commit_cursor(self, seq: int) -> pool_pb2.Cursor: ...
+
+    def rewind(self, seq: int) -> pool_pb2.Cursor: ...
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    mode: str = "windowed"            # "fifo", "windowed" or "greedy"
+    window: float = 0.3               # >= 1: entries; < 1: fraction of the entries in flight
+    batch_groups: int = 8             # entries (groups) per training step
+    min_groups: int = 1               # after max_wait_s, train on this many if that is all there is
+    max_wait_s: float = 30.0
+    poll_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("fifo", "windowed", "greedy"):
+            raise ValueError(f"mode must be 'fifo', 'windowed' or 'greedy', got {self.mode!r}")
+        if self.window <= 0:
+            raise ValueError(f"window must be positive, got {self.window}")
+        if self.batch_groups < 1 or not 1 <= self.min_groups <= self.batch_groups:
+            raise ValueError("need batch_groups >= 1 and 1 <= min_groups <= batch_groups")
+
+    def size(self, in_flight: int) -> int:
+        if self.mode == "fifo":
+            return 1
+        if self.mode == "greedy":
+            return max(1, in_flight)
+        if self.window >= 1:
+            return int(self.window)
+        return max(1, math.ceil(self.window * in_flight))
+
+
+@dataclass
+class Batch:
+    entries: list[pool_pb2.QueueEntry]
+    seq: int                          # the cursor seq the batch was fetched at (consume refuses if it moved)
+    head: int
+    tail: int
+    window: int
+    waited_s: float
+
+
+class WindowedFifo:
+    def __init__(self, pool: PoolSource, config: WindowConfig) -> None:
+        self.pool = pool
+        self.config = config
+
+    def next_batch(self, should_stop: Callable[[], bool] = lambda: False) -> Batch | None:
+        """Wait until ``batch_groups`` completed entries are inside the window (or ``min_groups`` after
+        ``max_wait_s``); None when ``should_stop`` turns true first."""
+        config = self.config
+        started = time.monotonic()
+        while not should_stop():
+            cursor = self.pool.cursor()
+            window = config.size(cursor.tail - cursor.head)
+            response = self.pool.fetch(window, max_entries=config.batch_groups, include_calls=True)
+            waited = time.monotonic() - started
+            count = len(response.entries)
+            if count >= config.batch_groups or (count >= config.min_groups and waited >= config.max_wait_s):
+                return Batch(list(response.entries), response.seq, response.head, response.tail, window, waited)
+            time.sleep(config.poll_s)
+        return None
+
+    def consume(self, batch: Batch) -> pool_pb2.Cursor:
+        return self.pool.consume([e.position for e in batch.entries], expected_seq=batch.seq)

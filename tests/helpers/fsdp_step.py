@@ -1,0 +1,38 @@
+"""One training step on a pool, alone or under torchrun with FSDP2; rank 0 saves the resulting parameters."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from forge.gateway.pool import Pool
+from forge.learner.losses import LossConfig
+from forge.learner.parallel import full_state_dict, init_distributed, shard_model
+from forge.learner.rewards import RewardConfig
+from forge.learner.trainer import Trainer, TrainerConfig
+from forge.learner.window import WindowConfig
+from forge.model import CausalLM
+
+
+def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int) -> None:
+    distributed = init_distributed("cpu")
+    torch.manual_seed(0)
+    model = shard_model(CausalLM.from_pretrained(model_dir), distributed)
+    pool = Pool(pool_dir) if distributed.is_main else None
+    trainer = Trainer(model, distributed, TrainerConfig(lr=1e-3, micro_batch_tokens=micro_batch_tokens),
+                      LossConfig(mtp_weight=0.5, mtp_top_k=8), RewardConfig(), WindowConfig(window=16,
+                                                                                           batch_groups=4),
+                      pool)
+    record = trainer.step()
+    state = full_state_dict(model, distributed)
+    if distributed.is_main:
+        torch.save({"state": state, "loss": record["loss"], "tokens": record["tokens"]}, out)
+        pool.close()
+    distributed.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    Path(sys.argv[3] + ".done").touch()

@@ -1,0 +1,252 @@
+"""The learner: log-probs equal the actor's, windowed-FIFO consumption, checkpoints with the pool cursor, a step
+that moves the policy the right way, FSDP2 1-process vs 2-process equality, and exactly-once training across a
+kill -9."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.gateway.pool import Pool
+from forge.learner.checkpoint import Checkpointer
+from forge.learner.losses import LossConfig
+from forge.learner.parallel import Distributed
+from forge.learner.policy import recompute_logprobs
+from forge.learner.rewards import RewardConfig, batch_rewards
+from forge.learner.samples import build_samples, make_micro_batch
+from forge.learner.trainer import Trainer, TrainerConfig
+from forge.learner.window import WindowConfig
+from forge.model import CausalLM, ModelConfig
+from forge.model.sampling import SamplingParams
+
+from conftest import REPO, script
+from helpers.rollouts import fill_pool
+
+CONFIG = ModelConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=12, num_nextn_predict_layers=1,
+                     max_position_embeddings=256)
+
+
+def make_model(seed: int = 0) -> CausalLM:
+    model = CausalLM(CONFIG)
+    model.init_weights(std=0.2, seed=seed)
+    return model
+
+
+def engine_of(model: CausalLM, **overrides) -> TorchEngine:
+    copy = make_model()
+    copy.load_state_dict(model.state_dict())
+    return TorchEngine(copy, EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8, **overrides))
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True, seed=1),
+                                    SamplingParams(temperature=0.7, top_k=12, max_tokens=10, ignore_eos=True,
+                                                   seed=2),
+                                    SamplingParams(temperature=1.3, top_p=0.8, max_tokens=10, ignore_eos=True,
+                                                   seed=3),
+                                    SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)])
+def test_learner_logprobs_equal_the_actors_records(tmp_path, speculative, params):
+    model = make_model()
+    engine = engine_of(model, speculative=speculative)
+    pool = Pool(tmp_path / "pool")
+    try:
+        fill_pool(pool, engine, groups=3, group_size=2, calls=2, params=params, vocab=64)
+        entries = list(pool.fetch(10, include_calls=True).entries)
+    finally:
+        engine.close()
+        pool.close()
+    samples = build_samples(entries, batch_rewards(entries, RewardConfig()))
+    assert len(samples) == 12 and all(s.num_completion == 10 for s in samples)
+    batch = make_micro_batch(samples)
+    learner = recompute_logprobs(model.eval(), batch)
+    torch.testing.assert_close(learner, batch.old_logprobs, atol=2e-5, rtol=0)
+
+
+def test_window_sizes():
+    assert WindowConfig(mode="fifo").size(50) == 1
+    assert WindowConfig(mode="greedy").size(50) == 50
+    assert WindowConfig(window=0.3).size(50) == 15 and WindowConfig(window=0.3).size(0) == 1
+    assert WindowConfig(window=4).size(50) == 4
+    with pytest.raises(ValueError):
+        WindowConfig(mode="random")
+
+
+def trainer_for(model, pool, checkpoints=None, **window):
+    return Trainer(model, Distributed(), TrainerConfig(lr=1e-3, checkpoint_every=1), LossConfig(),
+                   RewardConfig(), WindowConfig(**{"window": 3, "batch_groups": 2, "max_wait_s": 0.5, **window}),
+                   pool, checkpointer=checkpoints)
+
+
+def test_steps_take_completed_entries_inside_the_window_only(tmp_path):
+    model = make_model()
+    engine = engine_of(model)
+    pool = Pool(tmp_path / "pool")
+    held = pool.open_session(task_id="slow", group_id="slow", group_size=1)   # the head entry stays pending
+    fill_pool(pool, engine, groups=5, group_size=2, vocab=64)
+    engine.close()
+    trainer = trainer_for(model, pool, window=3, min_groups=1, max_wait_s=0.2)
+    record = trainer.step()
+    assert record["positions"] == [1, 2] and record["head"] == 0      # W = 3: entries 1 and 2 only
+    deadline = time.monotonic() + 1.0
+    assert trainer.step(should_stop=lambda: time.monotonic() > deadline) is None   # 3 is complete but outside
+    pool.close_session(session_id=held.session_id, outcome_rewards={"r": 1.0})
+    assert trainer.step()["positions"] == [0]                         # 3 is still outside [0, 2]
+    assert trainer.step()["positions"] == [3, 4]                      # the head jumped past 1 and 2
+    pool.close()
+
+
+def test_training_consumes_in_order_checkpoints_and_resumes(tmp_path):
+    model = make_model()
+    engine = engine_of(model)
+    pool = Pool(tmp_path / "pool")
+    fill_pool(pool, engine, groups=6, group_size=2, vocab=64)
+    engine.close()
+    checkpoints = Checkpointer(tmp_path / "run" / "checkpoints")
+    trainer = trainer_for(model, pool, checkpoints)
+    records = [trainer.step() for _ in range(2)]
+    assert [r["positions"] for r in records] == [[0, 1], [2, 3]]
+    assert records[0]["version"] == 1 and records[1]["version"] == 2
+    assert all(r["tokens"] == 2 * 2 * 8 and r["groups"] == 2 for r in records)
+    assert pool.cursor().committed_seq == 2 and pool.cursor().head == 4
+    restored = checkpoints.latest()
+    assert restored.state["step"] == 2 and restored.state["pool_seq"] == 2
+    reloaded = CausalLM.from_pretrained(restored.model_dir)
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(reloaded.state_dict()[name], tensor)
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.Qwen3ForCausalLM.from_pretrained(restored.model_dir, dtype=torch.float32)
+    ids = torch.randint(0, 64, (1, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model.logits(model(ids)), atol=1e-5, rtol=0)
+    pool.consume([4])                               # a step the checkpoint never saw
+    resumed = trainer_for(reloaded, pool, checkpoints)
+    assert resumed.restore() and resumed.state.step == 2 and resumed.state.version == 2
+    assert pool.cursor().head == 4                  # rewound: entry 4 is back
+    assert resumed.step()["positions"] == [4, 5]
+    pool.close()
+
+
+def test_a_step_moves_probability_toward_rewarded_tokens(tmp_path):
+    model = make_model(3)
+    engine = engine_of(model)
+    pool = Pool(tmp_path / "pool")
+    fill_pool(pool, engine, groups=16, group_size=4, max_tokens=12, vocab=64)
+    engine.close()
+    contexts = torch.randint(1, 64, (32, 6), generator=torch.Generator().manual_seed(9))
+
+    def even_mass() -> float:
+        with torch.no_grad():
+            probs = model.logits(model(contexts))[:, -1].softmax(-1)
+        return float(probs[:, ::2].sum(-1).mean())
+
+    before = even_mass()
+    trainer = Trainer(model, Distributed(), TrainerConfig(lr=3e-3), LossConfig(), RewardConfig(normalize="group"),
+                      WindowConfig(window=16, batch_groups=4), pool)
+    for _ in range(4):
+        trainer.step()
+    assert even_mass() > before + 0.02
+    pool.close()
+
+
+def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path):
+    model = make_model(5)
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    engine = engine_of(model)
+    pool = Pool(tmp_path / "pool")
+    fill_pool(pool, engine, groups=4, group_size=3, calls=2, max_tokens=9, vocab=64)
+    engine.close()
+    pool.close()
+    results = {}
+    for nproc in (1, 2):
+        copy = tmp_path / f"pool-{nproc}"
+        shutil.copytree(tmp_path / "pool", copy)
+        out = tmp_path / f"params-{nproc}.pt"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                   str(REPO / "tests" / "helpers" / "fsdp_step.py"), str(model_dir), str(copy), str(out), "64"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results[nproc] = torch.load(out)
+    one, two = results[1], results[2]
+    assert one["tokens"] == two["tokens"] == 4 * 3 * 2 * 9
+    assert one["loss"] == pytest.approx(two["loss"], abs=1e-5)
+    before = model.state_dict()
+    changed = 0
+    for name, tensor in one["state"].items():
+        torch.testing.assert_close(two["state"][name], tensor, atol=1e-6, rtol=1e-5)
+        changed += int(not torch.equal(tensor, before[name]))
+    assert changed > len(before) // 2
+
+
+def run_learner(pool_dir: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([script("forge-learner"), "--pool", str(pool_dir), "--run-dir", str(run_dir),
+                             "--model", str(run_dir.parent / "model"), "--no-publish", "--batch-groups", "1",
+                             "--window", "3", "--lr", "1e-3", "--max-wait", "0.5", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def lineage(metrics: Path) -> dict[int, list[int]]:
+    """The positions trained by each step of the final lineage (a redone step's last record wins)."""
+    steps: dict[int, list[int]] = {}
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        steps[record["step"]] = record["positions"]
+    return steps
+
+
+def test_kill_minus_nine_then_restart_trains_every_entry_exactly_once(tmp_path):
+    model = make_model(1)
+    model.save_pretrained(tmp_path / "model")
+    engine = engine_of(model)
+    pool = Pool(tmp_path / "pool")
+    fill_pool(pool, engine, groups=12, group_size=2, vocab=64)
+    engine.close()
+    pool.close()
+    run_dir = tmp_path / "run"
+    metrics = run_dir / "metrics.jsonl"
+    first = run_learner(tmp_path / "pool", run_dir, "--checkpoint-every", "3", "--max-steps", "12")
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()
+        time.sleep(0.02)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    second = run_learner(tmp_path / "pool", run_dir, "--checkpoint-every", "3", "--max-steps", "12")
+    output, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, output
+    steps = lineage(metrics)
+    assert sorted(steps) == list(range(1, 13))
+    trained = [p for step in sorted(steps) for p in steps[step]]
+    assert sorted(trained) == list(range(12)), trained
+    assert "resumed from" in output
+
+
+def test_sigterm_stops_after_a_step_with_a_checkpoint(tmp_path):
+    model = make_model(2)
+    model.save_pretrained(tmp_path / "model")
+    engine = engine_of(model)
+    pool = Pool(tmp_path / "pool")
+    fill_pool(pool, engine, groups=3, group_size=2, vocab=64)
+    engine.close()
+    pool.close()
+    run_dir = tmp_path / "run"
+    proc = run_learner(tmp_path / "pool", run_dir, "--checkpoint-every", "100")
+    deadline = time.monotonic() + 120
+    while not (run_dir / "metrics.jsonl").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    latest = Checkpointer(run_dir / "checkpoints").latest()
+    assert latest is not None and latest.state["step"] >= 1
