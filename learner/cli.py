@@ -130,6 +130,14 @@ def learner(model: str, pool_path: Path | None, pool_address: str | None, pool_a
     if (pool_path is None) == (pool_address is None):
         raise click.UsageError("give exactly one of --pool and --pool-address")
     setup_logging(log_level)
+    stop = threading.Event()
+
+    def handle(signum: int, _frame: object) -> None:
+        log.info("received %s: stopping after this step", signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handle)
     import torch
 
     from forge.learner.checkpoint import Checkpointer
@@ -158,7 +166,6 @@ def learner(model: str, pool_path: Path | None, pool_address: str | None, pool_a
     policy = shard_model(policy.to(distributed.device), distributed)
     pool = _open_pool(pool_path, pool_address, pool_api_key) if distributed.is_main else None
     publisher = metrics = server = None
-    stop = threading.Event()
     if distributed.is_main:
         if publish:
             from forge.weights import WeightPublisher
@@ -170,12 +177,6 @@ def learner(model: str, pool_path: Path | None, pool_address: str | None, pool_a
     if restored is not None:
         trainer.restore()
 
-    def handle(signum: int, _frame: object) -> None:
-        log.info("received %s: stopping after this step", signal.Signals(signum).name)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handle)
     if distributed.is_main:
         from forge.learner.service import LearnerServicer, serve_learner
         from forge.rpc import ServerOptions

@@ -1,6 +1,6 @@
-"""The training loop: take a windowed-FIFO batch from the pool, turn its calls into samples with advantages, run
-the policy and MTP losses over micro-batches (data-parallel under FSDP2), step the optimizer, mark the entries
-consumed, publish the new weight version, and checkpoint together with the pool cursor."""
+"""The training loop: take a windowed-FIFO batch from the pool (consuming its entries), turn its calls into samples
+with advantages, run the policy and MTP losses over micro-batches (data-parallel under FSDP2), step the optimizer,
+publish the new weight version, and checkpoint together with the pool cursor."""
 
 from __future__ import annotations
 
@@ -174,10 +174,7 @@ class Trainer:
         self.state.trained_positions += [e.position for e in batch.entries]
         train_s = time.perf_counter() - started
 
-        if self.dist.is_main:
-            cursor = self.fifo.consume(batch)
-            self.state.pool_seq = cursor.seq
-        self.state.pool_seq = self.dist.broadcast(self.state.pool_seq)
+        self.state.pool_seq = batch.seq
         record = self._record(batch, rewards, samples, staleness, figures, grad_norm, train_s,
                               policy_sum=self.dist.sum(policy_sum), mtp_sum=self.dist.sum(mtp_sum))
         self.last = record

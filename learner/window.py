@@ -1,9 +1,10 @@
 """The Windowed FIFO over the Data Pool: which finished work the next training step takes.
 
 With head i and N = tail − i queue entries in flight, a step may take any completed entry in [i, i + W − 1] and
-nothing beyond. W is ``window`` itself when it is >= 1, else ⌈window · N⌉ (the default 0.3 N); ``mode="fifo"``
-forces W = 1 (no drift, head-of-line blocking) and ``mode="greedy"`` W = N (maximum throughput, drift toward fast
-samples). Steps take whole entries, i.e. all G rollouts of a task together.
+nothing beyond; the window advances only when the head entry is consumed. W is ``window`` itself when it is >= 1,
+else ⌈window · N⌉ (the default 0.3 N); ``mode="fifo"`` forces W = 1 (no drift, head-of-line blocking) and
+``mode="greedy"`` W = N (maximum throughput, drift toward fast samples). Steps take whole entries, i.e. all G
+rollouts of a task together.
 """
 
 from __future__ import annotations
@@ -62,33 +63,49 @@ class WindowConfig:
 @dataclass
 class Batch:
     entries: list[pool_pb2.QueueEntry]
-    seq: int                          # the cursor seq the batch was fetched at (consume refuses if it moved)
-    head: int
+    seq: int                          # the pool cursor seq once these entries were consumed
+    head: int                         # the head when the batch was complete
     tail: int
-    window: int
+    window: int                       # the window size last applied
     waited_s: float
 
 
 class WindowedFifo:
+    """Forms batches the way the design's queue works: taking an entry consumes it, so the head (and with it the
+    window) advances as the batch fills. Strict FIFO (W = 1) thus takes the next B entries in order; a wider
+    window lets finished entries behind a slow head in, but never one beyond head + W − 1.
+
+    Consumes are made as entries are taken, before training: a learner that dies before its next checkpoint
+    rewinds the pool to the checkpoint's seq on restart, so nothing taken is lost or trained twice."""
+
     def __init__(self, pool: PoolSource, config: WindowConfig) -> None:
         self.pool = pool
         self.config = config
 
     def next_batch(self, should_stop: Callable[[], bool] = lambda: False) -> Batch | None:
-        """Wait until ``batch_groups`` completed entries are inside the window (or ``min_groups`` after
-        ``max_wait_s``); None when ``should_stop`` turns true first."""
+        """``batch_groups`` entries (or at least ``min_groups`` after ``max_wait_s``). When ``should_stop`` turns
+        true, the entries already taken are returned (they must be trained, not dropped); None if there are none."""
         config = self.config
         started = time.monotonic()
-        while not should_stop():
+        taken: list[pool_pb2.QueueEntry] = []
+        cursor = self.pool.cursor()
+        window = config.size(cursor.tail - cursor.head)
+        while True:
+            if should_stop():
+                break
             cursor = self.pool.cursor()
             window = config.size(cursor.tail - cursor.head)
-            response = self.pool.fetch(window, max_entries=config.batch_groups, include_calls=True)
+            response = self.pool.fetch(window, max_entries=config.batch_groups - len(taken), include_calls=True)
+            if response.entries:
+                cursor = self.pool.consume([e.position for e in response.entries], expected_seq=response.seq)
+                taken += response.entries
+                if len(taken) >= config.batch_groups:
+                    break
+                continue
             waited = time.monotonic() - started
-            count = len(response.entries)
-            if count >= config.batch_groups or (count >= config.min_groups and waited >= config.max_wait_s):
-                return Batch(list(response.entries), response.seq, response.head, response.tail, window, waited)
+            if len(taken) >= config.min_groups and waited >= config.max_wait_s:
+                break
             time.sleep(config.poll_s)
-        return None
-
-    def consume(self, batch: Batch) -> pool_pb2.Cursor:
-        return self.pool.consume([e.position for e in batch.entries], expected_seq=batch.seq)
+        if not taken:
+            return None
+        return Batch(taken, cursor.seq, cursor.head, cursor.tail, window, time.monotonic() - started)

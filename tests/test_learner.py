@@ -100,8 +100,8 @@ def test_steps_take_completed_entries_inside_the_window_only(tmp_path):
     deadline = time.monotonic() + 1.0
     assert trainer.step(should_stop=lambda: time.monotonic() > deadline) is None   # 3 is complete but outside
     pool.close_session(session_id=held.session_id, outcome_rewards={"r": 1.0})
-    assert trainer.step()["positions"] == [0]                         # 3 is still outside [0, 2]
-    assert trainer.step()["positions"] == [3, 4]                      # the head jumped past 1 and 2
+    assert trainer.step()["positions"] == [0, 3]                      # taking 0 moves the window to [3, 5]
+    assert trainer.step()["positions"] == [4, 5]
     pool.close()
 
 
@@ -242,7 +242,8 @@ def test_sigterm_stops_after_a_step_with_a_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_learner(tmp_path / "pool", run_dir, "--checkpoint-every", "100")
     deadline = time.monotonic() + 120
-    while not (run_dir / "metrics.jsonl").exists():
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text().strip()):
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
