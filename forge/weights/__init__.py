@@ -1,1 +1,26 @@
-"""(being built)"""
+"""Versioned weight transport over ZeroMQ: the learner's ``WeightPublisher`` serves the latest weight version in
+hashed chunks; each actor's ``WeightSubscriber`` fetches it with a bounded window and hands it over only when every
+chunk and the whole version verify. The protocol is described in docs/weights.md."""
+
+from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_ENDPOINT
+from forge.weights.faults import Faults
+from forge.weights.hashing import ALGORITHMS, DEFAULT_ALGORITHM
+from forge.weights.manifest import Manifest, ManifestError, TensorSpec
+from forge.weights.publisher import DEFAULT_CHUNK_SIZE, PublisherStats, WeightPublisher
+from forge.weights.subscriber import SubscriberStats, WeightSubscriber
+
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_ALGORITHM",
+    "DEFAULT_ANNOUNCE_ENDPOINT",
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_FETCH_ENDPOINT",
+    "Faults",
+    "Manifest",
+    "ManifestError",
+    "PublisherStats",
+    "SubscriberStats",
+    "TensorSpec",
+    "WeightPublisher",
+    "WeightSubscriber",
+]
