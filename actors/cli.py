@@ -88,6 +88,10 @@ def write_ready_file(path: Path, **fields: object) -> None:
               help="Reuse the KV blocks of earlier requests that share a prompt prefix.")
 @click.option("--on-weight-swap", type=click.Choice(["continue", "abort"]), default="continue", show_default=True,
               help="What in-flight requests do when a new weight version arrives.")
+@click.option("--weights-fetch", default=None,
+              help="Subscribe to weight versions from the learner at this ZeroMQ endpoint (e.g. tcp://127.0.0.1:5701).")
+@click.option("--weights-announce", default=None,
+              help="The learner's announcement endpoint (e.g. tcp://127.0.0.1:5702); needed with --weights-fetch.")
 @click.option("--api-key", "api_keys", multiple=True, envvar="FORGE_ACTOR_API_KEYS",
               help="Require this API key on every call (repeatable).")
 @click.option("--threads", default=0, type=click.IntRange(0), help="Torch CPU threads (0 = all cores).")
@@ -97,11 +101,14 @@ def write_ready_file(path: Path, **fields: object) -> None:
 @log_level_option
 def actor(model: str, backend: str, host: str, port: int, name: str | None, device: str, dtype: str,
           kv_cache_mb: int, block_size: int, max_batch: int, max_batched_tokens: int, max_waiting: int,
-          speculative: bool, prefix_caching: bool, on_weight_swap: str, api_keys: tuple[str, ...], threads: int,
-          seed: int, ready_file: Path | None, log_level: str) -> None:
+          speculative: bool, prefix_caching: bool, on_weight_swap: str, weights_fetch: str | None,
+          weights_announce: str | None, api_keys: tuple[str, ...], threads: int, seed: int, ready_file: Path | None,
+          log_level: str) -> None:
     """Serve token generation from MODEL over gRPC (forge.v1.Actor: Generate, Abort, Stats, plus health and
     reflection). Token ids in, token ids out, with the log-probability and weight version of every token."""
     setup_logging(log_level)
+    if (weights_fetch is None) != (weights_announce is None):
+        raise click.UsageError("--weights-fetch and --weights-announce go together")
     import torch
 
     from forge.actors.server import ActorServicer
@@ -129,6 +136,23 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
                               abort_on_weight_swap=on_weight_swap == "abort", seed=seed,
                               model_id=model_id)
         engine = TorchEngine(policy, config)
+    subscriber = None
+    if weights_fetch:
+        from forge.weights import WeightSubscriber
+
+        def apply(version: int, tensors: dict) -> None:
+            try:
+                engine.load_weights(version, tensors)
+            except ValueError as exc:       # wrong shapes or stale: keep serving the current version
+                log.error("weight version %d refused: %s", version, exc)
+
+        subscriber = WeightSubscriber(weights_fetch, weights_announce, on_version=apply)
+
+    def stop() -> None:
+        if subscriber is not None:
+            subscriber.close()
+        engine.close()
+
     options = ServerOptions(host=host, port=port, api_keys=api_keys)
     servicer = ActorServicer(engine, name or "actor", {"model": model_id, "device": device})
     server = GrpcServer([ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2,
@@ -140,4 +164,4 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
         if ready_file:
             write_ready_file(ready_file, address=server.address, instance=servicer.instance, pid=os.getpid())
 
-    server.run_until_signal(on_stop=engine.close, on_ready=ready)
+    server.run_until_signal(on_stop=stop, on_ready=ready)

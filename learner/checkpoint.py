@@ -98,6 +98,17 @@ class Checkpointer:
         log.info("checkpoint %s written", final)
         return final
 
+    def record_published(self, version: int) -> None:
+        """Remember the newest weight version actors may hold, so a restarted learner never reuses a number."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        marker = self.directory / ".published.tmp"
+        marker.write_text(str(version))
+        os.replace(marker, self.directory / "published_version")
+
+    def last_published(self) -> int:
+        marker = self.directory / "published_version"
+        return int(marker.read_text()) if marker.exists() else -1
+
     def latest(self) -> Restored | None:
         pointer = self.directory / "latest"
         if not pointer.exists():

@@ -69,9 +69,9 @@ def _initial_model(model: str, resume_dir: Path | None, seed: int):
               show_default=True, help="Checkpoints and metrics.jsonl go here.")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue from the run directory's latest checkpoint when there is one.")
-@click.option("--weights-fetch", default="tcp://127.0.0.1:5555", show_default=True,
-              help="ZeroMQ endpoint actors fetch weight chunks from.")
-@click.option("--weights-announce", default="tcp://127.0.0.1:5556", show_default=True,
+@click.option("--weights-fetch", default="tcp://127.0.0.1:5701", show_default=True,
+              help="ZeroMQ endpoint actors fetch weight chunks from ('tcp://127.0.0.1:*' picks a free port).")
+@click.option("--weights-announce", default="tcp://127.0.0.1:5702", show_default=True,
               help="ZeroMQ endpoint new weight versions are announced on.")
 @click.option("--publish/--no-publish", default=True, show_default=True, help="Stream weights to actors.")
 @click.option("--loss", type=click.Choice(["cispo", "ppo", "grpo"]), default="cispo", show_default=True)
@@ -187,6 +187,7 @@ def learner(model: str, pool_path: Path | None, pool_address: str | None, pool_a
             from forge.learner.parallel import full_state_dict
 
             publisher.publish(trainer.state.version, full_state_dict(policy, distributed))
+            checkpointer.record_published(trainer.state.version)
         if ready_file:
             ready_file.write_text(json.dumps({
                 "address": server.address, "pid": os.getpid(),

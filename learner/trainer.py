@@ -51,7 +51,8 @@ class TrainerConfig:
 @dataclass
 class TrainerState:
     step: int = 0
-    version: int = 0                    # weight version of the current parameters (= optimizer steps taken)
+    version: int = 0                    # weight version of the current parameters; grows by one per step and
+                                        # never repeats across restarts (see restore)
     pool_seq: int = 0
     trained_positions: list[int] = field(default_factory=list)   # entries trained since the last checkpoint
 
@@ -99,7 +100,9 @@ class Trainer:
         else:
             self.optimizer.load_state_dict(optimizer_state)
         set_rng_state(state["rng"])
-        self.state = TrainerState(step=state["step"], version=state["version"], pool_seq=state["pool_seq"])
+        # Actors may hold versions published after this checkpoint: continue past them, never reuse a number.
+        version = max(state["version"], self.checkpointer.last_published() + 1)
+        self.state = TrainerState(step=state["step"], version=version, pool_seq=state["pool_seq"])
         if self.dist.is_main and self.pool is not None:
             cursor = self.pool.rewind(state["pool_seq"])
             log.info("resumed from %s at step %d (version %d); pool rewound to seq %d, head %d", restored.path,
@@ -190,6 +193,8 @@ class Trainer:
         state = full_state_dict(self.model, self.dist)
         if self.dist.is_main and self.publisher is not None:
             self.publisher.publish(self.state.version, state)
+            if self.checkpointer is not None:
+                self.checkpointer.record_published(self.state.version)
 
     def save_checkpoint(self) -> None:
         """Every rank calls this; rank 0 writes, then commits the pool cursor up to the saved seq."""
