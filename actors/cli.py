@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from pathlib import Path
 
 import click
 
-from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, setup_logging
+from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, setup_logging, write_ready_file
 
 log = logging.getLogger("forge.actor")
 
@@ -52,12 +50,6 @@ def trtllm_backend(model: str, max_waiting: int):
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
     return backend, TINY_NAME if is_builtin(model) else str(directory.resolve())
-
-
-def write_ready_file(path: Path, **fields: object) -> None:
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(json.dumps(fields))
-    os.replace(temporary, path)
 
 
 @click.command("actor", context_settings=CONTEXT_SETTINGS)
@@ -162,6 +154,6 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
     def ready() -> None:
         log.info("actor %s serving %s on %s (device %s)", servicer.instance, model_id, server.address, device)
         if ready_file:
-            write_ready_file(ready_file, address=server.address, instance=servicer.instance, pid=os.getpid())
+            write_ready_file(ready_file, address=server.address, instance=servicer.instance)
 
     server.run_until_signal(on_stop=stop, on_ready=ready)

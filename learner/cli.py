@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, setup_logging
+from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, setup_logging, write_ready_file
 
 log = logging.getLogger("forge.learner")
 
@@ -189,11 +188,10 @@ def learner(model: str, pool_path: Path | None, pool_address: str | None, pool_a
             publisher.publish(trainer.state.version, full_state_dict(policy, distributed))
             checkpointer.record_published(trainer.state.version)
         if ready_file:
-            ready_file.write_text(json.dumps({
-                "address": server.address, "pid": os.getpid(),
-                "weights_fetch": publisher.fetch_endpoint if publisher else None,
-                "weights_announce": publisher.announce_endpoint if publisher else None,
-                "step": trainer.state.step, "version": trainer.state.version}))
+            write_ready_file(ready_file, address=server.address,
+                             weights_fetch=publisher.fetch_endpoint if publisher else None,
+                             weights_announce=publisher.announce_endpoint if publisher else None,
+                             step=trainer.state.step, version=trainer.state.version)
         log.info("learner ready: stats on %s, %s", server.address,
                  f"weights on {publisher.fetch_endpoint}" if publisher else "not publishing")
     elif publish:

@@ -51,7 +51,7 @@ def test_entry_point_uses_the_command_prefix(monkeypatch, capsys):
     assert capsys.readouterr().out.strip() == "127.0.0.1:7"
 
 
-@pytest.mark.parametrize("name, issue", [("forge-gateway", 4), ("forge-cache", 8)])
+@pytest.mark.parametrize("name, issue", [("forge-cache", 8)])
 def test_unbuilt_services_say_so_and_fail(name, issue):
     result = subprocess.run([script(name)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2

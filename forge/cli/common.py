@@ -7,7 +7,9 @@ e.g. ``FORGE_ACTOR_PORT``), the config file (a TOML table named after the comman
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 import tomllib
 from collections.abc import Callable
@@ -74,3 +76,10 @@ def not_built(name: str, issue: int, summary: str) -> click.Command:
     return click.Command(name, callback=run, context_settings=CONTEXT_SETTINGS,
                          help=f"{summary}. NOT BUILT YET: tracked in issue #{issue}; exits with status 2.",
                          short_help=f"{summary} (not built yet).")
+
+
+def write_ready_file(path: Path, **fields: object) -> None:
+    """Announce a started service (its addresses, pid, …) as JSON, atomically: readers never see half a file."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps({**fields, "pid": os.getpid()}))
+    os.replace(temporary, path)

@@ -8,12 +8,12 @@ from forge import __version__
 from forge.actors.cli import actor
 from forge.cli.common import CONTEXT_SETTINGS, entry_point, not_built
 from forge.cli.model import model_group
+from forge.gateway.cli import gateway
 from forge.gateway.pool.cli import pool_group
 from forge.learner.cli import learner
+from forge.up import up
 
-gateway = not_built("gateway", 4, "Serve agents (gRPC and OpenAI-compatible HTTP) and record every call in the pool")
 cache = not_built("cache", 8, "Serve the global L3 KV block store")
-up = not_built("up", 6, "Run the whole system locally on the built-in tiny model and tasks")
 top = not_built("top", 9, "Show live telemetry of a running system in the terminal")
 
 

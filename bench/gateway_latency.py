@@ -1,0 +1,208 @@
+"""What the gateway adds to an LLM call: latency and throughput through the gateway against calling the actor
+directly, on the same prompts and the same sampled tokens.
+
+It starts one actor (built-in tiny model) and one gateway (with a fresh local pool: every gateway call is rendered,
+tokenised, routed, streamed and durably recorded before it is answered). C concurrent sessions each make calls one
+after another; each call is the session's own single-turn prompt, max_tokens new tokens (ignore_eos, a fixed seed
+per call, so both paths sample exactly the same tokens). Paths:
+
+- direct: gRPC Actor.Generate with the prompt ids (what the gateway itself does per call, no recording);
+- http:   OpenAI chat completions, non-streaming, to /s/<session>/v1 (a black-box agent);
+- grpc:   gRPC Gateway.Chat (a white-box agent).
+
+Reported per concurrency level: median over repeats of p50 and p99 latency, calls/s, and each path's ratio to direct.
+
+Usage: python bench/gateway_latency.py [--concurrency 1 32 256] [--calls-per-session 4] [--max-tokens 8]
+       [--repeats 3] [--paths direct http grpc] [--actor-threads 1] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+import grpc
+import numpy as np
+
+from forge.assets import TINY_DIR
+from forge.tokenizer import Tokenizer
+from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
+
+TOK = Tokenizer.from_dir(TINY_DIR)
+BIN = Path(sys.executable).parent
+
+
+def start(args: list[str], ready: Path, log: Path) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen([*args, "--ready-file", str(ready)], stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{args[0]} did not start:\n{log.read_text()}")
+        time.sleep(0.05)
+    return proc, json.loads(ready.read_text())
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def messages_of(session: int) -> list[dict]:
+    return [{"role": "user", "content": f"Session {session}: compute {session} + {session * 3}."}]
+
+
+def sampling(seed: int, max_tokens: int) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(temperature=1.0, seed=seed, max_tokens=max_tokens, ignore_eos=True)
+
+
+async def run_direct(address: str, sessions: int, calls: int, max_tokens: int) -> list[float]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = actor_pb2_grpc.ActorStub(channel)
+
+        async def session(s: int) -> list[float]:
+            prompt = TOK.apply_chat_template(messages_of(s), add_generation_prompt=True)
+            took = []
+            for c in range(calls):
+                start = time.perf_counter()
+                async for _chunk in stub.Generate(actor_pb2.GenerateRequest(prompt_ids=prompt,
+                                                                            sampling=sampling(s * 1000 + c,
+                                                                                              max_tokens))):
+                    pass
+                took.append(time.perf_counter() - start)
+            return took
+
+        return [t for ts in await asyncio.gather(*(session(s) for s in range(sessions))) for t in ts]
+
+
+async def run_http(base: str, sessions: int, calls: int, max_tokens: int) -> list[float]:
+    run = uuid.uuid4().hex[:8]
+    connector = aiohttp.TCPConnector(limit=sessions + 8)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as http:
+
+        async def session(s: int) -> list[float]:
+            url = f"{base}/s/bench-{run}-{s}/v1/chat/completions"
+            took = []
+            for c in range(calls):
+                body = {"model": "forge-tiny", "messages": messages_of(s), "max_tokens": max_tokens,
+                        "temperature": 1.0, "seed": s * 1000 + c, "ignore_eos": True}
+                start = time.perf_counter()
+                async with http.post(url, json=body) as response:
+                    await response.read()
+                    if response.status != 200:
+                        raise RuntimeError(f"HTTP {response.status}: {await response.text()}")
+                took.append(time.perf_counter() - start)
+            return took
+
+        return [t for ts in await asyncio.gather(*(session(s) for s in range(sessions))) for t in ts]
+
+
+async def run_grpc(address: str, sessions: int, calls: int, max_tokens: int) -> list[float]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+
+        async def session(s: int) -> list[float]:
+            sid = (await stub.StartSession(gateway_pb2.StartSessionRequest(task_id="bench"))).session.session_id
+            messages = [gateway_pb2.ChatMessage(**m) for m in messages_of(s)]
+            took = []
+            for c in range(calls):
+                start = time.perf_counter()
+                async for _chunk in stub.Chat(gateway_pb2.ChatRequest(session_id=sid, messages=messages,
+                                                                      sampling=sampling(s * 1000 + c, max_tokens))):
+                    pass
+                took.append(time.perf_counter() - start)
+            return took
+
+        return [t for ts in await asyncio.gather(*(session(s) for s in range(sessions))) for t in ts]
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(path: str, targets: dict[str, str], sessions: int, calls: int, max_tokens: int,
+            pids: dict[str, int]) -> dict[str, float]:
+    runner = {"direct": run_direct, "http": run_http, "grpc": run_grpc}[path]
+    cpu_before = {name: cpu_s(pid) for name, pid in pids.items()}
+    started = time.perf_counter()
+    latencies = asyncio.run(runner(targets[path], sessions, calls, max_tokens))
+    wall = time.perf_counter() - started
+    p50, p99 = np.percentile(latencies, [50, 99]) * 1e3
+    figures = {"p50_ms": float(p50), "p99_ms": float(p99), "calls_per_s": len(latencies) / wall}
+    for name, pid in pids.items():
+        figures[f"{name}_cpu_ms_per_call"] = (cpu_s(pid) - cpu_before[name]) * 1e3 / len(latencies)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
+    parser.add_argument("--calls-per-session", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--paths", nargs="+", default=["direct", "http", "grpc"], choices=["direct", "http", "grpc"])
+    parser.add_argument("--actor-threads", type=int, default=1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="forge-gateway-bench-"))
+    actor, actor_info = start([str(BIN / "forge-actor"), "--port", "0", "--kv-cache-mb", "256", "--max-batch",
+                               str(max(64, *args.concurrency)), "--threads", str(args.actor_threads)],
+                              root / "actor.json", root / "actor.log")
+    gateway, gateway_info = start([sys.executable, "-m", "forge.gateway", "--actor", actor_info["address"], "--pool",
+                                   str(root / "pool"), "--grpc-port", "0", "--http-port", "0", "--log-level",
+                                   "WARNING"], root / "gateway.json", root / "gateway.log")
+    targets = {"direct": actor_info["address"], "http": gateway_info["http_address"],
+               "grpc": gateway_info["grpc_address"]}
+    pids = {"actor": actor.pid, "gateway": gateway.pid}
+    results: dict[int, dict[str, dict[str, float]]] = {}
+    try:
+        for path in args.paths:                                    # warm up every path once
+            measure(path, targets, 4, 2, args.max_tokens, pids)
+        for sessions in args.concurrency:
+            calls = max(args.calls_per_session, 64 // sessions) if sessions < 64 else args.calls_per_session
+            runs: dict[str, list[dict[str, float]]] = {p: [] for p in args.paths}
+            for _ in range(args.repeats):
+                for path in args.paths:                            # interleaved, so drift hits every path alike
+                    runs[path].append(measure(path, targets, sessions, calls, args.max_tokens, pids))
+            results[sessions] = {p: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+                                 for p, rs in runs.items()}
+    finally:
+        stop(gateway)
+        stop(actor)
+    if args.json:
+        print(json.dumps({"max_tokens": args.max_tokens, "results": results}, indent=2))
+        return
+    print(f"max_tokens={args.max_tokens}, medians of {args.repeats} runs; ratios are path / direct; CPU: ms of "
+          "each process per call")
+    print(f"{'sessions':>8} {'path':>6} {'p50 ms':>9} {'p99 ms':>9} {'calls/s':>9} {'+p50 ms':>8} {'+p99 ms':>8} "
+          f"{'p50 x':>6} {'calls/s x':>9} {'gw CPU':>7} {'actor CPU':>9}")
+    for sessions, paths in results.items():
+        base = paths.get("direct")
+        for path, r in paths.items():
+            extra = ("", "", "", "")
+            if base and path != "direct":
+                extra = (f"{r['p50_ms'] - base['p50_ms']:+.1f}", f"{r['p99_ms'] - base['p99_ms']:+.1f}",
+                         f"{r['p50_ms'] / base['p50_ms']:.2f}", f"{r['calls_per_s'] / base['calls_per_s']:.2f}")
+            print(f"{sessions:>8} {path:>6} {r['p50_ms']:>9.1f} {r['p99_ms']:>9.1f} {r['calls_per_s']:>9.1f} "
+                  f"{extra[0]:>8} {extra[1]:>8} {extra[2]:>6} {extra[3]:>9} {r['gateway_cpu_ms_per_call']:>7.2f} "
+                  f"{r['actor_cpu_ms_per_call']:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Starting Forge services as child processes: each writes a ready file once serving; stopping sends SIGTERM and
+waits for a clean exit (SIGKILL after a grace period). Output goes to a log file per service."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def console_script(name: str) -> str:
+    """The path of a Forge console script installed beside the running interpreter."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} is not installed (pip install -e .)")
+    return found
+
+
+class ServiceProcess:
+    def __init__(self, name: str, command: str, args: list[str], run_dir: Path, env: dict[str, str] | None = None,
+                 timeout_s: float = 180.0) -> None:
+        self.name = name
+        self.ready_file = run_dir / f"{name}.json"
+        self.ready_file.unlink(missing_ok=True)
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.log_path = run_dir / "logs" / f"{name}.log"
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([console_script(command), *args, "--ready-file", str(self.ready_file)],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                     start_new_session=True)
+        self.info = self._wait_ready(timeout_s)
+        log.info("%s ready (pid %d): %s", name, self.proc.pid, self.info)
+
+    def _wait_ready(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while not self.ready_file.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}:\n"
+                                   + self.log_path.read_text()[-2000:])
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise TimeoutError(f"{self.name} was not ready after {timeout_s:.0f} s; see {self.log_path}")
+            time.sleep(0.05)
+        time.sleep(0.05)            # the file is replaced atomically, but give the writer a beat
+        return json.loads(self.ready_file.read_text())
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace_s: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0f s: killing it", self.name, grace_s)
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode

@@ -1,0 +1,232 @@
+"""One LLM call, from prompt to pool record: build the prompt ids (token-in-token-out), stream from an actor, turn
+ids into text deltas (stop strings, reasoning, tool calls), and append the call to the pool before the caller
+sends its last message. Used by both front ends."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from forge.gateway.actors import ActorCall, ActorSet
+from forge.gateway.detokenize import TextAssembler
+from forge.gateway.errors import BadRequest, UpstreamFailed
+from forge.gateway.messages import ChatCall
+from forge.gateway.metrics import Metrics
+from forge.gateway.modelinfo import ModelInfo
+from forge.gateway.parsing import CompletionParser, ParsedCompletion
+from forge.gateway.routing import RouteRequest
+from forge.gateway.sessions import SessionRegistry, SessionState
+from forge.gateway.tito import FALLBACK, FRESH, PARTIAL, SPLICE
+from forge.tokenizer import ChatTemplateError
+from forge.v1 import actor_pb2, common_pb2, pool_pb2
+
+log = logging.getLogger(__name__)
+
+TITO_COUNTERS = {FRESH: "tito_fresh", SPLICE: "tito_splices", PARTIAL: "tito_partial", FALLBACK: "tito_fallbacks"}
+STOP, LENGTH, ABORT = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_ABORT
+
+
+@dataclass
+class ChatDelta:
+    """New text of a running call: raw text, and the same split into reasoning and content."""
+
+    text: str = ""
+    reasoning: str = ""
+    content: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ChatResult(ChatDelta):
+    """The last event of a call, sent once it is recorded: the remaining deltas and the whole completion."""
+
+    finish_reason: int = STOP
+    stopped_by_string: bool = False
+    parsed: ParsedCompletion | None = None
+    call_index: int = -1
+    session_id: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    all_logprobs: list[float] = field(default_factory=list)
+    tito: str = ""
+
+
+def _grow(old: str, new: str, what: str) -> str:
+    if new.startswith(old):
+        return new[len(old):]
+    log.warning("streamed %s is not a prefix of the final one; sending the difference only", what)
+    return ""
+
+
+class CallRunner:
+    def __init__(self, model: ModelInfo, actors: ActorSet, sessions: SessionRegistry, parser: CompletionParser,
+                 metrics: Metrics) -> None:
+        self.model = model
+        self.tokenizer = model.tokenizer
+        self.actors = actors
+        self.sessions = sessions
+        self.parser = parser
+        self.metrics = metrics
+
+    def render(self, call: ChatCall) -> str:
+        """The prompt text of a chat call (the template with the generation prompt)."""
+        try:
+            return self.tokenizer.render_chat(call.messages, call.tools, add_generation_prompt=True)
+        except (ChatTemplateError, TypeError, ValueError) as exc:
+            raise BadRequest(f"the messages cannot be rendered with the model's chat template: {exc}",
+                             "messages") from exc
+        except RecursionError as exc:
+            raise BadRequest("the messages or tools are nested too deeply", "messages") from exc
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        if len(prompt_ids) >= self.model.context_length:
+            raise BadRequest(f"the prompt has {len(prompt_ids)} tokens; the model's context is "
+                             f"{self.model.context_length} tokens, leaving no room to generate",
+                             "messages", "context_length_exceeded")
+
+    async def chat(self, state: SessionState, call: ChatCall, text: str, stream: bool = True
+                   ) -> AsyncIterator[ChatDelta | ChatResult]:
+        """Run a chat call whose prompt text is ``text`` (from ``render``); without ``stream`` only the result
+        comes (and text is decoded once, unless stop strings need it as it grows)."""
+        started, t0 = time.time(), time.monotonic()
+        has_history = any(m.get("role") == "assistant" for m in call.messages)
+        build = state.history.build(self.tokenizer, text, has_history)
+        self.check_prompt(build.ids)
+        self.metrics.count(TITO_COUNTERS[build.kind])
+        if build.kind in (PARTIAL, FALLBACK):
+            log.debug("session %s: TITO %s (reused %d ids of call %s)", state.session_id, build.kind, build.reused,
+                      build.source)
+        actor_call = self.actors.call(RouteRequest(state.session_id, build.ids, call.sampling.max_tokens),
+                                      call.sampling)
+        assembler = TextAssembler(self.tokenizer, call.stop, incremental=stream or bool(call.stop))
+        completion: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        shown = ChatDelta()
+        last: actor_pb2.GenerateChunk | None = None
+        ttft: float | None = None
+        actor = ""
+        state.in_flight += 1
+        try:
+            async with contextlib.aclosing(actor_call.chunks()) as chunks:
+                async for chunk in chunks:
+                    if ttft is None and chunk.token_ids:
+                        ttft = time.monotonic() - t0
+                    actor = chunk.actor or actor
+                    completion.extend(chunk.token_ids)
+                    logprobs.extend(chunk.logprobs)
+                    versions.extend(chunk.weight_versions)
+                    ids = list(chunk.token_ids)
+                    assembler.feed(ids[:-1] if chunk.finish_reason == STOP and ids else ids)
+                    if assembler.stop_hit is not None and not actor_call.aborted:
+                        await actor_call.abort()
+                    if chunk.finish_reason:
+                        last = chunk
+                        break
+                    if not stream:
+                        continue
+                    visible = assembler.visible()
+                    reasoning, content = self.parser.visible(visible, call.parse_tools)
+                    delta = ChatDelta(_grow(shown.text, visible, "text"), _grow(shown.reasoning, reasoning, "reasoning"),
+                                      _grow(shown.content, content, "content"), ids, list(chunk.logprobs),
+                                      list(chunk.weight_versions))
+                    shown = ChatDelta(visible, reasoning, content)
+                    yield delta
+            text_out = assembler.final()
+            parsed = self.parser.parse(text_out, call.parse_tools)
+            stopped = assembler.stop_hit is not None
+            finish = STOP if stopped or last.finish_reason in (STOP, ABORT) else LENGTH
+            ended = time.time()
+            record = pool_pb2.CallRecord(
+                session_id=state.session_id, index=-1, prompt_ids=build.ids, completion_ids=completion,
+                logprobs=logprobs, weight_versions=versions, actor=actor or self._fallback_name(actor_call),
+                timing=self._timing(last, ended - started, started, state), finish_reason=finish,
+                sampling=call.sampling, created_at=ended)
+            index = await self._record(state, record)
+            self.metrics.call_done(time.monotonic() - t0, ttft)
+            yield ChatResult(
+                text=_grow(shown.text, text_out, "text"),
+                reasoning=_grow(shown.reasoning, parsed.reasoning or "", "reasoning"),
+                content=_grow(shown.content, parsed.content, "content"), token_ids=list(last.token_ids),
+                logprobs=list(last.logprobs), weight_versions=list(last.weight_versions), finish_reason=finish,
+                stopped_by_string=stopped, parsed=parsed, call_index=index, session_id=state.session_id,
+                prompt_ids=build.ids, completion_ids=completion, all_logprobs=logprobs, tito=build.kind)
+        except UpstreamFailed as exc:
+            state.failures.append(exc.message)
+            self.metrics.count("call_failures")
+            raise
+        finally:
+            state.in_flight -= 1
+            state.touch()
+
+    async def generate(self, state: SessionState, prompt_ids: Sequence[int], sampling: common_pb2.SamplingParams
+                       ) -> AsyncIterator[tuple[actor_pb2.GenerateChunk, int | None]]:
+        """Token-level generation recorded as a call: the actor's chunks, the last one with the call's index."""
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise BadRequest("prompt_ids is empty", "prompt_ids")
+        bad = [t for t in prompt if not 0 <= t < self.model.vocab_size]
+        if bad:
+            raise BadRequest(f"prompt ids outside the vocabulary [0, {self.model.vocab_size}): {bad[:5]}",
+                             "prompt_ids")
+        self.check_prompt(prompt)
+        started, t0 = time.time(), time.monotonic()
+        actor_call = self.actors.call(RouteRequest(state.session_id, prompt, sampling.max_tokens), sampling)
+        completion: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        ttft: float | None = None
+        actor = ""
+        state.in_flight += 1
+        try:
+            async with contextlib.aclosing(actor_call.chunks()) as chunks:
+                async for chunk in chunks:
+                    if ttft is None and chunk.token_ids:
+                        ttft = time.monotonic() - t0
+                    actor = chunk.actor or actor
+                    completion.extend(chunk.token_ids)
+                    logprobs.extend(chunk.logprobs)
+                    versions.extend(chunk.weight_versions)
+                    if chunk.finish_reason:
+                        ended = time.time()
+                        record = pool_pb2.CallRecord(
+                            session_id=state.session_id, index=-1, prompt_ids=prompt, completion_ids=completion,
+                            logprobs=logprobs, weight_versions=versions, actor=actor or self._fallback_name(actor_call),
+                            timing=self._timing(chunk, ended - started, started, state),
+                            finish_reason=chunk.finish_reason, sampling=sampling, created_at=ended)
+                        index = await self._record(state, record)
+                        self.metrics.call_done(time.monotonic() - t0, ttft)
+                        yield chunk, index
+                        return
+                    yield chunk, None
+        except UpstreamFailed as exc:
+            state.failures.append(exc.message)
+            self.metrics.count("call_failures")
+            raise
+        finally:
+            state.in_flight -= 1
+            state.touch()
+
+    async def _record(self, state: SessionState, record: pool_pb2.CallRecord) -> int:
+        await self.sessions.ensure_open(state)
+        index = await self.sessions.pool.append_call(record)
+        state.history.add(index, record.prompt_ids, record.completion_ids)
+        state.last_end = record.created_at
+        return index
+
+    @staticmethod
+    def _fallback_name(actor_call: ActorCall) -> str:
+        return actor_call.actor.endpoint.address if actor_call.actor else ""
+
+    @staticmethod
+    def _timing(last: actor_pb2.GenerateChunk, total_s: float, started: float, state: SessionState
+                ) -> common_pb2.Timing:
+        tool_s = max(0.0, started - state.last_end) if state.last_end else 0.0
+        t = last.timing
+        return common_pb2.Timing(queue_s=t.queue_s, prefill_s=t.prefill_s, decode_s=t.decode_s, total_s=total_s,
+                                 tool_s=tool_s)

@@ -1,0 +1,293 @@
+"""The OpenAI-compatible HTTP front end (aiohttp) for black-box agents, plus session endpoints for launchers.
+
+Routes: ``GET /health``; ``GET /v1/models``; ``POST /v1/chat/completions`` (also under a session prefix,
+``/s/{session_id}/v1/...``); ``POST /v1/sessions``, ``GET /v1/sessions/{id}``, ``POST /v1/sessions/{id}/end``,
+``POST /v1/sessions/{id}/rewards``; ``GET /v1/stats``. Every error is OpenAI's error JSON with a 4xx (5xx only when
+actors or the pool fail)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from forge.gateway.calls import ChatResult
+from forge.gateway.errors import (
+    BadRequest,
+    Forbidden,
+    GatewayError,
+    MethodNotAllowed,
+    NotFound,
+    TooLarge,
+    Unauthorized,
+)
+from forge.gateway.http.openai import ChunkWriter, completion_json, parse_chat_request
+from forge.gateway.http.sessions_json import (
+    close_request,
+    open_request,
+    reward_request,
+    session_json,
+    session_with_calls_json,
+)
+from forge.gateway.service import Gateway
+from forge.v1 import pool_pb2
+
+log = logging.getLogger(__name__)
+
+SESSION_HEADER = "X-Forge-Session-Id"
+HEADER_FIELDS = {"X-Forge-Task-Id": "task_id", "X-Forge-Domain": "domain", "X-Forge-Group-Id": "group_id"}
+DISCONNECTED = (ConnectionError,)          # ConnectionResetError included: the client went away
+
+
+@dataclass(frozen=True)
+class Auth:
+    is_global: bool                 # a global key (or no keys configured)
+    session_id: str | None          # the session a per-session key names
+
+
+def request_key(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip() or None
+    return request.headers.get("X-Api-Key") or None
+
+
+def json_error(error: GatewayError, headers: dict | None = None) -> web.Response:
+    return web.json_response(error.to_json(), status=error.status, headers=headers)
+
+
+class HttpFrontEnd:
+    def __init__(self, gateway: Gateway, max_body_bytes: int, shutdown_grace_s: float = 30.0) -> None:
+        self.gateway = gateway
+        self.max_body_bytes = max_body_bytes
+        self.shutdown_grace_s = shutdown_grace_s
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._middleware])
+        app.router.add_get("/health", self.health)
+        for prefix in ("", "/s/{sid}"):
+            app.router.add_get(prefix + "/v1/models", self.models)
+            app.router.add_post(prefix + "/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/sessions", self.start_session)
+        app.router.add_get("/v1/sessions/{sid}", self.get_session)
+        app.router.add_post("/v1/sessions/{sid}/end", self.end_session)
+        app.router.add_post("/v1/sessions/{sid}/rewards", self.add_reward)
+        app.router.add_get("/v1/stats", self.stats)
+        return app
+
+    async def start(self, host: str, port: int) -> str:
+        self.runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=self.shutdown_grace_s)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host, port, shutdown_timeout=self.shutdown_grace_s)
+        await site.start()
+        bound = self.runner.addresses[0][1]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{bound}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish (bounded by the grace period), close."""
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    # ------------------------------------------------------------------------------------ middleware
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        metrics = self.gateway.metrics
+        metrics.count("http_requests")
+        try:
+            if request.path != "/health":
+                request["auth"] = self._authenticate(request)
+            return await handler(request)
+        except GatewayError as exc:
+            metrics.count("client_errors" if exc.status < 500 else "errors")
+            return json_error(exc)
+        except web.HTTPException as exc:
+            metrics.count("client_errors" if exc.status < 500 else "errors")
+            error: GatewayError
+            if exc.status == 404:
+                error = NotFound(f"no route {request.method} {request.path}")
+            elif exc.status == 405:
+                error = MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+            elif exc.status == 413:
+                error = TooLarge(f"the request body exceeds {self.max_body_bytes} bytes")
+            else:
+                error = BadRequest(exc.reason or "bad request")
+                error.status = exc.status
+            return json_error(error)
+        except Exception:
+            metrics.count("errors")
+            log.exception("%s %s failed", request.method, request.path)
+            return web.json_response({"error": {"message": "internal error", "type": "internal_error",
+                                                "param": None, "code": None}}, status=500)
+
+    def _authenticate(self, request: web.Request) -> Auth:
+        keys = self.gateway.keys
+        key = request_key(request)
+        owner = keys.session_of(key)
+        if not keys.required:
+            return Auth(True, owner)
+        if keys.is_global(key):
+            return Auth(True, None)
+        if owner is not None:
+            return Auth(False, owner)
+        raise Unauthorized("missing API key" if not key else "invalid API key",
+                           code="missing_api_key" if not key else "invalid_api_key")
+
+    @staticmethod
+    def _own_session(request: web.Request, session_id: str) -> None:
+        auth: Auth = request["auth"]
+        if not auth.is_global and auth.session_id != session_id:
+            raise Forbidden("this API key belongs to another session")
+
+    @staticmethod
+    def _global_only(request: web.Request) -> None:
+        if not request["auth"].is_global:
+            raise Forbidden("a per-session API key cannot do this")
+
+    async def _json(self, request: web.Request, required: bool = True) -> Any:
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            raise TooLarge(f"the request body exceeds {self.max_body_bytes} bytes")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise TooLarge(f"the request body exceeds {self.max_body_bytes} bytes") from exc
+        if not raw.strip():
+            if required:
+                raise BadRequest("the request body is empty; send a JSON object")
+            return {}
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise BadRequest("the request body is nested too deeply") from exc
+
+    # -------------------------------------------------------------------------------------- routes
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        if "sid" in request.match_info:
+            self._own_session(request, request.match_info["sid"])
+        model = {"id": self.gateway.config.model_name, "object": "model", "created": int(self.gateway.started),
+                 "owned_by": "forge", "max_model_len": self.gateway.model.context_length}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        self._global_only(request)
+        report = self.gateway.report()
+        return web.json_response({"service": report.service, "uptime_s": report.uptime_s,
+                                  "gauges": dict(report.gauges), "labels": dict(report.labels)})
+
+    async def start_session(self, request: web.Request) -> web.Response:
+        self._global_only(request)
+        opening, issue_key = open_request(await self._json(request, required=False))
+        record, key, url = await self.gateway.start_session(opening, issue_key)
+        return web.json_response({"session": session_json(record), "api_key": key, "base_url": url})
+
+    async def get_session(self, request: web.Request) -> web.Response:
+        session_id = request.match_info["sid"]
+        self._own_session(request, session_id)
+        stored = await self.gateway.get_session(session_id)
+        include_ids = request.query.get("include_ids", "").lower() in ("1", "true", "yes")
+        return web.json_response(session_with_calls_json(stored, include_ids))
+
+    async def end_session(self, request: web.Request) -> web.Response:
+        session_id = request.match_info["sid"]
+        self._own_session(request, session_id)
+        record = await self.gateway.end_session(close_request(session_id, await self._json(request, False)))
+        return web.json_response({"session": session_json(record)})
+
+    async def add_reward(self, request: web.Request) -> web.Response:
+        session_id = request.match_info["sid"]
+        self._own_session(request, session_id)
+        index, reward = reward_request(await self._json(request))
+        await self.gateway.add_reward(session_id, index, reward)
+        return web.json_response({"session_id": session_id, "call_index": index, "reward": reward})
+
+    async def _session_for_call(self, request: web.Request):
+        auth: Auth = request["auth"]
+        in_url = request.match_info.get("sid")
+        if in_url and auth.session_id and in_url != auth.session_id:
+            raise Forbidden("this API key belongs to another session")
+        if not auth.is_global and not in_url:
+            return await self.gateway.sessions.resolve(auth.session_id)
+        session_id = in_url or auth.session_id or request.headers.get(SESSION_HEADER) or uuid.uuid4().hex
+        implicit = pool_pb2.OpenSessionRequest(**{name: request.headers[h] for h, name in HEADER_FIELDS.items()
+                                                  if h in request.headers})
+        size = request.headers.get("X-Forge-Group-Size", "")
+        if size:
+            if not size.isdigit():
+                raise BadRequest("X-Forge-Group-Size must be a non-negative integer")
+            implicit.group_size = int(size)
+        return await self.gateway.sessions.resolve(session_id, implicit)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        runner = self.gateway.runner
+        call, options = parse_chat_request(await self._json(request), self.gateway.model.vocab_size)
+        text = runner.render(call)
+        state = await self._session_for_call(request)
+        events = runner.chat(state, call, text, stream=options.stream)
+        headers = {"X-Forge-Session-Id": state.session_id}
+        if options.stream:
+            return await self._stream(request, events, options, headers)
+        result: ChatResult | None = None
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, ChatResult):
+                    result = event
+        headers["X-Forge-Call-Index"] = str(result.call_index)
+        body = completion_json(result, self.gateway.model, self.gateway.config.model_name, options)
+        return web.json_response(body, headers=headers)
+
+    async def _stream(self, request: web.Request, events: Any, options: Any, headers: dict) -> web.StreamResponse:
+        writer = ChunkWriter(self.gateway.model, self.gateway.config.model_name, options)
+        response: web.StreamResponse | None = None
+
+        async def send(body: Any) -> None:
+            data = "[DONE]" if body is None else json.dumps(body, separators=(",", ":"))
+            await response.write(f"data: {data}\n\n".encode())
+
+        started = time.monotonic()
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if response is None:
+                        response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
+                                                               "Cache-Control": "no-cache"})
+                        await response.prepare(request)
+                        await send(writer.first())
+                    if isinstance(event, ChatResult):
+                        for body in writer.final(event):
+                            await send(body)
+                        await send(None)
+                    else:
+                        for body in writer.deltas(event):
+                            await send(body)
+        except GatewayError as exc:
+            if response is None:
+                raise
+            self.gateway.metrics.count("errors" if exc.status >= 500 else "client_errors")
+            log.warning("streamed call of session %s failed after %.2f s: %s", headers["X-Forge-Session-Id"],
+                        time.monotonic() - started, exc.message)
+            with contextlib.suppress(*DISCONNECTED):
+                await send(exc.to_json())
+            return response
+        except DISCONNECTED:
+            self.gateway.metrics.count("client_disconnects")
+            log.debug("client of session %s went away mid-stream", headers["X-Forge-Session-Id"])
+            return response
+        with contextlib.suppress(*DISCONNECTED):
+            await response.write_eof()
+        return response

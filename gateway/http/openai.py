@@ -1,0 +1,299 @@
+"""OpenAI's chat-completions wire format: a request body checked field by field into a ``ChatCall`` (each bad
+field named in the error), and the response objects (``chat.completion``, ``chat.completion.chunk``)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from forge.gateway.calls import ChatDelta, ChatResult
+from forge.gateway.errors import BadRequest
+from forge.gateway.messages import ChatCall, check_sampling, check_stop
+from forge.gateway.modelinfo import ModelInfo
+from forge.v1 import common_pb2
+
+ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+UNSUPPORTED_ZERO = ("presence_penalty", "frequency_penalty")
+
+
+@dataclass
+class ChatOptions:
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    return_token_ids: bool = False
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _get(body: dict, name: str, kind: str, default: Any = None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    ok = {"bool": lambda v: isinstance(v, bool), "int": _is_int, "number": _is_number,
+          "str": lambda v: isinstance(v, str), "list": lambda v: isinstance(v, list),
+          "dict": lambda v: isinstance(v, dict)}[kind](value)
+    if not ok:
+        article = "an" if kind == "int" else "a"
+        raise BadRequest(f"{name} must be {article} {kind}, got {type(value).__name__}", name)
+    return value
+
+
+def _content(value: Any, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise BadRequest(f"{where}.content[{i}]: only text parts are supported", f"{where}.content")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise BadRequest(f"{where}.content must be a string or a list of text parts", f"{where}.content")
+
+
+def _tool_calls(value: Any, where: str) -> list[dict]:
+    if not isinstance(value, list):
+        raise BadRequest(f"{where}.tool_calls must be a list", f"{where}.tool_calls")
+    calls = []
+    for i, call in enumerate(value):
+        here = f"{where}.tool_calls[{i}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise BadRequest(f"{here} must be {{'type': 'function', 'function': {{'name': ..., 'arguments': "
+                             "...}}", here)
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str | dict):
+            raise BadRequest(f"{here}.function.arguments must be a JSON string", here)
+        calls.append({"id": call.get("id") if isinstance(call.get("id"), str) else "", "type": "function",
+                      "function": {"name": function["name"], "arguments": arguments}})
+    return calls
+
+
+def parse_messages(value: Any) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise BadRequest("messages must be a non-empty list", "messages")
+    messages = []
+    for i, raw in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(raw, dict):
+            raise BadRequest(f"{where} must be an object", where)
+        role = ROLE_ALIASES.get(raw.get("role")) if isinstance(raw.get("role"), str) else None
+        if role is None:
+            raise BadRequest(f"{where}.role must be one of system, developer, user, assistant, tool (got "
+                             f"{raw.get('role')!r})", f"{where}.role")
+        content = _content(raw.get("content"), where)
+        message: dict = {"role": role, "content": content}
+        if role == "assistant":
+            if raw.get("tool_calls"):
+                message["tool_calls"] = _tool_calls(raw["tool_calls"], where)
+            reasoning = raw.get("reasoning_content", raw.get("reasoning"))
+            if isinstance(reasoning, str):
+                message["reasoning_content"] = reasoning
+        elif content is None:
+            raise BadRequest(f"{where}.content is required for role {role!r}", f"{where}.content")
+        for name in ("tool_call_id", "name"):
+            if isinstance(raw.get(name), str):
+                message[name] = raw[name]
+        messages.append(message)
+    return messages
+
+
+def parse_tools(body: dict) -> list[dict] | None:
+    tools = _get(body, "tools", "list")
+    if not tools:
+        return None
+    checked = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict)
+                or not isinstance(function.get("name"), str) or not function["name"]):
+            raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': "
+                             "...}}", f"tools[{i}]")
+        if "parameters" in function and not isinstance(function["parameters"], dict | None):
+            raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema object", f"tools[{i}]")
+        checked.append({"type": "function", "function": {k: v for k, v in function.items() if v is not None}})
+    return checked
+
+
+def parse_sampling(body: dict, vocab_size: int) -> common_pb2.SamplingParams:
+    sampling = common_pb2.SamplingParams()
+    temperature = _get(body, "temperature", "number")
+    if temperature is not None:
+        sampling.temperature = temperature
+    top_p = _get(body, "top_p", "number")
+    if top_p is not None:
+        if not 0 < top_p <= 1:
+            raise BadRequest(f"top_p must be in (0, 1], got {top_p}", "top_p")
+        sampling.top_p = top_p
+    top_k = _get(body, "top_k", "int", 0)
+    if top_k < -1:
+        raise BadRequest(f"top_k must be >= 0 (or -1 for off), got {top_k}", "top_k")
+    sampling.top_k = max(top_k, 0)
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = _get(body, name, "int")
+        if value is not None:
+            if value < 1:
+                raise BadRequest(f"{name} must be >= 1, got {value}", name)
+            sampling.max_tokens = min(value, 2**31 - 1)
+            break
+    seed = _get(body, "seed", "int")
+    if seed is not None:
+        if not 0 <= seed < 2**63:
+            raise BadRequest(f"seed must be in [0, 2**63), got {seed}", "seed")
+        sampling.seed = seed
+    stop_ids = _get(body, "stop_token_ids", "list", [])
+    if not all(_is_int(t) for t in stop_ids):
+        raise BadRequest("stop_token_ids must be a list of token ids", "stop_token_ids")
+    sampling.stop_token_ids.extend(stop_ids)
+    sampling.ignore_eos = _get(body, "ignore_eos", "bool", False)
+    return check_sampling(sampling, vocab_size)
+
+
+def parse_chat_request(body: Any, vocab_size: int) -> tuple[ChatCall, ChatOptions]:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    _get(body, "model", "str")
+    messages = parse_messages(body.get("messages"))
+    n = _get(body, "n", "int", 1)
+    if n != 1:
+        raise BadRequest(f"n must be 1 (got {n}); send separate requests for several samples", "n")
+    for name in UNSUPPORTED_ZERO:
+        if _get(body, name, "number", 0) != 0:
+            raise BadRequest(f"{name} is not supported (sampling must match the recorded log-probabilities)", name)
+    if _get(body, "logit_bias", "dict"):
+        raise BadRequest("logit_bias is not supported", "logit_bias")
+    if _get(body, "top_logprobs", "int", 0):
+        raise BadRequest("top_logprobs is not supported; logprobs: true gives each sampled token's", "top_logprobs")
+    response_format = _get(body, "response_format", "dict")
+    if response_format and response_format.get("type", "text") != "text":
+        raise BadRequest("response_format other than text is not supported", "response_format")
+    tools = parse_tools(body)
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise BadRequest("tool_choice must be 'auto' or 'none' (forced tool calls are not supported)", "tool_choice")
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    elif not isinstance(stop, list):
+        raise BadRequest("stop must be a string or a list of strings", "stop")
+    stream_options = _get(body, "stream_options", "dict", {})
+    options = ChatOptions(stream=_get(body, "stream", "bool", False),
+                          include_usage=bool(stream_options.get("include_usage")),
+                          logprobs=_get(body, "logprobs", "bool", False),
+                          return_token_ids=_get(body, "return_token_ids", "bool", False))
+    call = ChatCall(messages, tools, bool(tools) and choice != "none", parse_sampling(body, vocab_size),
+                    check_stop(stop))
+    return call, options
+
+
+# ---------------------------------------------------------------------------------------------- responses
+
+
+def new_completion_id() -> str:
+    return "chatcmpl-" + uuid.uuid4().hex
+
+
+def finish_name(result: ChatResult) -> str:
+    if result.finish_reason == common_pb2.FINISH_REASON_LENGTH and not result.stopped_by_string:
+        return "length"
+    return "tool_calls" if result.parsed and result.parsed.tool_calls else "stop"
+
+
+def logprobs_json(model: ModelInfo, ids: list[int], logprobs: list[float]) -> dict:
+    content = []
+    for token_id, logprob in zip(ids, logprobs, strict=True):
+        raw = model.token_bytes(token_id)
+        content.append({"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw),
+                        "top_logprobs": []})
+    return {"content": content, "refusal": None}
+
+
+def message_json(result: ChatResult) -> dict:
+    parsed = result.parsed
+    message: dict = {"role": "assistant", "content": parsed.content or (None if parsed.tool_calls else "")}
+    if parsed.reasoning is not None:
+        message["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        message["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
+    return message
+
+
+def usage_json(result: ChatResult) -> dict:
+    prompt, completion = len(result.prompt_ids), len(result.completion_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def forge_json(result: ChatResult) -> dict:
+    return {"session_id": result.session_id, "call_index": result.call_index, "tito": result.tito}
+
+
+def completion_json(result: ChatResult, model: ModelInfo, model_name: str, options: ChatOptions) -> dict:
+    choice: dict = {"index": 0, "message": message_json(result), "finish_reason": finish_name(result),
+                    "logprobs": logprobs_json(model, result.completion_ids, result.all_logprobs)
+                    if options.logprobs else None}
+    body = {"id": new_completion_id(), "object": "chat.completion", "created": int(time.time()),
+            "model": model_name, "choices": [choice], "usage": usage_json(result), "system_fingerprint": None,
+            "forge": forge_json(result)}
+    if options.return_token_ids:
+        body["prompt_token_ids"] = result.prompt_ids
+        choice["token_ids"] = result.completion_ids
+    return body
+
+
+class ChunkWriter:
+    """``chat.completion.chunk`` objects of one streamed completion."""
+
+    def __init__(self, model: ModelInfo, model_name: str, options: ChatOptions) -> None:
+        self.model = model
+        self.options = options
+        self.base = {"id": new_completion_id(), "object": "chat.completion.chunk", "created": int(time.time()),
+                     "model": model_name, "system_fingerprint": None}
+
+    def chunk(self, delta: dict, finish_reason: str | None = None, event: ChatDelta | None = None) -> dict:
+        choice: dict = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if event is not None and self.options.logprobs and event.token_ids:
+            choice["logprobs"] = logprobs_json(self.model, event.token_ids, event.logprobs)
+        if event is not None and self.options.return_token_ids:
+            choice["token_ids"] = event.token_ids
+        body = {**self.base, "choices": [choice]}
+        if self.options.include_usage:
+            body["usage"] = None
+        return body
+
+    def first(self) -> dict:
+        return self.chunk({"role": "assistant", "content": ""})
+
+    def deltas(self, event: ChatDelta) -> list[dict]:
+        delta = {}
+        if event.reasoning:
+            delta["reasoning_content"] = event.reasoning
+        if event.content:
+            delta["content"] = event.content
+        wants_ids = self.options.logprobs or self.options.return_token_ids
+        if not delta and not (wants_ids and event.token_ids):
+            return []
+        return [self.chunk(delta, event=event)]
+
+    def final(self, result: ChatResult) -> list[dict]:
+        chunks = self.deltas(result)
+        for i, call in enumerate(result.parsed.tool_calls):
+            chunks.append(self.chunk({"tool_calls": [{"index": i, **call.to_openai()}]}))
+        last = self.chunk({}, finish_name(result))
+        last["forge"] = forge_json(result)
+        if self.options.return_token_ids:
+            last["prompt_token_ids"] = result.prompt_ids
+        chunks.append(last)
+        if self.options.include_usage:
+            chunks.append({**self.base, "choices": [], "usage": usage_json(result)})
+        return chunks

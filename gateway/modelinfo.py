@@ -1,0 +1,69 @@
+"""What the gateway needs of the served model: its tokenizer and chat template, its context length and the byte
+content of each token (for OpenAI logprobs). Loaded from a checkpoint directory (or 'tiny') without torch."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from forge.assets import TINY_DIR, TINY_NAME
+from forge.tokenizer import Tokenizer
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, char -> byte (the inverse of bytes_to_unicode)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+@dataclass
+class ModelInfo:
+    tokenizer: Tokenizer
+    context_length: int
+    model_id: str
+
+    @classmethod
+    def load(cls, model: str) -> ModelInfo:
+        builtin = model in ("tiny", TINY_NAME)
+        path = TINY_DIR if builtin else Path(model)
+        if not (path / "tokenizer.json").exists():
+            raise FileNotFoundError(f"{model} is not a model directory with a tokenizer.json, nor 'tiny'")
+        tokenizer = Tokenizer.from_dir(path)
+        config_path = path / "config.json"
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        context = config.get("max_position_embeddings") or tokenizer.config.get("model_max_length")
+        if not isinstance(context, int) or context <= 1:
+            raise ValueError(f"{path}: no context length (max_position_embeddings in config.json)")
+        return cls(tokenizer, context, TINY_NAME if builtin else str(path.resolve()))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return _token_bytes(self.tokenizer, token_id)
+
+
+@lru_cache(maxsize=1)
+def _decoder_table() -> dict[str, int]:
+    return _byte_decoder()
+
+
+def _token_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
+    piece = tokenizer.id_to_token(token_id)
+    if piece is None:
+        return b""
+    table = _decoder_table()
+    if "ByteLevel" in repr(tokenizer.backend.decoder) and all(ch in table for ch in piece):
+        return bytes(table[ch] for ch in piece)
+    return tokenizer.decode([token_id]).encode()

@@ -1,0 +1,107 @@
+"""The gateway as one object that both front ends (gRPC and OpenAI HTTP) use: sessions, calls, rewards, figures,
+and the background work (session expiry, actor health). Lives on the gateway's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any
+from urllib.parse import quote
+
+from forge.gateway.actors import ActorSet
+from forge.gateway.calls import CallRunner
+from forge.gateway.config import GatewayConfig
+from forge.gateway.errors import BadRequest, GatewayError
+from forge.gateway.keys import KeyRing
+from forge.gateway.metrics import Metrics
+from forge.gateway.modelinfo import ModelInfo
+from forge.gateway.parsing import CompletionParser
+from forge.gateway.poolio import AsyncPool
+from forge.gateway.sessions import SessionRegistry
+from forge.telemetry import stats_report
+from forge.v1 import common_pb2, pool_pb2
+
+log = logging.getLogger(__name__)
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, pool: Any, model: ModelInfo) -> None:
+        self.config = config
+        self.model = model
+        self.metrics = Metrics()
+        self.keys = KeyRing(config.api_keys, config.session_key_secret)
+        self.pool = AsyncPool(pool)
+        self.actors = ActorSet(config.actors, config.router, config.session_affinity, config.actor_api_key,
+                               config.health_interval_s)
+        self.sessions = SessionRegistry(self.pool, self.keys, self.metrics, config.tito_max_calls,
+                                        config.fail_sessions_on_call_error)
+        self.sessions.on_forget.append(self.actors.router.forget)
+        self.parser = CompletionParser(config.tool_parser, config.reasoning_parser)
+        self.runner = CallRunner(model, self.actors, self.sessions, self.parser, self.metrics)
+        self.http_url = ""          # set once the HTTP server is bound, e.g. http://127.0.0.1:8000
+        self.grpc_address = ""
+        self.instance = "gateway"
+        self.started = time.time()
+        self._expiry: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.actors.start()
+        self._expiry = asyncio.create_task(self._expire_forever(), name="session-expiry")
+
+    async def close(self) -> None:
+        if self._expiry:
+            self._expiry.cancel()
+        await self.actors.close()
+
+    async def _expire_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.expiry_every_s())
+            try:
+                expired = await self.sessions.expire(self.config.session_timeout_s)
+                if expired:
+                    log.info("expired %d idle sessions as failed", len(expired))
+            except GatewayError as exc:
+                log.warning("session expiry failed: %s", exc.message)
+
+    def base_url(self, session_id: str | None = None) -> str:
+        if session_id is None:
+            return f"{self.http_url}/v1"
+        return f"{self.http_url}/s/{quote(session_id, safe='')}/v1"
+
+    async def start_session(self, request: pool_pb2.OpenSessionRequest, issue_key: bool
+                            ) -> tuple[pool_pb2.SessionRecord, str | None, str]:
+        record, key = await self.sessions.start(request, issue_key)
+        return record, key, self.base_url(record.session_id)
+
+    async def end_session(self, request: pool_pb2.CloseSessionRequest) -> pool_pb2.SessionRecord:
+        if not request.session_id:
+            raise BadRequest("session_id is empty", "session_id")
+        for name, values in (("outcome_rewards", request.outcome_rewards), ("metrics", request.metrics)):
+            if not all(math.isfinite(v) for v in values.values()):
+                raise BadRequest(f"{name} must be finite numbers", name)
+        return await self.sessions.end(request)
+
+    async def add_reward(self, session_id: str, call_index: int, reward: float) -> None:
+        if not session_id:
+            raise BadRequest("session_id is empty", "session_id")
+        if not math.isfinite(reward):
+            raise BadRequest("reward must be a finite number", "reward")
+        await self.pool.add_process_reward(session_id, call_index, reward)
+
+    async def get_session(self, session_id: str) -> pool_pb2.SessionWithCalls:
+        return await self.pool.get_session(session_id)
+
+    def gauges(self) -> dict[str, float]:
+        figures = self.metrics.gauges()
+        figures.update(self.actors.gauges())
+        figures["sessions_open"] = float(self.sessions.open_count())
+        figures["sessions_in_memory"] = float(len(self.sessions.sessions))
+        return figures
+
+    def report(self) -> common_pb2.StatsReport:
+        labels = {"model": self.model.model_id, "model_name": self.config.model_name,
+                  "router": self.config.router + ("+affinity" if self.config.session_affinity else ""),
+                  "http_url": self.http_url, "grpc_address": self.grpc_address}
+        return stats_report("gateway", self.instance, self.started, self.gauges(), labels)

@@ -1,0 +1,216 @@
+"""The gateway's gRPC front end (white-box agents) against real processes, and API keys on both front ends:
+global keys and per-session keys, over HTTP and gRPC."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import httpx
+import openai
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from forge.assets import TINY_DIR
+from forge.gateway.pool import PoolReader
+from forge.rpc import connect
+from forge.tokenizer import Tokenizer
+from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+from helpers.gateway_procs import start_actor, start_gateway
+
+TOK = Tokenizer.from_dir(TINY_DIR)
+GLOBAL_KEY = "gw-global-key-123"
+
+
+@pytest.fixture(scope="module")
+def actor(tmp_path_factory):
+    proc = start_actor(tmp_path_factory.mktemp("gateway-grpc-actor"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(actor, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("gateway-grpc")
+    proc = start_gateway(directory, [actor.address], directory / "pool")
+    proc.pool_path = directory / "pool"
+    yield proc
+    proc.stop()
+
+
+def user(text: str) -> gateway_pb2.ChatMessage:
+    return gateway_pb2.ChatMessage(role="user", content=text)
+
+
+def test_chat_generate_rewards_and_stats_over_grpc(actor, gateway):
+    with grpc.insecure_channel(gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        started = stub.StartSession(gateway_pb2.StartSessionRequest(task_id="w1", domain="qa", group_id="g",
+                                                                    group_size=1), timeout=30)
+        session_id = started.session.session_id
+        assert started.base_url == f"{gateway.http}/s/{session_id}/v1" and not started.api_key
+        messages = [gateway_pb2.ChatMessage(role="system", content="Be short."), user("What is 4 + 4?")]
+        request = gateway_pb2.ChatRequest(session_id=session_id, messages=messages,
+                                          sampling=common_pb2.SamplingParams(max_tokens=6, seed=4))
+        chunks = list(stub.Chat(request, timeout=60))
+        last = chunks[-1]
+        assert last.finish_reason in (common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH)
+        assert all(c.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED for c in chunks[:-1])
+        ids = [t for c in chunks for t in c.token_ids]
+        assert last.call_index == 0 and last.completion_tokens == len(ids)
+        text = "".join(c.text for c in chunks)
+        assert last.content == text and text == TOK.decode(ids[:-1] if last.finish_reason == 1 else ids)
+
+        prompt = TOK.encode("<|im_start|>user\nCount: 1 2 3")
+        call = stub.Generate(gateway_pb2.SessionGenerateRequest(
+            session_id=session_id, prompt_ids=prompt, sampling=common_pb2.SamplingParams(max_tokens=5, seed=1)),
+            timeout=60)
+        generated = list(call)
+        assert dict(call.trailing_metadata())["forge-call-index"] == "1"
+        generated_ids = [t for c in generated for t in c.token_ids]
+        assert len(generated_ids) == 5 and generated[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+
+        stub.AddReward(gateway_pb2.AddRewardRequest(session_id=session_id, call_index=0, reward=0.25), timeout=30)
+        ended = stub.EndSession(gateway_pb2.EndSessionRequest(session_id=session_id, outcome_rewards={"ok": 1.0},
+                                                              metrics={"steps": 2}), timeout=30)
+        assert ended.status == 2 and ended.num_calls == 2
+
+        report = stub.Stats(common_pb2.StatsRequest(), timeout=30)
+        assert report.service == "gateway" and report.gauges["calls"] >= 2
+        for name in ("sessions_open", "calls_per_s", "latency_ms_p50", "latency_ms_p99", "errors", "tito_splices",
+                     "tito_fallbacks", f"actor_in_flight/{actor.address}"):
+            assert name in report.gauges, name
+        assert report.labels["grpc_address"] == gateway.grpc_address
+
+    with PoolReader(gateway.pool_path) as reader:
+        stored = reader.get_session(session_id)
+    chat, generate = stored.calls
+    assert list(chat.completion_ids) == ids and list(chat.process_rewards) == [0.25]
+    assert chat.logprobs == pytest.approx([p for c in chunks for p in c.logprobs], abs=1e-6)
+    assert list(generate.prompt_ids) == prompt and list(generate.completion_ids) == generated_ids
+    assert stored.session.outcome_rewards["ok"] == 1.0 and stored.session.metrics["steps"] == 2
+
+
+def test_grpc_errors_are_statuses_with_messages(gateway):
+    with grpc.insecure_channel(gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        session_id = stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30).session.session_id
+        ok = [user("hi")]
+        cases = [
+            (stub.Chat, gateway_pb2.ChatRequest(session_id="nope", messages=ok), grpc.StatusCode.NOT_FOUND,
+             "unknown session"),
+            (stub.Chat, gateway_pb2.ChatRequest(messages=ok), grpc.StatusCode.INVALID_ARGUMENT, "session_id"),
+            (stub.Chat, gateway_pb2.ChatRequest(session_id=session_id), grpc.StatusCode.INVALID_ARGUMENT,
+             "messages"),
+            (stub.Chat, gateway_pb2.ChatRequest(session_id=session_id, messages=ok,
+                                                sampling=common_pb2.SamplingParams(temperature=-1)),
+             grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
+            (stub.Chat, gateway_pb2.ChatRequest(session_id=session_id, messages=[user("1 " * 2100)]),
+             grpc.StatusCode.INVALID_ARGUMENT, "context"),
+            (stub.Generate, gateway_pb2.SessionGenerateRequest(session_id=session_id, prompt_ids=[5, 99999]),
+             grpc.StatusCode.INVALID_ARGUMENT, "vocabulary"),
+            (stub.Generate, gateway_pb2.SessionGenerateRequest(session_id=session_id),
+             grpc.StatusCode.INVALID_ARGUMENT, "empty"),
+            (stub.AddReward, gateway_pb2.AddRewardRequest(session_id=session_id, call_index=3, reward=1),
+             grpc.StatusCode.NOT_FOUND, "no call 3"),
+            (stub.AddReward, gateway_pb2.AddRewardRequest(session_id=session_id, reward=float("nan")),
+             grpc.StatusCode.INVALID_ARGUMENT, "finite"),
+            (stub.EndSession, gateway_pb2.EndSessionRequest(session_id="nope"), grpc.StatusCode.NOT_FOUND,
+             "unknown session"),
+            (stub.StartSession, gateway_pb2.StartSessionRequest(group_size=2), grpc.StatusCode.INVALID_ARGUMENT,
+             "group_id"),
+        ]
+        for method, request, code, message in cases:
+            with pytest.raises(grpc.RpcError) as err:
+                result = method(request, timeout=30)
+                if method in (stub.Chat, stub.Generate):
+                    list(result)
+            assert err.value.code() == code and message in err.value.details(), (request, err.value.details())
+        stub.EndSession(gateway_pb2.EndSessionRequest(session_id=session_id), timeout=30)
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Chat(gateway_pb2.ChatRequest(session_id=session_id, messages=ok), timeout=30))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "completed" in err.value.details()
+    with PoolReader(gateway.pool_path) as reader:
+        assert reader.get_session(session_id).session.num_calls == 0
+
+
+def test_global_and_per_session_keys_on_both_front_ends(actor, tmp_path):
+    gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool", "--api-key", GLOBAL_KEY,
+                            "--api-key", "second-key")
+    try:
+        bearer = {"Authorization": f"Bearer {GLOBAL_KEY}"}
+        with httpx.Client(base_url=gateway.http, timeout=60) as http:
+            assert http.get("/health").status_code == 200
+            for headers, message in (({}, "missing API key"), ({"Authorization": "Bearer wrong"}, "invalid API key")):
+                response = http.get("/v1/models", headers=headers)
+                assert response.status_code == 401 and response.json()["error"]["message"] == message
+                assert http.post("/v1/chat/completions", headers=headers, json={}).status_code == 401
+            assert http.get("/v1/models", headers={"X-Api-Key": "second-key"}).status_code == 200
+            opened = http.post("/v1/sessions", headers=bearer, json={"task_id": "k"}).json()
+            session_id, session_key = opened["session"]["session_id"], opened["api_key"]
+            other = http.post("/v1/sessions", headers=bearer, json={}).json()["session"]["session_id"]
+            own = {"Authorization": f"Bearer {session_key}"}
+            assert http.post("/v1/sessions", headers=own, json={}).status_code == 403
+            assert http.get("/v1/stats", headers=own).status_code == 403
+            assert http.get("/v1/stats", headers=bearer).json()["gauges"]["sessions_open"] == 2
+            assert http.get(f"/v1/sessions/{other}", headers=own).status_code == 403
+            forbidden = http.post(f"/s/{other}/v1/chat/completions", headers=own,
+                                  json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+            assert forbidden.status_code == 403 and "another session" in forbidden.json()["error"]["message"]
+
+        agent = openai.OpenAI(base_url=gateway.base_url, api_key=session_key, max_retries=0)
+        reply = agent.chat.completions.create(model="forge-tiny", max_tokens=3,
+                                              messages=[{"role": "user", "content": "hi"}])
+        assert reply.model_extra["forge"]["session_id"] == session_id
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=gateway.base_url, api_key="nope", max_retries=0).models.list()
+
+        with grpc.insecure_channel(gateway.grpc_address) as channel:
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as err:
+                gateway_pb2_grpc.GatewayStub(channel).Stats(common_pb2.StatsRequest(), timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        chat = gateway_pb2.ChatRequest(messages=[user("hi")], sampling=common_pb2.SamplingParams(max_tokens=2))
+        with connect(gateway.grpc_address, api_key=session_key) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            last = list(stub.Chat(chat, timeout=60))[-1]        # the key names the session
+            assert last.call_index == 1
+            with pytest.raises(grpc.RpcError) as err:
+                list(stub.Chat(gateway_pb2.ChatRequest(session_id=other, messages=chat.messages), timeout=30))
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            with pytest.raises(grpc.RpcError) as err:
+                stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert stub.EndSession(gateway_pb2.EndSessionRequest(), timeout=30).num_calls == 2
+        with connect(gateway.grpc_address, api_key=GLOBAL_KEY) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            started = stub.StartSession(gateway_pb2.StartSessionRequest(issue_api_key=True), timeout=30)
+            assert started.api_key.startswith("fsk_")
+            assert stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges["calls"] == 2
+    finally:
+        gateway.stop()
+    log = gateway.log()
+    assert GLOBAL_KEY not in log and session_key not in log and "second-key" not in log
+
+
+def test_a_cancelled_chat_stops_the_generation_and_records_nothing(gateway):
+    with grpc.insecure_channel(gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        session_id = stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30).session.session_id
+        before = stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges
+        call = stub.Chat(gateway_pb2.ChatRequest(session_id=session_id, messages=[user("go")], sampling=common_pb2.
+                                                 SamplingParams(max_tokens=1500, ignore_eos=True)), timeout=60)
+        next(call)
+        call.cancel()
+        cancelled = time.monotonic()
+        deadline = cancelled + 30
+        while time.monotonic() < deadline:
+            gauges = stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges
+            if gauges["in_flight"] == 0:
+                break
+            time.sleep(0.05)
+        assert gauges["in_flight"] == 0 and gauges["calls"] == before["calls"]
+    with PoolReader(gateway.pool_path) as reader:
+        assert reader.get_session(session_id).session.num_calls == 0
