@@ -14,7 +14,6 @@ Usage: python bench/scheduler_sim.py [--tasks 4000] [--slots 64] [--batch 16] [-
 from __future__ import annotations
 
 import heapq
-import math
 import random
 import statistics
 

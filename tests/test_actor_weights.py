@@ -16,6 +16,7 @@ from forge.model.generate import generate
 from forge.model.sampling import SamplingParams
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 from forge.weights import Faults, WeightPublisher, WeightSubscriber
+
 from helpers.processes import start_actor
 
 CONFIG = ModelConfig(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

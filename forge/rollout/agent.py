@@ -1,0 +1,73 @@
+"""The white-box agent: runs one episode of a built-in task against a ``ChatLLM`` and says how it went.
+
+Reasoning and QA episodes are one call. Agent episodes loop: the model's tool calls run in the tool environment
+(concurrently within a turn), their results go back as tool messages, a malformed call earns a process reward and a
+format hint, and the agent manages its own context (past a few tool results it replaces the exchange by a note of
+the values found). The episode ends with an answer, or after ``max_turns``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from forge.model.sampling import SamplingParams
+from forge.rollout.llm import ChatLLM
+from forge.tasks import Task
+from forge.tasks.agent import FORMAT_HINT, MALFORMED_PENALTY, ToolEnvironment, manage_context
+
+
+@dataclass
+class Episode:
+    task: Task
+    reply: str = ""
+    reward: float = 0.0
+    turns: int = 0
+    tool_rounds: int = 0
+    context_rewrites: int = 0
+    seconds: float = 0.0
+    process_rewards: dict[int, float] = field(default_factory=dict)    # call index -> reward
+    failed: str = ""
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return {"completion_time_s": self.seconds, "turns": float(self.turns), "tool_rounds": float(self.tool_rounds),
+                "context_rewrites": float(self.context_rewrites), "correct": self.reward}
+
+
+async def run_episode(task: Task, llm: ChatLLM, sampling: SamplingParams, tool_latency_s: float = 0.3,
+                      max_turns: int = 6) -> Episode:
+    episode = Episode(task)
+    started = time.perf_counter()
+    messages: list[dict[str, Any]] = [dict(m) for m in task.messages]
+    environment = ToolEnvironment(task, tool_latency_s)
+    found: dict[str, str] = {}
+    for turn in range(max_turns):
+        reply = await llm.chat(messages, task.tools, sampling)
+        episode.turns = turn + 1
+        if reply.finish_reason in ("abort", "error"):
+            episode.failed = f"the model call ended with {reply.finish_reason}"
+            break
+        if task.tools and reply.tool_calls:
+            outcome = await environment.run(reply.tool_calls)
+            episode.tool_rounds += 1
+            if outcome.process_reward:
+                episode.process_rewards[reply.call_index] = outcome.process_reward
+            found.update(outcome.found)
+            messages.append(reply.message())
+            messages += [{"role": "tool", "tool_call_id": call_id, "content": text}
+                         for call_id, text in outcome.results]
+            managed = manage_context(task, messages, found)
+            episode.context_rewrites += managed is not messages
+            messages = managed
+            continue
+        if task.tools and reply.malformed_tool_call:
+            episode.process_rewards[reply.call_index] = MALFORMED_PENALTY
+            messages += [reply.message(), {"role": "user", "content": FORMAT_HINT}]
+            continue
+        episode.reply = reply.content
+        break
+    episode.reward = task.score(episode.reply)
+    episode.seconds = time.perf_counter() - started
+    return episode

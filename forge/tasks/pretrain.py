@@ -1,0 +1,140 @@
+"""Pre-training of the built-in tiny model on demonstrations of the built-in tasks, so that RL starts from a low
+but non-zero success rate: the demonstrations are right only part of the time (a noisy teacher), and training is
+short. The loss is next-token cross-entropy on the assistant's tokens only, plus the MTP draft's loss on the token
+after next. ``python -m forge.tasks.pretrain --out forge/assets/tiny`` rebuilds the shipped checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from pathlib import Path
+
+import click
+import torch
+import torch.nn.functional as F
+
+from forge.builtin import TINY_DIR, tiny_model, tiny_tokenizer
+from forge.tasks import DOMAINS, agent, qa, reasoning
+from forge.tokenizer import Tokenizer
+
+log = logging.getLogger("forge.pretrain")
+ERROR_RATES = {"reasoning": 0.35, "qa": 0.5, "agent": 0.35}
+
+
+def demonstration(domain: str, rng: random.Random, index: int) -> tuple[list[dict], list | None]:
+    task_id = f"pretrain-{index}"
+    if domain == "reasoning":
+        task, numbers, operators = reasoning.make(rng, task_id)
+        reply = reasoning.solution(numbers, operators, rng, ERROR_RATES[domain])
+        return [*task.messages, {"role": "assistant", "content": reply}], None
+    if domain == "qa":
+        task, places = qa.make(rng, task_id)
+        return [*task.messages, {"role": "assistant", "content": qa.solution(task, places, rng, ERROR_RATES[domain])}
+                ], None
+    task = agent.make(rng, task_id)
+    return agent.teacher_conversation(task, rng, ERROR_RATES[domain]), task.tools
+
+
+def tokenize(tokenizer: Tokenizer, messages: list[dict], tools: list | None) -> tuple[list[int], list[int]] | None:
+    """Token ids of the whole conversation and a 0/1 mask of the tokens the assistant generates (its replies up to
+    and including the end-of-turn token), found by rendering each reply's prompt with the generation prompt."""
+    ids = tokenizer.apply_chat_template(messages, tools=tools)
+    mask = [0] * len(ids)
+    end = tokenizer.eos_token_id
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = tokenizer.apply_chat_template(messages[:index], tools=tools, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(messages[:index + 1], tools=tools)
+        if ids[:len(upto)] != upto or upto[:len(prompt)] != prompt:
+            return None                     # a tokenisation boundary moved: skip this demonstration
+        reply_end = next((i for i in range(len(prompt), len(upto)) if upto[i] == end), len(upto) - 1)
+        for position in range(len(prompt), reply_end + 1):
+            mask[position] = 1
+    return ids, mask
+
+
+def batches(tokenizer: Tokenizer, size: int, seed: int):
+    rng = random.Random(seed)
+    index = 0
+    while True:
+        rows = []
+        while len(rows) < size:
+            domain = DOMAINS[index % len(DOMAINS)]
+            tokenized = tokenize(tokenizer, *demonstration(domain, rng, index))
+            index += 1
+            if tokenized is not None:
+                rows.append(tokenized)
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.zeros(size, width, dtype=torch.long)
+        mask = torch.zeros(size, width)
+        for row, (tokens, marks) in enumerate(rows):
+            ids[row, :len(tokens)] = torch.tensor(tokens)
+            mask[row, :len(marks)] = torch.tensor(marks, dtype=torch.float32)
+        yield ids, mask
+
+
+def losses(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    hidden = model(ids)
+    logits = model.logits(hidden[:, :-1])
+    target_mask = mask[:, 1:]
+    main = (F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none") * target_mask).sum()
+    main = main / target_mask.sum().clamp(min=1)
+    draft_hidden = model.mtp_forward(hidden[:, :-2], ids[:, 1:-1])
+    draft_logits = model.mtp_logits(draft_hidden)
+    draft_mask = mask[:, 2:]
+    draft = (F.cross_entropy(draft_logits.transpose(1, 2), ids[:, 2:], reduction="none") * draft_mask).sum()
+    return main, draft / draft_mask.sum().clamp(min=1)
+
+
+def pretrain(steps: int, batch_size: int, lr: float, seed: int, progress: bool = True):
+    torch.manual_seed(seed)
+    model = tiny_model(seed)
+    tokenizer = tiny_tokenizer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, steps // 20)
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    stream = batches(tokenizer, batch_size, seed)
+    started = time.perf_counter()
+    model.train()
+    for step in range(steps):
+        ids, mask = next(stream)
+        main, draft = losses(model, ids, mask)
+        (main + 0.3 * draft).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if progress and (step % 100 == 0 or step == steps - 1):
+            log.info("step %d/%d  loss %.3f  draft %.3f  lr %.2e  %.0fs", step + 1, steps, float(main),
+                     float(draft), scheduler.get_last_lr()[0], time.perf_counter() - started)
+    return model.eval()
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=TINY_DIR, show_default=True)
+@click.option("--steps", default=2500, show_default=True)
+@click.option("--batch-size", default=32, show_default=True)
+@click.option("--lr", default=3e-3, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--threads", default=0, help="torch threads (0 = all cores)")
+def main(out: Path, steps: int, batch_size: int, lr: float, seed: int, threads: int) -> None:
+    """Pre-train the built-in tiny model on noisy demonstrations of the built-in tasks and save it to OUT."""
+    logging.basicConfig(level="INFO", format="%(asctime)s %(message)s")
+    if threads:
+        torch.set_num_threads(threads)
+    model = pretrain(steps, batch_size, lr, seed)
+    model.save_pretrained(out)
+    log.info("saved %s", out)
+
+
+if __name__ == "__main__":
+    main()
