@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import click
@@ -84,6 +85,8 @@ def trtllm_backend(model: str, max_waiting: int):
               help="Subscribe to weight versions from the learner at this ZeroMQ endpoint (e.g. tcp://127.0.0.1:5701).")
 @click.option("--weights-announce", default=None,
               help="The learner's announcement endpoint (e.g. tcp://127.0.0.1:5702); needed with --weights-fetch.")
+@click.option("--first-version-timeout", default=300.0, show_default=True, type=click.FloatRange(min=0),
+              help="With --weights-fetch: seconds to wait for the learner's first version before giving up.")
 @click.option("--api-key", "api_keys", multiple=True, envvar="FORGE_ACTOR_API_KEYS",
               help="Require this API key on every call (repeatable).")
 @click.option("--threads", default=0, type=click.IntRange(0), help="Torch CPU threads (0 = all cores).")
@@ -94,8 +97,8 @@ def trtllm_backend(model: str, max_waiting: int):
 def actor(model: str, backend: str, host: str, port: int, name: str | None, device: str, dtype: str,
           kv_cache_mb: int, block_size: int, max_batch: int, max_batched_tokens: int, max_waiting: int,
           speculative: bool, prefix_caching: bool, on_weight_swap: str, weights_fetch: str | None,
-          weights_announce: str | None, api_keys: tuple[str, ...], threads: int, seed: int, ready_file: Path | None,
-          log_level: str) -> None:
+          weights_announce: str | None, first_version_timeout: float, api_keys: tuple[str, ...], threads: int,
+          seed: int, ready_file: Path | None, log_level: str) -> None:
     """Serve token generation from MODEL over gRPC (forge.v1.Actor: Generate, Abort, Stats, plus health and
     reflection). Token ids in, token ids out, with the log-probability and weight version of every token."""
     setup_logging(log_level)
@@ -127,7 +130,8 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
                               speculative=speculative, prefix_caching=prefix_caching,
                               abort_on_weight_swap=on_weight_swap == "abort", seed=seed,
                               model_id=model_id)
-        engine = TorchEngine(policy, config)
+        # Subscribed to a learner: serve only once its first version is in (every token carries a learner version).
+        engine = TorchEngine(policy, config, initial_version=-1 if weights_fetch else 0)
     subscriber = None
     if weights_fetch:
         from forge.weights import WeightSubscriber
@@ -139,6 +143,15 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
                 log.error("weight version %d refused: %s", version, exc)
 
         subscriber = WeightSubscriber(weights_fetch, weights_announce, on_version=apply)
+        log.info("waiting for the learner's first weight version on %s", weights_fetch)
+        deadline = time.monotonic() + first_version_timeout
+        while engine.weight_version < 0:
+            if time.monotonic() > deadline:
+                subscriber.close()
+                engine.close()
+                raise click.ClickException(f"no weight version arrived from {weights_fetch} within "
+                                           f"{first_version_timeout:.0f} s")
+            time.sleep(0.05)
 
     def stop() -> None:
         if subscriber is not None:

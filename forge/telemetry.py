@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from forge import __version__
 from forge.v1 import common_pb2
@@ -172,3 +173,42 @@ def stats_report(service: str, instance: str, started: float, gauges: Mapping[st
         gauges={k: float(v) for k, v in gauges.items()}, labels=dict(labels or {}),
         devices=nvml().devices(), host=host_stats(),
     )
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One process holding memory on a GPU, as NVML sees it."""
+
+    device: int
+    pid: int
+    memory_bytes: int
+    command: str
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def gpu_processes() -> list[GpuProcess]:
+    """Every compute or graphics process on every GPU of this host with the memory it holds; [] without NVML."""
+    module = nvml().module
+    if module is None:
+        return []
+    found: dict[tuple[int, int], GpuProcess] = {}
+    for index in range(module.nvmlDeviceGetCount()):
+        handle = module.nvmlDeviceGetHandleByIndex(index)
+        for reader in (module.nvmlDeviceGetComputeRunningProcesses, module.nvmlDeviceGetGraphicsRunningProcesses):
+            try:
+                procs = reader(handle)
+            except Exception:  # not supported on this device or driver
+                continue
+            for proc in procs:
+                memory = proc.usedGpuMemory or 0
+                known = found.get((index, proc.pid))
+                if known is None or memory > known.memory_bytes:
+                    found[(index, proc.pid)] = GpuProcess(index, proc.pid, memory, _command(proc.pid))
+    return sorted(found.values(), key=lambda p: (p.device, -p.memory_bytes, p.pid))

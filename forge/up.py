@@ -134,6 +134,7 @@ def summary_table(config: UpConfig, live: RunState, driver) -> Table:
 
 async def run(config: UpConfig, console: Console) -> dict[str, Any]:
     from forge.builtin import tiny_tokenizer
+    from forge.gateway.pool import PoolReader
     from forge.rollout.driver import DriverConfig, RolloutDriver
     from forge.rollout.evaluate import evaluate
     from forge.tokenizer import Tokenizer
@@ -155,11 +156,18 @@ async def run(config: UpConfig, console: Console) -> dict[str, Any]:
             live.eval_start = await evaluate(actor, tokenizer, config.domains, config.eval_size, config.max_tokens)
         console.print(f"eval at start: {live.eval_start}")
         gateway = system.get("gateway").info
+        pool = PoolReader(config.run_dir / "pool")
+
+        def queued_groups() -> int:
+            cursor = pool.cursor()
+            return cursor.tail - cursor.head
+
         driver = RolloutDriver(DriverConfig(gateway["grpc_address"], gateway.get("http_address", ""),
                                             domains=config.domains, group_size=config.group_size,
                                             groups_in_flight=config.groups_in_flight, temperature=config.temperature,
                                             max_tokens=config.max_tokens, blackbox_every=config.blackbox_every,
-                                            seed=config.seed))
+                                            max_queued_groups=config.groups_in_flight + 2 * config.batch_groups,
+                                            seed=config.seed), queued_groups=queued_groups)
         poller = threading.Thread(target=poll_stats, args=(system, live, stop_polling), daemon=True)
         poller.start()
         driving = asyncio.create_task(driver.run(stop))

@@ -309,3 +309,20 @@ def test_group_rollouts_of_one_prompt_compute_its_prefix_once(model):
         assert blocks.hit_tokens == 7 * (96 // 8) * 8      # all but the first rollout reuse every full block
     finally:
         engine.close()
+
+
+def test_decoding_right_after_a_weight_swap_drops_drafts_safely(model):
+    engine = engine_for(model, speculative=True, block_size=4)
+    try:
+        streams = [engine.submit(GenerationRequest("", [i + 1] * (3 + i), SamplingParams(max_tokens=60,
+                                                                                         ignore_eos=True)))
+                   for i in range(6)]
+        for stream in streams:
+            stream.get(timeout=30)
+        for version in range(1, 6):            # every swap drops the drafts of running requests
+            engine.load_weights(version, model.state_dict())
+            assert engine.wait_for_version(version, timeout=30)
+        finals = [list(stream)[-1] for stream in streams]
+        assert all(chunk.finish_reason is FinishReason.LENGTH for chunk in finals), [c.error for c in finals]
+    finally:
+        engine.close()

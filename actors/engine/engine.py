@@ -69,7 +69,7 @@ class TorchEngine(Backend):
                                   self.device)
         self.blocks = BlockManager(num_blocks, config.block_size, prefix_caching=config.prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                                   recompute_last_cached=self.speculative), self.blocks)
+                                                   speculative=self.speculative), self.blocks)
         self.runner = ModelRunner(model, self.cache, self.speculative)
         self._seeds = random.Random(config.seed)     # seeds of requests that bring none
         self._version = initial_version

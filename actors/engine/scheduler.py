@@ -22,7 +22,7 @@ from forge.actors.engine.sequence import Sequence, Status
 class SchedulerConfig:
     max_num_seqs: int = 64              # sequences running at once
     max_num_batched_tokens: int = 4096  # tokens fed in one prefill step (long prompts are chunked)
-    recompute_last_cached: bool = False  # feed the last cached token again (the MTP layer needs its hidden state)
+    speculative: bool = False          # MTP layer: recompute the last cached token, keep slots for draft and bonus
 
 
 class Scheduler:
@@ -43,7 +43,7 @@ class Scheduler:
     def _prefill_work(self, seq: Sequence, budget: int) -> Work:
         cached = seq.num_computed
         after_prefix_hit = cached > 0 and cached == seq.prefix_hit_tokens
-        start = cached - 1 if self.config.recompute_last_cached and after_prefix_hit else cached
+        start = cached - 1 if self.config.speculative and after_prefix_hit else cached
         end = min(len(seq), start + max(1, budget))
         return Work(seq, start, end, write_from=cached)
 
@@ -86,8 +86,8 @@ class Scheduler:
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:
                 continue
-            # The draft's slot, and the MTP slot of the bonus token that follows an accepted draft.
-            needed = len(seq) + (2 if seq.draft is not None else 0)
+            # With the MTP layer: the draft's slot and the MTP slot after the last token (or the bonus token).
+            needed = len(seq) + (2 if self.config.speculative else 0)
             while not self.blocks.can_append(seq, needed):
                 victim = self.running[-1]
                 self.preempt(victim)

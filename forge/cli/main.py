@@ -11,10 +11,10 @@ from forge.cli.model import model_group
 from forge.gateway.cli import gateway
 from forge.gateway.pool.cli import pool_group
 from forge.learner.cli import learner
+from forge.top.cli import plot, top
 from forge.up import up
 
 cache = not_built("cache", 8, "Serve the global L3 KV block store")
-top = not_built("top", 9, "Show live telemetry of a running system in the terminal")
 
 
 @click.group(context_settings=CONTEXT_SETTINGS)
@@ -28,7 +28,7 @@ def forge() -> None:
     """
 
 
-for command in (up, learner, actor, gateway, cache, top, model_group, pool_group):
+for command in (up, learner, actor, gateway, cache, top, plot, model_group, pool_group):
     forge.add_command(command)
 
 learner_entry = entry_point(learner, "learner")

@@ -34,6 +34,7 @@ class DriverConfig:
     max_tokens: int = 48
     tool_latency_s: float = 0.3
     blackbox_every: int = 0                    # 0 = never
+    max_queued_groups: int = 0                 # pause issuing while more groups wait for the learner (0 = no limit)
     seed: int = 0
 
 
@@ -55,12 +56,16 @@ class RolloutStats:
 
 
 class RolloutDriver:
-    def __init__(self, config: DriverConfig, on_episode: Callable[[Episode, bool], None] | None = None) -> None:
+    def __init__(self, config: DriverConfig, on_episode: Callable[[Episode, bool], None] | None = None,
+                 queued_groups: Callable[[], int] | None = None) -> None:
+        """``queued_groups`` tells how many issued groups the learner has not taken yet (for backpressure)."""
         self.config = config
         self.stats = RolloutStats()
         self.on_episode = on_episode
+        self.queued_groups = queued_groups
         self._tasks = task_stream(config.domains, config.seed)
         self._group = 0
+        self._single_turn = 0
 
     def _sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.config.temperature, max_tokens=self.config.max_tokens)
@@ -70,8 +75,11 @@ class RolloutDriver:
             stub = gateway_pb2_grpc.GatewayStub(channel)
             running: set[asyncio.Task] = set()
             while not stop.is_set():
-                while len(running) < self.config.groups_in_flight:
+                while len(running) < self.config.groups_in_flight and not self._throttled():
                     running.add(asyncio.create_task(self._run_group(stub, next(self._tasks))))
+                if not running:
+                    await asyncio.sleep(0.2)
+                    continue
                 done, running = await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                 for finished in done:
                     if finished.exception() is not None:
@@ -80,10 +88,16 @@ class RolloutDriver:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
 
+    def _throttled(self) -> bool:
+        limit = self.config.max_queued_groups
+        return bool(limit and self.queued_groups and self.queued_groups() >= limit)
+
     async def _run_group(self, stub, task: Task) -> None:
         self._group += 1
-        blackbox = (self.config.blackbox_every and task.tools is None and self.config.http_base
-                    and self._group % self.config.blackbox_every == 0)
+        blackbox = False
+        if task.tools is None and self.config.blackbox_every and self.config.http_base:
+            self._single_turn += 1
+            blackbox = self._single_turn % self.config.blackbox_every == 0
         group_id = f"{task.task_id}-g{self._group}"
         starts = [stub.StartSession(gateway_pb2.StartSessionRequest(
             task_id=task.task_id, domain=task.domain, group_id=group_id, group_size=self.config.group_size,
