@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.forge-installed
-RUN_DIR ?= runs/demo
+UP_ARGS ?=
 
 .PHONY: run test lint protos assets venv clean
 
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 
 ## The main job on the embedded default (whole system on CPU, built-in tiny model).
 run: venv
-	$(BIN)/python -m forge.demo --run-dir $(RUN_DIR)
+	$(BIN)/forge up $(UP_ARGS)
 
 ## The tests and the linter, as CI runs them.
 test: venv
