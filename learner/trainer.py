@@ -117,7 +117,7 @@ class Trainer:
             return batch
         payload = None if batch is None else (
             [e.SerializeToString() for e in batch.entries], batch.seq, batch.head, batch.tail, batch.window,
-            batch.waited_s)
+            batch.waited_s, batch.taken_at)
         payload = self.dist.broadcast(payload)
         if payload is None:
             return None
@@ -241,6 +241,7 @@ class Trainer:
             "staleness_max": max(staleness, default=0),
             "dropped_stale": len(staleness) - len(samples) if self.config.staleness_policy == "drop" else 0,
             "positions": [e.position for e in batch.entries],
+            "taken_at": batch.taken_at,     # (head, window) when each entry was taken
             "ratio_mean": weighted("ratio_mean"), "clip_frac": weighted("clip_frac"),
             "approx_kl": weighted("approx_kl"),
         }

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from forge.v1 import pool_pb2
@@ -68,6 +68,7 @@ class Batch:
     tail: int
     window: int                       # the window size last applied
     waited_s: float
+    taken_at: list[tuple[int, int]] = field(default_factory=list)   # (head, window) when each entry was taken
 
 
 class WindowedFifo:
@@ -88,6 +89,7 @@ class WindowedFifo:
         config = self.config
         started = time.monotonic()
         taken: list[pool_pb2.QueueEntry] = []
+        taken_at: list[tuple[int, int]] = []
         cursor = self.pool.cursor()
         window = config.size(cursor.tail - cursor.head)
         while True:
@@ -97,6 +99,7 @@ class WindowedFifo:
             window = config.size(cursor.tail - cursor.head)
             response = self.pool.fetch(window, max_entries=config.batch_groups - len(taken), include_calls=True)
             if response.entries:
+                taken_at += [(response.head, window)] * len(response.entries)
                 cursor = self.pool.consume([e.position for e in response.entries], expected_seq=response.seq)
                 taken += response.entries
                 if len(taken) >= config.batch_groups:
@@ -108,4 +111,4 @@ class WindowedFifo:
             time.sleep(config.poll_s)
         if not taken:
             return None
-        return Batch(taken, cursor.seq, cursor.head, cursor.tail, window, time.monotonic() - started)
+        return Batch(taken, cursor.seq, cursor.head, cursor.tail, window, time.monotonic() - started, taken_at)

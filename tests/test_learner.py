@@ -97,6 +97,7 @@ def test_steps_take_completed_entries_inside_the_window_only(tmp_path):
     trainer = trainer_for(model, pool, window=3, min_groups=1, max_wait_s=0.2)
     record = trainer.step()
     assert record["positions"] == [1, 2] and record["head"] == 0      # W = 3: entries 1 and 2 only
+    assert record["taken_at"] == [(0, 3), (0, 3)]
     deadline = time.monotonic() + 1.0
     assert trainer.step(should_stop=lambda: time.monotonic() > deadline) is None   # 3 is complete but outside
     pool.close_session(session_id=held.session_id, outcome_rewards={"r": 1.0})
