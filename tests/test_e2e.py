@@ -1,0 +1,47 @@
+"""The main job end to end, short: learner, actor and gateway as real processes, white-box and black-box agents
+rolling out the built-in tasks, the learner training on them. Asserts that trajectories flow into the pool (black-box
+ones too), that actors' weight versions advance, that every consumed entry was inside the window when taken, and
+that the held-out reward rises above its starting value."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from rich.console import Console
+
+from forge.builtin import TINY_DIR
+from forge.gateway.pool import PoolReader
+from forge.up import UpConfig, run
+from forge.v1 import pool_pb2
+
+pytestmark = pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")),
+                                reason="the pre-trained tiny checkpoint is not in forge/assets/tiny")
+
+
+@pytest.mark.timeout(900)
+def test_a_short_forge_up_run_learns(tmp_path):
+    config = UpConfig(tmp_path / "run", minutes=3.0, group_size=4, groups_in_flight=4, batch_groups=2, window=0.3,
+                      lr=2e-4, eval_size=32, blackbox_every=3, domains=("reasoning", "qa", "agent"))
+    result = asyncio.run(run(config, Console(record=True, width=120)))
+
+    with PoolReader(config.run_dir / "pool") as pool:
+        stats = pool.stats()
+        entries = pool.entries(start=0, limit=100_000)
+        consumed = [e for e in entries if e.status == pool_pb2.ENTRY_STATUS_CONSUMED]
+        sessions = [pool.get_session(s) for e in consumed for s in e.members]
+    assert stats["calls"] > 50 and len(consumed) >= 8
+    blackbox = [s for s in sessions if s.session.metadata.get("agent") == "blackbox"]
+    assert blackbox and all(s.calls for s in blackbox), "black-box sessions were recorded and trained on"
+
+    records = [json.loads(line) for line in (config.run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) >= 4 and result["learner"].get("version", 0) >= 4
+    for record in records:
+        for position, (head, window) in zip(record["positions"], record["taken_at"], strict=True):
+            assert head <= position < head + window, record
+    positions = [p for r in records for p in r["positions"]]
+    assert len(positions) == len(set(positions))
+
+    start, end = result["eval_start"], result["eval_end"]
+    assert sum(end.values()) > sum(start.values()), (start, end)
