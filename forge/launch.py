@@ -29,6 +29,8 @@ def console_script(name: str) -> str:
 class ServiceProcess:
     def __init__(self, name: str, command: str, args: list[str], run_dir: Path, env: dict[str, str] | None = None,
                  timeout_s: float = 180.0) -> None:
+        """Start console script ``command`` with ``args`` (plus ``--ready-file``) and wait until it is ready; the
+        ready file is RUN_DIR/NAME.json and the log RUN_DIR/logs/NAME.log."""
         self.name = name
         self.ready_file = run_dir / f"{name}.json"
         self.ready_file.unlink(missing_ok=True)
@@ -36,7 +38,8 @@ class ServiceProcess:
         self.log_path = run_dir / "logs" / f"{name}.log"
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen([console_script(command), *args, "--ready-file", str(self.ready_file)],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                     stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                                      start_new_session=True)
         self.info = self._wait_ready(timeout_s)
         log.info("%s ready (pid %d): %s", name, self.proc.pid, self.info)
@@ -46,7 +49,7 @@ class ServiceProcess:
         while not self.ready_file.exists():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}:\n"
-                                   + self.log_path.read_text()[-2000:])
+                                   + self.log_text()[-2000:])
             if time.monotonic() > deadline:
                 self.proc.kill()
                 raise TimeoutError(f"{self.name} was not ready after {timeout_s:.0f} s; see {self.log_path}")
@@ -58,9 +61,15 @@ class ServiceProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self, grace_s: float = 60.0) -> int:
+    def log_text(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, grace_s: float = 60.0) -> int:
+        """Send ``sig`` and wait for the exit (SIGKILL after ``grace_s``); returns the exit status."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(sig)
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
@@ -69,3 +78,6 @@ class ServiceProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+    def kill(self) -> int:
+        return self.stop(signal.SIGKILL)

@@ -5,7 +5,6 @@ finish (bounded by the grace period), then the pool is closed."""
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from forge.gateway.http.app import HttpFrontEnd
 from forge.gateway.modelinfo import ModelInfo
 from forge.gateway.service import Gateway
 from forge.rpc import GrpcServer, ServerOptions, ServiceBinding
+from forge.rpc.server import run_until_signal
 from forge.v1 import gateway_pb2, gateway_pb2_grpc, pool_pb2
 
 log = logging.getLogger(__name__)
@@ -110,20 +110,4 @@ class GatewayServer:
     def run_until_signal(self, on_ready: Callable[[], None] | None = None) -> None:
         """Serve until SIGTERM or SIGINT (main thread), then stop gracefully. ``on_ready`` runs once both servers
         serve and the signal handlers are in place."""
-        received = threading.Event()
-
-        def handle(signum: int, _frame: object) -> None:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
-            received.set()
-
-        previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            self.start()
-            if on_ready:
-                on_ready()
-            while not received.wait(0.5):
-                pass
-        finally:
-            self.stop()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        run_until_signal(self.start, self.stop, on_ready)

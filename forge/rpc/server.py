@@ -111,31 +111,42 @@ class GrpcServer:
                          on_ready: Callable[[], None] | None = None) -> None:
         """Serve until SIGTERM or SIGINT (main thread only), then stop gracefully and call ``on_stop``.
         ``on_ready`` runs once the server is serving and the signal handlers are in place."""
-        received = threading.Event()
 
-        def handle(signum: int, _frame: object) -> None:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
-            received.set()
-
-        previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            self.start()
-            if on_ready:
-                on_ready()
-            while not received.wait(0.5) and not self._stopped.is_set():
-                pass
-        finally:
+        def stop() -> None:
             self.stop()
             if on_stop:
                 on_stop()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+
+        run_until_signal(self.start, stop, on_ready, stopped=self._stopped)
 
     def __enter__(self) -> GrpcServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop(0)
+
+
+def run_until_signal(start: Callable[[], object], stop: Callable[[], None],
+                     on_ready: Callable[[], None] | None = None, stopped: threading.Event | None = None) -> None:
+    """Start, report ready, block until SIGTERM or SIGINT (or ``stopped`` is set), then stop; the previous signal
+    handlers are restored afterwards. Call from the main thread."""
+    received = threading.Event()
+
+    def handle(signum: int, _frame: object) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        received.set()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        start()
+        if on_ready:
+            on_ready()
+        while not received.wait(0.5) and not (stopped and stopped.is_set()):
+            pass
+    finally:
+        stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def serve(services: Iterable[ServiceBinding], options: ServerOptions | None = None,
