@@ -22,10 +22,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -36,30 +33,11 @@ import grpc
 import numpy as np
 
 from forge.assets import TINY_DIR
+from forge.launch import ServiceProcess
 from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
 
 TOK = Tokenizer.from_dir(TINY_DIR)
-BIN = Path(sys.executable).parent
-
-
-def start(args: list[str], ready: Path, log: Path) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen([*args, "--ready-file", str(ready)], stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"{args[0]} did not start:\n{log.read_text()}")
-        time.sleep(0.05)
-    return proc, json.loads(ready.read_text())
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def messages_of(session: int) -> list[dict]:
@@ -161,15 +139,16 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="forge-gateway-bench-"))
-    actor, actor_info = start([str(BIN / "forge-actor"), "--port", "0", "--kv-cache-mb", "256", "--max-batch",
-                               str(max(64, *args.concurrency)), "--threads", str(args.actor_threads)],
-                              root / "actor.json", root / "actor.log")
-    gateway, gateway_info = start([sys.executable, "-m", "forge.gateway", "--actor", actor_info["address"], "--pool",
-                                   str(root / "pool"), "--grpc-port", "0", "--http-port", "0", "--log-level",
-                                   "WARNING"], root / "gateway.json", root / "gateway.log")
+    actor = ServiceProcess("actor", "forge-actor", ["--port", "0", "--kv-cache-mb", "256", "--max-batch",
+                                                    str(max(64, *args.concurrency)), "--threads",
+                                                    str(args.actor_threads)], root)
+    gateway = ServiceProcess("gateway", "forge-gateway", ["--actor", actor.info["address"], "--pool",
+                                                          str(root / "pool"), "--grpc-port", "0", "--http-port", "0",
+                                                          "--log-level", "WARNING"], root)
+    actor_info, gateway_info = actor.info, gateway.info
     targets = {"direct": actor_info["address"], "http": gateway_info["http_address"],
                "grpc": gateway_info["grpc_address"]}
-    pids = {"actor": actor.pid, "gateway": gateway.pid}
+    pids = {"actor": actor.proc.pid, "gateway": gateway.proc.pid}
     results: dict[int, dict[str, dict[str, float]]] = {}
     try:
         for path in args.paths:                                    # warm up every path once
@@ -183,8 +162,8 @@ def main() -> None:
             results[sessions] = {p: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
                                  for p, rs in runs.items()}
     finally:
-        stop(gateway)
-        stop(actor)
+        gateway.stop()
+        actor.stop()
     if args.json:
         print(json.dumps({"max_tokens": args.max_tokens, "results": results}, indent=2))
         return
