@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.forge-installed
 UP_ARGS ?=
 
-.PHONY: run test lint protos assets venv clean
+.PHONY: run test lint protos assets pretrain venv clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,10 @@ protos: venv
 ## Rebuild the built-in tokenizer (forge/assets/tiny).
 assets: venv
 	$(BIN)/python tools/build_tiny_tokenizer.py
+
+## Re-run the tiny model's pre-training (about 15-30 minutes on 2 CPU cores) into forge/assets/tiny.
+pretrain: venv
+	$(BIN)/python -m forge.tasks.pretrain --out forge/assets/tiny --steps 800 --batch-size 16
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
