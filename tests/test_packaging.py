@@ -54,7 +54,7 @@ def test_console_scripts_answer_help(name):
 
 
 @pytest.mark.parametrize("command", ["up", "learner", "actor", "gateway", "cache", "top", "model", "model info",
-                                     "model init", "model generate", "pool", "pool stats", "pool show",
+                                     "model init", "model generate", "model eval", "pool", "pool stats", "pool show",
                                      "pool entries", "pool serve", "plot"])
 def test_every_forge_subcommand_answers_help(command):
     result = subprocess.run([script("forge"), *command.split(), "--help"], capture_output=True, text=True, timeout=60)

@@ -90,3 +90,38 @@ def generate_command(model: str, prompt: str, system: str | None, max_tokens: in
     click.echo(tokenizer.decode(out.token_ids))
     click.echo(f"[{len(prompt_ids)} prompt tokens, {len(out.token_ids)} generated, finish: {out.finish_reason}, "
                f"mean log-prob {sum(out.logprobs) / len(out.logprobs):.3f}]", err=True)
+
+
+@model_group.command("eval")
+@click.argument("model", default="tiny")
+@click.option("--domains", default="reasoning,qa,agent", show_default=True)
+@click.option("--size", default=48, show_default=True, type=click.IntRange(1), help="Held-out tasks per domain.")
+@click.option("--max-tokens", default=48, show_default=True, type=click.IntRange(1))
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def eval_command(model: str, domains: str, size: int, max_tokens: int, as_json: bool) -> None:
+    """Held-out reward of MODEL on the built-in tasks (greedy, in-process engine, nothing recorded)."""
+    import asyncio
+
+    from forge.actors.cli import load_policy
+    from forge.actors.engine.engine import EngineConfig, TorchEngine
+    from forge.builtin import TINY_DIR, is_builtin
+    from forge.rollout.evaluate import evaluate_with
+    from forge.rollout.llm import EngineChat
+    from forge.tasks import DOMAINS
+    from forge.tokenizer import Tokenizer
+
+    chosen = tuple(d.strip() for d in domains.split(",") if d.strip())
+    if set(chosen) - set(DOMAINS):
+        raise click.BadParameter(f"domains must be among {', '.join(DOMAINS)}", param_hint="--domains")
+    policy, model_id = load_policy(model, "cpu", "float32")
+    tokenizer = Tokenizer.from_dir(TINY_DIR if is_builtin(model) else model)
+    engine = TorchEngine(policy, EngineConfig(kv_cache_bytes=64 * 2**20, model_id=model_id))
+    try:
+        scores = asyncio.run(evaluate_with(EngineChat(engine, tokenizer), chosen, size, max_tokens))
+    finally:
+        engine.close()
+    if as_json:
+        click.echo(json.dumps(scores))
+        return
+    for domain, score in scores.items():
+        click.echo(f"{domain:10s} {score:.3f}  ({size} tasks)")

@@ -80,32 +80,64 @@ class GatewayChat:
                      last.completion_tokens, malformed_tool_call=not calls and "<tool_call>" in last.content)
 
 
-class ActorChat:
-    """LLM calls straight to an actor: the chat template and the tool-call parser run here (evaluation)."""
+class LocalChat:
+    """LLM calls rendered, sampled and parsed here, without the gateway (evaluation): the chat template, the
+    tool-call parser and ``_generate`` (token ids in, sampled ids out) — nothing is recorded."""
 
-    def __init__(self, stub: actor_pb2_grpc.ActorStub, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         from forge.gateway.parsing import CompletionParser
 
-        self.stub = stub
         self.tokenizer = tokenizer
         self.parser = CompletionParser()
 
+    async def _generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[list[int], str]:
+        raise NotImplementedError
+
     async def chat(self, messages, tools, sampling: SamplingParams) -> Reply:
         prompt = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
-        request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling_to_proto(sampling))
-        tokens: list[int] = []
-        finish = common_pb2.FINISH_REASON_UNSPECIFIED
-        async for chunk in self.stub.Generate(request, timeout=600):
-            tokens += chunk.token_ids
-            finish = chunk.finish_reason or finish
+        tokens, finish = await self._generate(prompt, sampling)
         text = self.tokenizer.decode(tokens)
         end = self.tokenizer.special_tokens.get("eos_token")
         if end and text.endswith(end):
             text = text[:-len(end)]
         parsed = self.parser.parse(text, parse_tools=bool(tools))
         calls = [c.to_openai() for c in parsed.tool_calls]
-        return Reply(parsed.content, calls, FINISH.get(finish, "stop"), -1, len(tokens),
+        return Reply(parsed.content, calls, finish, -1, len(tokens),
                      malformed_tool_call=not calls and "<tool_call>" in parsed.content)
+
+
+class ActorChat(LocalChat):
+    """Straight to an actor over gRPC."""
+
+    def __init__(self, stub: actor_pb2_grpc.ActorStub, tokenizer: Tokenizer) -> None:
+        super().__init__(tokenizer)
+        self.stub = stub
+
+    async def _generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[list[int], str]:
+        request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling_to_proto(sampling))
+        tokens: list[int] = []
+        finish = common_pb2.FINISH_REASON_UNSPECIFIED
+        async for chunk in self.stub.Generate(request, timeout=600):
+            tokens += chunk.token_ids
+            finish = chunk.finish_reason or finish
+        return tokens, FINISH.get(finish, "stop")
+
+
+class EngineChat(LocalChat):
+    """Straight to an in-process backend (e.g. a TorchEngine)."""
+
+    def __init__(self, backend, tokenizer: Tokenizer) -> None:
+        super().__init__(tokenizer)
+        self.backend = backend
+
+    async def _generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[list[int], str]:
+        import asyncio
+
+        from forge.actors.backend import GenerationRequest
+
+        stream = self.backend.submit(GenerationRequest("", prompt, sampling))
+        chunks = await asyncio.to_thread(list, stream)
+        return [t for c in chunks for t in c.token_ids], str(chunks[-1].finish_reason or "stop")
 
 
 def aio_channel(address: str, api_key: str | None = None) -> grpc.aio.Channel:
