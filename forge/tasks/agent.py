@@ -1,5 +1,5 @@
-"""Agent tasks: multi-turn tool use with simulated tool latency ("Add the values of Ka and Mi." → lookups → "Answer:
-11"). Lookups issued together in one turn run concurrently, so they finish sooner than one by one and the
+"""Agent tasks: multi-turn tool use with simulated tool latency ("Find the colors of Kapo and Mire." → lookups →
+"Answer: red blue"). Lookups issued together in one turn run concurrently, so they finish sooner than one by one and the
 completion-time reward pays for parallelism; malformed tool calls cost a process reward; and once the history holds
 more than a few tool results the agent rewrites its own context, replacing them by a note of the values found."""
 
@@ -15,8 +15,9 @@ from forge.tasks.base import Task
 from forge.tasks.names import distinct_names
 
 DOMAIN = "agent"
+COLORS = ("red", "blue", "green", "black", "white", "gold", "gray", "pink")
 LOOKUP = {"type": "function", "function": {
-    "name": "lookup", "description": "Value of a key.",
+    "name": "lookup", "description": "Color of a key.",
     "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
 MALFORMED_PENALTY = -0.5
 MAX_TOOL_MESSAGES = 2
@@ -25,10 +26,10 @@ FORMAT_HINT = 'Malformed tool call. Use <tool_call>{"name": "lookup", "arguments
 
 def make(rng: random.Random, task_id: str) -> Task:
     keys = distinct_names(rng, rng.choice((2, 2, 3)))
-    values = {key: rng.randrange(0, 10) for key in keys}
+    values = {key: rng.choice(COLORS) for key in keys}
     listed = " and ".join(keys) if len(keys) == 2 else f"{keys[0]}, {keys[1]} and {keys[2]}"
-    return Task(task_id, DOMAIN, [{"role": "user", "content": f"Add the values of {listed}."}],
-                str(sum(values.values())), tools=[LOOKUP], values=values)
+    return Task(task_id, DOMAIN, [{"role": "user", "content": f"Find the colors of {listed}."}],
+                " ".join(values.values()), tools=[LOOKUP], values=values)
 
 
 def call_message(keys: list[str], ids: list[str]) -> dict[str, Any]:
@@ -109,8 +110,8 @@ def teacher_conversation(task: Task, rng: random.Random, error_rate: float) -> l
             found[key] = str(task.values[key])
             messages.append({"role": "tool", "tool_call_id": call_id, "content": found[key]})
         messages = manage_context(task, messages, found)
-    answer = sum(task.values.values())
+    answer = list(task.values.values())
     if rng.random() < error_rate:
-        answer += rng.choice((-2, -1, 1, 2))
-    messages.append({"role": "assistant", "content": f"Answer: {answer}"})
+        answer[rng.randrange(len(answer))] = rng.choice(COLORS)
+    messages.append({"role": "assistant", "content": f"Answer: {' '.join(answer)}"})
     return messages

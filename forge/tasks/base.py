@@ -6,13 +6,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-ANSWER = re.compile(r"Answer:\s*(-?[A-Za-z0-9]+)")
+ANSWER = re.compile(r"Answer:[ \t]*([^\n]*)")
 
 
 def final_answer(text: str) -> str | None:
-    """The value after the last ``Answer:`` in a reply, if any."""
+    """What follows the last ``Answer:`` of a reply, to the end of its line (spaces and a final period trimmed)."""
     found = ANSWER.findall(text or "")
-    return found[-1] if found else None
+    return found[-1].strip().rstrip(".").strip() if found else None
 
 
 @dataclass
@@ -22,7 +22,7 @@ class Task:
     messages: list[dict[str, Any]]                 # the conversation the agent starts from
     answer: str                                    # the verified final answer
     tools: list[dict[str, Any]] | None = None
-    values: dict[str, int] = field(default_factory=dict)   # hidden tool data (agent tasks)
+    values: dict[str, str] = field(default_factory=dict)   # hidden tool data (agent tasks)
 
     def score(self, reply: str) -> float:
         """1.0 when the reply's final answer is right, else 0.0."""

@@ -1,4 +1,5 @@
-"""Reasoning: multi-step arithmetic with a checked final answer ("Compute 12 + 7 - 3." → "… Answer: 16")."""
+"""Reasoning: multi-step arithmetic on single digits with a checked final answer ("Compute 7 + 8 - 3." →
+"7 + 8 = 15. 15 - 3 = 12. Answer: 12")."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ DOMAIN = "reasoning"
 def make(rng: random.Random, task_id: str) -> tuple[Task, list[int], list[str]]:
     """A task, the numbers along the way, and the operators."""
     steps = rng.choice((1, 1, 2))
-    numbers = [rng.randrange(0, 30)]
+    numbers = [rng.randrange(0, 10)]
     operators: list[str] = []
     value = numbers[0]
     for _ in range(steps):
         operator = rng.choice("+-")
-        operand = rng.randrange(0, 30) if operator == "+" else rng.randrange(0, value + 1)
+        operand = rng.randrange(0, 10) if operator == "+" else rng.randrange(0, min(value, 9) + 1)
         value = value + operand if operator == "+" else value - operand
         numbers.append(operand)
         operators.append(operator)

@@ -76,9 +76,17 @@ def _conversation(rng: random.Random) -> tuple[list[dict], list[dict] | None]:
 
 
 def corpus(template: str, seed: int = 0, size: int = 20_000) -> Iterator[str]:
+    """Rendered chats: two thirds demonstrations of the built-in tasks (so their words are whole tokens), one third
+    generic conversations."""
+    from forge.tasks import DOMAINS
+    from forge.tasks.pretrain import demonstration
+
     rng = random.Random(seed)
-    for _ in range(size):
-        messages, tools = _conversation(rng)
+    for index in range(size):
+        if index % 3:
+            messages, tools = demonstration(DOMAINS[index % len(DOMAINS)], rng, index)
+        else:
+            messages, tools = _conversation(rng)
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
         yield render_chat(template, messages, tools=tools)
 
