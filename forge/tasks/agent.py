@@ -1,4 +1,4 @@
-"""Agent tasks: multi-turn tool use with simulated tool latency ("Find the colors of Kapo and Mire." → lookups →
+"""Agent tasks: multi-turn tool use with simulated tool latency ("Find the colors of cup and pen." → lookups →
 "Answer: red blue"). Lookups issued together in one turn run concurrently, so they finish sooner than one by one and the
 completion-time reward pays for parallelism; malformed tool calls cost a process reward; and once the history holds
 more than a few tool results the agent rewrites its own context, replacing them by a note of the values found."""
@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge.tasks.base import Task
-from forge.tasks.names import distinct_names
 
 DOMAIN = "agent"
 COLORS = ("red", "blue", "green", "black", "white", "gold", "gray", "pink")
+OBJECTS = ("cup", "box", "pen", "hat", "key", "bag", "lamp", "book", "ring", "coin", "shoe", "bell")
 LOOKUP = {"type": "function", "function": {
     "name": "lookup", "description": "Color of a key.",
     "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
@@ -25,7 +25,7 @@ FORMAT_HINT = 'Malformed tool call. Use <tool_call>{"name": "lookup", "arguments
 
 
 def make(rng: random.Random, task_id: str) -> Task:
-    keys = distinct_names(rng, rng.choice((2, 2, 3)))
+    keys = rng.sample(OBJECTS, rng.choice((2, 2, 3)))
     values = {key: rng.choice(COLORS) for key in keys}
     listed = " and ".join(keys) if len(keys) == 2 else f"{keys[0]}, {keys[1]} and {keys[2]}"
     return Task(task_id, DOMAIN, [{"role": "user", "content": f"Find the colors of {listed}."}],
