@@ -53,6 +53,22 @@ def trtllm_backend(model: str, max_waiting: int):
     return backend, TINY_NAME if is_builtin(model) else str(directory.resolve())
 
 
+def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
+    """The torch engine's KV connector: KV events for routers always, the L3 cache with ``--l3-cache``."""
+    from forge.actors.engine.l3 import KVConnector
+
+    client = None
+    if l3_cache:
+        from forge.cache.client import CacheClient
+
+        try:
+            client = CacheClient(l3_cache, api_key=api_key)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--l3-cache") from exc
+        log.info("L3 KV cache on %s (fetch: %s)", ", ".join(client.servers), fetch)
+    return KVConnector(engine, client, fetch=fetch)
+
+
 @click.command("actor", context_settings=CONTEXT_SETTINGS)
 @config_option
 @click.option("--model", default="tiny", show_default=True,
@@ -89,6 +105,11 @@ def trtllm_backend(model: str, max_waiting: int):
               help="With --weights-fetch: seconds to wait for the learner's first version before giving up.")
 @click.option("--api-key", "api_keys", multiple=True, envvar="FORGE_ACTOR_API_KEYS",
               help="Require this API key on every call (repeatable).")
+@click.option("--l3-cache", default=None, metavar="ADDR[,ADDR...]",
+              help="forge-cache servers: publish computed KV blocks there and fetch missing prompt blocks (torch).")
+@click.option("--l3-fetch", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+              help="With --l3-cache: fetch when estimated cheaper than recomputing (auto), whenever held, or never.")
+@click.option("--l3-api-key", default=None, envvar="FORGE_ACTOR_L3_API_KEY", help="API key of the cache servers.")
 @click.option("--threads", default=0, type=click.IntRange(0), help="Torch CPU threads (0 = all cores).")
 @click.option("--seed", default=0, show_default=True, help="Seed for requests that bring none.")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -97,13 +118,16 @@ def trtllm_backend(model: str, max_waiting: int):
 def actor(model: str, backend: str, host: str, port: int, name: str | None, device: str, dtype: str,
           kv_cache_mb: int, block_size: int, max_batch: int, max_batched_tokens: int, max_waiting: int,
           speculative: bool, prefix_caching: bool, on_weight_swap: str, weights_fetch: str | None,
-          weights_announce: str | None, first_version_timeout: float, api_keys: tuple[str, ...], threads: int,
-          seed: int, ready_file: Path | None, log_level: str) -> None:
+          weights_announce: str | None, first_version_timeout: float, api_keys: tuple[str, ...],
+          l3_cache: str | None, l3_fetch: str, l3_api_key: str | None, threads: int, seed: int,
+          ready_file: Path | None, log_level: str) -> None:
     """Serve token generation from MODEL over gRPC (forge.v1.Actor: Generate, Abort, Stats, plus health and
     reflection). Token ids in, token ids out, with the log-probability and weight version of every token."""
     setup_logging(log_level)
     if (weights_fetch is None) != (weights_announce is None):
         raise click.UsageError("--weights-fetch and --weights-announce go together")
+    if l3_cache and backend != "torch":
+        raise click.UsageError("--l3-cache needs the torch backend")
     import torch
 
     from forge.actors.server import ActorServicer
@@ -132,6 +156,7 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
                               model_id=model_id)
         # Subscribed to a learner: serve only once its first version is in (every token carries a learner version).
         engine = TorchEngine(policy, config, initial_version=-1 if weights_fetch else 0)
+        connector = kv_connector(engine, l3_cache, l3_fetch, l3_api_key)
     subscriber = None
     if weights_fetch:
         from forge.weights import WeightSubscriber
@@ -160,9 +185,19 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
 
     options = ServerOptions(host=host, port=port, api_keys=api_keys)
     servicer = ActorServicer(engine, name or "actor", {"model": model_id, "device": device})
-    server = GrpcServer([ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2,
-                                           "Actor")], options)
+    bindings = [ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2, "Actor")]
+    events = None
+    if backend == "torch":
+        from forge.cache.events import KVEventSourceServicer
+        from forge.v1 import router_pb2, router_pb2_grpc
+
+        events = KVEventSourceServicer(connector.events, connector.describe)
+        bindings.append(ServiceBinding.of(router_pb2_grpc.add_KVEventSourceServicer_to_server, events, router_pb2,
+                                          "KVEventSource"))
+    server = GrpcServer(bindings, options)
     servicer.instance = name or f"actor-{server.port}"
+    if events is not None:
+        events.instance = servicer.instance
 
     def ready() -> None:
         log.info("actor %s serving %s on %s (device %s)", servicer.instance, model_id, server.address, device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -62,10 +63,14 @@ class ActorSet:
             actor.stub = actor_pb2_grpc.ActorStub(actor.channel)
             actor.health = health_pb2_grpc.HealthStub(actor.channel)
         self._health_task = asyncio.create_task(self._watch_health(), name="actor-health")
+        if hasattr(self.router, "start"):                  # issue #8: KV-aware routers poll the actors' KV events
+            await self.router.start(self.metadata)
 
     async def close(self) -> None:
         if self._health_task:
             self._health_task.cancel()
+        if hasattr(self.router, "close"):
+            await self.router.close()
         for actor in self.actors:
             if actor.channel is not None:
                 await actor.channel.close(grace=None)
@@ -98,6 +103,8 @@ class ActorSet:
             figures[f"actor_healthy/{name}"] = float(a.healthy)
             figures[f"actor_calls/{name}"] = float(a.calls)
             figures[f"actor_failures/{name}"] = float(a.failures)
+        if hasattr(self.router, "gauges"):
+            figures.update(self.router.gauges())
         return figures
 
 
@@ -134,8 +141,12 @@ class ActorCall:
                                                 sampling=self.sampling, session_id=self.route.session_id)
             stream = actor.stub.Generate(request, metadata=self.actors.metadata)
             started = False
+            sent = time.monotonic()
+            router = self.actors.router
             try:
                 async for chunk in stream:
+                    if not started and chunk.token_ids and hasattr(router, "on_first_token"):   # issue #8 feedback
+                        router.on_first_token(self.route, endpoint.address, time.monotonic() - sent)
                     if chunk.finish_reason in (ERROR, ABORT) and not self.aborted:
                         what = chunk.error or ("the actor aborted the call" if chunk.finish_reason == ABORT
                                                else "the actor failed")
@@ -171,6 +182,8 @@ class ActorCall:
                 raise
             finally:
                 actor.in_flight -= 1
+                if hasattr(router, "on_done"):
+                    router.on_done(self.route, endpoint.address)
                 if not stream.done():
                     stream.cancel()
 

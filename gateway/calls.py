@@ -101,7 +101,8 @@ class CallRunner:
         if build.kind in (PARTIAL, FALLBACK):
             log.debug("session %s: TITO %s (reused %d ids of call %s)", state.session_id, build.kind, build.reused,
                       build.source)
-        actor_call = self.actors.call(RouteRequest(state.session_id, build.ids, call.sampling.max_tokens),
+        actor_call = self.actors.call(RouteRequest(state.session_id, build.ids, call.sampling.max_tokens,
+                                                   state.group_id),
                                       call.sampling)
         assembler = TextAssembler(self.tokenizer, call.stop, incremental=stream or bool(call.stop))
         completion: list[int] = []
@@ -176,7 +177,8 @@ class CallRunner:
                              "prompt_ids")
         self.check_prompt(prompt)
         started, t0 = time.time(), time.monotonic()
-        actor_call = self.actors.call(RouteRequest(state.session_id, prompt, sampling.max_tokens), sampling)
+        actor_call = self.actors.call(RouteRequest(state.session_id, prompt, sampling.max_tokens, state.group_id),
+                                      sampling)
         completion: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, setup_logging, write_ready_file
+from forge.gateway.routing import DEFAULT_ROUTER, ROUTER_NAMES
 
 log = logging.getLogger("forge.gateway")
 
@@ -39,10 +40,13 @@ log = logging.getLogger("forge.gateway")
 @click.option("--session-key-secret", default=None, envvar="FORGE_GATEWAY_SESSION_KEY_SECRET",
               help="Secret that signs per-session keys; keep it to keep keys valid across restarts "
                    "[default: random per process].")
-@click.option("--router", type=click.Choice(["round-robin", "least-loaded"]), default="least-loaded",
-              show_default=True, help="How calls are spread over actors.")
+@click.option("--router", type=click.Choice(ROUTER_NAMES), default=DEFAULT_ROUTER, show_default=True,
+              help="How calls are spread over actors: least estimated time to first token (cost-aware), best prefix "
+                   "match unless imbalanced (cache-aware), prefix overlap plus load (kv-overlap), fewest in-flight "
+                   "calls (least-loaded), or in turn (round-robin). See docs/cache.md.")
 @click.option("--session-affinity/--no-session-affinity", default=True, show_default=True,
-              help="Keep a session on the actor that served it (prefix cache) while it is healthy.")
+              help="Keep a session on the actor that served it (prefix cache): while it is healthy, or with the "
+                   "KV-aware routers while it is not overloaded.")
 @click.option("--session-timeout", default=600.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Seconds without a call after which an open session is closed as failed.")
 @click.option("--max-body-bytes", default=16 * 1024 * 1024, show_default=True, type=click.IntRange(1024),

@@ -21,7 +21,7 @@ class GatewayConfig:
     http_port: int = 8000                       # 0 = any free port
     api_keys: tuple[str, ...] = ()              # when set, nothing but health is served without a key
     session_key_secret: str | None = None       # HMAC secret of per-session keys (random per process if unset)
-    router: str = "least-loaded"                # round-robin | least-loaded
+    router: str = "cost-aware"                  # cost-aware | least-loaded | round-robin | cache-aware | kv-overlap
     session_affinity: bool = True
     session_timeout_s: float = 600.0            # open sessions idle this long are closed as failed
     expiry_interval_s: float | None = None      # how often to expire (default: timeout / 4, at most 30 s)

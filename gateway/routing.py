@@ -1,6 +1,7 @@
 """Which actor serves a call. A router sees the call (``RouteRequest``) and the actors' state (``ActorView``: address,
 health, the gateway's count of its in-flight calls) and picks one not in ``exclude`` (actors already tried for this
-call). Round-robin and least-loaded now; a cost-aware router plugs in through the same ``choose``."""
+call). Round-robin and least-loaded here; the routers that know where KV prefixes live (cost-aware, cache-aware,
+kv-overlap) are in ``forge.gateway.cost_router`` and plug in through the same ``choose``."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class RouteRequest:
     session_id: str
     prompt_ids: Sequence[int]
     max_tokens: int = 0
+    group_id: str = ""          # the G rollouts of one prompt share it (cost-aware routers place them together)
 
 
 class ActorView(Protocol):
@@ -113,10 +115,20 @@ class SessionAffinityRouter:
 
 
 ROUTERS = {"round-robin": RoundRobinRouter, "least-loaded": LeastLoadedRouter}
+# ---- issue #8: routers that know where KV prefixes live (forge.gateway.cost_router); they keep sessions near
+# their cache themselves (a preference, never an overload), so SessionAffinityRouter does not wrap them.
+KV_ROUTER_NAMES = ("cost-aware", "cache-aware", "kv-overlap")
+ROUTER_NAMES = (*KV_ROUTER_NAMES, *ROUTERS)
+DEFAULT_ROUTER = "cost-aware"
+# ---- end of issue #8
 
 
 def make_router(name: str, actors: Sequence[ActorView], session_affinity: bool) -> Router:
+    if name in KV_ROUTER_NAMES:
+        from forge.gateway.cost_router import KV_ROUTERS
+
+        return KV_ROUTERS[name](actors, session_affinity)
     if name not in ROUTERS:
-        raise ValueError(f"unknown router {name!r} (have {', '.join(ROUTERS)})")
+        raise ValueError(f"unknown router {name!r} (have {', '.join(ROUTER_NAMES)})")
     router: Router = ROUTERS[name](actors)
     return SessionAffinityRouter(router, actors) if session_affinity else router

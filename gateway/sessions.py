@@ -37,6 +37,7 @@ class SessionState:
     in_flight: int = 0
     failures: list[str] = field(default_factory=list)
     opening: asyncio.Future | None = None
+    group_id: str = ""                      # the session's rollout group (routers place a group together)
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
@@ -59,7 +60,8 @@ class SessionRegistry:
     async def start(self, request: pool_pb2.OpenSessionRequest, issue_key: bool
                     ) -> tuple[pool_pb2.SessionRecord, str | None]:
         record = await self.pool.open_session(request)
-        self.sessions[record.session_id] = SessionState(record.session_id, CallHistory(self.tito_max_calls), True)
+        self.sessions[record.session_id] = SessionState(record.session_id, CallHistory(self.tito_max_calls), True,
+                                                        group_id=record.group_id)
         self.metrics.count("sessions_started")
         log.debug("session %s started (queue position %d)", record.session_id, record.queue_position)
         return record, self.keys.issue(record.session_id) if issue_key else None
@@ -83,12 +85,14 @@ class SessionRegistry:
                 prepare_open(request)
             except InvalidRequestError as exc:
                 raise BadRequest(str(exc), "session_id") from exc
-            state = SessionState(session_id, CallHistory(self.tito_max_calls), False, request)
+            state = SessionState(session_id, CallHistory(self.tito_max_calls), False, request,
+                                 group_id=request.group_id)
         else:
             if stored.session.status != OPEN:
                 status = SESSION_STATUS_NAMES.get(stored.session.status, "closed")
                 raise Conflict(f"session {session_id!r} is {status}; it takes no more calls", "session_id")
-            state = SessionState(session_id, CallHistory(self.tito_max_calls), True)
+            state = SessionState(session_id, CallHistory(self.tito_max_calls), True,
+                                 group_id=stored.session.group_id)
             calls = list(stored.calls)[-self.tito_max_calls:]
             state.history.extend((c.index, c.prompt_ids, c.completion_ids) for c in calls)
             if calls:

@@ -51,13 +51,6 @@ def test_entry_point_uses_the_command_prefix(monkeypatch, capsys):
     assert capsys.readouterr().out.strip() == "127.0.0.1:7"
 
 
-@pytest.mark.parametrize("name, issue", [("forge-cache", 8)])
-def test_unbuilt_services_say_so_and_fail(name, issue):
-    result = subprocess.run([script(name)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2
-    assert "not built yet" in result.stderr and f"#{issue}" in result.stderr
-
-
 def test_model_init_info_and_generate(tmp_path):
     out = tmp_path / "tiny"
     subprocess.run([script("forge"), "model", "init", str(out), "--seed", "3"], check=True, timeout=120)

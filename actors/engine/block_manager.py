@@ -161,6 +161,27 @@ class BlockManager:
         seq.num_computed = 0
         seq.num_cached_blocks = 0
 
+    # ---- L3 cache hooks (actors/engine/l3.py, issue #8)
+    def touch(self, block_hash: bytes) -> None:
+        """Mark a cached block that nobody holds as most recently used (evicted last)."""
+        block_id = self.by_hash.get(block_hash)
+        if block_id is not None and block_id in self.free:
+            self.free.move_to_end(block_id)
+
+    def install(self, block_hash: bytes, token_ids: list[int]) -> int | None:
+        """Take a free block for KV computed elsewhere and register it, unreferenced and most recently used, under
+        ``block_hash``; the caller writes its KV. None when the hash is registered already or no block is free."""
+        if not self.prefix_caching or not self.free or block_hash in self.by_hash:
+            return None
+        block_id = self._take_free()
+        block = self.blocks[block_id]
+        block.ref_count, block.hash, block.token_ids = 0, block_hash, tuple(token_ids)
+        self.by_hash[block_hash] = block_id
+        self.free[block_id] = None
+        self.stored.append(block_hash)
+        return block_id
+    # ---- end of L3 cache hooks
+
     def drain_events(self) -> tuple[list[bytes], list[bytes]]:
         stored, evicted = self.stored, self.evicted
         self.stored, self.evicted = [], []

@@ -11,6 +11,7 @@ import uuid
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,9 @@ from forge.actors.engine.scheduler import Scheduler, SchedulerConfig
 from forge.actors.engine.sequence import Sequence, Status
 from forge.kvhash import kv_salt
 from forge.model.qwen3 import CausalLM
+
+if TYPE_CHECKING:
+    from forge.actors.engine.l3 import KVConnector
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +88,7 @@ class TorchEngine(Backend):
         self._counters = dict(steps=0, tokens=0, prompt_tokens=0, finished=0, drafts=0, drafts_accepted=0,
                               weight_swaps=0, weight_rejections=0, refused=0)
         self._recent: deque[tuple[float, int]] = deque()
+        self.connector: KVConnector | None = None   # KV events, speeds, L3 cache (l3.py attaches itself; issue #8)
         self._thread = threading.Thread(target=self._loop, name=f"{config.name}-engine", daemon=True)
         self._thread.start()
         log.info("torch engine ready: %d KV blocks of %d tokens (%.1f MiB), speculative=%s, device=%s",
@@ -95,8 +100,17 @@ class TorchEngine(Backend):
     def weight_version(self) -> int:
         return self._version
 
+    @property
+    def variant(self) -> str:
+        return self._variant
+
     def salt(self, version: int | None = None) -> bytes:
         return kv_salt(self.config.model_id, self._version if version is None else version, self._variant)
+
+    def wake(self) -> None:
+        """Make the loop look at its inputs again (the L3 connector has requests ready)."""
+        with self._lock:
+            self._lock.notify()
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         seq = self._validate(request)
@@ -161,6 +175,7 @@ class TorchEngine(Backend):
             "weight_version": float(self._version),
             "preemptions": float(self.scheduler.preemptions),
             **{k: float(v) for k, v in c.items()},
+            **(self.connector.stats() if self.connector is not None else {}),
         }
 
     def close(self) -> None:
@@ -170,6 +185,8 @@ class TorchEngine(Backend):
         self._thread.join(timeout=30)
         for seq in list(self._live.values()):
             self._finish(seq, FinishReason.ABORT)
+        if self.connector is not None:
+            self.connector.close()
 
     # ------------------------------------------------------------------ validation
 
@@ -205,15 +222,20 @@ class TorchEngine(Backend):
         while True:
             with self._lock:
                 while not (self._closed or self._inbox or self._aborts or self._pending_weights
-                           or self.scheduler.has_work):
+                           or self.scheduler.has_work or (self.connector is not None and self.connector.has_ready())):
                     self._lock.wait()
                 if self._closed:
                     return
                 incoming, self._inbox = self._inbox, deque()
                 aborts, self._aborts = self._aborts, set()
                 weights, self._pending_weights = self._pending_weights, None
+            connector = self.connector
             for seq in incoming:
-                self.scheduler.add(seq)
+                if connector is None or not connector.intercept(seq):   # L3: held while its blocks are fetched
+                    self.scheduler.add(seq)
+            if connector is not None:
+                for seq in connector.take_ready():
+                    self.scheduler.add(seq)
             for request_id in aborts:
                 seq = self._live.get(request_id)
                 if seq is not None:
@@ -259,7 +281,9 @@ class TorchEngine(Backend):
                     item.seq.admitted = now
                     self._counters["prompt_tokens"] += item.seq.num_prompt
         drafts = [item.draft is not None for item in work]
+        started = time.perf_counter()
         results = self.runner.run(work)
+        elapsed = time.perf_counter() - started
         self._counters["steps"] += 1
         produced = 0
         for item, result, drafted in zip(work, results, drafts, strict=True):
@@ -272,6 +296,8 @@ class TorchEngine(Backend):
                 self._emit(item, result)
         self._counters["tokens"] += produced
         self._recent.append((time.perf_counter(), self._counters["tokens"]))
+        if self.connector is not None:
+            self.connector.after_step(work, elapsed)
 
     def _emit(self, item: Work, result: Sampled) -> None:
         seq = item.seq

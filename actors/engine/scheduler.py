@@ -1,11 +1,12 @@
 """Continuous batching: which sequences run in the next step.
 
 Sequences wait in FIFO order and are admitted while the KV budget, the batch size and the step's token budget
-allow. A request whose prompt starts with blocks another request computes in the same step waits one step, so the
-G rollouts of one prompt compute its prefix once and share it. A step is either a prefill step (prompts, or chunks of long prompts, of newly admitted sequences) or a
-decode step (one token, plus the MTP draft when speculating, for every running sequence). When a decode step runs
-out of KV blocks, the most recently admitted sequence is preempted: its blocks are freed and it returns to the
-front of the queue, to be recomputed (with whatever prefix blocks survived) when it is admitted again.
+allow. A request whose first uncached prompt block is one another request computes in the same step waits one step,
+so the G rollouts of one prompt compute its prefix once and share it (also behind a cached system prompt). A step
+is either a prefill step (prompts, or chunks of long prompts, of newly admitted sequences) or a decode step (one
+token, plus the MTP draft when speculating, for every running sequence). When a decode step runs out of KV blocks,
+the most recently admitted sequence is preempted: its blocks are freed and it returns to the front of the queue, to
+be recomputed (with whatever prefix blocks survived) when it is admitted again.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ class Scheduler:
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             hashes = self.blocks.prompt_block_hashes(seq, salt)
-            if hashes and hashes[0] in computing:
+            first_miss = next((i for i, h in enumerate(hashes) if h not in self.blocks.by_hash), len(hashes))
+            if first_miss < len(hashes) and hashes[first_miss] in computing:
                 deferred.append(self.waiting.popleft())
                 continue
             if not self.blocks.can_allocate(seq, salt):

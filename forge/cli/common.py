@@ -66,18 +66,6 @@ def entry_point(command: click.Command, name: str) -> Callable[[], Any]:
     return main
 
 
-def not_built(name: str, issue: int, summary: str) -> click.Command:
-    """A command whose part of the system does not exist yet: it says so and exits with status 2."""
-
-    def run() -> None:
-        click.echo(f"forge {name}: not built yet ({summary}; tracked in issue #{issue}).", err=True)
-        sys.exit(2)
-
-    return click.Command(name, callback=run, context_settings=CONTEXT_SETTINGS,
-                         help=f"{summary}. NOT BUILT YET: tracked in issue #{issue}; exits with status 2.",
-                         short_help=f"{summary} (not built yet).")
-
-
 def write_ready_file(path: Path, **fields: object) -> None:
     """Announce a started service (its addresses, pid, …) as JSON, atomically: readers never see half a file."""
     temporary = path.with_name(path.name + ".tmp")

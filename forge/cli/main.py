@@ -6,15 +6,14 @@ import click
 
 from forge import __version__
 from forge.actors.cli import actor
-from forge.cli.common import CONTEXT_SETTINGS, entry_point, not_built
+from forge.cache.cli import cache
+from forge.cli.common import CONTEXT_SETTINGS, entry_point
 from forge.cli.model import model_group
 from forge.gateway.cli import gateway
 from forge.gateway.pool.cli import pool_group
 from forge.learner.cli import learner
 from forge.top.cli import plot, top
 from forge.up import up
-
-cache = not_built("cache", 8, "Serve the global L3 KV block store")
 
 
 @click.group(context_settings=CONTEXT_SETTINGS)

@@ -25,13 +25,15 @@ _sym_db = _symbol_database.Default()
 from forge.v1 import common_pb2 as forge_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66orge/v1/router.proto\x12\x08\x66orge.v1\x1a\x15\x66orge/v1/common.proto\"\x8a\x01\n\x0cRouteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x0c\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\x05\x12\x0f\n\x07\x65xclude\x18\x06 \x03(\t\"\x8e\x01\n\rRouteResponse\x12\r\n\x05\x61\x63tor\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x18\n\x10\x65stimated_ttft_s\x18\x03 \x01(\x01\x12\x1b\n\x13local_cached_blocks\x18\x04 \x01(\x05\x12\x16\n\x0e\x66\x65tched_blocks\x18\x05 \x01(\x05\x12\x0e\n\x06policy\x18\x06 \x01(\t\"\x86\x01\n\x07KVEvent\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.forge.v1.KVEvent.Kind\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\"?\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0f\n\x0bKIND_STORED\x10\x01\x12\x10\n\x0cKIND_EVICTED\x10\x02\"<\n\x08KVEvents\x12\r\n\x05\x61\x63tor\x18\x01 \x01(\t\x12!\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x11.forge.v1.KVEvent\"\r\n\x0bKVEventsAck2\xb7\x01\n\x06Router\x12\x38\n\x05Route\x12\x16.forge.v1.RouteRequest\x1a\x17.forge.v1.RouteResponse\x12;\n\x0eReportKVEvents\x12\x12.forge.v1.KVEvents\x1a\x15.forge.v1.KVEventsAck\x12\x36\n\x05Stats\x12\x16.forge.v1.StatsRequest\x1a\x15.forge.v1.StatsReportb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66orge/v1/router.proto\x12\x08\x66orge.v1\x1a\x15\x66orge/v1/common.proto\"\x8a\x01\n\x0cRouteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x0c\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\x05\x12\x0f\n\x07\x65xclude\x18\x06 \x03(\t\"\x8e\x01\n\rRouteResponse\x12\r\n\x05\x61\x63tor\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x18\n\x10\x65stimated_ttft_s\x18\x03 \x01(\x01\x12\x1b\n\x13local_cached_blocks\x18\x04 \x01(\x05\x12\x16\n\x0e\x66\x65tched_blocks\x18\x05 \x01(\x05\x12\x0e\n\x06policy\x18\x06 \x01(\t\"\x86\x01\n\x07KVEvent\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.forge.v1.KVEvent.Kind\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\"?\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0f\n\x0bKIND_STORED\x10\x01\x12\x10\n\x0cKIND_EVICTED\x10\x02\"\xfa\x01\n\x08KVEvents\x12\r\n\x05\x61\x63tor\x18\x01 \x01(\t\x12!\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x11.forge.v1.KVEvent\x12\r\n\x05\x65poch\x18\x03 \x01(\t\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12\x10\n\x08snapshot\x18\x05 \x01(\x08\x12\'\n\x06layout\x18\x06 \x01(\x0b\x32\x17.forge.v1.KVCacheLayout\x12\x30\n\x07\x66igures\x18\x07 \x03(\x0b\x32\x1f.forge.v1.KVEvents.FiguresEntry\x1a.\n\x0c\x46iguresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xa8\x01\n\rKVCacheLayout\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x0f\n\x07variant\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\x13\n\x0b\x62lock_bytes\x18\x05 \x01(\x04\x12\x12\n\nnum_blocks\x18\x06 \x01(\x05\x12\x13\n\x0bmax_running\x18\x07 \x01(\x05\x12\n\n\x02l3\x18\x08 \x01(\x08\"G\n\x13PollKVEventsRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\r\n\x05\x61\x66ter\x18\x02 \x01(\x04\x12\x12\n\nmax_hashes\x18\x03 \x01(\x05\"\r\n\x0bKVEventsAck2\xb7\x01\n\x06Router\x12\x38\n\x05Route\x12\x16.forge.v1.RouteRequest\x1a\x17.forge.v1.RouteResponse\x12;\n\x0eReportKVEvents\x12\x12.forge.v1.KVEvents\x1a\x15.forge.v1.KVEventsAck\x12\x36\n\x05Stats\x12\x16.forge.v1.StatsRequest\x1a\x15.forge.v1.StatsReport2R\n\rKVEventSource\x12\x41\n\x0cPollKVEvents\x12\x1d.forge.v1.PollKVEventsRequest\x1a\x12.forge.v1.KVEventsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'forge.v1.router_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_KVEVENTS_FIGURESENTRY']._loaded_options = None
+  _globals['_KVEVENTS_FIGURESENTRY']._serialized_options = b'8\001'
   _globals['_ROUTEREQUEST']._serialized_start=59
   _globals['_ROUTEREQUEST']._serialized_end=197
   _globals['_ROUTERESPONSE']._serialized_start=200
@@ -40,10 +42,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVEVENT']._serialized_end=479
   _globals['_KVEVENT_KIND']._serialized_start=416
   _globals['_KVEVENT_KIND']._serialized_end=479
-  _globals['_KVEVENTS']._serialized_start=481
-  _globals['_KVEVENTS']._serialized_end=541
-  _globals['_KVEVENTSACK']._serialized_start=543
-  _globals['_KVEVENTSACK']._serialized_end=556
-  _globals['_ROUTER']._serialized_start=559
-  _globals['_ROUTER']._serialized_end=742
+  _globals['_KVEVENTS']._serialized_start=482
+  _globals['_KVEVENTS']._serialized_end=732
+  _globals['_KVEVENTS_FIGURESENTRY']._serialized_start=686
+  _globals['_KVEVENTS_FIGURESENTRY']._serialized_end=732
+  _globals['_KVCACHELAYOUT']._serialized_start=735
+  _globals['_KVCACHELAYOUT']._serialized_end=903
+  _globals['_POLLKVEVENTSREQUEST']._serialized_start=905
+  _globals['_POLLKVEVENTSREQUEST']._serialized_end=976
+  _globals['_KVEVENTSACK']._serialized_start=978
+  _globals['_KVEVENTSACK']._serialized_end=991
+  _globals['_ROUTER']._serialized_start=994
+  _globals['_ROUTER']._serialized_end=1177
+  _globals['_KVEVENTSOURCE']._serialized_start=1179
+  _globals['_KVEVENTSOURCE']._serialized_end=1261
 # @@protoc_insertion_point(module_scope)

@@ -57,12 +57,59 @@ class KVEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[KVEvent.Kind, str]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class KVEvents(_message.Message):
-    __slots__ = ("actor", "events")
+    __slots__ = ("actor", "events", "epoch", "sequence", "snapshot", "layout", "figures")
+    class FiguresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_FIELD_NUMBER: _ClassVar[int]
     actor: str
     events: _containers.RepeatedCompositeFieldContainer[KVEvent]
-    def __init__(self, actor: _Optional[str] = ..., events: _Optional[_Iterable[_Union[KVEvent, _Mapping]]] = ...) -> None: ...
+    epoch: str
+    sequence: int
+    snapshot: bool
+    layout: KVCacheLayout
+    figures: _containers.ScalarMap[str, float]
+    def __init__(self, actor: _Optional[str] = ..., events: _Optional[_Iterable[_Union[KVEvent, _Mapping]]] = ..., epoch: _Optional[str] = ..., sequence: _Optional[int] = ..., snapshot: _Optional[bool] = ..., layout: _Optional[_Union[KVCacheLayout, _Mapping]] = ..., figures: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class KVCacheLayout(_message.Message):
+    __slots__ = ("model_id", "weight_version", "variant", "block_size", "block_bytes", "num_blocks", "max_running", "l3")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    L3_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    weight_version: int
+    variant: str
+    block_size: int
+    block_bytes: int
+    num_blocks: int
+    max_running: int
+    l3: bool
+    def __init__(self, model_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., variant: _Optional[str] = ..., block_size: _Optional[int] = ..., block_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ..., max_running: _Optional[int] = ..., l3: _Optional[bool] = ...) -> None: ...
+
+class PollKVEventsRequest(_message.Message):
+    __slots__ = ("epoch", "after", "max_hashes")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    MAX_HASHES_FIELD_NUMBER: _ClassVar[int]
+    epoch: str
+    after: int
+    max_hashes: int
+    def __init__(self, epoch: _Optional[str] = ..., after: _Optional[int] = ..., max_hashes: _Optional[int] = ...) -> None: ...
 
 class KVEventsAck(_message.Message):
     __slots__ = ()

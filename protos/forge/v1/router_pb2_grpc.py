@@ -186,3 +186,79 @@ class Router:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class KVEventSourceStub:
+    """Served by actors beside their Actor service: routers poll it for the blocks each actor holds.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.PollKVEvents = channel.unary_unary(
+                '/forge.v1.KVEventSource/PollKVEvents',
+                request_serializer=forge_dot_v1_dot_router__pb2.PollKVEventsRequest.SerializeToString,
+                response_deserializer=forge_dot_v1_dot_router__pb2.KVEvents.FromString,
+                _registered_method=True)
+
+
+class KVEventSourceServicer:
+    """Served by actors beside their Actor service: routers poll it for the blocks each actor holds.
+    """
+
+    def PollKVEvents(self, request, context):
+        """Events after `after` in log `epoch`; another epoch, or events no longer kept, get a snapshot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_KVEventSourceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'PollKVEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.PollKVEvents,
+                    request_deserializer=forge_dot_v1_dot_router__pb2.PollKVEventsRequest.FromString,
+                    response_serializer=forge_dot_v1_dot_router__pb2.KVEvents.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'forge.v1.KVEventSource', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('forge.v1.KVEventSource', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class KVEventSource:
+    """Served by actors beside their Actor service: routers poll it for the blocks each actor holds.
+    """
+
+    @staticmethod
+    def PollKVEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forge.v1.KVEventSource/PollKVEvents',
+            forge_dot_v1_dot_router__pb2.PollKVEventsRequest.SerializeToString,
+            forge_dot_v1_dot_router__pb2.KVEvents.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,279 @@
+"""The torch engine's link to the shared KV world (issue #8): KV events for routers, online speed figures, and the
+L3 KV cache.
+
+- **Events and speeds.** After every step the blocks the engine registered and evicted go to a ``KVEventLog``
+  that routers poll (``forge.v1.KVEventSource``), and the step's duration updates the prefill throughput and the
+  decode step time (EWMAs), which routers read with the events.
+- **Publish.** Newly registered full blocks are copied out of the paged KV tensors in the engine thread (a device
+  copy) and put on a bounded queue; a worker thread serialises them and puts them to the L3 cache. A full queue
+  drops blocks: publishing never slows the engine. Blocks that mix weight versions (a request that continued
+  across a weight swap) are never published.
+- **Fetch.** A new request whose prompt's leading blocks are not cached locally is held back while a worker asks
+  the L3 cache how many of them it holds and, when fetching is estimated cheaper than recomputing (bytes / measured
+  fetch bandwidth + lookup time against tokens / measured prefill throughput), fetches them. Back in the engine
+  thread the blocks are written into freshly taken KV blocks and registered like locally computed ones, so the
+  request starts after them exactly as after a local prefix hit. Blocks are named by chained hashes salted with
+  the model, the weight version and the variant ("mtp" when the MTP layer's KV is cached), so KV of another
+  version is never used; blocks fetched under a version the engine no longer runs are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from forge.actors.engine.sequence import Sequence, Status
+from forge.cache.blocks import KVBlock
+from forge.cache.events import KVEventLog
+from forge.cache.meters import Ewma
+from forge.v1 import router_pb2
+
+if TYPE_CHECKING:
+    from forge.actors.engine.engine import TorchEngine
+    from forge.actors.engine.runner import Work
+    from forge.cache.client import CacheClient
+
+log = logging.getLogger(__name__)
+
+FETCH_POLICIES = ("auto", "always", "never")
+
+
+@dataclass
+class _Fetch:
+    seq: Sequence
+    salt: bytes
+    hashes: list[bytes]                 # every full prompt block's chained hash
+    local: int                          # leading blocks cached locally when the request arrived
+    tensors: list[torch.Tensor] = field(default_factory=list)
+
+
+class KVConnector:
+    def __init__(self, engine: TorchEngine, client: CacheClient | None = None, fetch: str = "auto",
+                 publish_queue: int = 1024, fetch_workers: int = 2, prior_prefill_tps: float = 2000.0) -> None:
+        if fetch not in FETCH_POLICIES:
+            raise ValueError(f"fetch policy {fetch!r} is not one of {FETCH_POLICIES}")
+        self.engine = engine
+        self.blocks = engine.blocks
+        self.kv = engine.cache
+        self.client = client
+        self.fetch_policy = fetch if client is not None else "never"
+        keys = engine.cache.keys
+        self.block_shape = (2, keys.shape[0], *keys.shape[2:])
+        self.dtype = keys.dtype
+        self.dtype_name = str(keys.dtype).removeprefix("torch.")
+        self.block_bytes = keys[:, 0].numel() * keys.element_size() * 2
+        self.events = KVEventLog()
+        self.prefill_tps = Ewma(prior_prefill_tps)
+        self.decode_step_s = Ewma(0.0)
+        self.fetch_bps = Ewma(1e9)         # optimistic priors: the first fetches measure the real figures
+        self.lookup_s = Ewma(1e-3)
+        self.counters = dict(l3_lookups=0, l3_fetched_blocks=0, l3_fetch_skipped=0, l3_fetch_failures=0,
+                             l3_published_blocks=0, l3_publish_dropped=0, l3_publish_failures=0, l3_stale_dropped=0)
+        self._in_l3: OrderedDict[bytes, None] = OrderedDict()   # published or fetched: not published again
+        self._ready: deque[_Fetch] = deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._publish: queue.Queue = queue.Queue(maxsize=publish_queue)
+        self._fetchers = ThreadPoolExecutor(fetch_workers, thread_name_prefix="l3-fetch") if client else None
+        self._publisher = threading.Thread(target=self._publish_loop, name="l3-publish", daemon=True) \
+            if client else None
+        if self._publisher is not None:
+            self._publisher.start()
+        engine.connector = self
+
+    # ------------------------------------------------------------------ engine thread
+
+    def intercept(self, seq: Sequence) -> bool:
+        """Hold a new request back while its missing prompt blocks are looked up (and maybe fetched) in L3."""
+        if self.fetch_policy == "never" or not self.blocks.prefix_caching or self._closed:
+            return False
+        salt = self.engine.salt()
+        hashes = self.blocks.prompt_block_hashes(seq, salt)
+        local = 0
+        while local < len(hashes) and hashes[local] in self.blocks.by_hash:
+            local += 1
+        missing_s = (len(hashes) - local) * self.blocks.block_size / self.prefill_tps.value
+        if local == len(hashes) or (self.fetch_policy == "auto" and missing_s <= self.lookup_s.value):
+            return False
+        self._fetchers.submit(self._fetch, _Fetch(seq, salt, hashes, local))
+        return True
+
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+    def take_ready(self) -> list[Sequence]:
+        """Requests whose lookup is done, their fetched blocks installed; the engine schedules them."""
+        with self._lock:
+            jobs, self._ready = list(self._ready), deque()
+        admitted = []
+        for job in jobs:
+            if job.seq.status is Status.FINISHED:       # aborted while held
+                continue
+            if job.tensors:
+                if job.salt == self.engine.salt():
+                    self._install(job)
+                else:
+                    self.counters["l3_stale_dropped"] += len(job.tensors)
+            admitted.append(job.seq)
+        return admitted
+
+    def _install(self, job: _Fetch) -> None:
+        blocks, size = self.blocks, self.blocks.block_size
+        local = [h for h in job.hashes[:job.local] if h in blocks.by_hash]
+        for block_hash in local:
+            blocks.touch(block_hash)                  # installing must not evict the local prefix
+        local_free = sum(1 for h in local if blocks.blocks[blocks.by_hash[h]].ref_count == 0)
+        rest = blocks.blocks_needed(blocks.slots_at_admission(job.seq)) - job.local - len(job.tensors)
+        room = blocks.num_free - local_free - max(0, rest)
+        for offset, tensor in enumerate(job.tensors[:max(0, room)]):
+            index = job.local + offset
+            tokens = job.seq.token_ids[index * size:(index + 1) * size]
+            block_id = blocks.install(job.hashes[index], tokens)
+            if block_id is not None:
+                self.kv.keys[:, block_id].copy_(tensor[0])
+                self.kv.values[:, block_id].copy_(tensor[1])
+                self.counters["l3_fetched_blocks"] += 1
+            self._mark_in_l3(job.hashes[index])
+
+    def after_step(self, work: list[Work], seconds: float) -> None:
+        """Update the speed figures, log the step's KV events, and queue new blocks for publishing."""
+        fed = sum(item.end - item.start for item in work)
+        if fed > len(work):
+            if fed >= 16 and seconds > 0:
+                self.prefill_tps.update(fed / seconds)
+        else:
+            self.decode_step_s.update(seconds)
+        stored, evicted = self.blocks.drain_events()
+        self.events.record(stored, evicted)
+        if self.client is None or not stored:
+            return
+        version = self.engine.weight_version
+        if any(item.seq.kv_version != version for item in work):
+            return          # a request continued across a weight swap: its new blocks mix versions
+        keys, values = self.kv.keys, self.kv.values
+        for block_hash in stored:
+            block_id = self.blocks.by_hash.get(block_hash)
+            if block_hash in self._in_l3 or block_id is None:
+                continue
+            if self._publish.full():
+                self.counters["l3_publish_dropped"] += 1
+                continue
+            self._publish.put_nowait((block_hash, torch.stack((keys[:, block_id], values[:, block_id]))))
+            self._mark_in_l3(block_hash)
+
+    def _mark_in_l3(self, block_hash: bytes) -> None:
+        self._in_l3[block_hash] = None
+        self._in_l3.move_to_end(block_hash)
+        while len(self._in_l3) > 4 * len(self.blocks.blocks) + 1024:
+            self._in_l3.popitem(last=False)
+
+    # ------------------------------------------------------------------ workers
+
+    def _fetch(self, job: _Fetch) -> None:
+        try:
+            wanted = job.hashes[job.local:]
+            started = time.perf_counter()
+            count = self.client.lookup(wanted)
+            self.lookup_s.update(time.perf_counter() - started)
+            self.counters["l3_lookups"] += 1
+            if count and self.fetch_policy == "auto":
+                fetch_s = self.lookup_s.value + count * self.block_bytes / self.fetch_bps.value
+                if fetch_s >= count * self.blocks.block_size / self.prefill_tps.value:
+                    self.counters["l3_fetch_skipped"] += 1
+                    count = 0
+            if count:
+                started = time.perf_counter()
+                fetched = self.client.get_prefix(wanted[:count])
+                took = time.perf_counter() - started
+                if fetched and took > 0:
+                    self.fetch_bps.update(len(fetched) * self.block_bytes / took)
+                job.tensors = self._tensors(fetched)
+        except Exception:
+            self.counters["l3_fetch_failures"] += 1
+            log.exception("L3 fetch failed; the request recomputes its prompt")
+        finally:
+            with self._lock:
+                self._ready.append(job)
+            self.engine.wake()
+
+    def _tensors(self, fetched: list[KVBlock]) -> list[torch.Tensor]:
+        tensors = []
+        for block in fetched:
+            meta = block.meta
+            if meta.dtype != self.dtype_name or meta.shape != self.block_shape:
+                log.error("L3 block %s has %s %s, this engine needs %s %s: not used", meta.block_hash.hex()[:12],
+                          meta.dtype, list(meta.shape), self.dtype_name, list(self.block_shape))
+                break
+            raw = torch.frombuffer(bytearray(block.data), dtype=torch.uint8)
+            tensors.append(raw.view(self.dtype).reshape(self.block_shape).to(self.kv.keys.device))
+        return tensors
+
+    def _publish_loop(self) -> None:
+        while True:
+            item = self._publish.get()
+            batch = [item]
+            while item is not None and len(batch) < 64:
+                try:
+                    item = self._publish.get_nowait()
+                except queue.Empty:
+                    break
+                batch.append(item)
+            live = [b for b in batch if b is not None]
+            if live:
+                self._put(live)
+            if len(live) < len(batch):
+                return
+
+    def _put(self, batch: list[tuple[bytes, torch.Tensor]]) -> None:
+        try:
+            blocks = [KVBlock.build(block_hash, self.blocks.block_size, self.dtype_name, self.block_shape,
+                                    tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                      for block_hash, tensor in batch]
+            self.client.put(blocks)
+            self.counters["l3_published_blocks"] += len(blocks)
+        except Exception:
+            self.counters["l3_publish_failures"] += 1
+            log.exception("publishing %d blocks to L3 failed", len(batch))
+
+    # ------------------------------------------------------------------ figures
+
+    def layout(self) -> router_pb2.KVCacheLayout:
+        engine = self.engine
+        return router_pb2.KVCacheLayout(
+            model_id=engine.config.model_id, weight_version=engine.weight_version, variant=engine.variant,
+            block_size=self.blocks.block_size, block_bytes=self.block_bytes, num_blocks=len(self.blocks.blocks),
+            max_running=engine.config.max_num_seqs, l3=self.client is not None)
+
+    def stats(self) -> dict[str, float]:
+        return {"prefill_tokens_per_s": self.prefill_tps.value, "decode_step_s": self.decode_step_s.value,
+                "l3_fetch_bytes_per_s": self.fetch_bps.value if self.client else 0.0,
+                "l3_lookup_s": self.lookup_s.value if self.client else 0.0,
+                **{k: float(v) for k, v in self.counters.items()}}
+
+    def describe(self) -> tuple[router_pb2.KVCacheLayout, dict[str, float]]:
+        """For the KV event source: the layout and the figures a router needs."""
+        stats = self.engine.stats()
+        keep = ("running", "waiting", "kv_used_frac", "prefill_tokens_per_s", "decode_step_s", "l3_fetch_bytes_per_s",
+                "l3_lookup_s", "tokens_per_s")
+        return self.layout(), {k: stats[k] for k in keep if k in stats}
+
+    def close(self) -> None:
+        self._closed = True
+        if self._fetchers is not None:
+            self._fetchers.shutdown(wait=True, cancel_futures=True)
+        if self._publisher is not None:
+            try:
+                self._publish.put(None, timeout=5)
+            except queue.Full:
+                log.warning("the L3 publish queue did not drain; dropping what is left")
+            self._publisher.join(timeout=10)
+        if self.client is not None:
+            self.client.close()

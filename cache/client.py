@@ -1,0 +1,159 @@
+"""A client of one or more cache servers sharing the hash space: ``CacheClient(["h1:p", "h2:p"])`` maps each block
+hash to its server on a consistent-hash ring (``HashRing``) and fans requests out to the servers in parallel.
+
+A server that cannot be reached (or times out) counts as holding nothing: lookups end at its first block, its
+blocks are not fetched and puts to it are dropped, so a cache outage costs recomputation, never a failed request.
+Payloads are checked (size, shape, SHA-256) on arrival; a corrupted block is dropped, as if missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import grpc
+
+from forge.cache.blocks import CHUNK_BYTES, Assembler, InvalidBlock, KVBlock, check_hash, to_chunks
+from forge.cache.ring import HashRing
+from forge.rpc import connect
+from forge.v1 import cache_pb2, cache_pb2_grpc, common_pb2
+
+log = logging.getLogger(__name__)
+
+TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+             grpc.StatusCode.CANCELLED}
+T = TypeVar("T")
+
+
+def parse_addresses(addresses: str | Sequence[str]) -> list[str]:
+    items = addresses.split(",") if isinstance(addresses, str) else list(addresses)
+    found = [a.strip() for a in items if a.strip()]
+    if not found:
+        raise ValueError("no cache server addresses given")
+    return found
+
+
+class CacheClient:
+    def __init__(self, addresses: str | Sequence[str], api_key: str | None = None, timeout_s: float = 10.0,
+                 chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.ring = HashRing(parse_addresses(addresses))
+        self.timeout_s = timeout_s
+        self.chunk_bytes = chunk_bytes
+        self._channels = {a: connect(a, api_key) for a in self.ring.servers}
+        self.stubs = {a: cache_pb2_grpc.CacheStub(c) for a, c in self._channels.items()}
+        self._pool = ThreadPoolExecutor(max_workers=len(self.stubs), thread_name_prefix="cache-client") \
+            if len(self.stubs) > 1 else None
+        self.failures = 0
+        self._last_warning = 0.0
+
+    @property
+    def servers(self) -> list[str]:
+        return self.ring.servers
+
+    def _fan_out(self, groups: dict[str, T], call: Callable[[str, T], object]) -> dict[str, object]:
+        """``call(server, group)`` per server, in parallel; a transient failure gives None for that server."""
+
+        def guarded(server: str, group: T) -> object:
+            try:
+                return call(server, group)
+            except grpc.RpcError as exc:
+                if exc.code() not in TRANSIENT:
+                    raise
+                self.failures += 1
+                now = time.monotonic()
+                if now - self._last_warning > 10.0:
+                    self._last_warning = now
+                    log.warning("cache server %s failed (%s: %s); treating it as empty", server, exc.code().name,
+                                exc.details())
+                return None
+
+        if self._pool is None or len(groups) == 1:
+            return {server: guarded(server, group) for server, group in groups.items()}
+        futures = {server: self._pool.submit(guarded, server, group) for server, group in groups.items()}
+        return {server: future.result() for server, future in futures.items()}
+
+    def lookup(self, hashes: Sequence[bytes]) -> int:
+        """Length of the leading run of ``hashes`` (a chain) held by the servers."""
+        hashes = list(hashes)
+        for block_hash in hashes:
+            check_hash(block_hash)
+        if not hashes:
+            return 0
+        groups = self.ring.split(hashes)
+
+        def ask(server: str, indices: list[int]) -> int:
+            request = cache_pb2.LookupRequest(block_hashes=[hashes[i] for i in indices])
+            return self.stubs[server].Lookup(request, timeout=self.timeout_s).num_cached_blocks
+
+        answers = self._fan_out(groups, ask)
+        prefix = len(hashes)
+        for server, indices in groups.items():
+            held = answers[server] or 0
+            if held < len(indices):               # the server's first missing block ends the chain there
+                prefix = min(prefix, indices[held])
+        return prefix
+
+    def put(self, blocks: Sequence[KVBlock]) -> tuple[int, int]:
+        """Store blocks on their servers; returns (stored, already present)."""
+        groups: dict[str, list[KVBlock]] = {}
+        for block in blocks:
+            groups.setdefault(self.ring.server_for(block.block_hash), []).append(block)
+
+        def send(server: str, group: list[KVBlock]) -> tuple[int, int]:
+            chunks = (chunk for block in group for chunk in to_chunks(block, self.chunk_bytes))
+            answer = self.stubs[server].Put(chunks, timeout=self.timeout_s)
+            return answer.stored, answer.already_present
+
+        answers = [a for a in self._fan_out(groups, send).values() if a is not None]
+        return sum(a[0] for a in answers), sum(a[1] for a in answers)
+
+    def get(self, hashes: Sequence[bytes]) -> dict[bytes, KVBlock]:
+        """The blocks the servers hold among ``hashes``, checked; missing and corrupted ones are absent."""
+        hashes = list(hashes)
+        for block_hash in hashes:
+            check_hash(block_hash)
+        groups = self.ring.split(hashes)
+
+        def fetch(server: str, indices: list[int]) -> list[KVBlock]:
+            request = cache_pb2.GetRequest(block_hashes=[hashes[i] for i in indices])
+            assembler, found = Assembler(), []
+            for chunk in self.stubs[server].Get(request, timeout=self.timeout_s):
+                try:
+                    block = assembler.feed(chunk)
+                except InvalidBlock as exc:
+                    log.error("cache server %s sent a bad block: %s", server, exc)
+                    assembler = Assembler()
+                    continue
+                if block is not None:
+                    found.append(block)
+            return found
+
+        wanted = set(hashes)
+        blocks: dict[bytes, KVBlock] = {}
+        for answer in self._fan_out(groups, fetch).values():
+            for block in answer or ():
+                if block.block_hash in wanted:
+                    blocks[block.block_hash] = block
+        return blocks
+
+    def get_prefix(self, hashes: Sequence[bytes]) -> list[KVBlock]:
+        """The leading run of ``hashes`` whose blocks arrived intact."""
+        found = self.get(hashes)
+        prefix = []
+        for block_hash in hashes:
+            if block_hash not in found:
+                break
+            prefix.append(found[block_hash])
+        return prefix
+
+    def stats(self) -> dict[str, common_pb2.StatsReport]:
+        return {a: stub.Stats(common_pb2.StatsRequest(), timeout=self.timeout_s) for a, stub in self.stubs.items()}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        for channel in self._channels.values():
+            channel.close()

@@ -1,0 +1,257 @@
+"""The torch engine with the L3 cache (a real ``forge-cache`` process): logits computed with KV fetched from L3
+equal a fresh engine's recomputation; KV of another weight version is never used; blocks fetched under a version
+the engine no longer runs are dropped; publishing never blocks the engine; and two ``forge-actor`` processes share
+a prompt's blocks through the cache, named by the same hashes the router computes."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+from test_cache_service import start_cache
+
+from forge.actors.backend import GenerationRequest
+from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.engine.l3 import KVConnector
+from forge.cache.blocks import KVBlock
+from forge.cache.client import CacheClient
+from forge.kvhash import chain_hashes, kv_salt
+from forge.model import CausalLM, ModelConfig
+from forge.model.sampling import SamplingParams
+
+CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                     num_nextn_predict_layers=1, eos_token_id=100)
+BLOCK = 8
+
+
+@pytest.fixture(scope="module")
+def model() -> CausalLM:
+    model = CausalLM(CONFIG)
+    model.init_weights(std=0.15, seed=0)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def cache_server(tmp_path_factory):
+    proc = start_cache(tmp_path_factory.mktemp("l3"), "l3")
+    yield proc
+    proc.stop()
+
+
+def make_engine(model, cache=None, speculative=False, version=0, fetch="always", **overrides) -> TorchEngine:
+    config = EngineConfig(kv_cache_bytes=4 * 2**20, block_size=BLOCK, speculative=speculative, model_id="l3-test",
+                          **overrides)
+    engine = TorchEngine(model, config, initial_version=version)
+    KVConnector(engine, CacheClient([cache]) if cache else None, fetch=fetch)
+    return engine
+
+
+def record_logits(engine: TorchEngine) -> list[torch.Tensor]:
+    """Every logits tensor the engine's runner samples from, in order."""
+    seen: list[torch.Tensor] = []
+    original = engine.runner._sampling_logprobs
+
+    def spy(logits, params):
+        seen.append(logits.detach().clone())
+        return original(logits, params)
+
+    engine.runner._sampling_logprobs = spy
+    return seen
+
+
+def generate(engine: TorchEngine, prompt: list[int], tokens: int = 12) -> tuple[list[int], list[float]]:
+    ids, logprobs = [], []
+    params = SamplingParams(temperature=0.8, seed=7, max_tokens=tokens, ignore_eos=True)
+    for chunk in engine.submit(GenerationRequest("", prompt, params)):
+        ids += chunk.token_ids
+        logprobs += chunk.logprobs
+    return ids, logprobs
+
+
+def wait_published(engine: TorchEngine, count: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while engine.stats()["l3_published_blocks"] < count:
+        assert time.monotonic() < deadline, engine.stats()
+        time.sleep(0.02)
+
+
+def prompt_of(seed: int, length: int = 75) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100) for _ in range(length)]
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_logits_with_kv_fetched_from_l3_equal_recomputation(model, cache_server, speculative):
+    prompt = prompt_of(1 + speculative)
+    publisher = make_engine(model, cache_server.address, speculative)
+    try:
+        generate(publisher, prompt)
+        wait_published(publisher, len(prompt) // BLOCK)
+    finally:
+        publisher.close()
+    fetching, fresh = make_engine(model, cache_server.address, speculative), make_engine(model, None, speculative)
+    try:
+        got, expected = record_logits(fetching), record_logits(fresh)
+        out, ref = generate(fetching, prompt), generate(fresh, prompt)
+        stats = fetching.stats()
+        assert stats["l3_fetched_blocks"] == (len(prompt) - 1) // BLOCK and stats["prefix_hit_rate"] > 0.9
+        assert fresh.stats()["prefix_hit_rate"] == 0
+        assert out[0] == ref[0]
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(out[1]), torch.tensor(ref[1]), atol=1e-5, rtol=0)
+    finally:
+        fetching.close()
+        fresh.close()
+
+
+def test_a_block_of_another_weight_version_is_never_used(model, cache_server):
+    prompt = prompt_of(3)
+    client = CacheClient([cache_server.address])
+    shape = (2, CONFIG.num_hidden_layers, BLOCK, CONFIG.num_key_value_heads, CONFIG.head_dim)
+    garbage = torch.full(shape, 3.0).numpy().tobytes()
+    for version in (4, 5):                 # garbage KV under the hashes of versions 4 and 5 of this prompt
+        hashes = chain_hashes(prompt[:-1], BLOCK, kv_salt("l3-test", version, ""))
+        assert client.put([KVBlock.build(h, BLOCK, "float32", shape, garbage) for h in hashes]) == (len(hashes), 0)
+    reference = make_engine(model)
+    expected = generate(reference, prompt)
+    reference.close()
+
+    at_v6 = make_engine(model, cache_server.address, version=6)          # weights of version 6: nothing to fetch
+    assert generate(at_v6, prompt) == expected and at_v6.stats()["l3_fetched_blocks"] == 0
+    assert at_v6.stats()["l3_lookups"] == 1
+    at_v6.close()
+    at_v5 = make_engine(model, cache_server.address, version=5)          # the control: it does use v5's blocks
+    assert generate(at_v5, prompt)[0] != expected[0] and at_v5.stats()["l3_fetched_blocks"] > 0
+    at_v5.close()
+
+
+class SlowClient:
+    """A cache client whose lookups wait until released (a weight swap happens meanwhile)."""
+
+    def __init__(self, inner: CacheClient) -> None:
+        self.inner = inner
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def lookup(self, hashes):
+        self.entered.set()
+        self.release.wait(30)
+        return self.inner.lookup(hashes)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_blocks_fetched_for_a_version_the_engine_no_longer_runs_are_dropped(model, cache_server):
+    prompt = prompt_of(4)
+    publisher = make_engine(model, cache_server.address)
+    generate(publisher, prompt)
+    wait_published(publisher, len(prompt) // BLOCK)
+    publisher.close()
+    engine = make_engine(model)
+    client = SlowClient(CacheClient([cache_server.address]))
+    KVConnector(engine, client, fetch="always")
+    try:
+        result: list = []
+        thread = threading.Thread(target=lambda: result.append(generate(engine, prompt)))
+        thread.start()
+        assert client.entered.wait(10)
+        engine.load_weights(1, {k: v.clone() for k, v in model.state_dict().items()})
+        assert engine.wait_for_version(1)
+        client.release.set()
+        thread.join(30)
+        stats = engine.stats()
+        assert result and stats["l3_stale_dropped"] == (len(prompt) - 1) // BLOCK and stats["l3_fetched_blocks"] == 0
+    finally:
+        engine.close()
+
+
+class StuckClient:
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def put(self, blocks):
+        self.release.wait(30)
+        return len(blocks), 0
+
+    def close(self) -> None:
+        self.release.set()
+
+
+def test_publishing_never_blocks_the_engine_and_drops_when_its_queue_is_full(model):
+    engine = make_engine(model, fetch="never")
+    stuck = StuckClient()
+    KVConnector(engine, stuck, fetch="never", publish_queue=2)
+    try:
+        started = time.monotonic()
+        for seed in range(4):
+            generate(engine, prompt_of(10 + seed, 100))
+        assert time.monotonic() - started < 20
+        stats = engine.stats()
+        assert stats["l3_publish_dropped"] > 0 and stats["finished"] == 4
+    finally:
+        stuck.release.set()
+        engine.close()
+
+
+def test_two_actor_processes_share_a_prompt_through_the_cache_under_the_routers_hashes(tmp_path, cache_server):
+    from forge.cache.fleet import Layout, prompt_hashes
+    from forge.rpc import connect
+    from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, router_pb2, router_pb2_grpc
+
+    from helpers.gateway_procs import start_actor
+
+    extra = ("--l3-cache", cache_server.address, "--l3-fetch", "always")
+    actors = [start_actor(tmp_path, f"l3-actor-{i}", *extra) for i in range(2)]
+    try:
+        prompt = [random.Random(9).randrange(1000) for _ in range(100)]
+        request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=common_pb2.SamplingParams(
+            temperature=0, max_tokens=8, ignore_eos=True))
+        outputs, stats = [], []
+        for actor in actors:
+            channel = connect(actor.address)
+            outputs.append([t for c in actor_pb2_grpc.ActorStub(channel).Generate(request, timeout=60)
+                            for t in c.token_ids])
+            events = router_pb2_grpc.KVEventSourceStub(channel).PollKVEvents(router_pb2.PollKVEventsRequest(),
+                                                                              timeout=10)
+            layout = Layout.from_proto(events.layout)
+            assert events.snapshot and layout.l3 and layout.variant == "mtp" and layout.block_size == 16
+            held = {h for e in events.events for h in e.block_hashes}
+            assert set(prompt_hashes(prompt, layout)) <= held           # the router's hashes name the actor's blocks
+            deadline = time.monotonic() + 20
+            while True:
+                gauges = actor_pb2_grpc.ActorStub(channel).Stats(common_pb2.StatsRequest(), timeout=10).gauges
+                if gauges["l3_published_blocks"] + gauges["l3_fetched_blocks"] >= 6 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            stats.append(gauges)
+            channel.close()
+        assert outputs[0] == outputs[1] and len(outputs[0]) == 8
+        assert stats[0]["l3_published_blocks"] >= 6 and stats[1]["l3_fetched_blocks"] == (len(prompt) - 1) // 16
+        assert stats[0]["prefill_tokens_per_s"] > 0
+    finally:
+        for actor in actors:
+            actor.stop()
+
+
+def test_group_rollouts_behind_a_cached_system_prompt_compute_their_task_prompt_once(model):
+    engine = make_engine(model, fetch="never")
+    try:
+        system, task = prompt_of(20, 4 * BLOCK), prompt_of(21, 5 * BLOCK)
+        generate(engine, [*system, 1], tokens=1)                       # the system prompt is cached
+        before = engine.blocks.hit_tokens
+        params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+        with engine._lock:                                               # the four arrive in one engine step
+            streams = [engine.submit(GenerationRequest("", [*system, *task, 50 + i], params)) for i in range(4)]
+        for stream in streams:
+            list(stream)
+        # the first computes the task blocks; the other three wait one step and reuse them
+        assert engine.blocks.hit_tokens - before == 4 * len(system) + 3 * len(task)
+    finally:
+        engine.close()
