@@ -21,6 +21,7 @@ from forge.learner.parallel import Distributed, full_state_dict, split_for_ranks
 from forge.learner.policy import policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
+from forge.learner.tree import pack_trees, split_trees_for_ranks, tree_policy_forward
 from forge.learner.window import Batch, PoolSource, WindowConfig, WindowedFifo
 from forge.model.qwen3 import CausalLM
 from forge.v1 import pool_pb2
@@ -33,7 +34,8 @@ class TrainerConfig:
     lr: float = 1e-5
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    micro_batch_tokens: int = 8192
+    micro_batch_tokens: int = 8192     # token budget of one micro-batch (of one packed tree with ``tree``)
+    tree: bool = True                   # merge shared prefixes into packed tries (False: sample by sample)
     max_steps: int = 0                  # 0 = until stopped
     checkpoint_every: int = 10
     publish_every: int = 1
@@ -140,23 +142,19 @@ class Trainer:
         started = time.perf_counter()
         rewards = batch_rewards(batch.entries, self.rewards)
         samples, staleness = self._select(build_samples(batch.entries, rewards))
-        parts = split_for_ranks([len(s.tokens) for s in samples], self.dist.world_size)
-        local = [samples[i] for i in parts[self.dist.rank]]
         total_tokens = max(1.0, float(sum(s.num_completion for s in samples)))
         total_samples = max(1.0, float(len(samples)))
         total_mtp = max(1.0, float(sum(s.num_completion - (s.prompt_len == 1) for s in samples)))
-        groups = list(micro_batches(local, self.config.micro_batch_tokens))
-        rounds = self.dist.max(len(groups))
-        groups += [[_dummy_sample()]] * (rounds - len(groups))
+        micros, packed_tokens = self._micro_batches(samples)
 
         self.model.train()
         policy_sum = mtp_sum = 0.0
         figures: list[dict[str, float]] = []
-        for group in groups:
-            real = group[0].position >= 0
-            micro = make_micro_batch(group, self.dist.device)
-            mtp_k = self.loss.mtp_top_k if self.loss.mtp_weight > 0 else 0
-            out = policy_forward(self.model, micro, mtp_k)
+        mtp_k = self.loss.mtp_top_k if self.loss.mtp_weight > 0 else 0
+        forward = tree_policy_forward if self.config.tree else policy_forward
+        for micro in micros:
+            real = micro.samples[0].position >= 0
+            out = forward(self.model, micro, mtp_k)
             mask = torch.ones_like(out.logprobs)
             policy = policy_loss(self.loss, out.logprobs, micro.old_logprobs, micro.advantages, mask,
                                  micro.sample_index, total_tokens, total_samples)
@@ -179,7 +177,8 @@ class Trainer:
 
         self.state.pool_seq = batch.seq
         record = self._record(batch, rewards, samples, staleness, figures, grad_norm, train_s,
-                              policy_sum=self.dist.sum(policy_sum), mtp_sum=self.dist.sum(mtp_sum))
+                              policy_sum=self.dist.sum(policy_sum), mtp_sum=self.dist.sum(mtp_sum),
+                              packed_tokens=int(self.dist.sum(float(packed_tokens))))
         self.last = record
         if self.metrics is not None and self.dist.is_main:
             self.metrics.write(record)      # before the checkpoint: a redone step rewrites its record
@@ -188,6 +187,26 @@ class Trainer:
         if self.state.step % self.config.checkpoint_every == 0:
             self.save_checkpoint()
         return record
+
+    def _micro_batches(self, samples: list[Sample]) -> tuple[list[Any], int]:
+        """This rank's micro-batches (packed trees, or padded linear batches), padded with zero-weight dummies to
+        the same count on every rank, and the number of real tokens the model runs over."""
+        world, budget, device = self.dist.world_size, self.config.micro_batch_tokens, self.dist.device
+        if self.config.tree:
+            parts = split_trees_for_ranks(samples, world)
+            local = [samples[i] for i in parts[self.dist.rank]]
+            micros: list[Any] = pack_trees(local, budget, device) if local else []
+            packed = sum(m.num_nodes for m in micros)
+        else:
+            parts = split_for_ranks([len(s.tokens) for s in samples], world)
+            local = [samples[i] for i in parts[self.dist.rank]]
+            micros = [make_micro_batch(group, device) for group in micro_batches(local, budget)]
+            packed = sum(len(s.tokens) for s in local)
+        rounds = self.dist.max(len(micros))
+        for _ in range(rounds - len(micros)):
+            dummy = [_dummy_sample()]
+            micros.append(pack_trees(dummy, budget, device)[0] if self.config.tree else make_micro_batch(dummy, device))
+        return micros, packed
 
     def _publish(self) -> None:
         state = full_state_dict(self.model, self.dist)
@@ -219,8 +238,9 @@ class Trainer:
 
     def _record(self, batch: Batch, rewards: list, samples: list[Sample], staleness: list[int],
                 figures: list[dict[str, float]], grad_norm: torch.Tensor, train_s: float, policy_sum: float,
-                mtp_sum: float) -> dict[str, Any]:
+                mtp_sum: float, packed_tokens: int) -> dict[str, Any]:
         tokens = sum(s.num_completion for s in samples)
+        sample_tokens = sum(len(s.tokens) for s in samples)
         by_domain: dict[str, list[float]] = defaultdict(list)
         for r in rewards:
             by_domain[r.domain or "default"].append(r.outcome)
@@ -244,6 +264,8 @@ class Trainer:
             "taken_at": batch.taken_at,     # (head, window) when each entry was taken
             "ratio_mean": weighted("ratio_mean"), "clip_frac": weighted("clip_frac"),
             "approx_kl": weighted("approx_kl"),
+            "sample_tokens": sample_tokens, "packed_tokens": packed_tokens,
+            "tree_compression": sample_tokens / max(1, packed_tokens),
         }
         for domain, values in by_domain.items():
             record[f"reward/{domain}"] = statistics.fmean(values)

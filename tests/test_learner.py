@@ -160,6 +160,35 @@ def test_a_step_moves_probability_toward_rewarded_tokens(tmp_path):
     pool.close()
 
 
+def test_tree_and_sample_by_sample_steps_give_the_same_parameters(tmp_path):
+    model = make_model(4)
+    engine = engine_of(model)
+    pool = Pool(tmp_path / "pool")
+    fill_pool(pool, engine, groups=4, group_size=4, calls=3, max_tokens=8, vocab=64)
+    engine.close()
+    pool.close()
+    results = {}
+    for tree in (True, False):
+        copy = tmp_path / f"pool-{tree}"
+        shutil.copytree(tmp_path / "pool", copy)
+        trained = make_model()
+        trained.load_state_dict(model.state_dict())
+        pool = Pool(copy)
+        trainer = Trainer(trained, Distributed(), TrainerConfig(lr=1e-3, tree=tree, micro_batch_tokens=96),
+                          LossConfig(mtp_weight=0.5, mtp_top_k=8), RewardConfig(), WindowConfig(window=4,
+                                                                                               batch_groups=4),
+                          pool)
+        results[tree] = (trainer.step(), {k: v.clone() for k, v in trained.state_dict().items()})
+        pool.close()
+    (tree_record, tree_state), (linear_record, linear_state) = results[True], results[False]
+    assert tree_record["loss"] == pytest.approx(linear_record["loss"], abs=1e-5)
+    assert tree_record["sample_tokens"] == linear_record["sample_tokens"] == linear_record["packed_tokens"]
+    assert tree_record["tree_compression"] > 1.5        # group rollouts share prompts, calls extend each other
+    # Adam's first update is lr·g/(|g|+eps) ≈ ±1e-3: only gradients within rounding of zero may differ slightly.
+    for name, tensor in linear_state.items():
+        torch.testing.assert_close(tree_state[name], tensor, atol=5e-5, rtol=1e-5)
+
+
 def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path):
     model = make_model(5)
     model_dir = tmp_path / "model"
@@ -184,8 +213,8 @@ def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path):
     assert one["loss"] == pytest.approx(two["loss"], abs=1e-5)
     before = model.state_dict()
     changed = 0
-    for name, tensor in one["state"].items():
-        torch.testing.assert_close(two["state"][name], tensor, atol=1e-6, rtol=1e-5)
+    for name, tensor in one["state"].items():     # Adam's first update: ±lr except for gradients near zero
+        torch.testing.assert_close(two["state"][name], tensor, atol=5e-5, rtol=1e-5)
         changed += int(not torch.equal(tensor, before[name]))
     assert changed > len(before) // 2
 

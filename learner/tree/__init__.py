@@ -3,7 +3,7 @@ sample-by-sample training (see docs/tree.md)."""
 
 from forge.learner.tree.attention import TreeAttention
 from forge.learner.tree.forward import tree_policy_forward
-from forge.learner.tree.packing import TreeBatch, make_tree_batch, pack_trees, plan_runs
+from forge.learner.tree.packing import TreeBatch, make_tree_batch, pack_trees, plan_runs, split_trees_for_ranks
 from forge.learner.tree.trie import Trie, build_trie
 
 __all__ = [
@@ -14,5 +14,6 @@ __all__ = [
            "make_tree_batch",
            "pack_trees",
            "plan_runs",
+           "split_trees_for_ranks",
            "tree_policy_forward",
 ]

@@ -1,15 +1,24 @@
 """The learner's forward pass over a packed tree: the tree counterpart of ``forge.learner.policy.policy_forward``.
 
-One pass of the model over the tree's nodes gives the logits of every node; each term (a completion token of one
-sample) is read at the node of the token before it, under that sample's own sampling transform. The MTP draft runs
-over edges: the slot of node c holds the edge parent(c) → c (hidden state of the parent, embedding of c, position
-depth(c) − 1) and attends to the edges on c's root path, which is exactly the linear MTP sequence of every sample
-through c. A term whose predicting node has depth >= 1 gets the draft's KL at that node toward the main head there.
+One pass of the model over the tree's nodes gives the hidden state of every node; each term (a completion token of
+one sample) is read at the node of the token before it, under that sample's own sampling transform. The MTP draft
+runs over edges: the slot of node c holds the edge parent(c) → c (hidden state of the parent, embedding of c,
+position depth(c) − 1) and attends to the edges on c's root path, which is exactly the linear MTP sequence of every
+sample through c. A term whose predicting node has depth >= 1 gets the draft's KL at that node toward the main head
+there.
+
+A tree batch reads far more terms per token than a linear micro-batch (its prompts are shared), so the output head
+runs over row chunks of at most ``head_chunk`` logits, each under activation checkpointing: only one chunk's
+[rows, vocab] tensors are alive at a time.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from forge.learner.losses import mtp_topk_kl
 from forge.learner.policy import PolicyOutput
@@ -18,24 +27,53 @@ from forge.model.qwen3 import CausalLM
 from forge.model.sampling import batched_sampling_logprobs
 
 
+def _read(model: CausalLM, hidden: Tensor, draft: Tensor | None, select: Tensor | None, temperature: Tensor,
+          top_k: Tensor, top_p: Tensor, rows: Tensor, targets: Tensor, mtp_top_k: int) -> tuple[Tensor, Tensor]:
+    """Log-probs of ``targets`` read from sampling rows ``rows`` of the nodes ``hidden``, and the draft's KL at each
+    node (empty without ``draft``)."""
+    logits = model.logits(hidden)
+    sampled = logits if select is None else logits[select]
+    logprobs = batched_sampling_logprobs(sampled, temperature, top_k, top_p)
+    token_logprobs = logprobs[rows, targets]
+    if draft is None:
+        return token_logprobs, logits.new_zeros(0)
+    return token_logprobs, mtp_topk_kl(logits, model.mtp_logits(draft, detach_head=True), mtp_top_k)
+
+
 def tree_policy_forward(model: CausalLM, batch: TreeBatch, mtp_top_k: int = 0, impl: str = "auto",
-                        block_size: int = 256) -> PolicyOutput:
+                        block_size: int = 256, head_chunk: int = 2**26) -> PolicyOutput:
     """``logprobs`` [N] and ``mtp_kl`` [M] in the order of ``batch``'s terms (``batch.mtp_terms`` for the draft),
     equal to ``policy_forward(model, make_micro_batch(batch.samples), mtp_top_k)``."""
-    hidden = model(batch.input_ids, batch.position_ids, batch.attention(impl, block_size))
-    logits = model.logits(hidden[0, batch.logit_nodes])
-    logprobs = batched_sampling_logprobs(logits[batch.sampling_rows], batch.row_temperature, batch.row_top_k,
-                                         batch.row_top_p)
-    token_logprobs = logprobs[batch.term_sampling_row, batch.targets]
-    mtp_kl = None
+    hidden = model(batch.input_ids, batch.position_ids, batch.attention(impl, block_size))[0]
+    draft = None
     if mtp_top_k > 0 and len(model.mtp):
         slots = torch.arange(batch.num_nodes, device=hidden.device)
         source = torch.where(batch.parent >= 0, batch.parent, slots)
         positions = (batch.position_ids - 1).clamp(min=0)
-        draft_hidden = model.mtp_forward(hidden[:, source], batch.input_ids, position_ids=positions,
-                                         attention=batch.mtp_attention(impl, block_size), detach_trunk=True)
-        rows = batch.term_logit_row[batch.mtp_terms]
-        used, inverse = torch.unique(rows, return_inverse=True)
-        draft_logits = model.mtp_logits(draft_hidden[0, batch.logit_nodes[used]], detach_head=True)
-        mtp_kl = mtp_topk_kl(logits[used], draft_logits, mtp_top_k)[inverse]
+        draft = model.mtp_forward(hidden[source].unsqueeze(0), batch.input_ids, position_ids=positions,
+                                  attention=batch.mtp_attention(impl, block_size), detach_trunk=True)[0]
+    nodes = batch.logit_nodes
+    count = nodes.numel()
+    identity = batch.sampling_rows.numel() == count       # one sampling setting per node: no row gather
+    order = torch.argsort(batch.term_sampling_row, stable=True)
+    sorted_rows = batch.term_sampling_row[order]
+    sorted_targets = batch.targets[order]
+    step = max(1, head_chunk // model.config.vocab_size)
+    bounds = [*range(0, max(count, 1), step), count]      # one (empty) chunk keeps the graph when there are no terms
+    pieces, kls = [], []
+    for lo, hi in itertools.pairwise(bounds):
+        r_lo, r_hi = torch.searchsorted(batch.sampling_rows, torch.tensor([lo, hi], device=nodes.device)).tolist()
+        t_lo, t_hi = torch.searchsorted(sorted_rows, torch.tensor([r_lo, r_hi], device=nodes.device)).tolist()
+        arguments = (model, hidden[nodes[lo:hi]], None if draft is None else draft[nodes[lo:hi]],
+                     None if identity else batch.sampling_rows[r_lo:r_hi] - lo, batch.row_temperature[r_lo:r_hi],
+                     batch.row_top_k[r_lo:r_hi], batch.row_top_p[r_lo:r_hi], sorted_rows[t_lo:t_hi] - r_lo,
+                     sorted_targets[t_lo:t_hi], mtp_top_k)
+        if len(bounds) > 2 and torch.is_grad_enabled():
+            token_logprobs, kl = checkpoint(_read, *arguments, use_reentrant=False)
+        else:
+            token_logprobs, kl = _read(*arguments)
+        pieces.append(token_logprobs)
+        kls.append(kl)
+    token_logprobs = torch.cat(pieces).index_select(0, torch.argsort(order))
+    mtp_kl = None if draft is None else torch.cat(kls)[batch.term_logit_row[batch.mtp_terms]]
     return PolicyOutput(token_logprobs, mtp_kl)

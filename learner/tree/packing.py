@@ -68,18 +68,32 @@ class TreeBatch:
 
 
 def plan_runs(trie: Trie, token_budget: int) -> list[tuple[int, int]]:
-    """Contiguous ranges [a, b) of sorted samples whose union of paths stays within ``token_budget`` nodes."""
-    lengths = [trie.paths[i].size for i in trie.order]
-    runs, first, size = [], 0, 0
-    for rank, length in enumerate(lengths):
-        added = length if rank == first else length - int(trie.lcp[rank])
-        if rank > first and size + added > token_budget:
-            runs.append((first, rank))
-            first, size, added = rank, 0, length
-        size += added
-    if lengths:
-        runs.append((first, len(lengths)))
-    return runs
+    """Contiguous ranges [a, b) of sorted samples whose union of paths stays within ``token_budget`` nodes (a sample
+    longer than the budget alone), cut where the duplicated context is smallest: the fewest packed tokens in all,
+    then the fewest sequences (dynamic programming over the cut points)."""
+    count = trie.order.size
+    lengths = np.asarray([trie.paths[i].size for i in trie.order], dtype=np.int64)
+    fresh = np.concatenate([[0], np.cumsum(lengths - trie.lcp)])       # nodes created by sorted samples [0, b)
+    best: list[tuple[int, int]] = [(0, 0)] + [(0, 0)] * count
+    cut = [0] * (count + 1)
+    for stop in range(1, count + 1):
+        choice, where = None, stop - 1
+        for first in range(stop - 1, -1, -1):
+            created = int(fresh[stop] - fresh[first])
+            if first < stop - 1 and created > token_budget:
+                break
+            size = int(trie.lcp[first]) + created
+            if first < stop - 1 and size > token_budget:
+                continue
+            candidate = (best[first][0] + int(trie.lcp[first]), best[first][1] + 1)
+            if choice is None or candidate < choice:
+                choice, where = candidate, first
+        best[stop], cut[stop] = choice, where
+    runs, stop = [], count
+    while stop > 0:
+        runs.append((cut[stop], stop))
+        stop = cut[stop]
+    return runs[::-1]
 
 
 def _run_nodes(trie: Trie, first: int, last: int) -> np.ndarray:
@@ -155,3 +169,20 @@ def pack_trees(samples: Sequence[Sample], token_budget: int, device: torch.devic
         raise ValueError("token_budget must be positive")
     trie = trie or build_trie([s.tokens for s in samples])
     return [make_tree_batch(trie, samples, a, b, device) for a, b in plan_runs(trie, token_budget)]
+
+
+def split_trees_for_ranks(samples: Sequence[Sample], world_size: int) -> list[list[int]]:
+    """Indices of samples per rank (the tree counterpart of ``split_for_ranks``): contiguous ranges of the trie
+    order, so samples that share prefixes stay on one rank, balanced by the nodes each rank must pack."""
+    if not samples:
+        return [[] for _ in range(world_size)]
+    trie = build_trie([s.tokens for s in samples])
+    lengths = np.asarray([trie.paths[i].size for i in trie.order], dtype=np.int64)
+    created = np.cumsum(lengths - trie.lcp)
+    total = int(created[-1])
+    parts: list[list[int]] = [[] for _ in range(world_size)]
+    for position, index in enumerate(trie.order):
+        # The sample goes where the middle of the nodes it creates falls in the packed order.
+        middle = int(created[position]) - (int(lengths[position] - trie.lcp[position]) + 1) // 2
+        parts[min(world_size - 1, middle * world_size // max(1, total))].append(int(index))
+    return parts

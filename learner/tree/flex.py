@@ -1,0 +1,91 @@
+"""Tree attention with ``torch.nn.attention.flex_attention`` (compiled; the GPU path). The BlockMask is built from
+the tree's block structure rather than by evaluating the predicate on every pair: for blocks of 128 queries and
+128 keys, the keys of a block are seen by the query range [key block start, max end of its keys), so a pair of
+blocks is skipped when the ranges miss, and runs unmasked when every key is an ancestor of every query (all keys
+before the first query and every key's subtree reaching past the last). In torch 2.13 flex attention has no
+backward on CPU; the compiled kernel runs forward on CPU too, which is how the tests check the block structure."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+FLEX_BLOCK = 128
+
+_compiled = None
+
+
+def flex_available(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        from torch.nn.attention.flex_attention import BlockMask  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _structure(end: Tensor, key_ok: Tensor | None, padded: int) -> tuple[Tensor, Tensor]:
+    """Per (query block, key block): partially visible (mask needed), and wholly visible."""
+    count = padded // FLEX_BLOCK
+    starts = torch.arange(count, device=end.device) * FLEX_BLOCK
+    stops = starts + FLEX_BLOCK
+    ends = end.view(count, FLEX_BLOCK)
+    max_end, min_end = ends.max(-1).values, ends.min(-1).values
+    q_start, q_stop = starts.unsqueeze(1), stops.unsqueeze(1)
+    k_start, k_stop = starts.unsqueeze(0), stops.unsqueeze(0)
+    any_ = (k_start < q_stop) & (max_end.unsqueeze(0) > q_start)
+    full = (k_stop - 1 <= q_start) & (min_end.unsqueeze(0) >= q_stop)
+    if key_ok is not None:
+        full &= key_ok.view(count, FLEX_BLOCK).all(-1).unsqueeze(0)
+    return any_ & ~full, full
+
+
+def _indices(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    counts = blocks.sum(-1).to(torch.int32)
+    indices = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return counts[None, None], indices[None, None]
+
+
+def block_mask(end: Tensor, key_ok: Tensor | None):
+    """The BlockMask of a tree, padded to a multiple of FLEX_BLOCK tokens (padding: roots seen by themselves)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    length = end.numel()
+    padded = math.ceil(length / FLEX_BLOCK) * FLEX_BLOCK
+    extra = torch.arange(length, padded, device=end.device)
+    end = torch.cat([end, extra + 1])
+    if key_ok is not None or padded > length:
+        base = key_ok if key_ok is not None else torch.ones(length, dtype=torch.bool, device=end.device)
+        key_ok = torch.cat([base, torch.zeros(padded - length, dtype=torch.bool, device=end.device)])
+    partial, full = _structure(end, key_ok, padded)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        seen = (kv_idx <= q_idx) & (q_idx < end[kv_idx])
+        if key_ok is not None:
+            seen = seen & (key_ok[kv_idx] | (kv_idx == q_idx))
+        return seen
+
+    counts, indices = _indices(partial)
+    full_counts, full_indices = _indices(full)
+    return BlockMask.from_kv_blocks(counts, indices, full_counts, full_indices, BLOCK_SIZE=FLEX_BLOCK,
+                                    mask_mod=mask_mod, seq_lengths=(padded, padded))
+
+
+def attend_flex(mask, q: Tensor, k: Tensor, v: Tensor, scale: float, compile: bool = True) -> Tensor:
+    global _compiled
+    from torch.nn.attention.flex_attention import flex_attention
+
+    length = q.shape[2]
+    padded = mask.seq_lengths[0]
+    if padded > length:
+        pad = (0, 0, 0, padded - length)
+        q, k, v = F.pad(q, pad), F.pad(k, pad), F.pad(v, pad)
+    if compile and _compiled is None:
+        _compiled = torch.compile(flex_attention)
+    attend = _compiled if compile else flex_attention
+    out = attend(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out[:, :, :length]

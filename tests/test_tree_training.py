@@ -1,0 +1,262 @@
+"""Prefix-tree merging, exactness: on random agent batches (G rollouts of a prompt, multi-call sessions,
+context-management branches, duplicates, per-sample advantages, sampling parameters and loss masks), tree-packed
+training gives the loss and every parameter gradient of sample-by-sample training (``policy_forward`` over
+``make_micro_batch``, then ``policy_loss``), for CISPO, PPO and GRPO with the MTP draft loss, in one or several
+packed sequences."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.gateway.pool import Pool
+from forge.learner.losses import LossConfig, policy_loss
+from forge.learner.policy import policy_forward
+from forge.learner.rewards import RewardConfig, batch_rewards
+from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
+from forge.learner.tree import build_trie, pack_trees, split_trees_for_ranks, tree_policy_forward
+from forge.model import CausalLM, ModelConfig
+from forge.model.sampling import SamplingParams, sampling_logprobs
+from forge.model.sampling import sample as sample_token
+
+from helpers.rollouts import fill_pool
+
+VOCAB = 37
+CONFIG = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_nextn_predict_layers=1)
+SETTINGS = ((1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (0.9, 0, 0.8), (0.0, 0, 1.0), (1.1, 7, 0.9))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Many small kernels: one thread keeps them from waiting on each other on a loaded machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_sample(rng: random.Random, tokens: list[int], prompt_len: int, session: str = "s", call: int = 0,
+                setting: tuple[float, int, float] | None = None) -> Sample:
+    count = len(tokens) - prompt_len
+    temperature, top_k, top_p = setting or rng.choice(SETTINGS)
+    return Sample(tokens=list(tokens), prompt_len=prompt_len,
+                  old_logprobs=[rng.uniform(-4.0, -0.1) for _ in range(count)], versions=[0] * count,
+                  advantage=rng.uniform(-1.5, 1.5), temperature=temperature, top_k=top_k, top_p=top_p, domain="",
+                  position=0, session_id=session, call_index=call)
+
+
+@torch.no_grad()
+def generate(model: CausalLM, rng: random.Random, context: list[int], count: int,
+             setting: tuple[float, int, float]) -> list[int]:
+    """Completion tokens drawn from the sampling distribution (so truncated settings keep them in support)."""
+    generator = torch.Generator().manual_seed(rng.randrange(2**31))
+    tokens = list(context)
+    for _ in range(count):
+        logits = model.logits(model(torch.tensor([tokens]))[0, -1:])
+        logprobs = sampling_logprobs(logits, *setting)
+        tokens.append(int(sample_token(logprobs, setting[0] == 0.0, generator)[0]))
+    return tokens[len(context):]
+
+
+def agent_batch(model: CausalLM, rng: random.Random, groups: int = 2, group_size: int = 3, calls: int = 3,
+                system_len: int = 12, rewrite: float = 0.3, duplicates: float = 0.2) -> list[Sample]:
+    """Sessions sharing a system prompt: ``groups`` tasks × ``group_size`` rollouts × up to ``calls`` calls. Greedy
+    groups produce identical completions (shared completion nodes with different advantages)."""
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(VOCAB) for _ in range(n)]
+
+    system = tokens(system_len)
+    samples: list[Sample] = []
+    for group in range(groups):
+        task = system + tokens(rng.randrange(1, 5))
+        setting = rng.choice(SETTINGS)
+        for rollout in range(group_size):
+            context = list(task)
+            for call in range(rng.randrange(1, calls + 1)):
+                if call and rng.random() < rewrite:
+                    # Context management: keep the system prompt and a summary, drop the older turns.
+                    context = context[:system_len] + tokens(rng.randrange(1, 4)) + context[-rng.randrange(1, 4):]
+                chosen = setting if rng.random() < 0.7 else rng.choice(SETTINGS)
+                completion = generate(model, rng, context, rng.randrange(1, 7), chosen)
+                sample = make_sample(rng, context + completion, len(context), f"g{group}r{rollout}", call, chosen)
+                samples.append(sample)
+                if rng.random() < duplicates:     # the same tokens trained twice, with another advantage
+                    samples.append(make_sample(rng, sample.tokens, sample.prompt_len, setting=chosen))
+                context = context + completion + tokens(rng.randrange(0, 3))
+    plain = (1.0, 0, 1.0)
+    samples.append(make_sample(rng, [system[0], *tokens(3)], 1, setting=plain))        # a one-token prompt
+    samples.append(make_sample(rng, tokens(6), 2, setting=plain))                       # unrelated to the rest
+    rng.shuffle(samples)
+    return samples
+
+
+@pytest.fixture(scope="module")
+def model() -> CausalLM:
+    net = CausalLM(CONFIG)
+    net.init_weights(std=0.3, seed=0)
+    return net
+
+
+_BATCHES: dict[int, list[Sample]] = {}
+
+
+def seeded_batch(model: CausalLM, seed: int) -> list[Sample]:
+    if seed not in _BATCHES:
+        _BATCHES[seed] = agent_batch(model, random.Random(seed))
+    return _BATCHES[seed]
+
+
+def random_masks(rng: random.Random, samples: list[Sample]) -> dict[int, torch.Tensor]:
+    return {id(s): torch.tensor([float(rng.random() < 0.8) for _ in range(s.num_completion)]) for s in samples}
+
+
+def run(model: CausalLM, samples: list[Sample], config: LossConfig, masks: dict[int, torch.Tensor], tree: bool,
+        budget: int, impl: str = "segments", head_chunk: int = 2**26) -> tuple[float, dict[str, torch.Tensor]]:
+    """Loss and gradients of one step, the trainer's way: global normalisers, one backward per micro-batch."""
+    total_tokens = float(sum(s.num_completion for s in samples))
+    total_samples = float(len(samples))
+    total_mtp = float(sum(s.num_completion - (s.prompt_len == 1) for s in samples))
+    batches = pack_trees(samples, budget) if tree else [make_micro_batch(g) for g in micro_batches(samples, budget)]
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for batch in batches:
+        if tree:
+            out = tree_policy_forward(model, batch, config.mtp_top_k, impl=impl, block_size=16,
+                                      head_chunk=head_chunk)
+        else:
+            out = policy_forward(model, batch, config.mtp_top_k)
+        mask = torch.cat([masks[id(s)] for s in batch.samples])
+        loss = policy_loss(config, out.logprobs, batch.old_logprobs, batch.advantages, mask, batch.sample_index,
+                           total_tokens, total_samples)
+        loss = loss + config.mtp_weight * out.mtp_kl.sum() / total_mtp
+        loss.backward()
+        total += float(loss.detach())
+    return total, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_step(model, samples, config, masks, budget, impl="segments", linear_budget=4096, head_chunk=2**26):
+    linear_loss, linear_grads = run(model, samples, config, masks, tree=False, budget=linear_budget)
+    tree_loss, tree_grads = run(model, samples, config, masks, tree=True, budget=budget, impl=impl,
+                                head_chunk=head_chunk)
+    assert tree_loss == pytest.approx(linear_loss, rel=1e-5, abs=1e-6)
+    assert tree_grads.keys() == linear_grads.keys() == {n for n, p in model.named_parameters() if p.requires_grad}
+    for name, grad in linear_grads.items():
+        scale = max(1.0, float(grad.abs().max()))
+        torch.testing.assert_close(tree_grads[name], grad, atol=1e-5 * scale, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["cispo", "ppo", "grpo"])
+@pytest.mark.parametrize("budget", [4096, 40])
+@pytest.mark.parametrize("seed", range(3))
+def test_tree_step_equals_sample_by_sample(model, kind, budget, seed):
+    rng = random.Random(seed + 100)
+    samples = seeded_batch(model, seed)
+    config = LossConfig(kind=kind, eps_high=0.3, clip_eps=0.2, mtp_weight=0.5, mtp_top_k=5)
+    batches = pack_trees(samples, budget)
+    assert (len(batches) == 1) == (budget == 4096)
+    assert sum(b.num_nodes for b in batches) < sum(len(s.tokens) for s in samples)
+    assert_same_step(model, samples, config, random_masks(rng, samples), budget, linear_budget=budget * 2)
+
+
+@pytest.mark.parametrize("impl", ["auto", "dense", "gather", "segments"])
+def test_every_cpu_attention_path_is_exact(model, impl):
+    rng = random.Random(11)
+    samples = agent_batch(model, rng, groups=3, group_size=4, calls=4, system_len=40)
+    config = LossConfig(mtp_weight=1.0, mtp_top_k=8)
+    assert_same_step(model, samples, config, random_masks(rng, samples), budget=150, impl=impl)
+
+
+def test_output_head_in_checkpointed_chunks_is_exact(model):
+    rng = random.Random(21)
+    samples = seeded_batch(model, 1)
+    config = LossConfig(kind="grpo", mtp_weight=0.7, mtp_top_k=6)
+    assert_same_step(model, samples, config, random_masks(rng, samples), budget=4096, head_chunk=VOCAB * 7)
+
+
+def test_per_token_outputs_follow_the_micro_batch_order(model):
+    rng = random.Random(5)
+    samples = agent_batch(model, rng, groups=2, group_size=4)
+    for batch in pack_trees(samples, 60):
+        linear = make_micro_batch(batch.samples)
+        for name in ("targets", "old_logprobs", "advantages", "temperature", "top_k", "top_p", "sample_index"):
+            torch.testing.assert_close(getattr(batch, name), getattr(linear, name), rtol=0, atol=0, msg=name)
+        assert batch.num_tokens == linear.num_tokens
+        with torch.no_grad():
+            expected = policy_forward(model, linear, mtp_top_k=6)
+            got = tree_policy_forward(model, batch, mtp_top_k=6, impl="segments", block_size=16)
+        torch.testing.assert_close(got.logprobs, expected.logprobs, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got.mtp_kl, expected.mtp_kl, atol=1e-5, rtol=0)
+        assert torch.equal(batch.mtp_terms, (linear.positions >= 1).nonzero().squeeze(-1))
+
+
+def test_shared_nodes_transform_logits_per_sample(model):
+    """One prompt, two samples whose completion tokens coincide but whose temperatures, truncation and advantages
+    differ; a third sample takes the first sample's completion as its prompt (trained for the first only)."""
+    rng = random.Random(3)
+    prompt = [rng.randrange(VOCAB) for _ in range(9)]
+    completion = generate(model, rng, prompt, 5, (0.0, 0, 1.0))         # the argmax is in every support
+    first = make_sample(rng, prompt + completion, len(prompt), setting=(0.6, 0, 1.0))
+    second = make_sample(rng, prompt + completion, len(prompt), setting=(1.4, 4, 0.9))
+    third = make_sample(rng, prompt + completion + [3, 4], len(prompt) + len(completion), setting=(1.0, 0, 1.0))
+    samples = [first, second, third]
+    (batch,) = pack_trees(samples, 1000)
+    assert batch.num_nodes == len(prompt) + len(completion) + 2
+    assert batch.logit_nodes.numel() == len(completion) + 2 and batch.sampling_rows.numel() == 2 * 5 + 2
+    config = LossConfig(kind="cispo", mtp_weight=0.3, mtp_top_k=4)
+    assert_same_step(model, samples, config, random_masks(rng, samples), budget=1000)
+
+
+def test_degenerate_batches(model):
+    rng = random.Random(8)
+    plain = (1.0, 0, 1.0)
+    long = make_sample(rng, [rng.randrange(VOCAB) for _ in range(30)], 10, setting=plain)
+    empty = make_sample(rng, [1, 2, 3], 3, setting=plain)                # no completion: no terms, still packed
+    config = LossConfig(kind="grpo", mtp_weight=0.2, mtp_top_k=3)
+    samples = [long, empty, make_sample(rng, [1, 2, 3, 4], 3, setting=plain)]
+    batches = pack_trees(samples, 8)                     # the long sample alone exceeds the budget
+    assert [b.num_nodes for b in batches] == [4, 30] or sorted(b.num_nodes for b in batches) == [4, 30]
+    assert_same_step(model, samples, config, random_masks(rng, samples), budget=8)
+    # A batch without any completion token still back-propagates (zero gradients), as a linear micro-batch does.
+    (batch,) = pack_trees([empty], 8)
+    out = tree_policy_forward(model, batch, mtp_top_k=3)
+    assert out.logprobs.numel() == 0 and out.mtp_kl.numel() == 0
+    model.zero_grad(set_to_none=True)
+    (out.logprobs.sum() + out.mtp_kl.sum()).backward()
+    with pytest.raises(ValueError, match="prompt"):
+        pack_trees([make_sample(rng, [1, 2], 0)], 8)
+
+
+def test_real_rollouts_from_the_pool(tmp_path, model):
+    """Sessions sampled by the embedded engine and recorded in a real pool, as the trainer reads them."""
+    copy = CausalLM(CONFIG)
+    copy.load_state_dict(model.state_dict())
+    engine = TorchEngine(copy, EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8))
+    pool = Pool(tmp_path / "pool")
+    try:
+        fill_pool(pool, engine, groups=3, group_size=3, calls=3, max_tokens=6, vocab=VOCAB,
+                  params=SamplingParams(temperature=0.8, top_k=12, max_tokens=6, ignore_eos=True))
+        fill_pool(pool, engine, groups=1, group_size=2, calls=2, max_tokens=5, vocab=VOCAB, seed=1)
+        entries = list(pool.fetch(10, include_calls=True).entries)
+    finally:
+        engine.close()
+        pool.close()
+    samples = build_samples(entries, batch_rewards(entries, RewardConfig(normalize="group")))
+    assert len(samples) == 3 * 3 * 3 + 2 * 2
+    assert build_trie([s.tokens for s in samples]).compression > 2.0
+    rng = random.Random(4)
+    for kind in ("cispo", "grpo"):
+        config = LossConfig(kind=kind, eps_high=0.2, mtp_weight=0.3, mtp_top_k=8)
+        assert_same_step(model, samples, config, random_masks(rng, samples), budget=60, linear_budget=120)
+
+
+def test_ranks_keep_shared_prefixes_together(model):
+    samples = seeded_batch(model, 2)
+    for world in (1, 2, 3, 5):
+        parts = split_trees_for_ranks(samples, world)
+        assert len(parts) == world and sorted(i for p in parts for i in p) == list(range(len(samples)))
+        nodes = [build_trie([samples[i].tokens for i in p]).num_nodes if p else 0 for p in parts]
+        assert sum(nodes) <= build_trie([s.tokens for s in samples]).num_nodes + world * 20

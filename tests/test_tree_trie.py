@@ -1,0 +1,205 @@
+"""Prefix-tree merging, structure: the trie in pre-order, packing under a token budget, and the tree attention
+backends (dense, per-block gather, flex BlockMask) against the ancestor mask."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from forge.learner.samples import Sample
+from forge.learner.tree import TreeAttention, build_trie, flex, pack_trees, plan_runs
+from forge.learner.tree.flex import FLEX_BLOCK
+from forge.model.attention import ancestor_mask
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Many small kernels: one thread keeps them from waiting on each other on a loaded machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_sequences(rng: random.Random, alphabet: int = 4) -> list[list[int]]:
+    base = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 14))]
+    sequences = []
+    for _ in range(rng.randrange(1, 10)):
+        keep = rng.randrange(0, len(base) + 1)
+        sequence = base[:keep] + [rng.randrange(alphabet) for _ in range(rng.randrange(0 if keep else 1, 6))]
+        sequences.append(sequence)
+        if rng.random() < 0.5:
+            base = sequence
+    return sequences
+
+
+def brute_force_nodes(sequences: list[list[int]]) -> list[tuple[int, ...]]:
+    """Every distinct prefix; sorted tuples are the pre-order of the trie (a prefix before its extensions)."""
+    return sorted({tuple(s[: d + 1]) for s in sequences for d in range(len(s))})
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_trie_equals_brute_force(seed):
+    sequences = random_sequences(random.Random(seed))
+    trie = build_trie(sequences)
+    nodes = brute_force_nodes(sequences)
+    index = {node: i for i, node in enumerate(nodes)}
+    assert trie.num_nodes == len(nodes)
+    assert trie.num_sample_tokens == sum(map(len, sequences))
+    for i, node in enumerate(nodes):
+        assert trie.tokens[i] == node[-1] and trie.depth[i] == len(node) - 1
+        assert trie.parent[i] == (index[node[:-1]] if len(node) > 1 else -1)
+        subtree = [j for j, other in enumerate(nodes) if other[: len(node)] == node]
+        assert subtree == list(range(i, int(trie.end[i])))
+    for sequence, path in zip(sequences, trie.paths, strict=True):
+        assert path.tolist() == [index[tuple(sequence[: d + 1])] for d in range(len(sequence))]
+    through = trie.multiplicity()
+    for i, node in enumerate(nodes):
+        holders = [k for k, s in enumerate(sequences) if tuple(s[: len(node)]) == node]
+        assert trie.samples_through(i) == holders and through[i] == len(holders)
+
+
+def test_groups_sessions_and_branches_merge():
+    system, task = [5, 6, 7, 8], [9]
+    call0 = [*system, *task, 1, 2]                    # prompt system+task, completion 1 2
+    call1 = [*call0, 3, 4, 4]                         # prompt extends call 0; completion 4
+    rollout = [*system, *task, 1, 3]                  # another rollout: branches after its first sampled token
+    rewrite = [*system, 0, 4, 4]                      # context management: history replaced by a summary
+    trie = build_trie([call0, call1, rollout, rewrite, call0])
+    assert trie.num_sample_tokens == 7 + 10 + 7 + 7 + 7
+    assert trie.num_nodes == 5 + 2 + 3 + 1 + 3       # system+task, 1 2, 3 4 4, 3, 0 4 4
+    assert trie.paths[0].tolist() == trie.paths[4].tolist() == trie.paths[1][:7].tolist()
+    assert trie.compression == pytest.approx(38 / 14)
+    with pytest.raises(ValueError):
+        build_trie([[]])
+
+
+def make_sample(tokens: list[int], prompt_len: int) -> Sample:
+    count = len(tokens) - prompt_len
+    return Sample(tokens, prompt_len, [-1.0] * count, [0] * count, 0.5, 1.0, 0, 1.0, "", 0, "s", 0)
+
+
+@pytest.mark.parametrize("budget", [1, 8, 20, 1000])
+def test_runs_cover_every_sample_once_within_the_budget(budget):
+    rng = random.Random(budget)
+    sequences = [s for _ in range(5) for s in random_sequences(rng, alphabet=3)]
+    samples = [make_sample(s, max(1, len(s) // 2)) for s in sequences]
+    batches = pack_trees(samples, budget)
+    assert sorted(id(s) for b in batches for s in b.samples) == sorted(id(s) for s in samples)
+    for batch in batches:
+        longest = max(len(s.tokens) for s in batch.samples)
+        assert batch.num_nodes <= max(budget, longest)
+        assert len(batch.samples) == 1 or batch.num_nodes <= budget
+        # The packed sequence is a valid tree in pre-order containing every sample's whole path.
+        parent, end = batch.parent.tolist(), batch.end.tolist()
+        assert all(p < i for i, p in enumerate(parent))
+        torch.testing.assert_close(TreeAttention(batch.end, impl="dense").dense_mask(), ancestor_mask(parent))
+        assert all(i < e <= len(parent) for i, e in enumerate(end))
+    trie = build_trie(sequences)
+    runs = plan_runs(trie, budget)
+    assert runs[0][0] == 0 and runs[-1][1] == len(sequences)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(runs))
+
+
+def random_tree(rng: random.Random, size: int, chain: float) -> list[int]:
+    """Parent indices of a random tree in pre-order, long chains (agent sessions) when ``chain`` is high."""
+    parents, stack = [], []
+    for i in range(size):
+        while stack and rng.random() > chain:
+            stack.pop()
+        parents.append(stack[-1] if stack else -1)
+        stack.append(i)
+    return parents
+
+
+def session_tree(rng: random.Random, size: int) -> list[int]:
+    """A shared prompt, then chains (rollouts, calls) branching off the previous path at random depths."""
+    parents: list[int] = []
+    path: list[int] = []
+    while len(parents) < size:
+        del path[rng.randrange(min(len(path), 20), len(path) + 1):]
+        for _ in range(rng.randrange(5, 90)):
+            parents.append(path[-1] if path else -1)
+            path.append(len(parents) - 1)
+    return parents[:size]
+
+
+def tree_end(parents: list[int]) -> torch.Tensor:
+    end = list(range(1, len(parents) + 1))
+    for i in reversed(range(len(parents))):
+        if parents[i] >= 0:
+            end[parents[i]] = max(end[parents[i]], end[i])
+    return torch.tensor(end)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("mtp", [False, True])
+def test_tree_attention_implementations_equal_the_ancestor_mask(seed, mtp):
+    rng = random.Random(seed)
+    size = rng.randrange(200, 420)
+    parents = session_tree(rng, size) if seed % 3 == 2 else random_tree(rng, size, chain=[0.6, 0.99][seed % 3])
+    end = tree_end(parents)
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+    depth = torch.tensor(depths)
+    key_ok = depth > 0 if mtp else None
+    expected = ancestor_mask(parents)
+    if mtp:
+        expected &= (depth > 0).unsqueeze(0) | torch.eye(len(parents), dtype=torch.bool)
+    torch.testing.assert_close(TreeAttention(end, key_ok, impl="dense").dense_mask(), expected)
+    generator = torch.Generator().manual_seed(seed)
+    size = len(parents)
+    q = torch.randn(1, 4, size, 8, generator=generator, requires_grad=True)
+    k = torch.randn(1, 2, size, 8, generator=generator, requires_grad=True)
+    v = torch.randn(1, 2, size, 8, generator=generator, requires_grad=True)
+    weights = torch.randn(1, 4, size, 8, generator=generator)
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=expected, scale=0.3, enable_gqa=True)
+    reference_grads = torch.autograd.grad((reference * weights).sum(), (q, k, v))
+    for impl in ("segments", "gather"):
+        for block_size in (16, 64, 1000):
+            out = TreeAttention(end, key_ok, impl=impl, block_size=block_size).attend(0, q, k, v, 0.3)
+            torch.testing.assert_close(out, reference, atol=1e-5, rtol=0)
+            grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+            for grad, ref in zip(grads, reference_grads, strict=True):
+                torch.testing.assert_close(grad, ref, atol=1e-5, rtol=0)
+    eager = TreeAttention(end, key_ok, impl="flex", compile_flex=False)
+    with torch.no_grad():     # torch 2.13 has no flex backward on CPU; eager flex checks the mask_mod
+        torch.testing.assert_close(eager.attend(0, q, k, v, 0.3), reference, atol=1e-5, rtol=0)
+    # The compiled kernel trusts the block structure: every visible pair must lie in a listed block, and a block
+    # listed as full must be wholly visible.
+    block_mask = flex.block_mask(end, key_ok)
+    dense_blocks = block_mask.to_dense()[0, 0].bool()
+    padded = dense_blocks.shape[0] * FLEX_BLOCK
+    visible = torch.zeros(padded, padded, dtype=torch.bool)
+    visible[:size, :size] = expected
+    visible[size:, size:] |= torch.eye(padded - size, dtype=torch.bool)
+    per_block = visible.view(padded // FLEX_BLOCK, FLEX_BLOCK, padded // FLEX_BLOCK, FLEX_BLOCK)
+    assert not (per_block.any(-1).any(1) & ~dense_blocks).any()
+    full_blocks = torch.zeros_like(dense_blocks)
+    for row in range(dense_blocks.shape[0]):
+        count = int(block_mask.full_kv_num_blocks[0, 0, row])
+        full_blocks[row, block_mask.full_kv_indices[0, 0, row, :count].long()] = True
+    assert (per_block.all(-1).all(1) | ~full_blocks).all()
+
+
+@pytest.mark.slow
+def test_compiled_flex_kernel_follows_the_block_mask():
+    """The compiled kernel (forward only on CPU in torch 2.13; forward and backward on CUDA) skips the blocks the
+    BlockMask leaves out, so this checks the block structure end to end. Compiling takes ~10-30 s."""
+    rng = random.Random(7)
+    parents = session_tree(rng, 700)
+    end = tree_end(parents)
+    generator = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 4, len(parents), 16, generator=generator)
+    k = torch.randn(1, 2, len(parents), 16, generator=generator)
+    v = torch.randn(1, 2, len(parents), 16, generator=generator)
+    with torch.no_grad():
+        expected = TreeAttention(end, impl="dense").attend(0, q, k, v, 0.25)
+        got = TreeAttention(end, impl="flex").attend(0, q, k, v, 0.25)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
