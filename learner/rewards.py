@@ -7,8 +7,10 @@ For call p of a session (calls 0 … n−1):
 - r_p^process is the sum of the process rewards attached to call p (e.g. −1 for a malformed tool call);
 - r^outcome is the sum of the session's outcome rewards (``failure_reward`` for a failed session);
 - r^speed = h(T / T_baseline) with h(x) = clip(1 − x, −1, 1): T is the session's completion time and T_baseline
-  the median completion time of its group's sessions, so finishing faster than the group pays (parallel tool
-  calls finish sooner) and h(1) = 0; a group of one gets 0.
+  the median completion time of its group's successful sessions (outcome > 0), so finishing right faster than the
+  group pays (parallel tool calls finish sooner) and h(1) = 0. Only successful sessions get it (``speed_on=
+  "success"``): a fast wrong answer is paid nothing, and a group that fails throughout has no advantage to
+  amplify from timing noise alone. ``speed_on="all"`` pays every finished session; fewer than two gets 0.
 
 The advantage of every token of call c is the reward-to-go minus a baseline,
 
@@ -39,6 +41,7 @@ class RewardConfig:
     baseline: str = "group"          # "group" or "none"
     normalize: str = "none"          # "none", "group" or "domain"
     failure_reward: float = 0.0      # outcome of a failed (abandoned, errored) session
+    speed_on: str = "success"        # sessions the completion-time reward applies to: "success" or "all"
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
@@ -46,6 +49,8 @@ class RewardConfig:
             raise ValueError(f"baseline must be 'group' or 'none', got {self.baseline!r}")
         if self.normalize not in ("none", "group", "domain"):
             raise ValueError(f"normalize must be 'none', 'group' or 'domain', got {self.normalize!r}")
+        if self.speed_on not in ("success", "all"):
+            raise ValueError(f"speed_on must be 'success' or 'all', got {self.speed_on!r}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
 
@@ -92,15 +97,17 @@ def discounted(rewards: list[float], gamma: float) -> list[float]:
 def group_rewards(sessions: list[pool_pb2.SessionWithCalls], config: RewardConfig) -> list[SessionRewards]:
     """Rewards and advantages of the sessions of one group (one queue entry)."""
     times = [completion_time(s.session) for s in sessions]
-    finished = [t for s, t in zip(sessions, times, strict=True) if s.session.status != FAILED]
-    baseline_time = statistics.median(finished) if len(finished) > 1 else 0.0
+    outcomes = [outcome_reward(s.session, config) for s in sessions]
+    paid = [s.session.status != FAILED and (config.speed_on == "all" or outcome > 0)
+            for s, outcome in zip(sessions, outcomes, strict=True)]
+    paid_times = [t for t, ok in zip(times, paid, strict=True) if ok]
+    baseline_time = statistics.median(paid_times) if len(paid_times) > 1 else 0.0
     out: list[SessionRewards] = []
-    for item, seconds in zip(sessions, times, strict=True):
+    for item, seconds, outcome, ok in zip(sessions, times, outcomes, paid, strict=True):
         session = item.session
         calls = sorted(item.calls, key=lambda c: c.index)
         rewards = [config.alpha * float(sum(call.process_rewards)) for call in calls]
-        speed = speed_reward(seconds, baseline_time) if session.status != FAILED else 0.0
-        outcome = outcome_reward(session, config)
+        speed = speed_reward(seconds, baseline_time) if ok else 0.0
         if rewards:
             rewards[-1] += config.beta * speed + outcome
         out.append(SessionRewards(session.session_id, session.domain, rewards, discounted(rewards, config.gamma),

@@ -161,6 +161,20 @@ def test_composite_reward_reward_to_go_and_group_baseline_by_hand():
     assert out["c"].rewards == [0.0, 0.0] and out["c"].advantages == pytest.approx([-baseline, -baseline])
 
 
+def test_speed_reward_pays_only_right_answers_unless_told():
+    sessions = [session("fast-wrong", {"correct": 0.0}, seconds=2.0), session("right", {"correct": 1.0}, seconds=4.0),
+                session("slow-right", {"correct": 1.0}, seconds=12.0)]
+    out = {r.session_id: r for r in group_rewards(sessions, RewardConfig(beta=0.5))}
+    assert out["fast-wrong"].speed == 0.0                   # baseline: median of 4 s and 12 s = 8 s
+    assert out["right"].speed == pytest.approx(0.5) and out["slow-right"].speed == pytest.approx(-0.5)
+    every = {r.session_id: r for r in group_rewards(sessions, RewardConfig(beta=0.5, speed_on="all"))}
+    assert every["fast-wrong"].speed == pytest.approx(0.5)   # baseline 4 s
+    wrong = [session(str(i), {"correct": 0.0}, seconds=1.0 + i) for i in range(4)]
+    assert all(r.advantages == [0.0] for r in group_rewards(wrong, RewardConfig(beta=0.5, normalize="group")))
+    with pytest.raises(ValueError):
+        RewardConfig(speed_on="never")
+
+
 def test_group_normalisation_and_options():
     sessions = [session(str(i), {"r": float(i)}) for i in range(4)]
     out = group_rewards(sessions, RewardConfig(normalize="group"))
