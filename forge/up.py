@@ -43,6 +43,8 @@ class UpConfig:
     domains: tuple[str, ...] = DOMAINS
     model: str = "tiny"
     seed: int = 0
+    cache: bool = True                  # start forge-cache and let the actors share KV blocks through it
+    cache_mb: int = 512
 
 
 @dataclass
@@ -68,10 +70,15 @@ class System:
             "--batch-groups", str(c.batch_groups), "--window", str(c.window), "--lr", str(c.lr),
             "--max-wait", "10", "--checkpoint-every", "25", "--normalize", "domain", "--beta", "0.2",
             "--port", "0", "--seed", str(c.seed)], env={"OMP_NUM_THREADS": "1"})
+        l3: list[str] = []
+        if c.cache:
+            cache = self._start("cache", "forge-cache", ["--dir", str(run / "cache"), "--port", "0",
+                                                         "--capacity-mb", str(c.cache_mb)])
+            l3 = ["--l3-cache", cache.info["address"]]
         actors = [self._start(f"actor-{i}", "forge-actor", [
             "--model", c.model, "--port", "0", "--name", f"actor-{i}", "--threads", "1", "--kv-cache-mb", "96",
             "--weights-fetch", learner.info["weights_fetch"], "--weights-announce", learner.info["weights_announce"],
-            "--seed", str(c.seed + i)]) for i in range(c.actors)]
+            "--seed", str(c.seed + i), *l3]) for i in range(c.actors)]
         self._start("gateway", "forge-gateway", [
             "--model", c.model, *[arg for a in actors for arg in ("--actor", a.info["address"])],
             "--pool", str(run / "pool"), "--grpc-port", "0", "--http-port", "0"])
@@ -95,10 +102,10 @@ class System:
 
 def poll_stats(system: System, live: RunState, stop: threading.Event) -> None:
     from forge.rpc import connect
-    from forge.v1 import actor_pb2_grpc, common_pb2, gateway_pb2_grpc, learner_pb2_grpc
+    from forge.v1 import actor_pb2_grpc, cache_pb2_grpc, common_pb2, gateway_pb2_grpc, learner_pb2_grpc
 
     stubs = {"learner": learner_pb2_grpc.LearnerStub, "actor": actor_pb2_grpc.ActorStub,
-             "gateway": gateway_pb2_grpc.GatewayStub}
+             "gateway": gateway_pb2_grpc.GatewayStub, "cache": cache_pb2_grpc.CacheStub}
     channels = {s.name: connect(s.info.get("address") or s.info["grpc_address"]) for s in system.services}
     while not stop.wait(2.0):
         for name, channel in channels.items():
@@ -139,6 +146,8 @@ async def run(config: UpConfig, console: Console) -> dict[str, Any]:
     from forge.rollout.evaluate import evaluate
     from forge.tokenizer import Tokenizer
 
+    if (config.run_dir / "learner").is_dir():
+        console.print(f"continuing the run in {config.run_dir}: the learner resumes from its latest checkpoint")
     config.run_dir.mkdir(parents=True, exist_ok=True)
     system = System(config)
     live = RunState()
@@ -185,11 +194,24 @@ async def run(config: UpConfig, console: Console) -> dict[str, Any]:
                   "blackbox_episodes": driver.stats.blackbox, "train_reward": driver.stats.reward(),
                   "learner": live.gauges.get("learner", {}), "minutes": (time.time() - live.started) / 60}
         (config.run_dir / "summary.json").write_text(json.dumps(result, indent=2))
+        result["plot"] = str(_plot(config.run_dir))
         return result
     finally:
         stop_polling.set()
         with console.status("stopping services …"):
             system.stop()
+
+
+def _plot(run_dir: Path) -> Path | None:
+    """The run's reward, loss and throughput curves as run_dir/curves.png (None before the first step)."""
+    from forge.top.plot import NoMetrics, draw, load_records, metrics_path, run_series
+
+    try:
+        records, _ = load_records(metrics_path(run_dir))
+        return draw(run_series(records), run_dir / "curves.png", title=f"forge up: {run_dir.name}")
+    except NoMetrics:
+        log.warning("no learner metrics in %s: no curves drawn", run_dir)
+        return None
 
 
 def report(result: dict[str, Any], console: Console) -> None:
@@ -220,10 +242,12 @@ def report(result: dict[str, Any], console: Console) -> None:
 @click.option("--domains", default=",".join(DOMAINS), show_default=True)
 @click.option("--model", default="tiny", show_default=True, help="'tiny' or a checkpoint directory.")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--cache/--no-cache", default=True, show_default=True,
+              help="Start forge-cache (the global L3 KV cache) and connect the actors to it.")
 @click.option("--log-level", default="WARNING", show_default=True)
 def up(run_dir: Path | None, minutes: float, actors: int, group_size: int, groups_in_flight: int, batch_groups: int,
        window: float, lr: float, eval_size: int, blackbox_every: int, domains: str, model: str, seed: int,
-       log_level: str) -> None:
+       cache: bool, log_level: str) -> None:
     """Run the whole system locally on the built-in tiny model and tasks: learner, actors and gateway as separate
     processes on loopback, white-box and black-box agents rolling out reasoning, QA and agent tasks, training with
     CISPO; held-out evaluation at the start and the end. Ctrl-C stops early (cleanly)."""
@@ -234,8 +258,9 @@ def up(run_dir: Path | None, minutes: float, actors: int, group_size: int, group
         raise click.BadParameter(f"unknown domains {sorted(unknown)} (have {', '.join(DOMAINS)})", param_hint="--domains")
     run_dir = run_dir or Path("runs") / time.strftime("up-%Y%m%d-%H%M%S")
     config = UpConfig(run_dir, minutes, actors, group_size, groups_in_flight, batch_groups, window, lr,
-                      eval_size=eval_size, blackbox_every=blackbox_every, domains=chosen, model=model, seed=seed)
+                      eval_size=eval_size, blackbox_every=blackbox_every, domains=chosen, model=model, seed=seed,
+                      cache=cache)
     console = Console()
     result = asyncio.run(run(config, console))
     report(result, console)
-    console.print(f"run directory: {run_dir} (summary.json, learner/metrics.jsonl, logs/)")
+    console.print(f"run directory: {run_dir} (summary.json, curves.png, learner/metrics.jsonl, logs/)")

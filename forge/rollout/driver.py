@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import sys
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -66,6 +67,7 @@ class RolloutDriver:
         self._tasks = task_stream(config.domains, config.seed)
         self._group = 0
         self._single_turn = 0
+        self._run_tag = secrets.token_hex(4)    # group ids stay unique when a run directory (and pool) is reused
 
     def _sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.config.temperature, max_tokens=self.config.max_tokens)
@@ -98,7 +100,7 @@ class RolloutDriver:
         if task.tools is None and self.config.blackbox_every and self.config.http_base:
             self._single_turn += 1
             blackbox = self._single_turn % self.config.blackbox_every == 0
-        group_id = f"{task.task_id}-g{self._group}"
+        group_id = f"{task.task_id}-{self._run_tag}-g{self._group}"
         starts = [stub.StartSession(gateway_pb2.StartSessionRequest(
             task_id=task.task_id, domain=task.domain, group_id=group_id, group_size=self.config.group_size,
             issue_api_key=bool(blackbox), metadata={"agent": "blackbox" if blackbox else "whitebox"}), timeout=60)
