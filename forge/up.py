@@ -67,7 +67,7 @@ class System:
         learner = self._start("learner", "forge-learner", [
             "--model", c.model, "--pool", str(run / "pool"), "--run-dir", str(run / "learner"),
             "--weights-fetch", "tcp://127.0.0.1:*", "--weights-announce", "tcp://127.0.0.1:*",
-            "--batch-groups", str(c.batch_groups), "--window", str(c.window), "--lr", str(c.lr),
+            "--batch-groups", str(c.batch_groups), "--window", str(c.window), "--lr", str(c.lr), "--warmup-steps", "25",
             "--max-wait", "10", "--checkpoint-every", "25", "--normalize", "domain", "--beta", "0.2",
             "--port", "0", "--seed", str(c.seed)], env={"OMP_NUM_THREADS": "1"})
         l3: list[str] = []

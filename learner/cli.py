@@ -99,6 +99,8 @@ def _initial_model(model: str, resume_dir: Path | None, seed: int):
 @click.option("--max-staleness", default=0, show_default=True, type=click.IntRange(0),
               help="Versions a sample may lag behind the learner (0 = no limit).")
 @click.option("--staleness-policy", type=click.Choice(["drop", "keep"]), default="drop", show_default=True)
+@click.option("--warmup-steps", default=0, show_default=True, type=click.IntRange(0),
+              help="Linear learning-rate warm-up over this many steps.")
 @click.option("--micro-batch-tokens", default=8192, show_default=True, type=click.IntRange(16),
               help="Token budget of one micro-batch (of one packed prefix tree with --tree).")
 @click.option("--tree/--no-tree", default=True, show_default=True,
@@ -123,7 +125,7 @@ def learner(model: str, pool_path: Path | None, pool_address: str | None, pool_a
             eps_low: float, eps_high: float, clip_eps: float, alpha: float, beta: float, gamma: float, baseline: str,
             normalize: str, failure_reward: float, speed_on: str, mtp_weight: float, mtp_top_k: int, mode: str, window: float,
             batch_groups: int, min_groups: int, max_wait: float, max_staleness: int, staleness_policy: str,
-            micro_batch_tokens: int, tree: bool, max_steps: int, checkpoint_every: int, keep_checkpoints: int,
+            warmup_steps: int, micro_batch_tokens: int, tree: bool, max_steps: int, checkpoint_every: int, keep_checkpoints: int,
             publish_every: int, device: str, seed: int, nproc: int, host: str, port: int, ready_file: Path | None,
             log_level: str) -> None:
     """Train the policy with CISPO (or PPO-clip, GRPO) on windowed-FIFO batches from the pool, checkpoint with the
@@ -157,7 +159,8 @@ def learner(model: str, pool_path: Path | None, pool_address: str | None, pool_a
         configs = (LossConfig(loss, eps_low, eps_high, clip_eps, mtp_weight, mtp_top_k),
                    RewardConfig(alpha, beta, gamma, baseline, normalize, failure_reward, speed_on),
                    WindowConfig(mode, window, batch_groups, min(min_groups, batch_groups), max_wait),
-                   TrainerConfig(lr=lr, micro_batch_tokens=micro_batch_tokens, tree=tree, max_steps=max_steps,
+                   TrainerConfig(lr=lr, warmup_steps=warmup_steps, micro_batch_tokens=micro_batch_tokens, tree=tree,
+                                 max_steps=max_steps,
                                  checkpoint_every=checkpoint_every, publish_every=publish_every,
                                  max_staleness=max_staleness, staleness_policy=staleness_policy, seed=seed))
     except ValueError as exc:

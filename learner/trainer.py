@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TrainerConfig:
     lr: float = 1e-5
+    warmup_steps: int = 0               # linear learning-rate warm-up from lr / warmup_steps
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_tokens: int = 8192     # token budget of one micro-batch (of one packed tree with ``tree``)
@@ -46,6 +47,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.staleness_policy not in ("drop", "keep"):
             raise ValueError(f"staleness_policy must be 'drop' or 'keep', got {self.staleness_policy!r}")
+        if self.warmup_steps < 0:
+            raise ValueError("warmup_steps must be >= 0")
         if self.lr <= 0 or self.micro_batch_tokens < 1 or self.checkpoint_every < 1 or self.publish_every < 1:
             raise ValueError("lr, micro_batch_tokens, checkpoint_every and publish_every must be positive")
 
@@ -168,6 +171,8 @@ class Trainer:
             # FSDP averages gradients over ranks: scale back to their sum (the losses use global counts).
             (loss * (self.dist.world_size if real else 0.0)).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
@@ -187,6 +192,12 @@ class Trainer:
         if self.state.step % self.config.checkpoint_every == 0:
             self.save_checkpoint()
         return record
+
+    def learning_rate(self) -> float:
+        """The rate of the coming step: a linear warm-up over the first ``warmup_steps`` steps (from the step
+        count alone, so a resumed run continues the schedule)."""
+        warmup = self.config.warmup_steps
+        return self.config.lr * (min(1.0, (self.state.step + 1) / warmup) if warmup else 1.0)
 
     def _micro_batches(self, samples: list[Sample]) -> tuple[list[Any], int]:
         """This rank's micro-batches (packed trees, or padded linear batches), padded with zero-weight dummies to
@@ -252,7 +263,7 @@ class Trainer:
         record: dict[str, Any] = {
             "step": self.state.step, "version": self.state.version, "time": time.time(),
             "loss": policy_sum + self.loss.mtp_weight * mtp_sum, "policy_loss": policy_sum, "mtp_loss": mtp_sum,
-            "grad_norm": float(grad_norm), "groups": len(batch.entries), "sessions": len(rewards),
+            "grad_norm": float(grad_norm), "lr": self.optimizer.param_groups[0]["lr"], "groups": len(batch.entries), "sessions": len(rewards),
             "samples": len(samples), "tokens": tokens, "tokens_per_s": tokens / max(train_s, 1e-9),
             "step_s": train_s, "waited_s": batch.waited_s, "window": batch.window, "head": batch.head,
             "tail": batch.tail, "pool_seq": self.state.pool_seq,

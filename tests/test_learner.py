@@ -282,3 +282,15 @@ def test_sigterm_stops_after_a_step_with_a_checkpoint(tmp_path):
     assert proc.returncode == 0, output
     latest = Checkpointer(run_dir / "checkpoints").latest()
     assert latest is not None and latest.state["step"] >= 1
+
+
+def test_learning_rate_warms_up_from_the_step_count(tmp_path):
+    trainer = Trainer(make_model(), Distributed(), TrainerConfig(lr=1e-3, warmup_steps=4), LossConfig(),
+                      RewardConfig(), WindowConfig(), None)
+    rates = []
+    for step in range(6):
+        trainer.state.step = step
+        rates.append(trainer.learning_rate())
+    assert rates == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    with pytest.raises(ValueError):
+        TrainerConfig(warmup_steps=-1)

@@ -2,7 +2,7 @@
 
 Reasoning and QA episodes are one call. Agent episodes loop: the model's tool calls run in the tool environment
 (concurrently within a turn), their results go back as tool messages, a malformed call earns a process reward and a
-format hint, and the agent manages its own context (past a few tool results it replaces the exchange by a note of
+format hint (so does a last reply that gives no answer), and the agent manages its own context (past a few tool results it replaces the exchange by a note of
 the values found). The episode ends with an answer, or after ``max_turns``.
 """
 
@@ -16,6 +16,7 @@ from forge.model.sampling import SamplingParams
 from forge.rollout.llm import ChatLLM
 from forge.tasks import Task
 from forge.tasks.agent import FORMAT_HINT, MALFORMED_PENALTY, ToolEnvironment, manage_context
+from forge.tasks.base import final_answer
 
 
 @dataclass
@@ -67,6 +68,10 @@ async def run_episode(task: Task, llm: ChatLLM, sampling: SamplingParams, tool_l
             messages += [reply.message(), {"role": "user", "content": FORMAT_HINT}]
             continue
         episode.reply = reply.content
+        if task.tools and final_answer(reply.content) is None:
+            # Neither a tool call nor an answer is a format error too: otherwise an empty reply (reward 0) beats
+            # trying a tool call that might be malformed, and the policy learns to say nothing.
+            episode.process_rewards[reply.call_index] = MALFORMED_PENALTY
         break
     episode.reward = task.score(episode.reply)
     episode.seconds = time.perf_counter() - started

@@ -1,0 +1,169 @@
+"""The built-in tasks and the white-box agent loop: verifiers, the fixed held-out sets, teacher demonstrations, and
+the agent's tool environment (parallel calls finish sooner, malformed calls and silent replies cost a process
+reward, context management rewrites the history). The model is replaced by a scripted chat client: what is under
+test is the task and agent code around it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+import pytest
+
+from forge.model.sampling import SamplingParams
+from forge.rollout.agent import run_episode
+from forge.rollout.llm import Reply
+from forge.tasks import DOMAINS, agent, eval_set, final_answer, make_task, qa, reasoning, task_stream
+from forge.tasks.agent import FORMAT_HINT, MALFORMED_PENALTY, ToolEnvironment
+
+
+def test_final_answer_reads_the_last_answer_line():
+    assert final_answer("2 + 3 = 5. Answer: 5") == "5"
+    assert final_answer("Answer: 4\nAnswer: red blue.") == "red blue"
+    assert final_answer("no answer here") is None and final_answer("") is None
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_verifiers_accept_the_answer_and_reject_others(domain):
+    rng = random.Random(5)
+    for index in range(50):
+        task = make_task(domain, rng, f"t{index}")
+        assert task.score(f"Answer: {task.answer}") == 1.0
+        assert task.score(f"some work. Answer: {task.answer}x") == 0.0
+        assert task.score("") == 0.0
+
+
+def test_reasoning_answers_are_the_arithmetic():
+    rng = random.Random(1)
+    for index in range(100):
+        task, numbers, operators = reasoning.make(rng, str(index))
+        value = numbers[0]
+        for operator, operand in zip(operators, numbers[1:], strict=True):
+            value = value + operand if operator == "+" else value - operand
+        assert task.answer == str(value) and value >= 0
+        assert task.score(reasoning.solution(numbers, operators, rng, 0.0)) == 1.0
+        assert task.score(reasoning.solution(numbers, operators, rng, 1.0)) == 0.0
+
+
+def test_qa_and_agent_teachers_are_right_without_noise():
+    rng = random.Random(2)
+    for index in range(50):
+        task, places = qa.make(rng, str(index))
+        assert task.score(qa.solution(task, places, rng, 0.0)) == 1.0
+        task = agent.make(rng, str(index))
+        conversation = agent.teacher_conversation(task, rng, 0.0)
+        assert conversation[-1]["role"] == "assistant" and task.score(conversation[-1]["content"]) == 1.0
+
+
+def test_held_out_sets_are_fixed_and_apart_from_the_training_stream():
+    for domain in DOMAINS:
+        first, second = eval_set(domain, 32), eval_set(domain, 32)
+        assert [t.messages for t in first] == [t.messages for t in second]
+        assert all(t.task_id.startswith(f"eval-{domain}") for t in first)
+    stream = task_stream(DOMAINS, seed=0)
+    domains = [next(stream).domain for _ in range(6)]
+    assert domains == list(DOMAINS) * 2
+    with pytest.raises(ValueError):
+        make_task("poetry", random.Random(0), "x")
+
+
+class ScriptedChat:
+    """Replies from a script of functions of the conversation so far; records every prompt it was given."""
+
+    def __init__(self, *script) -> None:
+        self.script = list(script)
+        self.prompts: list[list[dict]] = []
+
+    async def chat(self, messages, tools, sampling: SamplingParams) -> Reply:
+        self.prompts.append([dict(m) for m in messages])
+        reply = self.script.pop(0)(messages)
+        reply.call_index = len(self.prompts) - 1
+        return reply
+
+
+def lookups(*keys: str) -> Reply:
+    return Reply("", tool_calls=[{"id": f"call_{i}", "type": "function", "function": {
+        "name": "lookup", "arguments": json.dumps({"key": k})}} for i, k in enumerate(keys)])
+
+
+def agent_task(keys: int = 2):
+    rng = random.Random(3)
+    while True:
+        task = agent.make(rng, "a")
+        if len(task.values) == keys:
+            return task
+
+
+def answer_from_tools(messages) -> Reply:
+    found = [m["content"] for m in messages if m["role"] == "tool"]
+    return Reply("Answer: " + " ".join(found))
+
+
+def test_an_agent_episode_solves_a_task_with_parallel_lookups():
+    task = agent_task(2)
+    keys = list(task.values)
+    llm = ScriptedChat(lambda m: lookups(*keys), answer_from_tools)
+    episode = asyncio.run(run_episode(task, llm, SamplingParams(), tool_latency_s=0.0))
+    assert episode.reward == 1.0 and episode.turns == 2 and episode.tool_rounds == 1
+    assert episode.process_rewards == {} and not episode.failed
+    tool_messages = [m for m in llm.prompts[1] if m["role"] == "tool"]
+    assert [m["content"] for m in tool_messages] == [task.values[k] for k in keys]
+
+
+def test_parallel_lookups_finish_sooner_than_one_by_one():
+    task = agent_task(3)
+    keys = list(task.values)
+    latency = 0.2
+
+    async def timed(*script) -> float:
+        started = time.perf_counter()
+        episode = await run_episode(task, ScriptedChat(*script), SamplingParams(), tool_latency_s=latency)
+        assert episode.reward == 1.0
+        return time.perf_counter() - started
+
+    answer = Reply("Answer: " + " ".join(task.values.values()))
+    together = asyncio.run(timed(lambda m: lookups(*keys), lambda m: answer))
+    apart = asyncio.run(timed(*(lambda m, k=k: lookups(k) for k in keys), lambda m: answer))
+    assert together < 2 * latency <= 3 * latency <= apart
+
+
+def test_malformed_calls_and_silent_replies_cost_a_process_reward():
+    task = agent_task(2)
+    keys = list(task.values)
+    broken = Reply('<tool_call>{"name": "lookup"', malformed_tool_call=True)
+    llm = ScriptedChat(lambda m: broken, lambda m: lookups(*keys), answer_from_tools)
+    episode = asyncio.run(run_episode(task, llm, SamplingParams(), tool_latency_s=0.0))
+    assert episode.reward == 1.0 and episode.process_rewards == {0: MALFORMED_PENALTY}
+    assert llm.prompts[1][-1] == {"role": "user", "content": FORMAT_HINT}
+
+    silent = asyncio.run(run_episode(task, ScriptedChat(lambda m: Reply("")), SamplingParams(), tool_latency_s=0.0))
+    assert silent.reward == 0.0 and silent.process_rewards == {0: MALFORMED_PENALTY}
+    wrong = asyncio.run(run_episode(task, ScriptedChat(lambda m: Reply("Answer: none")), SamplingParams(),
+                                    tool_latency_s=0.0))
+    assert wrong.reward == 0.0 and wrong.process_rewards == {}
+
+
+def test_bad_tool_arguments_are_penalised_by_the_environment():
+    task = agent_task(2)
+    outcome = asyncio.run(ToolEnvironment(task, latency_s=0.0).run([
+        {"id": "1", "function": {"name": "lookup", "arguments": "{not json"}},
+        {"id": "2", "function": {"name": "search", "arguments": json.dumps({"key": "cup"})}},
+        {"id": "3", "function": {"name": "lookup", "arguments": json.dumps({"key": "no-such-key"})}},
+        {"id": "4", "function": {"name": "lookup", "arguments": json.dumps({"key": list(task.values)[0]})}}]))
+    assert outcome.process_reward == 2 * MALFORMED_PENALTY       # an unknown key is well-formed, just unlucky
+    assert outcome.found == {list(task.values)[0]: task.values[list(task.values)[0]]}
+    assert [text.startswith("error") for _, text in outcome.results] == [True, True, True, False]
+
+
+def test_one_by_one_lookups_trigger_the_context_rewrite():
+    task = agent_task(3)
+    keys = list(task.values)
+    llm = ScriptedChat(*(lambda m, k=k: lookups(k) for k in keys), lambda m: Reply(
+        "Answer: " + " ".join(task.values.values())))
+    episode = asyncio.run(run_episode(task, llm, SamplingParams(), tool_latency_s=0.0))
+    assert episode.reward == 1.0 and episode.context_rewrites >= 1
+    last = llm.prompts[-1]
+    assert last[: len(task.messages)] == task.messages and last[-1]["content"].startswith("Known: ")
+    assert not any(m["role"] == "tool" for m in last)           # the exchange was replaced by the note
