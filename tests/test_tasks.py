@@ -147,13 +147,14 @@ def test_malformed_calls_and_silent_replies_cost_a_process_reward():
 
 def test_bad_tool_arguments_are_penalised_by_the_environment():
     task = agent_task(2)
+    key = next(iter(task.values))
     outcome = asyncio.run(ToolEnvironment(task, latency_s=0.0).run([
         {"id": "1", "function": {"name": "lookup", "arguments": "{not json"}},
         {"id": "2", "function": {"name": "search", "arguments": json.dumps({"key": "cup"})}},
         {"id": "3", "function": {"name": "lookup", "arguments": json.dumps({"key": "no-such-key"})}},
-        {"id": "4", "function": {"name": "lookup", "arguments": json.dumps({"key": list(task.values)[0]})}}]))
+        {"id": "4", "function": {"name": "lookup", "arguments": json.dumps({"key": key})}}]))
     assert outcome.process_reward == 2 * MALFORMED_PENALTY       # an unknown key is well-formed, just unlucky
-    assert outcome.found == {list(task.values)[0]: task.values[list(task.values)[0]]}
+    assert outcome.found == {key: task.values[key]}
     assert [text.startswith("error") for _, text in outcome.results] == [True, True, True, False]
 
 
