@@ -69,6 +69,7 @@ class System:
             "--weights-fetch", "tcp://127.0.0.1:*", "--weights-announce", "tcp://127.0.0.1:*",
             "--batch-groups", str(c.batch_groups), "--window", str(c.window), "--lr", str(c.lr), "--warmup-steps", "25",
             "--max-wait", "10", "--checkpoint-every", "25", "--normalize", "domain", "--beta", "0.2",
+            "--speed-domains", "agent",
             "--port", "0", "--seed", str(c.seed)], env={"OMP_NUM_THREADS": "1"})
         l3: list[str] = []
         if c.cache:

@@ -11,6 +11,8 @@ For call p of a session (calls 0 … n−1):
   group pays (parallel tool calls finish sooner) and h(1) = 0. Only successful sessions get it (``speed_on=
   "success"``): a fast wrong answer is paid nothing, and a group that fails throughout has no advantage to
   amplify from timing noise alone. ``speed_on="all"`` pays every finished session; fewer than two gets 0.
+  ``speed_domains`` limits it to some domains (for example the agent tasks, where time is tool-call parallelism;
+  on a one-call reasoning task it would only pay for skipping the worked steps).
 
 The advantage of every token of call c is the reward-to-go minus a baseline,
 
@@ -42,6 +44,7 @@ class RewardConfig:
     normalize: str = "none"          # "none", "group" or "domain"
     failure_reward: float = 0.0      # outcome of a failed (abandoned, errored) session
     speed_on: str = "success"        # sessions the completion-time reward applies to: "success" or "all"
+    speed_domains: tuple[str, ...] = ()   # domains it applies to (empty: every domain)
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
@@ -99,6 +102,7 @@ def group_rewards(sessions: list[pool_pb2.SessionWithCalls], config: RewardConfi
     times = [completion_time(s.session) for s in sessions]
     outcomes = [outcome_reward(s.session, config) for s in sessions]
     paid = [s.session.status != FAILED and (config.speed_on == "all" or outcome > 0)
+            and (not config.speed_domains or s.session.domain in config.speed_domains)
             for s, outcome in zip(sessions, outcomes, strict=True)]
     paid_times = [t for t, ok in zip(times, paid, strict=True) if ok]
     baseline_time = statistics.median(paid_times) if len(paid_times) > 1 else 0.0

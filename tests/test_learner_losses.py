@@ -169,6 +169,8 @@ def test_speed_reward_pays_only_right_answers_unless_told():
     assert out["right"].speed == pytest.approx(0.5) and out["slow-right"].speed == pytest.approx(-0.5)
     every = {r.session_id: r for r in group_rewards(sessions, RewardConfig(beta=0.5, speed_on="all"))}
     assert every["fast-wrong"].speed == pytest.approx(0.5)   # baseline 4 s
+    agent_only = group_rewards(sessions, RewardConfig(beta=0.5, speed_domains=("agent",)))
+    assert [r.speed for r in agent_only] == [0.0, 0.0, 0.0]             # these sessions are "qa"
     wrong = [session(str(i), {"correct": 0.0}, seconds=1.0 + i) for i in range(4)]
     assert all(r.advantages == [0.0] for r in group_rewards(wrong, RewardConfig(beta=0.5, normalize="group")))
     with pytest.raises(ValueError):
