@@ -35,7 +35,7 @@ class UpConfig:
     groups_in_flight: int = 6
     batch_groups: int = 4
     window: float = 0.3
-    lr: float = 5e-5
+    lr: float = 1e-4
     max_tokens: int = 48
     temperature: float = 1.0
     eval_size: int = 48
@@ -236,7 +236,7 @@ def report(result: dict[str, Any], console: Console) -> None:
 @click.option("--groups-in-flight", default=6, show_default=True, type=click.IntRange(1))
 @click.option("--batch-groups", default=4, show_default=True, type=click.IntRange(1), help="Groups per step.")
 @click.option("--window", default=0.3, show_default=True, help="Windowed FIFO: count (>= 1) or fraction (< 1).")
-@click.option("--lr", default=5e-5, show_default=True)
+@click.option("--lr", default=1e-4, show_default=True)
 @click.option("--eval-size", default=48, show_default=True, type=click.IntRange(1), help="Tasks per domain.")
 @click.option("--blackbox-every", default=6, show_default=True, type=click.IntRange(0),
               help="Every n-th single-turn group is played by the black-box OpenAI-client agent (0 = never).")
