@@ -13,11 +13,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 from helpers.processes import start_actor
+from helpers.random_model import random_tiny
 
 
 @pytest.fixture(scope="module")
 def actor(tmp_path_factory):
-    service = start_actor(tmp_path_factory.mktemp("actor"))
+    directory = tmp_path_factory.mktemp("actor")
+    service = start_actor(directory, "--model", str(random_tiny(directory)))
     yield service
     assert service.stop() == 0
 

@@ -18,6 +18,7 @@ from forge.tokenizer import Tokenizer
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from helpers.gateway_procs import start_actor, start_gateway
+from helpers.random_model import random_tiny
 
 TOK = Tokenizer.from_dir(TINY_DIR)
 GLOBAL_KEY = "gw-global-key-123"
@@ -25,7 +26,8 @@ GLOBAL_KEY = "gw-global-key-123"
 
 @pytest.fixture(scope="module")
 def actor(tmp_path_factory):
-    proc = start_actor(tmp_path_factory.mktemp("gateway-grpc-actor"))
+    directory = tmp_path_factory.mktemp("gateway-grpc-actor")
+    proc = start_actor(directory, "actor", "--model", str(random_tiny(directory)))
     yield proc
     proc.stop()
 

@@ -1,0 +1,13 @@
+"""A random-weight checkpoint of the tiny architecture (with the built-in tokenizer) for tests of the serving
+machinery, whose expectations (no early end-of-sequence, arbitrary token splits) the trained model would not meet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from forge.builtin import write_tiny_checkpoint
+
+
+def random_tiny(directory: Path, seed: int = 0) -> Path:
+    path = directory / "random-tiny"
+    return path if (path / "config.json").exists() else write_tiny_checkpoint(path, seed)
