@@ -36,7 +36,7 @@ class UpConfig:
     batch_groups: int = 4
     window: float = 0.3
     lr: float = 1e-4
-    max_tokens: int = 48
+    max_tokens: int = 96                # per call; enough for three parallel tool calls, so truncation is rare
     temperature: float = 1.0
     eval_size: int = 48
     blackbox_every: int = 6
@@ -237,6 +237,8 @@ def report(result: dict[str, Any], console: Console) -> None:
 @click.option("--batch-groups", default=4, show_default=True, type=click.IntRange(1), help="Groups per step.")
 @click.option("--window", default=0.3, show_default=True, help="Windowed FIFO: count (>= 1) or fraction (< 1).")
 @click.option("--lr", default=1e-4, show_default=True)
+@click.option("--max-tokens", default=96, show_default=True, type=click.IntRange(1),
+              help="Tokens per model call (rollouts and evaluation).")
 @click.option("--eval-size", default=48, show_default=True, type=click.IntRange(1), help="Tasks per domain.")
 @click.option("--blackbox-every", default=6, show_default=True, type=click.IntRange(0),
               help="Every n-th single-turn group is played by the black-box OpenAI-client agent (0 = never).")
@@ -247,7 +249,7 @@ def report(result: dict[str, Any], console: Console) -> None:
               help="Start forge-cache (the global L3 KV cache) and connect the actors to it.")
 @click.option("--log-level", default="WARNING", show_default=True)
 def up(run_dir: Path | None, minutes: float, actors: int, group_size: int, groups_in_flight: int, batch_groups: int,
-       window: float, lr: float, eval_size: int, blackbox_every: int, domains: str, model: str, seed: int,
+       window: float, lr: float, max_tokens: int, eval_size: int, blackbox_every: int, domains: str, model: str, seed: int,
        cache: bool, log_level: str) -> None:
     """Run the whole system locally on the built-in tiny model and tasks: learner, actors and gateway as separate
     processes on loopback, white-box and black-box agents rolling out reasoning, QA and agent tasks, training with
@@ -259,7 +261,7 @@ def up(run_dir: Path | None, minutes: float, actors: int, group_size: int, group
         raise click.BadParameter(f"unknown domains {sorted(unknown)} (have {', '.join(DOMAINS)})", param_hint="--domains")
     run_dir = run_dir or Path("runs") / time.strftime("up-%Y%m%d-%H%M%S")
     config = UpConfig(run_dir, minutes, actors, group_size, groups_in_flight, batch_groups, window, lr,
-                      eval_size=eval_size, blackbox_every=blackbox_every, domains=chosen, model=model, seed=seed,
+                      max_tokens=max_tokens, eval_size=eval_size, blackbox_every=blackbox_every, domains=chosen, model=model, seed=seed,
                       cache=cache)
     console = Console()
     result = asyncio.run(run(config, console))
