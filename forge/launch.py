@@ -64,7 +64,10 @@ class ServiceProcess:
     def log_text(self) -> str:
         if not self._log.closed:
             self._log.flush()
-        return self.log_path.read_text(errors="replace")
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:           # the run directory was removed under us
+            return f"(no log: {self.log_path} is gone)"
 
     def stop(self, sig: int = signal.SIGTERM, grace_s: float = 60.0) -> int:
         """Send ``sig`` and wait for the exit (SIGKILL after ``grace_s``); returns the exit status."""
