@@ -83,6 +83,7 @@ class TorchEngine(Backend):
         self._aborts: set[str] = set()
         self._live: dict[str, Sequence] = {}
         self._pending_weights: tuple[int, Mapping[str, torch.Tensor]] | None = None
+        self._accepted_version = initial_version     # newest version handed over (applied or about to be)
         self._closed = False
         self._started = time.time()
         self._counters = dict(steps=0, tokens=0, prompt_tokens=0, finished=0, drafts=0, drafts_accepted=0,
@@ -144,8 +145,11 @@ class TorchEngine(Backend):
             raise ValueError(f"weight version {version} does not fit the model: mismatched {problems[:5]}, "
                              f"unexpected {extra[:5]}")
         with self._lock:
-            if version <= self._version or (self._pending_weights and version <= self._pending_weights[0]):
-                raise ValueError(f"weight version {version} is not newer than {self._version}")
+            # Compared with the newest accepted version, not the applied one: the loop may have taken a newer
+            # version off the queue without having applied it yet.
+            if version <= self._accepted_version:
+                raise ValueError(f"weight version {version} is not newer than {self._accepted_version}")
+            self._accepted_version = version
             self._pending_weights = (version, state_dict)
             self._lock.notify()
 
