@@ -23,20 +23,12 @@ from forge.model.sampling import SamplingParams, sampling_logprobs
 from forge.model.sampling import sample as sample_token
 
 from helpers.rollouts import fill_pool
+from helpers.threads import one_thread  # noqa: F401  (autouse)
 
 VOCAB = 37
 CONFIG = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_nextn_predict_layers=1)
 SETTINGS = ((1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (0.9, 0, 0.8), (0.0, 0, 1.0), (1.1, 7, 0.9))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many small kernels: one thread keeps them from waiting on each other on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def make_sample(rng: random.Random, tokens: list[int], prompt_len: int, session: str = "s", call: int = 0,

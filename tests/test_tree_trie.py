@@ -14,14 +14,7 @@ from forge.learner.tree import TreeAttention, build_trie, flex, pack_trees, plan
 from forge.learner.tree.flex import FLEX_BLOCK
 from forge.model.attention import ancestor_mask
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many small kernels: one thread keeps them from waiting on each other on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from helpers.threads import one_thread  # noqa: F401  (autouse)
 
 
 def random_sequences(rng: random.Random, alphabet: int = 4) -> list[list[int]]:
