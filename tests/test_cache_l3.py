@@ -11,7 +11,6 @@ import time
 
 import pytest
 import torch
-from test_cache_service import start_cache
 
 from forge.actors.backend import GenerationRequest
 from forge.actors.engine.engine import EngineConfig, TorchEngine
@@ -21,6 +20,8 @@ from forge.cache.client import CacheClient
 from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM, ModelConfig
 from forge.model.sampling import SamplingParams
+
+from helpers.processes import start_cache
 
 CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,

@@ -5,14 +5,7 @@ several servers share the hash space by consistent hashing and a client finds ev
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import random
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import grpc
 import pytest
@@ -23,39 +16,7 @@ from forge.kvhash import chain_hashes, kv_salt
 from forge.rpc import connect
 from forge.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
-
-class CacheProcess:
-    """``python -m forge.cache`` (the same command as ``forge-cache``) serving DIRECTORY/NAME."""
-
-    def __init__(self, directory: Path, name: str = "cache", *extra: str) -> None:
-        ready = directory / f"{name}.json"
-        ready.unlink(missing_ok=True)
-        self.log_path = directory / f"{name}.log"
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "forge.cache", "--dir", str(directory / name),
-                                          "--port", "0", "--ready-file", str(ready), *extra], stdout=log,
-                                         stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                raise RuntimeError(f"forge-cache did not start:\n{self.log_path.read_text()}")
-            time.sleep(0.05)
-        self.address = json.loads(ready.read_text())["address"]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
-def start_cache(directory: Path, name: str = "cache", *extra: str) -> CacheProcess:
-    return CacheProcess(directory, name, *extra)
+from helpers.processes import start_cache
 
 
 def blocks_for(tokens: int, seed: int = 0, block_bytes: int = 2048, version: int = 0) -> list[KVBlock]:

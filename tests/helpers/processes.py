@@ -20,3 +20,9 @@ class Service(ServiceProcess):
 
 def start_actor(directory: Path, *args: str, name: str = "actor") -> Service:
     return Service(name, "forge-actor", ["--port", "0", "--kv-cache-mb", "32", *args], directory, timeout_s=120)
+
+
+def start_cache(directory: Path, name: str = "cache", *args: str) -> Service:
+    """``forge-cache`` serving DIRECTORY/NAME (restarting it with the same name finds its blocks again)."""
+    return Service(name, "forge-cache", ["--dir", str(directory / name), "--port", "0", *args], directory,
+                   timeout_s=60)
