@@ -203,14 +203,15 @@ class Trainer:
         """This rank's micro-batches (packed trees, or padded linear batches), padded with zero-weight dummies to
         the same count on every rank, and the number of real tokens the model runs over."""
         world, budget, device = self.dist.world_size, self.config.micro_batch_tokens, self.dist.device
+        if self.config.tree:        # one process: no split, so the trie is built once (by pack_trees)
+            parts = split_trees_for_ranks(samples, world) if world > 1 else [list(range(len(samples)))]
+        else:
+            parts = split_for_ranks([len(s.tokens) for s in samples], world)
+        local = [samples[i] for i in parts[self.dist.rank]]
         if self.config.tree:
-            parts = split_trees_for_ranks(samples, world)
-            local = [samples[i] for i in parts[self.dist.rank]]
             micros: list[Any] = pack_trees(local, budget, device) if local else []
             packed = sum(m.num_nodes for m in micros)
         else:
-            parts = split_for_ranks([len(s.tokens) for s in samples], world)
-            local = [samples[i] for i in parts[self.dist.rank]]
             micros = [make_micro_batch(group, device) for group in micro_batches(local, budget)]
             packed = sum(len(s.tokens) for s in local)
         rounds = self.dist.max(len(micros))
