@@ -1,0 +1,66 @@
+"""Where the torch engine's decode step spends its time: cProfile of ``TorchEngine._step`` while it decodes a batch,
+grouped into the model's torch kernels, the rest of the model forward (Python module overhead), and the engine's
+own scheduling and bookkeeping.
+
+Usage: python bench/actor_profile.py [--model tiny|DIR] [--batch 32] [--new-tokens 128] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import time
+
+import click
+import torch
+from actor_decode import load
+
+from forge.actors.backend import GenerationRequest
+from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.model.sampling import SamplingParams
+
+KERNELS = ("linear", "scaled_dot_product_attention", "index_select", "rms_norm", "index_copy_", "cat", "embedding",
+           "silu", "mul", "add", "softmax", "multinomial", "exponential_", "argmax", "log_softmax", "topk", "sort")
+
+
+@click.command()
+@click.option("--model", default="tiny", show_default=True)
+@click.option("--batch", default=32, show_default=True)
+@click.option("--new-tokens", default=128, show_default=True)
+@click.option("--threads", default=1, show_default=True)
+def main(model: str, batch: int, new_tokens: int, threads: int) -> None:
+    torch.set_num_threads(threads)
+    engine = TorchEngine(load(model), EngineConfig(kv_cache_bytes=256 * 2**20, speculative=False))
+    profile, step = cProfile.Profile(), engine._step
+
+    def profiled_step() -> None:
+        profile.enable()
+        try:
+            step()
+        finally:
+            profile.disable()
+
+    engine._step = profiled_step
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=new_tokens, ignore_eos=True) for i in range(batch)]
+    prompts = [[(7 * i + j) % 1000 + 1 for j in range(32)] for i in range(batch)]
+    started = time.perf_counter()
+    streams = [engine.submit(GenerationRequest("", p, s)) for p, s in zip(prompts, params, strict=True)]
+    produced = sum(len(c.token_ids) for stream in streams for c in stream)
+    elapsed = time.perf_counter() - started
+    engine.close()
+    stats = pstats.Stats(profile).stats
+    total = sum(ct for (_, _, name), (_, _, _, ct, _) in stats.items() if name == "_step") or 1e-9
+    steps = next(c for (_, _, name), (c, _, _, _, _) in stats.items() if name == "_step")
+    kernels = sum(tt for (_, _, name), (_, _, tt, _, _) in stats.items()
+                  if name.startswith(("<built-in method", "<method")) and any(k in name for k in KERNELS))
+    forward = sum(ct for (path, _, name), (_, _, _, ct, _) in stats.items()
+                  if path.endswith("runner.py") and name == "run")
+    print(f"batch {batch}, {threads} thread(s): {produced / elapsed:,.0f} tok/s, {steps} steps, "
+          f"{1e3 * total / steps:.2f} ms per step (profiled)")
+    print(f"| part | share of the step |\n| --- | ---: |\n| torch kernels of the model | {kernels / total:.0%} |")
+    print(f"| rest of the model forward (Python modules, layout) | {(forward - kernels) / total:.0%} |")
+    print(f"| engine scheduling, sampling bookkeeping, streaming | {(total - forward) / total:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
