@@ -199,7 +199,7 @@ def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.
     samples = agent_batch(rng, groups, turns, args["system"], model.config.vocab_size)
     budget = args["budget"]
     trie = build_trie([s.tokens for s in samples])
-    batches = pack_trees(samples, budget, device)
+    batches = pack_trees(samples, budget, device, trie=trie)
     linear_groups = list(micro_batches(samples, budget))
     stride = args["linear_sample"] or max(1, math.ceil(trie.num_sample_tokens / args["linear_cap"]))
     timed = linear_groups[::stride]
@@ -245,7 +245,7 @@ def print_row(row: Row) -> None:
 @click.option("--linear-sample", default=0, help="time every K-th linear micro-batch (0 = automatic)")
 @click.option("--linear-cap", default=300_000, show_default=True,
               help="sample tokens above which the linear path is sampled automatically")
-@click.option("--impl", default="auto", show_default=True, help="tree attention: auto, flex, blocks or dense")
+@click.option("--impl", default="auto", show_default=True, help="tree attention: auto, flex, segments, gather or dense")
 @click.option("--memory/--no-memory", default=True, show_default=True, help="measure peak memory")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", default=1, show_default=True,

@@ -194,8 +194,9 @@ async def run(config: UpConfig, console: Console) -> dict[str, Any]:
                   "eval_end": live.eval_end, "episodes": driver.stats.episodes,
                   "blackbox_episodes": driver.stats.blackbox, "train_reward": driver.stats.reward(),
                   "learner": live.gauges.get("learner", {}), "minutes": (time.time() - live.started) / 60}
+        plot = _plot(config.run_dir)
+        result["plot"] = str(plot) if plot else None
         (config.run_dir / "summary.json").write_text(json.dumps(result, indent=2))
-        result["plot"] = str(_plot(config.run_dir))
         return result
     finally:
         stop_polling.set()

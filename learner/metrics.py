@@ -34,5 +34,5 @@ def summary(record: dict[str, Any]) -> str:
                        if k.startswith("reward/"))
     return (f"step {record['step']:>5d} v{record['version']} loss {record['loss']:+.4f} "
             f"reward {record['reward_mean']:.3f} [{rewards}] tokens {record['tokens']} "
-            f"{record['tokens_per_s']:.0f} tok/s tree x{record.get('tree_compression', 1.0):.1f} staleness {record['staleness_mean']:.2f} "
+            f"{record['tokens_per_s']:.0f} tok/s tree x{record['tree_compression']:.1f} staleness {record['staleness_mean']:.2f} "
             f"window {record['window']} head {record['head']}")

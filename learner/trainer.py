@@ -214,10 +214,11 @@ class Trainer:
         else:
             micros = [make_micro_batch(group, device) for group in micro_batches(local, budget)]
             packed = sum(len(s.tokens) for s in local)
-        rounds = self.dist.max(len(micros))
-        for _ in range(rounds - len(micros)):
+        missing = self.dist.max(len(micros)) - len(micros)
+        if missing:
             dummy = [_dummy_sample()]
-            micros.append(pack_trees(dummy, budget, device)[0] if self.config.tree else make_micro_batch(dummy, device))
+            micros += [pack_trees(dummy, budget, device)[0] if self.config.tree else make_micro_batch(dummy, device)
+                       ] * missing
         return micros, packed
 
     def _publish(self) -> None:

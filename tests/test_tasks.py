@@ -126,7 +126,7 @@ def test_parallel_lookups_finish_sooner_than_one_by_one():
     answer = Reply("Answer: " + " ".join(task.values.values()))
     together = asyncio.run(timed(lambda m: lookups(*keys), lambda m: answer))
     apart = asyncio.run(timed(*(lambda m, k=k: lookups(k) for k in keys), lambda m: answer))
-    assert together < 2 * latency <= 3 * latency <= apart
+    assert together < 2 * latency and apart >= 3 * latency
 
 
 def test_malformed_calls_and_silent_replies_cost_a_process_reward():

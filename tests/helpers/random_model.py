@@ -9,5 +9,4 @@ from forge.builtin import write_tiny_checkpoint
 
 
 def random_tiny(directory: Path, seed: int = 0) -> Path:
-    path = directory / "random-tiny"
-    return path if (path / "config.json").exists() else write_tiny_checkpoint(path, seed)
+    return write_tiny_checkpoint(directory / "random-tiny", seed)
