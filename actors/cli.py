@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from forge.cache.client import FETCH_POLICIES
 from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, setup_logging, write_ready_file
 
 log = logging.getLogger("forge.actor")
@@ -107,7 +108,7 @@ def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
               help="Require this API key on every call (repeatable).")
 @click.option("--l3-cache", default=None, metavar="ADDR[,ADDR...]",
               help="forge-cache servers: publish computed KV blocks there and fetch missing prompt blocks (torch).")
-@click.option("--l3-fetch", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+@click.option("--l3-fetch", type=click.Choice(FETCH_POLICIES), default="auto", show_default=True,
               help="With --l3-cache: fetch when estimated cheaper than recomputing (auto), whenever held, or never.")
 @click.option("--l3-api-key", default=None, envvar="FORGE_ACTOR_L3_API_KEY", help="API key of the cache servers.")
 @click.option("--threads", default=0, type=click.IntRange(0), help="Torch CPU threads (0 = all cores).")

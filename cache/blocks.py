@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from forge.kvhash import DIGEST_BYTES
@@ -72,6 +72,14 @@ def check_hash(block_hash: bytes) -> None:
         raise InvalidBlock(f"a block hash has {DIGEST_BYTES} bytes (forge.kvhash); got {len(block_hash)}")
 
 
+def check_hashes(hashes: Iterable[bytes]) -> list[bytes]:
+    """The hashes of a request, as a list, each checked."""
+    hashes = list(hashes)
+    for block_hash in hashes:
+        check_hash(block_hash)
+    return hashes
+
+
 def check_meta(meta: BlockMeta, max_bytes: int = MAX_BLOCK_BYTES) -> None:
     """Refuse a block whose metadata is inconsistent: wrong hash length, unknown dtype, a shape that does not
     account for total_bytes, a size over ``max_bytes``."""
@@ -93,11 +101,17 @@ def check_meta(meta: BlockMeta, max_bytes: int = MAX_BLOCK_BYTES) -> None:
         raise InvalidBlock(f"block {name}: the SHA-256 checksum has 32 bytes, got {len(meta.sha256)}")
 
 
-def check_payload(block: KVBlock) -> None:
+def check_size(block: KVBlock) -> None:
     meta = block.meta
     if len(block.data) != meta.total_bytes:
         raise InvalidBlock(f"block {hash_name(meta.block_hash)}: {len(block.data)} payload bytes, "
                            f"total_bytes says {meta.total_bytes}")
+
+
+def check_payload(block: KVBlock) -> None:
+    """The payload's size and SHA-256, checked where a block arrives: off the wire (``Assembler``) or the disk."""
+    check_size(block)
+    meta = block.meta
     if hashlib.sha256(block.data).digest() != meta.sha256:
         raise InvalidBlock(f"block {hash_name(meta.block_hash)}: checksum mismatch (the payload is corrupted)")
 

@@ -16,13 +16,15 @@ from typing import TypeVar
 
 import grpc
 
-from forge.cache.blocks import CHUNK_BYTES, Assembler, InvalidBlock, KVBlock, check_hash, to_chunks
+from forge.cache.blocks import CHUNK_BYTES, Assembler, InvalidBlock, KVBlock, check_hashes, to_chunks
 from forge.cache.ring import HashRing
+from forge.kvhash import leading
 from forge.rpc import connect
 from forge.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
 
+FETCH_POLICIES = ("auto", "always", "never")     # when an actor fetches missing prompt blocks (--l3-fetch)
 TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
              grpc.StatusCode.CANCELLED}
 T = TypeVar("T")
@@ -77,9 +79,7 @@ class CacheClient:
 
     def lookup(self, hashes: Sequence[bytes]) -> int:
         """Length of the leading run of ``hashes`` (a chain) held by the servers."""
-        hashes = list(hashes)
-        for block_hash in hashes:
-            check_hash(block_hash)
+        hashes = check_hashes(hashes)
         if not hashes:
             return 0
         groups = self.ring.split(hashes)
@@ -112,9 +112,7 @@ class CacheClient:
 
     def get(self, hashes: Sequence[bytes]) -> dict[bytes, KVBlock]:
         """The blocks the servers hold among ``hashes``, checked; missing and corrupted ones are absent."""
-        hashes = list(hashes)
-        for block_hash in hashes:
-            check_hash(block_hash)
+        hashes = check_hashes(hashes)
         groups = self.ring.split(hashes)
 
         def fetch(server: str, indices: list[int]) -> list[KVBlock]:
@@ -142,12 +140,7 @@ class CacheClient:
     def get_prefix(self, hashes: Sequence[bytes]) -> list[KVBlock]:
         """The leading run of ``hashes`` whose blocks arrived intact."""
         found = self.get(hashes)
-        prefix = []
-        for block_hash in hashes:
-            if block_hash not in found:
-                break
-            prefix.append(found[block_hash])
-        return prefix
+        return [found[h] for h in hashes[:leading(hashes, found.__contains__)]]
 
     def stats(self) -> dict[str, common_pb2.StatsReport]:
         return {a: stub.Stats(common_pb2.StatsRequest(), timeout=self.timeout_s) for a, stub in self.stubs.items()}

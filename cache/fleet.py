@@ -10,13 +10,12 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import islice, takewhile
 
 from forge.cache.meters import Ewma
-from forge.kvhash import chain_hashes, kv_salt
+from forge.kvhash import chain_hashes, kv_salt, leading
 from forge.v1 import router_pb2
 
 STORED, EVICTED = router_pb2.KVEvent.KIND_STORED, router_pb2.KVEvent.KIND_EVICTED
@@ -50,21 +49,6 @@ class Layout:
 def prompt_hashes(prompt_ids: Sequence[int], layout: Layout) -> list[bytes]:
     """The blocks an actor can reuse for this prompt: every full block before its last token."""
     return chain_hashes(prompt_ids[:-1], layout.block_size, layout.salt)
-
-
-def leading(hashes: Sequence[bytes], contains: Callable[[bytes], bool]) -> int:
-    """How many leading ``hashes`` are held. Cached chains are nearly always prefix-closed, so the first miss is
-    found by bisection and the run before it checked at C speed; a hole falls back to a linear scan."""
-    low, high = -1, len(hashes)          # hashes[low] is held (or low = -1); hashes[high] is not (or high = len)
-    while low + 1 < high:
-        middle = (low + high) // 2
-        if contains(hashes[middle]):
-            low = middle
-        else:
-            high = middle
-    if all(map(contains, islice(hashes, high))):
-        return high
-    return sum(1 for _ in takewhile(contains, hashes))
 
 
 class BlockSet:
@@ -108,7 +92,6 @@ class Pending:
     """A call routed to an actor whose first token has not come yet."""
 
     compute_tokens: int
-    blocks: int
     estimate_s: float
     raw_s: float                # the estimate before the actor's calibration factor
 
@@ -126,8 +109,6 @@ class ActorModel:
         self.calibration = Ewma(1.0, alpha=0.1)     # actual / estimated time to first token
         self.wait_s = Ewma(0.0, alpha=0.1)          # time to first token beyond the call's own prefill
         self.eviction_age = Ewma(math.inf, alpha=0.01)   # time since last use of the blocks the actor evicts
-        self.running = 0.0
-        self.waiting = 0.0
         self.pending: dict[int, Pending] = {}
         self.active_blocks = 0                       # prompt blocks of this gateway's calls in flight here
         self.live: Counter[bytes] = Counter()        # blocks of the live sessions whose home this actor is
@@ -189,8 +170,6 @@ class ActorModel:
             self.lookup_s.update(figures["l3_lookup_s"])
         if "decode_step_s" in figures:
             self.step_s.update(figures["decode_step_s"])
-        self.running = figures.get("running", self.running)
-        self.waiting = figures.get("waiting", self.waiting)
 
 
 class L3Model:

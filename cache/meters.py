@@ -20,9 +20,6 @@ class Ewma:
         self.samples += 1
         return self.value
 
-    def __float__(self) -> float:
-        return self.value
-
 
 class RateMeter:
     """Events per second over the last ``window_s`` seconds (thread-safe)."""

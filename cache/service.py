@@ -8,7 +8,7 @@ import time
 
 import grpc
 
-from forge.cache.blocks import MAX_BLOCK_BYTES, Assembler, InvalidBlock, check_hash, to_chunks
+from forge.cache.blocks import MAX_BLOCK_BYTES, Assembler, InvalidBlock, check_hashes, to_chunks
 from forge.cache.meters import RateMeter
 from forge.cache.store import BlockStore
 from forge.telemetry import stats_report
@@ -36,11 +36,10 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         if len(hashes) > MAX_HASHES:
             self._reject(context, f"{len(hashes)} block hashes in one request; at most {MAX_HASHES}")
         try:
-            for block_hash in hashes:
-                check_hash(block_hash)
+            hashes = check_hashes(hashes)
         except InvalidBlock as exc:
             self._reject(context, str(exc))
-        return list(hashes)
+        return hashes
 
     def _reject(self, context: grpc.ServicerContext, message: str) -> None:
         self.counters["rejected"] += 1

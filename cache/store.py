@@ -24,7 +24,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge.cache.blocks import BlockMeta, InvalidBlock, KVBlock, check_meta, check_payload, hash_name
+from forge.cache.blocks import BlockMeta, InvalidBlock, KVBlock, check_meta, check_payload, check_size, hash_name
+from forge.kvhash import leading
 
 log = logging.getLogger(__name__)
 
@@ -120,16 +121,15 @@ class BlockStore:
     def prefix_length(self, hashes: list[bytes]) -> int:
         """How many leading hashes of a chain are stored."""
         with self._lock:
-            for count, block_hash in enumerate(hashes):
-                if block_hash not in self._index:
-                    return count
-        return len(hashes)
+            return leading(hashes, self._index.__contains__)
 
     def put(self, block: KVBlock) -> bool:
-        """Store a checked block; False when it is already stored. Evicts least recently used blocks to fit."""
+        """Store a block; False when it is already stored. Evicts least recently used blocks to fit. Its checksum
+        is not computed again: ``KVBlock.build`` computed it and the service's ``Assembler`` verified it; a block
+        whose payload does not match it is dropped when read, never served."""
         meta = block.meta
         check_meta(meta)
-        check_payload(block)
+        check_size(block)
         header = _encode_header(meta)
         size = len(header) + meta.total_bytes
         if size > self.capacity_bytes:

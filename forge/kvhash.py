@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import islice, takewhile
 
 DIGEST_BYTES = 16
 
@@ -38,3 +39,19 @@ def chain_hashes(token_ids: Sequence[int], block_size: int, salt: bytes) -> list
         parent = block_hash(parent, token_ids[start:start + block_size])
         hashes.append(parent)
     return hashes
+
+
+def leading(hashes: Sequence[bytes], contains: Callable[[bytes], bool]) -> int:
+    """How many leading ``hashes`` of a chain are held (``contains``). Cached chains are nearly always
+    prefix-closed, so the first miss is found by bisection and the run before it checked at C speed; a hole falls
+    back to a linear scan."""
+    low, high = -1, len(hashes)          # hashes[low] is held (or low = -1); hashes[high] is not (or high = len)
+    while low + 1 < high:
+        middle = (low + high) // 2
+        if contains(hashes[middle]):
+            low = middle
+        else:
+            high = middle
+    if all(map(contains, islice(hashes, high))):
+        return high
+    return sum(1 for _ in takewhile(contains, hashes))

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from forge.cache.fleet import ActorModel, L3Model, Layout, Pending, Sample, leading
+from forge.cache.fleet import ActorModel, L3Model, Layout, Pending, Sample
 from forge.cache.meters import Ewma
 from forge.gateway.routing import ActorEndpoint, ActorView, RouteRequest, candidates
-from forge.kvhash import block_hash
+from forge.kvhash import block_hash, leading
 from forge.v1 import router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,8 @@ class KVRouter:
     """The shared machinery: actor models, KV event polling, prefix estimates, feedback. Subclasses pick."""
 
     name = "kv"
+    unsupported_retry_s = 30.0       # an actor that serves no KV events (UNIMPLEMENTED) is asked again after this
+    failed_retry_s = 1.0             # and one whose poll failed otherwise after this
 
     def __init__(self, actors: Sequence[ActorView], session_affinity: bool = True, *, poll_interval_s: float = 0.2,
                  prior_prefill_tps: float = 2000.0, share_cap: float = 2.0, min_cap: int = 8,
@@ -275,8 +277,7 @@ class KVRouter:
     def _commit(self, request: RouteRequest, chosen: Option) -> None:
         model = chosen.model
         model.blocks.add(chosen.hashes, self.clock())   # predicted: it will compute, fetch or reuse them now
-        model.pending[id(request)] = Pending(chosen.compute_tokens, len(chosen.hashes), chosen.estimate_s,
-                                             chosen.raw_s)
+        model.pending[id(request)] = Pending(chosen.compute_tokens, chosen.estimate_s, chosen.raw_s)
         model.active_blocks += len(chosen.hashes) + 1
         self._started[(id(request), chosen.address)] = (self.clock(), len(chosen.hashes) + 1)
         if request.session_id:
@@ -331,7 +332,7 @@ class KVRouter:
     async def _poll(self, view: ActorView) -> None:
         address = view.endpoint.address
         channel = getattr(view, "channel", None)
-        if channel is None or time.monotonic() < self._retry_at.get(address, 0.0):
+        if channel is None or self.clock() < self._retry_at.get(address, 0.0):
             return
         stub = self._stubs.get(address)
         if stub is None:
@@ -345,7 +346,7 @@ class KVRouter:
             if unsupported and model.events_supported:
                 log.info("actor %s serves no KV events: routing it without its cache contents", address)
             model.events_supported = not unsupported
-            self._retry_at[address] = time.monotonic() + (30.0 if unsupported else 1.0)
+            self._retry_at[address] = self.clock() + (self.unsupported_retry_s if unsupported else self.failed_retry_s)
             return
         model.events_supported = True
         self.apply(address, answer)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -324,5 +325,27 @@ def test_decoding_right_after_a_weight_swap_drops_drafts_safely(model):
             assert engine.wait_for_version(version, timeout=30)
         finals = [list(stream)[-1] for stream in streams]
         assert all(chunk.finish_reason is FinishReason.LENGTH for chunk in finals), [c.error for c in finals]
+    finally:
+        engine.close()
+
+
+def test_an_engine_without_a_kv_connector_keeps_no_kv_events(model):
+    from forge.actors.engine.l3 import KVConnector
+
+    engine = engine_for(model, kv_cache_bytes=2**19)          # 85 blocks of 8 tokens: the requests evict each other
+    rng = random.Random(12)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    try:
+        for _ in range(40):
+            run(engine, [rng.randrange(100) for _ in range(48)], params)
+        blocks = engine.blocks
+        assert engine.stats()["finished"] == 40 and blocks.lookups == 40
+        assert not blocks.stored and not blocks.evicted       # nobody drains them: none kept
+        connector = KVConnector(engine)                       # a consumer from now on: recorded, then drained
+        run(engine, [rng.randrange(100) for _ in range(48)], params)
+        deadline = time.monotonic() + 10
+        while connector.events.sequence < 48 // 8 or blocks.stored:
+            assert time.monotonic() < deadline, (connector.events.sequence, len(blocks.stored))
+            time.sleep(0.01)
     finally:
         engine.close()

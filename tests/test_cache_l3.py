@@ -1,7 +1,8 @@
 """The torch engine with the L3 cache (a real ``forge-cache`` process): logits computed with KV fetched from L3
 equal a fresh engine's recomputation; KV of another weight version is never used; blocks fetched under a version
-the engine no longer runs are dropped; publishing never blocks the engine; and two ``forge-actor`` processes share
-a prompt's blocks through the cache, named by the same hashes the router computes."""
+the engine no longer runs are dropped; publishing never blocks the engine; a request's blocks are hashed once,
+whoever needs their hashes; and two ``forge-actor`` processes share a prompt's blocks through the cache, named by
+the same hashes the router computes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 import pytest
 import torch
 
+from forge import kvhash
 from forge.actors.backend import GenerationRequest
 from forge.actors.engine.engine import EngineConfig, TorchEngine
 from forge.actors.engine.l3 import KVConnector
@@ -198,6 +200,27 @@ def test_publishing_never_blocks_the_engine_and_drops_when_its_queue_is_full(mod
         assert stats["l3_publish_dropped"] > 0 and stats["finished"] == 4
     finally:
         stuck.release.set()
+        engine.close()
+
+
+def test_a_requests_blocks_are_hashed_once_for_the_prefix_and_l3_lookups_and_their_registration(model, cache_server):
+    calls = [0]
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is kvhash.block_hash.__code__:
+            calls[0] += 1
+
+    threading.setprofile(profile)                  # every thread started from now on: the engine's among them
+    try:
+        engine = make_engine(model, cache_server.address)
+    finally:
+        threading.setprofile(None)
+    try:
+        prompt = prompt_of(30, 9 * BLOCK + 3)
+        out, _ = generate(engine, prompt, tokens=12)
+        assert engine.stats()["l3_lookups"] == 1 and engine.blocks.lookups == 1
+        assert calls[0] == (len(prompt) + len(out) - 1) // BLOCK       # each block computed, once
+    finally:
         engine.close()
 
 

@@ -1,5 +1,6 @@
 """The L3 cache's pieces in process: block checks and chunking, the block store (LRU at capacity, restart, corrupted
-files, one server per directory), the consistent-hash ring, and the actors' KV event log."""
+files, one server per directory, one checksum per block on its way in), the consistent-hash ring, the actors' KV
+event log, and the leading run of a chain that every caller counts the same way."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import hashlib
 import os
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -14,7 +16,7 @@ from forge.cache.blocks import Assembler, BlockMeta, InvalidBlock, KVBlock, chec
 from forge.cache.events import EVICTED, STORED, KVEventLog
 from forge.cache.ring import HashRing
 from forge.cache.store import BlockStore, DirectoryInUse
-from forge.kvhash import chain_hashes, kv_salt
+from forge.kvhash import chain_hashes, kv_salt, leading
 
 
 def block(seed: int, size: int = 4096) -> KVBlock:
@@ -119,6 +121,35 @@ def test_a_block_corrupted_on_disk_is_never_served(tmp_path):
     path.write_bytes(bytes(raw))
     assert store.get(b.block_hash) is None and b.block_hash not in store
     store.close()
+
+
+def test_a_block_is_checksummed_once_on_its_way_in_and_a_mismatch_is_never_served(tmp_path, monkeypatch):
+    blocks = [block(i, 10_000) for i in range(3)]
+    chunks = [c for b in blocks for c in to_chunks(b, chunk_bytes=3000)]
+    store = BlockStore(tmp_path, capacity_bytes=1 << 20)
+    digests = []
+    real = hashlib.sha256
+    monkeypatch.setattr(hashlib, "sha256", lambda data=b"": digests.append(len(data)) or real(data))
+    assembler = Assembler()                       # the service's Put: chunks in, checked blocks to the store
+    for chunk in chunks:
+        if (got := assembler.feed(chunk)) is not None:
+            assert store.put(got)
+    assert len(digests) == len(blocks)            # the Assembler verified each checksum; the store trusts it
+    monkeypatch.setattr(hashlib, "sha256", real)
+    liar = KVBlock(replace(block(7).meta, sha256=bytes(32)), block(7).data)
+    assert store.put(liar)                        # not hashed on the way in, but checked on every read
+    assert store.get(liar.block_hash) is None and liar.block_hash not in store
+    assert [store.get(b.block_hash) for b in blocks] == blocks
+    store.close()
+
+
+def test_leading_counts_the_held_run_at_the_start_of_a_chain():
+    hashes = chain_hashes(list(range(16 * 40)), 16, kv_salt("m", 0))
+    for held in (0, 1, 17, 40):
+        assert leading(hashes, set(hashes[:held]).__contains__) == held
+    with_holes = set(hashes[:10]) | set(hashes[12:30]) | {hashes[39]}
+    assert leading(hashes, with_holes.__contains__) == 10
+    assert leading(hashes, set(hashes[1:]).__contains__) == 0 and leading([], bool) == 0
 
 
 def test_the_ring_spreads_blocks_and_is_the_same_for_every_client():

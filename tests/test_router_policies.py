@@ -63,7 +63,7 @@ def test_cost_aware_goes_where_the_prefix_is_cached_unless_that_actor_is_queued(
     report(router, "a1:1", prompt_hashes(ids, LAYOUT))
     assert router.choose(RouteRequest("s", [*ids, 5, 6]), set()).address == "a1:1"
     router.on_done(RouteRequest("s", ids), "a1:1")
-    router.models["a1:1"].pending = {i: Pending(4000, 0, 0.0, 0.0) for i in range(3)}   # 12k tokens to prefill
+    router.models["a1:1"].pending = {i: Pending(4000, 0.0, 0.0) for i in range(3)}   # 12k tokens to prefill
     request = RouteRequest("t", [*ids, 7])
     chosen = router.choose(request, set()).address
     assert chosen != "a1:1"
@@ -124,7 +124,7 @@ def test_group_rollouts_share_their_prompt_prefix_unless_the_actor_is_overloaded
     assert router.decisions["group"] == 3
     home = next(v for v in views if v.endpoint.address in chosen)
     home.in_flight = 9                                   # over its share cap: the group rule yields to the cost
-    router.models[home.endpoint.address].pending[0] = Pending(20_000, 0, 0.0, 0.0)
+    router.models[home.endpoint.address].pending[0] = Pending(20_000, 0.0, 0.0)
     assert router.choose(RouteRequest("g-late", ids, group_id="g"), set()).address not in chosen
     assert router.decisions["group"] == 3
 

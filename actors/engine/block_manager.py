@@ -12,7 +12,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from forge.actors.engine.sequence import Sequence
-from forge.kvhash import block_hash
 
 
 @dataclass
@@ -35,6 +34,7 @@ class BlockManager:
         self.lookups = 0
         self.hit_tokens = 0
         self.lookup_tokens = 0
+        self.record_events = False           # a KV connector drains them; without one they are not kept
         self.evicted: list[bytes] = []       # hashes dropped since the last drain (KV events for the router)
         self.stored: list[bytes] = []
 
@@ -55,7 +55,8 @@ class BlockManager:
         if block.hash is not None:
             if self.by_hash.get(block.hash) == block_id:
                 del self.by_hash[block.hash]
-                self.evicted.append(block.hash)
+                if self.record_events:
+                    self.evicted.append(block.hash)
             block.hash, block.token_ids = None, ()
         block.ref_count = 1
         return block_id
@@ -63,31 +64,23 @@ class BlockManager:
     def _prefix_hits(self, seq: Sequence, salt: bytes) -> tuple[list[int], list[bytes]]:
         hits: list[int] = []
         hashes: list[bytes] = []
-        if not self.prefix_caching:
-            return hits, hashes
-        parent = salt
         size = self.block_size
-        # Leave at least one token to compute: its logits are needed to sample the next one.
-        for start in range(0, len(seq) - size, size):
-            tokens = tuple(seq.token_ids[start:start + size])
-            parent = block_hash(parent, tokens)
+        for index, parent in enumerate(self.prompt_block_hashes(seq, salt)):
             block_id = self.by_hash.get(parent)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
+            tokens = seq.token_ids[index * size:(index + 1) * size]
+            if block_id is None or self.blocks[block_id].token_ids != tuple(tokens):
                 break
             hits.append(block_id)
             hashes.append(parent)
         return hits, hashes
 
     def prompt_block_hashes(self, seq: Sequence, salt: bytes) -> list[bytes]:
-        """Chained hashes of the full blocks ``seq`` would compute at admission (all but its last token)."""
+        """Chained hashes of the full blocks ``seq`` would compute at admission: all but its last token, whose
+        logits are needed to sample the next one. Hashed once per request (``Sequence.hashes``)."""
         if not self.prefix_caching:
             return []
-        size = self.block_size
-        hashes, parent = [], salt
-        for start in range(0, len(seq) - size, size):
-            parent = block_hash(parent, seq.token_ids[start:start + size])
-            hashes.append(parent)
-        return hashes
+        count = (len(seq) - 1) // self.block_size
+        return seq.hashes(salt, self.block_size, count)[:count]
 
     @staticmethod
     def slots_at_admission(seq: Sequence) -> int:
@@ -133,15 +126,16 @@ class BlockManager:
         """Register every block of ``seq`` whose KV is now completely computed under the given salt's chain."""
         size = self.block_size
         full = min(seq.num_computed, len(seq.token_ids)) // size
+        chain = seq.hashes(salt, size, full)
         for index in range(len(seq.block_hashes), full):
-            tokens = tuple(seq.token_ids[index * size:(index + 1) * size])
-            parent = block_hash(seq.block_hashes[-1] if seq.block_hashes else salt, tokens)
+            parent = chain[index]
             seq.block_hashes.append(parent)
             block = self.blocks[seq.block_table[index]]
-            block.hash, block.token_ids = parent, tokens
+            block.hash, block.token_ids = parent, tuple(seq.token_ids[index * size:(index + 1) * size])
             if self.prefix_caching and parent not in self.by_hash:
                 self.by_hash[parent] = block.block_id
-                self.stored.append(parent)
+                if self.record_events:
+                    self.stored.append(parent)
         seq.num_cached_blocks = len(seq.block_hashes)
 
     def free_sequence(self, seq: Sequence) -> None:
@@ -178,7 +172,8 @@ class BlockManager:
         block.ref_count, block.hash, block.token_ids = 0, block_hash, tuple(token_ids)
         self.by_hash[block_hash] = block_id
         self.free[block_id] = None
-        self.stored.append(block_hash)
+        if self.record_events:
+            self.stored.append(block_hash)
         return block_id
     # ---- end of L3 cache hooks
 

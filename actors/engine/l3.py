@@ -32,18 +32,17 @@ import torch
 
 from forge.actors.engine.sequence import Sequence, Status
 from forge.cache.blocks import KVBlock
+from forge.cache.client import FETCH_POLICIES, CacheClient
 from forge.cache.events import KVEventLog
 from forge.cache.meters import Ewma
+from forge.kvhash import leading
 from forge.v1 import router_pb2
 
 if TYPE_CHECKING:
     from forge.actors.engine.engine import TorchEngine
     from forge.actors.engine.runner import Work
-    from forge.cache.client import CacheClient
 
 log = logging.getLogger(__name__)
-
-FETCH_POLICIES = ("auto", "always", "never")
 
 
 @dataclass
@@ -64,6 +63,7 @@ class KVConnector:
         self.blocks = engine.blocks
         self.kv = engine.cache
         self.client = client
+        self.blocks.record_events = True     # drained after every step (after_step)
         self.fetch_policy = fetch if client is not None else "never"
         keys = engine.cache.keys
         self.block_shape = (2, keys.shape[0], *keys.shape[2:])
@@ -97,9 +97,7 @@ class KVConnector:
             return False
         salt = self.engine.salt()
         hashes = self.blocks.prompt_block_hashes(seq, salt)
-        local = 0
-        while local < len(hashes) and hashes[local] in self.blocks.by_hash:
-            local += 1
+        local = leading(hashes, self.blocks.by_hash.__contains__)
         missing_s = (len(hashes) - local) * self.blocks.block_size / self.prefill_tps.value
         if local == len(hashes) or (self.fetch_policy == "auto" and missing_s <= self.lookup_s.value):
             return False

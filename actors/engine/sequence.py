@@ -9,6 +9,7 @@ from enum import Enum
 import torch
 
 from forge.actors.backend import RequestStream
+from forge.kvhash import block_hash
 from forge.model.sampling import SamplingParams
 
 
@@ -39,6 +40,8 @@ class Sequence:
     status: Status = Status.WAITING
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)   # chained hashes of the leading full blocks
+    chain: list[bytes] = field(default_factory=list)          # its leading full blocks, hashed once (see hashes)
+    chain_salt: bytes = b""
     num_computed: int = 0           # tokens whose main-model KV is in the cache
     num_cached_blocks: int = 0      # leading blocks registered in (or taken from) the prefix cache
     prefix_hit_tokens: int = 0      # tokens served from the prefix cache at the latest admission
@@ -61,6 +64,20 @@ class Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt:]
+
+    def hashes(self, salt: bytes, block_size: int, blocks: int) -> list[bytes]:
+        """The sequence's own list (not to be modified) of its full blocks' chained hashes (``forge.kvhash``) under
+        ``salt``, extended to at least the first ``blocks``. Token ids only grow, so each block is hashed once per
+        request and salt, whoever asks: the prefix lookup, the L3 lookup, the registration of computed blocks."""
+        if self.chain_salt != salt:
+            self.chain, self.chain_salt = [], salt
+        chain = self.chain
+        end = max(0, min(blocks, len(self.token_ids) // block_size)) * block_size
+        parent = chain[-1] if chain else salt
+        for start in range(len(chain) * block_size, end, block_size):
+            parent = block_hash(parent, self.token_ids[start:start + block_size])
+            chain.append(parent)
+        return chain
 
     def uniform(self, position: int, purpose: int) -> float:
         """The uniform in [0, 1) that decides token ``position`` for ``purpose`` (a sample, a draft, an acceptance
