@@ -8,6 +8,7 @@
 4. the pause a weight swap causes in decoding (longest gap between steps around a swap against the median gap).
 
 Usage: python bench/actor_decode.py [--model tiny|DIR] [--batches 1,8,32,64] [--new-tokens 128] [--repeats 3]
+       [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ def engine_tokens_per_s(model: CausalLM, batch: int, prompt_len: int, new_tokens
 
 
 def hf_tokens_per_s(reference, batch: int, prompt_len: int, new_tokens: int) -> float:
-    prompts = torch.tensor([[(7 * i + j) % 1000 + 1 for j in range(prompt_len)] for i in range(batch)])
+    prompts = torch.tensor([[(7 * i + j) % 1000 + 1 for j in range(prompt_len)] for i in range(batch)],
+                           device=reference.device)
     started = time.perf_counter()
     with torch.inference_mode():
-        reference.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, max_new_tokens=new_tokens,
-                           min_new_tokens=new_tokens, pad_token_id=0, top_k=0, top_p=1.0)
+        output = reference.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
+                                    max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0, top_k=0,
+                                    top_p=1.0)
+    output.cpu()                                               # waits for the device
     return batch * new_tokens / (time.perf_counter() - started)
 
 
@@ -66,7 +70,8 @@ def decode_section(model: CausalLM, batches: list[int], new_tokens: int, repeats
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as directory:
         model.save_pretrained(directory)
-        reference = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+        reference = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        reference = reference.to(model.output_weight.device).eval()
     hf_tokens_per_s(reference, 2, 32, 4)                       # warm-up: first calls pay one-off costs
     engine_tokens_per_s(model, 2, 32, 4)
     print(f"\n## Decode tokens/s (sampling, 32-token prompts, {new_tokens} new tokens)")
@@ -111,6 +116,7 @@ def distill_draft(model: CausalLM, steps: int, seq_len: int = 64, batch: int = 1
     generator = torch.Generator().manual_seed(0)
     for _ in range(steps):
         ids = torch.randint(1, model.config.vocab_size, (batch, seq_len), generator=generator)
+        ids = ids.to(model.output_weight.device)
         with torch.no_grad():
             hidden = model(ids)
             target = model.logits(hidden)[:, 1:-1].log_softmax(-1)   # the main head's prediction of token t+2
@@ -177,14 +183,15 @@ def swap_section(model: CausalLM, swaps: int = 5) -> None:
 @click.option("--distill-steps", default=300, show_default=True, help="MTP draft distillation before section 3.")
 @click.option("--threads", default=0, help="torch threads (0 = all cores)")
 @click.option("--sections", default="decode,prefix,speculative,swap", show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="torch device of the model: cpu, cuda, cuda:1")
 def main(model: str, batches: str, new_tokens: int, prompt_len: int, repeats: int, distill_steps: int, threads: int,
-         sections: str) -> None:
+         sections: str, device: str) -> None:
     if threads:
         torch.set_num_threads(threads)
-    policy = load(model).eval()
+    policy = load(model).to(device).eval()
     chosen = set(sections.split(","))
     print(f"model {model}: {sum(p.numel() for p in policy.parameters()) / 1e6:.2f} M parameters; "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}")
     if "decode" in chosen:
         decode_section(policy, [int(b) for b in batches.split(",")], new_tokens, repeats)
     if "prefix" in chosen:
