@@ -90,6 +90,8 @@ def _initial_model(model: str, resume_dir: Path | None, seed: int):
               help="Comma-separated domains the completion-time reward applies to (empty: all).")
 @click.option("--mtp-weight", default=0.1, show_default=True, help="Weight of the MTP draft's distillation loss.")
 @click.option("--mtp-top-k", default=32, show_default=True, type=click.IntRange(1))
+@click.option("--token-norm", type=click.Choice(["token", "sequence"]), default="token", show_default=True,
+              help="CISPO/PPO: average over the batch's tokens, or within each sequence then over sequences.")
 @click.option("--mode", type=click.Choice(["fifo", "windowed", "greedy"]), default="windowed", show_default=True,
               help="fifo: W = 1; windowed: W = --window; greedy: W = all entries in flight.")
 @click.option("--window", default=0.3, show_default=True, type=click.FloatRange(min=0, min_open=True),
@@ -125,7 +127,7 @@ def _initial_model(model: str, resume_dir: Path | None, seed: int):
 def learner(model: str, pool_path: Path | None, pool_address: str | None, pool_api_key: str | None, run_dir: Path,
             resume: bool, weights_fetch: str, weights_announce: str, publish: bool, loss: str, lr: float,
             eps_low: float, eps_high: float, clip_eps: float, alpha: float, beta: float, gamma: float, baseline: str,
-            normalize: str, failure_reward: float, speed_on: str, speed_domains: str, mtp_weight: float, mtp_top_k: int, mode: str, window: float,
+            normalize: str, failure_reward: float, speed_on: str, speed_domains: str, mtp_weight: float, mtp_top_k: int, token_norm: str, mode: str, window: float,
             batch_groups: int, min_groups: int, max_wait: float, max_staleness: int, staleness_policy: str,
             warmup_steps: int, micro_batch_tokens: int, tree: bool, max_steps: int, checkpoint_every: int, keep_checkpoints: int,
             publish_every: int, device: str, seed: int, nproc: int, host: str, port: int, ready_file: Path | None,
@@ -158,7 +160,7 @@ def learner(model: str, pool_path: Path | None, pool_address: str | None, pool_a
     from forge.learner.window import WindowConfig
 
     try:
-        configs = (LossConfig(loss, eps_low, eps_high, clip_eps, mtp_weight, mtp_top_k),
+        configs = (LossConfig(loss, eps_low, eps_high, clip_eps, mtp_weight, mtp_top_k, token_norm),
                    RewardConfig(alpha, beta, gamma, baseline, normalize, failure_reward, speed_on,
                                 tuple(d.strip() for d in speed_domains.split(",") if d.strip())),
                    WindowConfig(mode, window, batch_groups, min(min_groups, batch_groups), max_wait),

@@ -9,6 +9,10 @@ summing gradients over ranks gives the gradient of the whole batch.
   never the token's gradient: every token keeps contributing.
 - PPO-clip: −Σ min(r · Â, clip(r, 1 − ε, 1 + ε) · Â) / N (token-level normalisation).
 - GRPO: the PPO-clip objective averaged within each sequence, then over sequences (no KL term: no reference model).
+
+``token_norm="sequence"`` gives CISPO and PPO-clip GRPO's weighting instead: each sequence's terms are averaged,
+then summed over the global number of sequences, so a one-token answer weighs as much as a long tool-calling turn
+(with the default ``"token"`` a batch's long agent calls outweigh its short answers by their length).
 """
 
 from __future__ import annotations
@@ -27,21 +31,36 @@ class LossConfig:
     clip_eps: float = 0.2        # PPO-clip and GRPO
     mtp_weight: float = 0.1      # weight of the MTP draft loss
     mtp_top_k: int = 32          # the draft is distilled toward the main head's top-k distribution
+    token_norm: str = "token"    # CISPO and PPO: "token" (sum over the batch's tokens) or "sequence" (mean per sequence)
 
     def __post_init__(self) -> None:
         if self.kind not in ("cispo", "ppo", "grpo"):
             raise ValueError(f"loss must be 'cispo', 'ppo' or 'grpo', got {self.kind!r}")
+        if self.token_norm not in ("token", "sequence"):
+            raise ValueError(f"token_norm must be 'token' or 'sequence', got {self.token_norm!r}")
         if self.eps_low < 0 or self.eps_high < 0 or self.clip_eps <= 0:
             raise ValueError("clipping epsilons must be non-negative (clip_eps positive)")
         if self.mtp_weight < 0 or self.mtp_top_k < 1:
             raise ValueError("mtp_weight must be >= 0 and mtp_top_k >= 1")
 
 
+def _cispo_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    weight = torch.exp(logp.detach() - old_logp).clamp(1.0 - eps_low, 1.0 + eps_high)
+    return weight * advantages * logp
+
+
 def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, total_tokens: float,
                eps_low: float, eps_high: float) -> Tensor:
-    ratio = torch.exp(logp.detach() - old_logp)
-    weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    return -(weight * advantages * logp * mask).sum() / total_tokens
+    return -(_cispo_terms(logp, old_logp, advantages, eps_low, eps_high) * mask).sum() / total_tokens
+
+
+def sequence_mean(terms: Tensor, mask: Tensor, sample_index: Tensor, total_sequences: float) -> Tensor:
+    """Σ over sequences (``sample_index``) of the masked mean of their terms, over the global number of sequences."""
+    size = int(sample_index.max()) + 1 if sample_index.numel() else 0
+    terms = terms * mask
+    sums = torch.zeros(size, dtype=terms.dtype, device=terms.device).index_add(0, sample_index, terms)
+    counts = torch.zeros(size, dtype=terms.dtype, device=terms.device).index_add(0, sample_index, mask.to(terms))
+    return (sums / counts.clamp(min=1)).sum() / total_sequences
 
 
 def _ppo_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps: float) -> Tensor:
@@ -58,15 +77,15 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
               total_sequences: float, eps: float) -> Tensor:
     """Each sequence's (``sample_index``) masked mean of the PPO-clip terms, summed, over the global number of
     sequences."""
-    size = int(sample_index.max()) + 1 if sample_index.numel() else 0
-    terms = _ppo_terms(logp, old_logp, advantages, eps) * mask
-    sums = torch.zeros(size, dtype=terms.dtype, device=terms.device).index_add(0, sample_index, terms)
-    counts = torch.zeros(size, dtype=terms.dtype, device=terms.device).index_add(0, sample_index, mask.to(terms))
-    return -(sums / counts.clamp(min=1)).sum() / total_sequences
+    return -sequence_mean(_ppo_terms(logp, old_logp, advantages, eps), mask, sample_index, total_sequences)
 
 
 def policy_loss(config: LossConfig, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
                 sample_index: Tensor, total_tokens: float, total_sequences: float) -> Tensor:
+    if config.kind != "grpo" and config.token_norm == "sequence":
+        terms = (_cispo_terms(logp, old_logp, advantages, config.eps_low, config.eps_high) if config.kind == "cispo"
+                 else _ppo_terms(logp, old_logp, advantages, config.clip_eps))
+        return -sequence_mean(terms, mask, sample_index, total_sequences)
     if config.kind == "cispo":
         return cispo_loss(logp, old_logp, advantages, mask, total_tokens, config.eps_low, config.eps_high)
     if config.kind == "ppo":

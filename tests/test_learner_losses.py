@@ -103,6 +103,25 @@ def test_grpo_matches_the_reference(seed):
     torch.testing.assert_close(logits.grad, expected_grad)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_cispo_per_sequence_normalisation_matches_the_reference(seed):
+    logits, targets, old, adv, mask, index = random_case(seed)
+    eps_low, eps_high = 0.3, 0.5
+    sequences = len(set(index.tolist()))
+    config = LossConfig(eps_low=eps_low, eps_high=eps_high, token_norm="sequence")
+    loss = policy_loss(config, logp_of(logits, targets), old, adv, mask, index, 1e9, float(sequences))
+    loss.backward()
+    counts = {s: float(mask[index == s].sum()) for s in set(index.tolist())}
+
+    def term(i, lp):
+        weight = min(max(math.exp(float(lp.detach()) - float(old[i])), 1 - eps_low), 1 + eps_high)
+        return -weight * float(adv[i]) * lp * float(mask[i]) / max(counts[int(index[i])], 1.0) / sequences
+
+    expected_loss, expected_grad = reference_grad(logits, targets, term)
+    torch.testing.assert_close(loss.detach(), expected_loss)
+    torch.testing.assert_close(logits.grad, expected_grad)
+
+
 def test_policy_loss_dispatches_and_validates():
     logits, targets, old, adv, mask, index = random_case(1)
     lp = logp_of(logits, targets)
@@ -110,6 +129,8 @@ def test_policy_loss_dispatches_and_validates():
         assert torch.isfinite(policy_loss(LossConfig(kind=kind), lp, old, adv, mask, index, 30.0, 5.0))
     with pytest.raises(ValueError):
         LossConfig(kind="dpo")
+    with pytest.raises(ValueError):
+        LossConfig(token_norm="batch")
 
 
 def test_mtp_topk_kl_is_the_reference_kl_and_trains_only_the_draft():
