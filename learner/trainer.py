@@ -21,7 +21,7 @@ from forge.learner.parallel import Distributed, full_state_dict, split_for_ranks
 from forge.learner.policy import policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
-from forge.learner.tree import pack_trees, split_trees_for_ranks, tree_policy_forward
+from forge.learner.tree import build_trie, pack_trees, rank_spans, tree_policy_forward
 from forge.learner.window import Batch, PoolSource, WindowConfig, WindowedFifo
 from forge.model.qwen3 import CausalLM
 from forge.v1 import pool_pb2
@@ -203,15 +203,13 @@ class Trainer:
         """This rank's micro-batches (packed trees, or padded linear batches), padded with zero-weight dummies to
         the same count on every rank, and the number of real tokens the model runs over."""
         world, budget, device = self.dist.world_size, self.config.micro_batch_tokens, self.dist.device
-        if self.config.tree:        # one process: no split, so the trie is built once (by pack_trees)
-            parts = split_trees_for_ranks(samples, world) if world > 1 else [list(range(len(samples)))]
-        else:
-            parts = split_for_ranks([len(s.tokens) for s in samples], world)
-        local = [samples[i] for i in parts[self.dist.rank]]
-        if self.config.tree:
-            micros: list[Any] = pack_trees(local, budget, device) if local else []
+        if self.config.tree:        # one trie per step: split into rank spans of its sorted samples, then packed
+            trie = build_trie([s.tokens for s in samples])
+            span = rank_spans(trie, world)[self.dist.rank]
+            micros: list[Any] = pack_trees(samples, budget, device, trie, span)
             packed = sum(m.num_nodes for m in micros)
         else:
+            local = [samples[i] for i in split_for_ranks([len(s.tokens) for s in samples], world)[self.dist.rank]]
             micros = [make_micro_batch(group, device) for group in micro_batches(local, budget)]
             packed = sum(len(s.tokens) for s in local)
         missing = self.dist.max(len(micros)) - len(micros)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,10 +18,10 @@ from forge.learner.losses import LossConfig, policy_loss
 from forge.learner.policy import policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
-from forge.learner.tree import build_trie, pack_trees, split_trees_for_ranks, tree_policy_forward
+from forge.learner.tree import build_trie, pack_trees, rank_spans, split_trees_for_ranks, tree_policy_forward
 from forge.model import CausalLM, ModelConfig
-from forge.model.sampling import SamplingParams, sampling_logprobs
-from forge.model.sampling import sample as sample_token
+from forge.model.generate import generate
+from forge.model.sampling import SamplingParams
 
 from helpers.rollouts import fill_pool
 from helpers.threads import one_thread  # noqa: F401  (autouse)
@@ -41,17 +42,14 @@ def make_sample(rng: random.Random, tokens: list[int], prompt_len: int, session:
                   position=0, session_id=session, call_index=call)
 
 
-@torch.no_grad()
-def generate(model: CausalLM, rng: random.Random, context: list[int], count: int,
-             setting: tuple[float, int, float]) -> list[int]:
-    """Completion tokens drawn from the sampling distribution (so truncated settings keep them in support)."""
-    generator = torch.Generator().manual_seed(rng.randrange(2**31))
-    tokens = list(context)
-    for _ in range(count):
-        logits = model.logits(model(torch.tensor([tokens]))[0, -1:])
-        logprobs = sampling_logprobs(logits, *setting)
-        tokens.append(int(sample_token(logprobs, setting[0] == 0.0, generator)[0]))
-    return tokens[len(context):]
+def draw(model: CausalLM, rng: random.Random, context: list[int], count: int,
+         setting: tuple[float, int, float]) -> list[int]:
+    """``count`` tokens drawn by ``forge.model.generate`` under ``setting`` (so truncated settings keep them in
+    support)."""
+    temperature, top_k, top_p = setting
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=rng.randrange(2**31),
+                            max_tokens=count, ignore_eos=True)
+    return generate(model, context, params).token_ids
 
 
 def agent_batch(model: CausalLM, rng: random.Random, groups: int = 2, group_size: int = 3, calls: int = 3,
@@ -73,7 +71,7 @@ def agent_batch(model: CausalLM, rng: random.Random, groups: int = 2, group_size
                     # Context management: keep the system prompt and a summary, drop the older turns.
                     context = context[:system_len] + tokens(rng.randrange(1, 4)) + context[-rng.randrange(1, 4):]
                 chosen = setting if rng.random() < 0.7 else rng.choice(SETTINGS)
-                completion = generate(model, rng, context, rng.randrange(1, 7), chosen)
+                completion = draw(model, rng, context, rng.randrange(1, 7), chosen)
                 sample = make_sample(rng, context + completion, len(context), f"g{group}r{rollout}", call, chosen)
                 samples.append(sample)
                 if rng.random() < duplicates:     # the same tokens trained twice, with another advantage
@@ -141,13 +139,15 @@ def assert_same_step(model, samples, config, masks, budget, impl="segments", lin
         torch.testing.assert_close(tree_grads[name], grad, atol=1e-5 * scale, rtol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("kind", ["cispo", "ppo", "grpo"])
+@pytest.mark.parametrize("kind", ["cispo", "ppo", "grpo", "cispo-per-sequence"])
 @pytest.mark.parametrize("budget", [4096, 40])
 @pytest.mark.parametrize("seed", range(3))
 def test_tree_step_equals_sample_by_sample(model, kind, budget, seed):
     rng = random.Random(seed + 100)
     samples = seeded_batch(model, seed)
-    config = LossConfig(kind=kind, eps_high=0.3, clip_eps=0.2, mtp_weight=0.5, mtp_top_k=5)
+    kind, _, per = kind.partition("-per-")
+    config = LossConfig(kind=kind, eps_high=0.3, clip_eps=0.2, mtp_weight=0.5, mtp_top_k=5,
+                        token_norm="sequence" if per else "token")
     batches = pack_trees(samples, budget)
     assert (len(batches) == 1) == (budget == 4096)
     assert sum(b.num_nodes for b in batches) < sum(len(s.tokens) for s in samples)
@@ -190,7 +190,7 @@ def test_shared_nodes_transform_logits_per_sample(model):
     differ; a third sample takes the first sample's completion as its prompt (trained for the first only)."""
     rng = random.Random(3)
     prompt = [rng.randrange(VOCAB) for _ in range(9)]
-    completion = generate(model, rng, prompt, 5, (0.0, 0, 1.0))         # the argmax is in every support
+    completion = draw(model, rng, prompt, 5, (0.0, 0, 1.0))         # the argmax is in every support
     first = make_sample(rng, prompt + completion, len(prompt), setting=(0.6, 0, 1.0))
     second = make_sample(rng, prompt + completion, len(prompt), setting=(1.4, 4, 0.9))
     third = make_sample(rng, prompt + completion + [3, 4], len(prompt) + len(completion), setting=(1.0, 0, 1.0))
@@ -245,10 +245,38 @@ def test_real_rollouts_from_the_pool(tmp_path, model):
         assert_same_step(model, samples, config, random_masks(rng, samples), budget=60, linear_budget=120)
 
 
+def assert_same_batches(got: list, expected: list) -> None:
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        assert [id(x) for x in a.samples] == [id(x) for x in b.samples]
+        for name, value in vars(b).items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(getattr(a, name), value), name
+            elif name != "samples":
+                np.testing.assert_array_equal(getattr(a, name), value, err_msg=name)
+
+
 def test_ranks_keep_shared_prefixes_together(model):
     samples = seeded_batch(model, 2)
+    trie = build_trie([s.tokens for s in samples])
     for world in (1, 2, 3, 5):
         parts = split_trees_for_ranks(samples, world)
+        assert parts == split_trees_for_ranks(samples, world, trie)
         assert len(parts) == world and sorted(i for p in parts for i in p) == list(range(len(samples)))
         nodes = [build_trie([samples[i].tokens for i in p]).num_nodes if p else 0 for p in parts]
-        assert sum(nodes) <= build_trie([s.tokens for s in samples]).num_nodes + world * 20
+        assert sum(nodes) <= trie.num_nodes + world * 20
+        # The trainer builds the step's trie once: a rank's span packs as a trie of the rank's samples alone.
+        for part, span in zip(parts, rank_spans(trie, world), strict=True):
+            local = [samples[i] for i in part]
+            for budget in (40, 4096):
+                expected = pack_trees(local, budget) if local else []
+                assert_same_batches(pack_trees(samples, budget, trie=trie, span=span), expected)
+
+
+def test_chunk_bounds_equal_a_device_search(model):
+    """The output head's chunk bounds come from host offsets: those of ``torch.searchsorted`` on the device."""
+    for batch in pack_trees(seeded_batch(model, 0), 40):
+        nodes = torch.arange(batch.logit_nodes.numel() + 1)
+        assert batch.row_first.tolist() == torch.searchsorted(batch.sampling_rows, nodes).tolist()
+        rows = torch.arange(batch.sampling_rows.numel() + 1)
+        assert batch.term_first.tolist() == torch.searchsorted(batch.term_sampling_row.sort().values, rows).tolist()

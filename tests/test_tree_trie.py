@@ -181,6 +181,15 @@ def test_tree_attention_implementations_equal_the_ancestor_mask(seed, mtp):
     assert (per_block.all(-1).all(1) | ~full_blocks).all()
 
 
+def test_flex_lengths_fall_in_few_compiled_shapes():
+    """The compiled flex kernel has static shapes: every length pads to one of a handful, at most doubling it."""
+    lengths = range(1, 20_000)
+    for length in lengths:
+        padded = flex.padded_length(length)
+        assert padded >= length and padded % FLEX_BLOCK == 0 and (padded < 2 * length or padded == FLEX_BLOCK)
+    assert {flex.padded_length(n) for n in lengths} == {FLEX_BLOCK << k for k in range(9)}
+
+
 @pytest.mark.slow
 def test_compiled_flex_kernel_follows_the_block_mask():
     """The compiled kernel (forward only on CPU in torch 2.13; forward and backward on CUDA) skips the blocks the

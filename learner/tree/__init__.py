@@ -3,7 +3,14 @@ sample-by-sample training (see docs/tree.md)."""
 
 from forge.learner.tree.attention import TreeAttention
 from forge.learner.tree.forward import tree_policy_forward
-from forge.learner.tree.packing import TreeBatch, make_tree_batch, pack_trees, plan_runs, split_trees_for_ranks
+from forge.learner.tree.packing import (
+    TreeBatch,
+    make_tree_batch,
+    pack_trees,
+    plan_runs,
+    rank_spans,
+    split_trees_for_ranks,
+)
 from forge.learner.tree.trie import Trie, build_trie
 
 __all__ = [
@@ -14,6 +21,7 @@ __all__ = [
            "make_tree_batch",
            "pack_trees",
            "plan_runs",
+           "rank_spans",
            "split_trees_for_ranks",
            "tree_policy_forward",
 ]

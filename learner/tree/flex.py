@@ -7,8 +7,6 @@ backward on CPU; the compiled kernel runs forward on CPU too, which is how the t
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -28,7 +26,7 @@ def flex_available(device: torch.device) -> bool:
     return True
 
 
-def _structure(end: Tensor, key_ok: Tensor | None, padded: int) -> tuple[Tensor, Tensor]:
+def _structure(end: Tensor, key_ok: Tensor, padded: int) -> tuple[Tensor, Tensor]:
     """Per (query block, key block): partially visible (mask needed), and wholly visible."""
     count = padded // FLEX_BLOCK
     starts = torch.arange(count, device=end.device) * FLEX_BLOCK
@@ -39,8 +37,7 @@ def _structure(end: Tensor, key_ok: Tensor | None, padded: int) -> tuple[Tensor,
     k_start, k_stop = starts.unsqueeze(0), stops.unsqueeze(0)
     any_ = (k_start < q_stop) & (max_end.unsqueeze(0) > q_start)
     full = (k_stop - 1 <= q_start) & (min_end.unsqueeze(0) >= q_stop)
-    if key_ok is not None:
-        full &= key_ok.view(count, FLEX_BLOCK).all(-1).unsqueeze(0)
+    full &= key_ok.view(count, FLEX_BLOCK).all(-1).unsqueeze(0)
     return any_ & ~full, full
 
 
@@ -50,24 +47,28 @@ def _indices(blocks: Tensor) -> tuple[Tensor, Tensor]:
     return counts[None, None], indices[None, None]
 
 
+def padded_length(length: int) -> int:
+    """FLEX_BLOCK times a power of two: the kernel is compiled for static shapes (``dynamic=False``), so packed
+    trees of any length share a handful of compiled shapes (below dynamo's recompile limit)."""
+    blocks = -(-length // FLEX_BLOCK)
+    return FLEX_BLOCK << max(0, blocks - 1).bit_length()
+
+
 def block_mask(end: Tensor, key_ok: Tensor | None):
-    """The BlockMask of a tree, padded to a multiple of FLEX_BLOCK tokens (padding: roots seen by themselves)."""
+    """The BlockMask of a tree, padded to ``padded_length`` tokens (padding: roots seen by themselves). ``key_ok``
+    is always a tensor, so the main and MTP attention share one compiled kernel per padded length."""
     from torch.nn.attention.flex_attention import BlockMask
 
     length = end.numel()
-    padded = math.ceil(length / FLEX_BLOCK) * FLEX_BLOCK
+    padded = padded_length(length)
     extra = torch.arange(length, padded, device=end.device)
     end = torch.cat([end, extra + 1])
-    if key_ok is not None or padded > length:
-        base = key_ok if key_ok is not None else torch.ones(length, dtype=torch.bool, device=end.device)
-        key_ok = torch.cat([base, torch.zeros(padded - length, dtype=torch.bool, device=end.device)])
+    base = key_ok if key_ok is not None else torch.ones(length, dtype=torch.bool, device=end.device)
+    key_ok = torch.cat([base, torch.zeros(padded - length, dtype=torch.bool, device=end.device)])
     partial, full = _structure(end, key_ok, padded)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        seen = (kv_idx <= q_idx) & (q_idx < end[kv_idx])
-        if key_ok is not None:
-            seen = seen & (key_ok[kv_idx] | (kv_idx == q_idx))
-        return seen
+        return (kv_idx <= q_idx) & (q_idx < end[kv_idx]) & (key_ok[kv_idx] | (kv_idx == q_idx))
 
     counts, indices = _indices(partial)
     full_counts, full_indices = _indices(full)
@@ -85,7 +86,7 @@ def attend_flex(mask, q: Tensor, k: Tensor, v: Tensor, scale: float, compile: bo
         pad = (0, 0, 0, padded - length)
         q, k, v = F.pad(q, pad), F.pad(k, pad), F.pad(v, pad)
     if compile and _compiled is None:
-        _compiled = torch.compile(flex_attention)
+        _compiled = torch.compile(flex_attention, dynamic=False)
     attend = _compiled if compile else flex_attention
     out = attend(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return out[:, :, :length]

@@ -62,8 +62,9 @@ def tree_policy_forward(model: CausalLM, batch: TreeBatch, mtp_top_k: int = 0, i
     bounds = [*range(0, max(count, 1), step), count]      # one (empty) chunk keeps the graph when there are no terms
     pieces, kls = [], []
     for lo, hi in itertools.pairwise(bounds):
-        r_lo, r_hi = torch.searchsorted(batch.sampling_rows, torch.tensor([lo, hi], device=nodes.device)).tolist()
-        t_lo, t_hi = torch.searchsorted(sorted_rows, torch.tensor([r_lo, r_hi], device=nodes.device)).tolist()
+        # Chunk bounds from host offsets built with the batch: no read-back from the device to find them.
+        r_lo, r_hi = int(batch.row_first[lo]), int(batch.row_first[hi])
+        t_lo, t_hi = int(batch.term_first[r_lo]), int(batch.term_first[r_hi])
         arguments = (model, hidden[nodes[lo:hi]], None if draft is None else draft[nodes[lo:hi]],
                      None if identity else batch.sampling_rows[r_lo:r_hi] - lo, batch.row_temperature[r_lo:r_hi],
                      batch.row_top_k[r_lo:r_hi], batch.row_top_p[r_lo:r_hi], sorted_rows[t_lo:t_hi] - r_lo,

@@ -10,6 +10,7 @@ own, as in ``micro_batches``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,6 +47,8 @@ class TreeBatch:
     top_p: Tensor               # [N]
     sample_index: Tensor        # [N] index of the sample within this batch
     mtp_terms: Tensor           # [M] terms with a previous token (predicting node at depth >= 1)
+    row_first: np.ndarray       # [U + 1] host: first row of ``sampling_rows`` of each logit node (R at U)
+    term_first: np.ndarray      # [R + 1] host: first term of each sampling row, terms sorted by row (N at R)
     samples: list[Sample]
     num_sample_tokens: int      # tokens of the samples, each counted once per sample
 
@@ -67,30 +70,29 @@ class TreeBatch:
         return TreeAttention(self.end, key_ok=self.position_ids[0] > 0, impl=impl, block_size=block_size)
 
 
-def plan_runs(trie: Trie, token_budget: int) -> list[tuple[int, int]]:
-    """Contiguous ranges [a, b) of sorted samples whose union of paths stays within ``token_budget`` nodes (a sample
-    longer than the budget alone), cut where the duplicated context is smallest: the fewest packed tokens in all,
-    then the fewest sequences (dynamic programming over the cut points)."""
-    count = trie.order.size
-    lengths = np.asarray([trie.paths[i].size for i in trie.order], dtype=np.int64)
-    fresh = np.concatenate([[0], np.cumsum(lengths - trie.lcp)])       # nodes created by sorted samples [0, b)
-    best: list[tuple[int, int]] = [(0, 0)] + [(0, 0)] * count
-    cut = [0] * (count + 1)
-    for stop in range(1, count + 1):
+def plan_runs(trie: Trie, token_budget: int, span: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+    """Contiguous ranges [a, b) of sorted samples (within ``span``, default all) whose union of paths stays within
+    ``token_budget`` nodes (a sample longer than the budget alone), cut where the duplicated context is smallest:
+    the fewest packed tokens in all, then the fewest sequences (dynamic programming over the cut points)."""
+    lo, hi = span or (0, trie.order.size)
+    start, lcp = trie.start, trie.lcp           # start[b] - start[a]: nodes created by sorted samples [a, b)
+    best: list[tuple[int, int]] = [(0, 0)] * (hi + 1)
+    cut = [lo] * (hi + 1)
+    for stop in range(lo + 1, hi + 1):
         choice, where = None, stop - 1
-        for first in range(stop - 1, -1, -1):
-            created = int(fresh[stop] - fresh[first])
+        for first in range(stop - 1, lo - 1, -1):
+            created = int(start[stop] - start[first])
             if first < stop - 1 and created > token_budget:
                 break
-            size = int(trie.lcp[first]) + created
+            size = int(lcp[first]) + created
             if first < stop - 1 and size > token_budget:
                 continue
-            candidate = (best[first][0] + int(trie.lcp[first]), best[first][1] + 1)
+            candidate = (best[first][0] + int(lcp[first]), best[first][1] + 1)
             if choice is None or candidate < choice:
                 choice, where = candidate, first
         best[stop], cut[stop] = choice, where
-    runs, stop = [], count
-    while stop > 0:
+    runs, stop = [], hi
+    while stop > lo:
         runs.append((cut[stop], stop))
         stop = cut[stop]
     return runs[::-1]
@@ -104,6 +106,11 @@ def _run_nodes(trie: Trie, first: int, last: int) -> np.ndarray:
 
 def _local(nodes: np.ndarray, global_ids: np.ndarray) -> np.ndarray:
     return np.searchsorted(nodes, global_ids)
+
+
+def _offsets(groups: np.ndarray, count: int) -> np.ndarray:
+    """[count + 1] first position of each group value in ``groups`` sorted (a searchsorted of 0..count)."""
+    return np.concatenate([[0], np.cumsum(np.bincount(groups, minlength=count))]).astype(np.int64)
 
 
 def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int,
@@ -137,6 +144,7 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
     # Terms read at the same node under the same sampling parameters share one row of log-probabilities.
     keys, term_sampling_row = np.unique(term_logit_row * max(1, len(settings)) + term_setting_a,
                                         return_inverse=True)
+    sampling_rows = keys // max(1, len(settings))
     table = np.asarray(list(settings), dtype=np.float64).reshape(-1, 3)
     row_setting = table[keys % max(1, len(settings))]
     term_params = table[term_setting_a]
@@ -148,41 +156,48 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
     return TreeBatch(
         input_ids=tensor(trie.tokens[nodes]).unsqueeze(0), position_ids=tensor(depth).unsqueeze(0),
         parent=tensor(local_parent), end=tensor(local_end), logit_nodes=tensor(logit_nodes),
-        sampling_rows=tensor(keys // max(1, len(settings))), row_temperature=tensor(row_setting[:, 0], torch.float32),
+        sampling_rows=tensor(sampling_rows), row_temperature=tensor(row_setting[:, 0], torch.float32),
         row_top_k=tensor(row_setting[:, 1]), row_top_p=tensor(row_setting[:, 2], torch.float32),
         term_logit_row=tensor(term_logit_row), term_sampling_row=tensor(term_sampling_row),
         targets=tensor(targets), old_logprobs=tensor(old, torch.float32), advantages=tensor(adv, torch.float32),
         temperature=tensor(term_params[:, 0], torch.float32), top_k=tensor(term_params[:, 1]),
         top_p=tensor(term_params[:, 2], torch.float32), sample_index=tensor(index),
-        mtp_terms=tensor(np.flatnonzero(depth[term_local] >= 1)), samples=batch_samples,
+        mtp_terms=tensor(np.flatnonzero(depth[term_local] >= 1)),
+        row_first=_offsets(sampling_rows, logit_nodes.size), term_first=_offsets(term_sampling_row, keys.size),
+        samples=batch_samples,
         num_sample_tokens=sum(len(s.tokens) for s in batch_samples))
 
 
 def pack_trees(samples: Sequence[Sample], token_budget: int, device: torch.device | str = "cpu",
-               trie: Trie | None = None) -> list[TreeBatch]:
-    """The batches of one training step: ``samples`` merged into one trie, packed under ``token_budget`` nodes
-    per sequence (the tree counterpart of ``micro_batches`` + ``make_micro_batch``)."""
+               trie: Trie | None = None, span: tuple[int, int] | None = None) -> list[TreeBatch]:
+    """The batches of one training step: ``samples`` merged into one trie (``trie`` if given, built from all of
+    ``samples``), packed under ``token_budget`` nodes per sequence (the tree counterpart of ``micro_batches`` +
+    ``make_micro_batch``). ``span``: only the sorted samples [a, b) of the trie (one rank's share, see
+    ``rank_spans``)."""
     for sample in samples:
         if sample.prompt_len < 1:
             raise ValueError("every sample needs a prompt of at least one token")
     if token_budget < 1:
         raise ValueError("token_budget must be positive")
-    trie = trie or build_trie([s.tokens for s in samples])
-    return [make_tree_batch(trie, samples, a, b, device) for a, b in plan_runs(trie, token_budget)]
+    if trie is None:
+        trie = build_trie([s.tokens for s in samples])
+    return [make_tree_batch(trie, samples, a, b, device) for a, b in plan_runs(trie, token_budget, span)]
 
 
-def split_trees_for_ranks(samples: Sequence[Sample], world_size: int) -> list[list[int]]:
-    """Indices of samples per rank (the tree counterpart of ``split_for_ranks``): contiguous ranges of the trie
-    order, so samples that share prefixes stay on one rank, balanced by the nodes each rank must pack."""
-    if not samples:
-        return [[] for _ in range(world_size)]
-    trie = build_trie([s.tokens for s in samples])
-    lengths = np.asarray([trie.paths[i].size for i in trie.order], dtype=np.int64)
-    created = np.cumsum(lengths - trie.lcp)
-    total = int(created[-1])
-    parts: list[list[int]] = [[] for _ in range(world_size)]
-    for position, index in enumerate(trie.order):
-        # The sample goes where the middle of the nodes it creates falls in the packed order.
-        middle = int(created[position]) - (int(lengths[position] - trie.lcp[position]) + 1) // 2
-        parts[min(world_size - 1, middle * world_size // max(1, total))].append(int(index))
-    return parts
+def rank_spans(trie: Trie, world_size: int) -> list[tuple[int, int]]:
+    """Per rank, a contiguous range [a, b) of the trie's sorted samples, so samples that share prefixes stay on one
+    rank, balanced by the nodes each rank must pack: a sample goes where the middle of the nodes it creates falls
+    in the packed order (monotone in the sorted order, hence contiguous)."""
+    created = np.diff(trie.start)
+    middle = trie.start[1:] - (created + 1) // 2
+    ranks = np.minimum(world_size - 1, middle * world_size // max(1, trie.num_nodes))
+    bounds = np.searchsorted(ranks, np.arange(world_size + 1)).tolist()
+    return list(itertools.pairwise(bounds))
+
+
+def split_trees_for_ranks(samples: Sequence[Sample], world_size: int, trie: Trie | None = None) -> list[list[int]]:
+    """Indices of samples per rank (the tree counterpart of ``split_for_ranks``): the samples of ``rank_spans``,
+    in trie order."""
+    if trie is None:
+        trie = build_trie([s.tokens for s in samples])
+    return [trie.order[a:b].tolist() for a, b in rank_spans(trie, world_size)]
