@@ -55,6 +55,7 @@ class Distributed:
 
     def close(self) -> None:
         if self.enabled and dist.is_initialized():
+            dist.barrier()              # gloo aborts a rank that tears down while a peer still talks to it
             dist.destroy_process_group()
 
 

@@ -219,6 +219,9 @@ def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path):
     one, two = results[1], results[2]
     assert one["tokens"] == two["tokens"] == 4 * 3 * 2 * 9
     assert one["loss"] == pytest.approx(two["loss"], abs=1e-5)
+    assert one["grads"].keys() == two["grads"].keys() and len(one["grads"]) > 10
+    for name, grad in one["grads"].items():       # gradients, which Adam's scale-free first update would hide
+        torch.testing.assert_close(two["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=name)
     before = model.state_dict()
     changed = 0
     for name, tensor in one["state"].items():     # Adam's first update: ±lr except for gradients near zero

@@ -1,4 +1,5 @@
-"""One training step on a pool, alone or under torchrun with FSDP2; rank 0 saves the resulting parameters."""
+"""One training step on a pool, alone or under torchrun with FSDP2; rank 0 saves the gradients the step used and
+the resulting parameters."""
 
 from __future__ import annotations
 
@@ -25,10 +26,21 @@ def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int) -> No
                       LossConfig(mtp_weight=0.5, mtp_top_k=8), RewardConfig(), WindowConfig(window=16,
                                                                                            batch_groups=4),
                       pool)
+    grads: dict[str, torch.Tensor] = {}
+    step = trainer.optimizer.step
+
+    def capture():          # the gradients Adam is about to use, gathered whole (a collective: every rank calls it)
+        for name, parameter in model.named_parameters():
+            if parameter.grad is not None:
+                grad = parameter.grad
+                grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().clone()
+        return step()
+
+    trainer.optimizer.step = capture
     record = trainer.step()
     state = full_state_dict(model, distributed)
     if distributed.is_main:
-        torch.save({"state": state, "loss": record["loss"], "tokens": record["tokens"]}, out)
+        torch.save({"state": state, "grads": grads, "loss": record["loss"], "tokens": record["tokens"]}, out)
         pool.close()
     distributed.close()
 
