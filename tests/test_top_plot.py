@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from forge.top.cli import plot
-from forge.top.plot import DPI, HEIGHT_IN, WIDTH_IN, NoMetrics, load_records, metrics_path, run_series
+from forge.top.plot import DPI, HEIGHT_IN, WIDTH_IN, NoMetrics, load_records, metrics_path, run_series, smooth
 
 
 def record(step: int, **extra) -> dict:
@@ -49,6 +49,13 @@ def test_metrics_path_accepts_both_layouts_and_a_file(tmp_path):
     assert metrics_path(tmp_path / "a" / "metrics.jsonl") == tmp_path / "a" / "metrics.jsonl"
     with pytest.raises(NoMetrics, match="looked for"):
         metrics_path(tmp_path)
+
+
+def test_smoothing_is_a_trailing_mean_that_skips_gaps():
+    nan = math.nan
+    assert smooth([1.0, 3.0, nan, 5.0, 7.0], 2) == [1.0, 2.0, 3.0, 5.0, 6.0]
+    assert smooth([1.0, 2.0], 1) == [1.0, 2.0]
+    assert math.isnan(smooth([nan, nan, 4.0], 2)[1]) and smooth([nan, nan, 4.0], 2)[2] == 4.0
 
 
 def test_plot_writes_a_png_of_the_expected_size(tmp_path):

@@ -95,6 +95,19 @@ def _has_data(values: list[float]) -> bool:
     return any(not math.isnan(v) for v in values)
 
 
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing mean over the last ``window`` values, skipping NaNs (NaN where the window holds none): a step's
+    reward comes from a few sessions, so the raw curve is mostly noise."""
+    out, recent = [], []
+    for value in values:
+        recent.append(value)
+        if len(recent) > window:
+            recent.pop(0)
+        present = [v for v in recent if not math.isnan(v)]
+        out.append(sum(present) / len(present) if present else math.nan)
+    return out
+
+
 def draw(series: RunSeries, out: Path, title: str = "") -> Path:
     """Three panels (reward, loss, tokens/s) over the steps, written to ``out`` as a PNG of 1000 x 900 pixels."""
     import matplotlib
@@ -106,9 +119,14 @@ def draw(series: RunSeries, out: Path, title: str = "") -> Path:
     reward_ax, loss_ax, speed_ax = figure.subplots(3, 1, sharex=True)
     x = series.steps
     marker = "o" if len(x) < 30 else None
-    reward_ax.plot(x, series.reward, label="reward (mean)", color="black", linewidth=2, marker=marker)
+    window = max(1, len(x) // 25)
+    label = f" (mean of {window} steps)" if window > 1 else ""
+    if window > 1:
+        reward_ax.plot(x, series.reward, color="black", linewidth=0.5, alpha=0.15)
+    reward_ax.plot(x, smooth(series.reward, window), label=f"reward{label}", color="black", linewidth=2,
+                   marker=marker)
     for domain, values in series.reward_by_domain.items():
-        reward_ax.plot(x, values, label=f"reward/{domain}", linewidth=1, alpha=0.8, marker=marker)
+        reward_ax.plot(x, smooth(values, window), label=f"reward/{domain}", linewidth=1.2, alpha=0.9, marker=marker)
     reward_ax.set_ylabel("reward")
     loss_ax.plot(x, series.loss, label="loss", color="tab:red", marker=marker)
     for name, values in (("policy loss", series.policy_loss), ("mtp loss", series.mtp_loss)):
