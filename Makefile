@@ -41,7 +41,7 @@ assets: venv
 
 ## Re-run the tiny model's pre-training (about 15-30 minutes on 2 CPU cores) into forge/assets/tiny.
 pretrain: venv
-	$(BIN)/python -m forge.tasks.pretrain --out forge/assets/tiny --steps 3000 --batch-size 16
+	$(BIN)/python -m forge.tasks.pretrain --out forge/assets/tiny
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -35,10 +35,16 @@ class UpConfig:
     groups_in_flight: int = 6
     batch_groups: int = 4
     window: float = 0.3
-    lr: float = 1e-4
+    lr: float = 2e-4
+    warmup_steps: int = 25
+    token_norm: str = "sequence"        # the learner's --token-norm: short answers weigh as much as long tool turns
+    advantage_norm: str = "domain"      # the learner's --normalize
+    speed_weight: float = 0.2           # β of the completion-time reward …
+    speed_domains: tuple[str, ...] = ("agent",)   # … paid where time is tool-call parallelism
     max_tokens: int = 96                # per call; enough for three parallel tool calls, so truncation is rare
     temperature: float = 1.0
     eval_size: int = 48
+    eval_samples: int = 4               # sampled episodes per held-out task (at the training temperature)
     blackbox_every: int = 6
     domains: tuple[str, ...] = DOMAINS
     model: str = "tiny"
@@ -50,8 +56,10 @@ class UpConfig:
 @dataclass
 class RunState:
     started: float = field(default_factory=time.time)
-    eval_start: dict[str, float] = field(default_factory=dict)
+    eval_start: dict[str, float] = field(default_factory=dict)          # sampled: the policy RL trains
     eval_end: dict[str, float] = field(default_factory=dict)
+    eval_greedy_start: dict[str, float] = field(default_factory=dict)
+    eval_greedy_end: dict[str, float] = field(default_factory=dict)
     gauges: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
@@ -64,18 +72,19 @@ class System:
 
     def start(self) -> None:
         c, run = self.config, self.config.run_dir
-        learner = self._start("learner", "forge-learner", [
-            "--model", c.model, "--pool", str(run / "pool"), "--run-dir", str(run / "learner"),
-            "--weights-fetch", "tcp://127.0.0.1:*", "--weights-announce", "tcp://127.0.0.1:*",
-            "--batch-groups", str(c.batch_groups), "--window", str(c.window), "--lr", str(c.lr), "--warmup-steps", "25",
-            "--max-wait", "10", "--checkpoint-every", "25", "--normalize", "domain", "--beta", "0.2",
-            "--speed-domains", "agent",
-            "--port", "0", "--seed", str(c.seed)], env={"OMP_NUM_THREADS": "1"})
         l3: list[str] = []
         if c.cache:
             cache = self._start("cache", "forge-cache", ["--dir", str(run / "cache"), "--port", "0",
                                                          "--capacity-mb", str(c.cache_mb)])
             l3 = ["--l3-cache", cache.info["address"]]
+        learner = self._start("learner", "forge-learner", [
+            "--model", c.model, "--pool", str(run / "pool"), "--run-dir", str(run / "learner"),
+            "--weights-fetch", "tcp://127.0.0.1:*", "--weights-announce", "tcp://127.0.0.1:*",
+            "--batch-groups", str(c.batch_groups), "--window", str(c.window), "--lr", str(c.lr),
+            "--warmup-steps", str(c.warmup_steps), "--token-norm", c.token_norm, "--normalize", c.advantage_norm,
+            "--beta", str(c.speed_weight), "--speed-domains", ",".join(c.speed_domains),
+            "--max-wait", "10", "--checkpoint-every", "25", "--port", "0", "--seed", str(c.seed)],
+            env={"OMP_NUM_THREADS": "1"})
         actors = [self._start(f"actor-{i}", "forge-actor", [
             "--model", c.model, "--port", "0", "--name", f"actor-{i}", "--threads", "1", "--kv-cache-mb", "96",
             "--weights-fetch", learner.info["weights_fetch"], "--weights-announce", learner.info["weights_announce"],
@@ -144,7 +153,6 @@ async def run(config: UpConfig, console: Console) -> dict[str, Any]:
     from forge.builtin import tiny_tokenizer
     from forge.gateway.pool import PoolReader
     from forge.rollout.driver import DriverConfig, RolloutDriver
-    from forge.rollout.evaluate import evaluate
     from forge.tokenizer import Tokenizer
 
     if (config.run_dir / "learner").is_dir():
@@ -163,8 +171,8 @@ async def run(config: UpConfig, console: Console) -> dict[str, Any]:
         tokenizer = tiny_tokenizer() if config.model == "tiny" else Tokenizer.from_dir(config.model)
         actor = system.get("actor-0").info["address"]
         with console.status(f"held-out evaluation at the start ({config.eval_size} tasks per domain) …"):
-            live.eval_start = await evaluate(actor, tokenizer, config.domains, config.eval_size, config.max_tokens)
-        console.print(f"eval at start: {live.eval_start}")
+            live.eval_start, live.eval_greedy_start = await evaluate_both(config, actor, tokenizer)
+        console.print(f"eval at start: sampled {_rounded(live.eval_start)}, greedy {_rounded(live.eval_greedy_start)}")
         gateway = system.get("gateway").info
         pool = PoolReader(config.run_dir / "pool")
 
@@ -189,19 +197,34 @@ async def run(config: UpConfig, console: Console) -> dict[str, Any]:
         stop.set()
         await driving
         with console.status("held-out evaluation at the end …"):
-            live.eval_end = await evaluate(actor, tokenizer, config.domains, config.eval_size, config.max_tokens)
+            live.eval_end, live.eval_greedy_end = await evaluate_both(config, actor, tokenizer)
         result = {"config": {k: str(v) for k, v in asdict(config).items()}, "eval_start": live.eval_start,
-                  "eval_end": live.eval_end, "episodes": driver.stats.episodes,
+                  "eval_end": live.eval_end, "eval_greedy_start": live.eval_greedy_start,
+                  "eval_greedy_end": live.eval_greedy_end, "episodes": driver.stats.episodes,
                   "blackbox_episodes": driver.stats.blackbox, "train_reward": driver.stats.reward(),
                   "learner": live.gauges.get("learner", {}), "minutes": (time.time() - live.started) / 60}
-        plot = _plot(config.run_dir)
-        result["plot"] = str(plot) if plot else None
-        (config.run_dir / "summary.json").write_text(json.dumps(result, indent=2))
-        return result
     finally:
         stop_polling.set()
         with console.status("stopping services …"):
             system.stop()
+    plot = _plot(config.run_dir)            # after the learner stopped: its metrics are complete
+    result["plot"] = str(plot) if plot else None
+    (config.run_dir / "summary.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+async def evaluate_both(config: UpConfig, actor: str, tokenizer) -> tuple[dict[str, float], dict[str, float]]:
+    """The held-out reward sampled at the training temperature (``eval_samples`` per task), then greedy."""
+    from forge.rollout.evaluate import evaluate
+
+    sampled = await evaluate(actor, tokenizer, config.domains, config.eval_size, config.max_tokens,
+                             temperature=config.temperature, samples=config.eval_samples)
+    greedy = await evaluate(actor, tokenizer, config.domains, config.eval_size, config.max_tokens)
+    return sampled, greedy
+
+
+def _rounded(scores: dict[str, float]) -> dict[str, float]:
+    return {domain: round(value, 3) for domain, value in scores.items()}
 
 
 def _plot(run_dir: Path) -> Path | None:
@@ -217,12 +240,15 @@ def _plot(run_dir: Path) -> Path | None:
 
 
 def report(result: dict[str, Any], console: Console) -> None:
-    table = Table(title="held-out reward per domain")
-    for column in ("domain", "start", "end", "change"):
+    table = Table(title="held-out reward per domain (sampled at the training temperature; greedy)")
+    for column in ("domain", "start", "end", "change", "greedy start", "greedy end"):
         table.add_column(column, justify="right" if column != "domain" else "left")
     for domain, start in result["eval_start"].items():
         end = result["eval_end"].get(domain, float("nan"))
-        table.add_row(domain, f"{start:.3f}", f"{end:.3f}", f"{end - start:+.3f}")
+        greedy_start = result.get("eval_greedy_start", {}).get(domain, float("nan"))
+        greedy_end = result.get("eval_greedy_end", {}).get(domain, float("nan"))
+        table.add_row(domain, f"{start:.3f}", f"{end:.3f}", f"{end - start:+.3f}", f"{greedy_start:.3f}",
+                      f"{greedy_end:.3f}")
     console.print(table)
 
 
@@ -237,10 +263,18 @@ def report(result: dict[str, Any], console: Console) -> None:
 @click.option("--groups-in-flight", default=6, show_default=True, type=click.IntRange(1))
 @click.option("--batch-groups", default=4, show_default=True, type=click.IntRange(1), help="Groups per step.")
 @click.option("--window", default=0.3, show_default=True, help="Windowed FIFO: count (>= 1) or fraction (< 1).")
-@click.option("--lr", default=1e-4, show_default=True)
+@click.option("--lr", default=2e-4, show_default=True, help="The learner's learning rate (Adam).")
+@click.option("--warmup-steps", default=25, show_default=True, type=click.IntRange(0),
+              help="Learner steps of linear learning-rate warm-up.")
+@click.option("--token-norm", type=click.Choice(["token", "sequence"]), default="sequence", show_default=True,
+              help="Policy loss averaged over the batch's tokens, or within each call then over calls.")
 @click.option("--max-tokens", default=96, show_default=True, type=click.IntRange(1),
               help="Tokens per model call (rollouts and evaluation).")
-@click.option("--eval-size", default=48, show_default=True, type=click.IntRange(1), help="Tasks per domain.")
+@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(0.05, 2.0),
+              help="Sampling temperature of the rollouts and of the sampled evaluation.")
+@click.option("--eval-size", default=48, show_default=True, type=click.IntRange(1, 64), help="Held-out tasks per domain.")
+@click.option("--eval-samples", default=4, show_default=True, type=click.IntRange(1),
+              help="Sampled episodes per held-out task (the greedy reading takes one).")
 @click.option("--blackbox-every", default=6, show_default=True, type=click.IntRange(0),
               help="Every n-th single-turn group is played by the black-box OpenAI-client agent (0 = never).")
 @click.option("--domains", default=",".join(DOMAINS), show_default=True)
@@ -248,10 +282,9 @@ def report(result: dict[str, Any], console: Console) -> None:
 @click.option("--seed", default=0, show_default=True)
 @click.option("--cache/--no-cache", default=True, show_default=True,
               help="Start forge-cache (the global L3 KV cache) and connect the actors to it.")
+@click.option("--cache-mb", default=512, show_default=True, type=click.IntRange(16), help="forge-cache's capacity.")
 @click.option("--log-level", default="WARNING", show_default=True)
-def up(run_dir: Path | None, minutes: float, actors: int, group_size: int, groups_in_flight: int, batch_groups: int,
-       window: float, lr: float, max_tokens: int, eval_size: int, blackbox_every: int, domains: str, model: str, seed: int,
-       cache: bool, log_level: str) -> None:
+def up(run_dir: Path | None, domains: str, log_level: str, **options: Any) -> None:
     """Run the whole system locally on the built-in tiny model and tasks: learner, actors and gateway as separate
     processes on loopback, white-box and black-box agents rolling out reasoning, QA and agent tasks, training with
     CISPO; held-out evaluation at the start and the end. Ctrl-C stops early (cleanly)."""
@@ -261,9 +294,7 @@ def up(run_dir: Path | None, minutes: float, actors: int, group_size: int, group
     if unknown:
         raise click.BadParameter(f"unknown domains {sorted(unknown)} (have {', '.join(DOMAINS)})", param_hint="--domains")
     run_dir = run_dir or Path("runs") / time.strftime("up-%Y%m%d-%H%M%S")
-    config = UpConfig(run_dir, minutes, actors, group_size, groups_in_flight, batch_groups, window, lr,
-                      max_tokens=max_tokens, eval_size=eval_size, blackbox_every=blackbox_every, domains=chosen, model=model, seed=seed,
-                      cache=cache)
+    config = UpConfig(run_dir, domains=chosen, **options)
     console = Console()
     result = asyncio.run(run(config, console))
     report(result, console)

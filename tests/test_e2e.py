@@ -1,8 +1,9 @@
-"""The main job end to end, short: learner, actor and gateway as real processes, white-box and black-box agents
-rolling out the built-in tasks, the learner training on them. Asserts that trajectories flow into the pool (black-box
-ones too), that actors' weight versions advance, that every consumed entry was inside the window when taken, and
-that the held-out evaluation ran on the fixed sets at the start and the end. (That the held-out reward rises is
-the goal of the main job; on the built-in model it does not yet, see docs/benchmarks.md, so it is not asserted.)"""
+"""The main job end to end, short: forge-cache, learner, actor and gateway as real processes, white-box and black-box
+agents rolling out the built-in tasks, the learner training on them. Asserts that trajectories flow into the pool
+(black-box ones too), that actors' weight versions advance, that every consumed entry was inside the window when
+taken, and that the held-out reward (sampled at the training temperature, the policy RL trains) is above its
+starting value after two minutes, averaged over the three domains (the 10-minute figures per domain are in
+docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ pytestmark = pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")),
 
 @pytest.mark.timeout(900)
 def test_a_short_forge_up_run_learns(tmp_path):
-    config = UpConfig(tmp_path / "run", minutes=2.0, group_size=4, groups_in_flight=4, batch_groups=2, window=0.3,
-                      lr=1e-4, eval_size=16, blackbox_every=3, domains=("reasoning", "qa", "agent"))
+    config = UpConfig(tmp_path / "run", minutes=2.0, blackbox_every=3, domains=("reasoning", "qa", "agent"))
     result = asyncio.run(run(config, Console(record=True, width=120)))
 
     with PoolReader(config.run_dir / "pool") as pool:
@@ -47,7 +47,9 @@ def test_a_short_forge_up_run_learns(tmp_path):
     start, end = result["eval_start"], result["eval_end"]
     assert set(start) == set(end) == {"reasoning", "qa", "agent"}
     assert all(0.0 <= v <= 1.0 for v in [*start.values(), *end.values()])
-    assert sum(start.values()) > 0.3, start                  # the shipped checkpoint solves some of every set
+    assert all(v > 0.1 for v in start.values()), start       # the shipped checkpoint solves some of every set
+    assert sum(end.values()) > sum(start.values()), (start, end)
+    assert set(result["eval_greedy_start"]) == set(result["eval_greedy_end"]) == set(start)
     assert (config.run_dir / "curves.png").stat().st_size > 10_000
     services = json.loads((config.run_dir / "services.json").read_text())
     assert {s["kind"] for s in services} == {"learner", "cache", "actor", "gateway"}

@@ -15,8 +15,20 @@ import pytest
 from forge.model.sampling import SamplingParams
 from forge.rollout.agent import run_episode
 from forge.rollout.llm import Reply
-from forge.tasks import DOMAINS, agent, eval_set, final_answer, make_task, qa, reasoning, task_stream
+from forge.tasks import (
+    DOMAINS,
+    HELD_OUT,
+    agent,
+    eval_set,
+    final_answer,
+    make_task,
+    prompt_key,
+    qa,
+    reasoning,
+    task_stream,
+)
 from forge.tasks.agent import FORMAT_HINT, MALFORMED_PENALTY, ToolEnvironment
+from forge.tasks.pretrain import demonstration
 
 
 def test_final_answer_reads_the_last_answer_line():
@@ -47,11 +59,26 @@ def test_reasoning_answers_are_the_arithmetic():
         assert task.score(reasoning.solution(numbers, operators, rng, 1.0)) == 0.0
 
 
+def test_qa_asks_one_fact_of_a_table_whose_facts_have_different_kinds():
+    rng = random.Random(3)
+    for index in range(100):
+        task, others = qa.make(rng, str(index))
+        facts, question = task.messages[0]["content"], task.messages[1]["content"]
+        kinds = [next(k for k, (relation, _, _) in enumerate(qa.RELATIONS) if f" {relation} " in f" {fact.strip()} ")
+                 for fact in facts.removeprefix("Facts: ").split(".") if fact.strip()]
+        assert len(kinds) == len(set(kinds)) in (2, 3)
+        relation, _, values = next(r for r in qa.RELATIONS if r[1].split("{}")[0] in question and
+                                     question.endswith(r[1].split("{}")[1]))
+        assert f"{relation} {task.answer}." in facts and task.answer in values
+        assert task.answer not in others and set(others) < set(values)
+        assert task.score(qa.solution(task, others, rng, 1.0)) == 0.0
+
+
 def test_qa_and_agent_teachers_are_right_without_noise():
     rng = random.Random(2)
     for index in range(50):
-        task, places = qa.make(rng, str(index))
-        assert task.score(qa.solution(task, places, rng, 0.0)) == 1.0
+        task, others = qa.make(rng, str(index))
+        assert task.score(qa.solution(task, others, rng, 0.0)) == 1.0
         task = agent.make(rng, str(index))
         conversation = agent.teacher_conversation(task, rng, 0.0)
         assert conversation[-1]["role"] == "assistant" and task.score(conversation[-1]["content"]) == 1.0
@@ -67,6 +94,28 @@ def test_held_out_sets_are_fixed_and_apart_from_the_training_stream():
     assert domains == list(DOMAINS) * 2
     with pytest.raises(ValueError):
         make_task("poetry", random.Random(0), "x")
+    with pytest.raises(ValueError):
+        eval_set("qa", HELD_OUT + 1)
+
+
+def test_no_held_out_prompt_is_trained_on():
+    """The task spaces are small: without the exclusion most evaluation prompts recur within a few thousand training
+    tasks, so this would fail (it did, before the stream skipped them)."""
+    held_out = {d: {prompt_key(t) for t in eval_set(d, HELD_OUT)} for d in DOMAINS}
+    unfiltered = random.Random(0)
+    assert any(prompt_key(make_task("reasoning", unfiltered, "x")) in held_out["reasoning"] for _ in range(600))
+    stream = task_stream(DOMAINS, seed=0)
+    trained = [next(stream) for _ in range(3000)]
+    assert not [t.task_id for t in trained if prompt_key(t) in held_out[t.domain]]
+    rng = random.Random(0)
+    demonstrations = [demonstration(DOMAINS[i % 3], rng, i)[0] for i in range(1500)]
+    def opening(conversation: list[dict]) -> str:
+        first_reply = next(i for i, m in enumerate(conversation) if m["role"] == "assistant")
+        return json.dumps(conversation[:first_reply], sort_keys=True)
+
+    shown = {opening(c) for c in demonstrations}
+    assert not [t.task_id for d in DOMAINS for t in eval_set(d, HELD_OUT) if opening([*t.messages, {"role": "assistant"}])
+                in shown]
 
 
 class ScriptedChat:

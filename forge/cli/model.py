@@ -95,11 +95,16 @@ def generate_command(model: str, prompt: str, system: str | None, max_tokens: in
 @model_group.command("eval")
 @click.argument("model", default="tiny")
 @click.option("--domains", default="reasoning,qa,agent", show_default=True)
-@click.option("--size", default=48, show_default=True, type=click.IntRange(1), help="Held-out tasks per domain.")
+@click.option("--size", default=48, show_default=True, type=click.IntRange(1, 64), help="Held-out tasks per domain.")
 @click.option("--max-tokens", default=48, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0, 100),
+              help="0 = greedy; otherwise SAMPLES seeded episodes per task.")
+@click.option("--samples", default=4, show_default=True, type=click.IntRange(1),
+              help="Episodes per task when sampling.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def eval_command(model: str, domains: str, size: int, max_tokens: int, as_json: bool) -> None:
-    """Held-out reward of MODEL on the built-in tasks (greedy, in-process engine, nothing recorded)."""
+def eval_command(model: str, domains: str, size: int, max_tokens: int, temperature: float, samples: int,
+                 as_json: bool) -> None:
+    """Held-out reward of MODEL on the built-in tasks (in-process engine, nothing recorded)."""
     import asyncio
 
     from forge.actors.cli import load_policy
@@ -117,11 +122,13 @@ def eval_command(model: str, domains: str, size: int, max_tokens: int, as_json: 
     tokenizer = Tokenizer.from_dir(TINY_DIR if is_builtin(model) else model)
     engine = TorchEngine(policy, EngineConfig(kv_cache_bytes=64 * 2**20, model_id=model_id))
     try:
-        scores = asyncio.run(evaluate_with(EngineChat(engine, tokenizer), chosen, size, max_tokens))
+        scores = asyncio.run(evaluate_with(EngineChat(engine, tokenizer), chosen, size, max_tokens,
+                                           temperature=temperature, samples=samples))
     finally:
         engine.close()
     if as_json:
         click.echo(json.dumps(scores))
         return
     for domain, score in scores.items():
-        click.echo(f"{domain:10s} {score:.3f}  ({size} tasks)")
+        reading = "greedy" if temperature == 0 else f"{samples} samples per task at T = {temperature:g}"
+        click.echo(f"{domain:10s} {score:.3f}  ({size} tasks, {reading})")

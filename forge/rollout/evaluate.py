@@ -1,5 +1,8 @@
-"""Held-out evaluation: the fixed evaluation tasks of each domain, solved greedily by the white-box agent straight
-against an actor (nothing is recorded in the pool or trained on)."""
+"""Held-out evaluation: the fixed evaluation tasks of each domain, solved by the white-box agent straight against an
+actor (nothing is recorded in the pool or trained on).
+
+Two readings: *greedy* (temperature 0, one episode per task) and *sampled* (the training temperature, ``samples``
+seeded episodes per task), the expected reward of the very policy RL trains."""
 
 from __future__ import annotations
 
@@ -14,25 +17,35 @@ from forge.v1 import actor_pb2_grpc
 
 
 async def evaluate_with(llm: ChatLLM, domains: tuple[str, ...] = DOMAINS, size: int = 48, max_tokens: int = 48,
-                        concurrency: int = 16, tool_latency_s: float = 0.0) -> dict[str, float]:
-    """Mean reward per domain on the held-out sets (greedy decoding)."""
-    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+                        concurrency: int = 16, tool_latency_s: float = 0.0, temperature: float = 0.0,
+                        samples: int = 1, seed: int = 0) -> dict[str, float]:
+    """Mean reward per domain on the held-out sets: ``samples`` episodes per task at ``temperature`` (greedy at 0,
+    where more than one sample would repeat the same episode). Episode k of task i is seeded with seed + i·samples + k,
+    so a reading is reproducible for given weights."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    if temperature == 0.0:
+        samples = 1
     limit = asyncio.Semaphore(concurrency)
 
-    async def one(task) -> float:
+    async def one(task, episode_seed: int) -> float:
+        sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens,
+                                  seed=episode_seed if temperature > 0 else None)
         async with limit:
             return (await run_episode(task, llm, sampling, tool_latency_s)).reward
 
     results = {}
     for domain in domains:
-        scores = await asyncio.gather(*(one(task) for task in eval_set(domain, size)))
+        scores = await asyncio.gather(*(one(task, seed + i * samples + k)
+                                        for i, task in enumerate(eval_set(domain, size)) for k in range(samples)))
         results[domain] = sum(scores) / len(scores)
     return results
 
 
 async def evaluate(actor: str, tokenizer: Tokenizer, domains: tuple[str, ...] = DOMAINS, size: int = 48,
-                   max_tokens: int = 48, concurrency: int = 16, tool_latency_s: float = 0.0) -> dict[str, float]:
+                   max_tokens: int = 48, concurrency: int = 16, tool_latency_s: float = 0.0, temperature: float = 0.0,
+                   samples: int = 1) -> dict[str, float]:
     """``evaluate_with`` against the actor at ``actor`` (host:port)."""
     async with aio_channel(actor) as channel:
         llm = ActorChat(actor_pb2_grpc.ActorStub(channel), tokenizer)
-        return await evaluate_with(llm, domains, size, max_tokens, concurrency, tool_latency_s)
+        return await evaluate_with(llm, domains, size, max_tokens, concurrency, tool_latency_s, temperature, samples)

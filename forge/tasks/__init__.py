@@ -4,6 +4,8 @@ evaluation sets per domain."""
 
 from __future__ import annotations
 
+import functools
+import json
 import random
 
 from forge.tasks import agent, qa, reasoning
@@ -11,6 +13,7 @@ from forge.tasks.base import Task, final_answer
 
 DOMAINS = ("reasoning", "qa", "agent")
 EVAL_SEED = 1_000_003          # held-out sets come from a seed the training stream never uses
+HELD_OUT = 64                  # evaluation tasks reserved per domain: training never sees their prompts
 
 
 def make_task(domain: str, rng: random.Random, task_id: str) -> Task:
@@ -23,20 +26,48 @@ def make_task(domain: str, rng: random.Random, task_id: str) -> Task:
     raise ValueError(f"unknown domain {domain!r} (have {', '.join(DOMAINS)})")
 
 
-def task_stream(domains: tuple[str, ...] = DOMAINS, seed: int = 0):
-    """Endless tasks, cycling through the domains."""
-    rng = random.Random(seed)
-    index = 0
-    while True:
-        domain = domains[index % len(domains)]
-        yield make_task(domain, rng, f"{domain}-{seed}-{index}")
-        index += 1
+def prompt_key(task: Task) -> str:
+    """What the model is shown at the start of a task (its messages and tools), as one comparable string."""
+    return json.dumps([task.messages, task.tools], sort_keys=True)
 
 
-def eval_set(domain: str, size: int = 48) -> list[Task]:
-    """The fixed held-out evaluation tasks of a domain."""
+def _eval_tasks(domain: str, size: int) -> list[Task]:
+    if domain not in DOMAINS:
+        raise ValueError(f"unknown domain {domain!r} (have {', '.join(DOMAINS)})")
     rng = random.Random(EVAL_SEED + DOMAINS.index(domain))
     return [make_task(domain, rng, f"eval-{domain}-{i}") for i in range(size)]
 
 
-__all__ = ["DOMAINS", "Task", "eval_set", "final_answer", "make_task", "task_stream"]
+@functools.cache
+def held_out_prompts(domain: str) -> frozenset[str]:
+    """The prompts of a domain's reserved evaluation tasks (``prompt_key``)."""
+    return frozenset(prompt_key(task) for task in _eval_tasks(domain, HELD_OUT))
+
+
+def is_held_out(task: Task) -> bool:
+    return prompt_key(task) in held_out_prompts(task.domain)
+
+
+def eval_set(domain: str, size: int = 48) -> list[Task]:
+    """The fixed held-out evaluation tasks of a domain (the first ``size`` of its ``HELD_OUT`` reserved ones)."""
+    if not 1 <= size <= HELD_OUT:
+        raise ValueError(f"an evaluation set holds 1 to {HELD_OUT} tasks, got {size}")
+    return _eval_tasks(domain, size)
+
+
+def task_stream(domains: tuple[str, ...] = DOMAINS, seed: int = 0):
+    """Endless training tasks, cycling through the domains; a task whose prompt is held out for evaluation is
+    skipped (the small task spaces would otherwise repeat most evaluation prompts in training)."""
+    rng = random.Random(seed)
+    index = 0
+    while True:
+        domain = domains[index % len(domains)]
+        task = make_task(domain, rng, f"{domain}-{seed}-{index}")
+        while is_held_out(task):
+            task = make_task(domain, rng, task.task_id)
+        yield task
+        index += 1
+
+
+__all__ = ["DOMAINS", "HELD_OUT", "Task", "eval_set", "final_answer", "is_held_out", "make_task", "prompt_key",
+           "task_stream"]

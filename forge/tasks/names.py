@@ -1,4 +1,4 @@
-"""Pronounceable made-up names and places, so no task can be answered from outside knowledge."""
+"""Pronounceable made-up names, so no task can be answered from outside knowledge."""
 
 from __future__ import annotations
 
@@ -11,11 +11,3 @@ _VOWELS = ("a", "e", "i", "o", "u")
 def name(rng: random.Random, syllables: int = 2) -> str:
     return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables)).capitalize()
 
-
-def distinct_names(rng: random.Random, count: int, syllables: int = 2) -> list[str]:
-    out: list[str] = []
-    while len(out) < count:
-        candidate = name(rng, syllables)
-        if candidate not in out:
-            out.append(candidate)
-    return out

@@ -82,9 +82,11 @@ def corpus(template: str, seed: int = 0, size: int = 20_000) -> Iterator[str]:
     from forge.tasks.pretrain import demonstration
 
     rng = random.Random(seed)
+    shown = 0
     for index in range(size):
         if index % 3:
-            messages, tools = demonstration(DOMAINS[index % len(DOMAINS)], rng, index)
+            messages, tools = demonstration(DOMAINS[shown % len(DOMAINS)], rng, index)
+            shown += 1
         else:
             messages, tools = _conversation(rng)
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
