@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # GPU checks for an offline CUDA machine: installs .whl/ (plus this tree's sources) into /tmp/site, then runs the NVML
 # check, the gpu-marked tests and the tree-merge and actor-decode benches on CUDA. Usage: bash tools/device_checks.sh
+# .whl/ holds this project's wheel (`pip wheel --no-deps --no-build-isolation -w .whl .`) and py3.12 manylinux wheels
+# (`pip download --no-deps --only-binary=:all: --python-version 3.12 ...`) of what the machine lacks: grpcio and
+# protobuf at the stubs' versions, grpcio-health-checking/-reflection, pyzmq, lmdb, openai and its needs.
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/device-checks}
 mkdir -p "$OUT"
