@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for an offline CUDA machine: installs .whl/ (plus this tree's sources) into /tmp/site, then runs the NVML
 # check, the gpu-marked tests and the tree-merge and actor-decode benches on CUDA. Usage: bash tools/device_checks.sh
+# (ONLY="tree-bench actor-bench" runs just those steps after the install).
 # .whl/ holds this project's wheel (`pip wheel --no-deps --no-build-isolation -w .whl .`) and py3.12 manylinux wheels
 # (`pip download --no-deps --only-binary=:all: --python-version 3.12 ...`) of what the machine lacks: grpcio and
 # protobuf at the stubs' versions, grpcio-health-checking/-reflection, pyzmq, lmdb, openai and its needs.
@@ -12,6 +13,7 @@ DEADLINE=$((SECONDS + ${BUDGET_S:-340}))   # every step's timeout is cut to what
 step() {   # step NAME SECONDS COMMAND...: runs COMMAND under a timeout, records its exit code (124: timed out)
     local name=$1 limit=$2 left=$((DEADLINE - SECONDS)) rc
     shift 2
+    if [[ -n ${ONLY:-} && $name != install && $name != sources && " $ONLY " != *" $name "* ]]; then return; fi
     ((left < limit)) && limit=$left
     echo -e "\n=== $name (timeout ${limit}s): $*"
     if ((limit < 5)); then rc=skipped; else timeout -k 10 "$limit" "$@"; rc=$?; fi
