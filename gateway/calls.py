@@ -30,6 +30,27 @@ STOP, LENGTH, ABORT = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LE
 
 
 @dataclass
+class Completion:
+    """What an actor's stream has produced so far: token ids with their log-probs and versions, the answering actor,
+    and the time to the first token."""
+
+    t0: float
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    actor: str = ""
+    ttft: float | None = None
+
+    def add(self, chunk: actor_pb2.GenerateChunk) -> None:
+        if self.ttft is None and chunk.token_ids:
+            self.ttft = time.monotonic() - self.t0
+        self.actor = chunk.actor or self.actor
+        self.token_ids.extend(chunk.token_ids)
+        self.logprobs.extend(chunk.logprobs)
+        self.versions.extend(chunk.weight_versions)
+
+
+@dataclass
 class ChatDelta:
     """New text of a running call: raw text, and the same split into reasoning and content."""
 
@@ -105,23 +126,14 @@ class CallRunner:
                                                    state.group_id),
                                       call.sampling)
         assembler = TextAssembler(self.tokenizer, call.stop, incremental=stream or bool(call.stop))
-        completion: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
+        out = Completion(t0)
         shown = ChatDelta()
         last: actor_pb2.GenerateChunk | None = None
-        ttft: float | None = None
-        actor = ""
         state.in_flight += 1
         try:
             async with contextlib.aclosing(actor_call.chunks()) as chunks:
                 async for chunk in chunks:
-                    if ttft is None and chunk.token_ids:
-                        ttft = time.monotonic() - t0
-                    actor = chunk.actor or actor
-                    completion.extend(chunk.token_ids)
-                    logprobs.extend(chunk.logprobs)
-                    versions.extend(chunk.weight_versions)
+                    out.add(chunk)
                     ids = list(chunk.token_ids)
                     assembler.feed(ids[:-1] if chunk.finish_reason == STOP and ids else ids)
                     if assembler.stop_hit is not None and not actor_call.aborted:
@@ -144,19 +156,19 @@ class CallRunner:
             finish = STOP if stopped or last.finish_reason in (STOP, ABORT) else LENGTH
             ended = time.time()
             record = pool_pb2.CallRecord(
-                session_id=state.session_id, index=-1, prompt_ids=build.ids, completion_ids=completion,
-                logprobs=logprobs, weight_versions=versions, actor=actor or self._fallback_name(actor_call),
+                session_id=state.session_id, index=-1, prompt_ids=build.ids, completion_ids=out.token_ids,
+                logprobs=out.logprobs, weight_versions=out.versions, actor=out.actor or self._fallback_name(actor_call),
                 timing=self._timing(last, ended - started, started, state), finish_reason=finish,
                 sampling=call.sampling, created_at=ended)
             index = await self._record(state, record)
-            self.metrics.call_done(time.monotonic() - t0, ttft)
+            self.metrics.call_done(time.monotonic() - t0, out.ttft)
             yield ChatResult(
                 text=_grow(shown.text, text_out, "text"),
                 reasoning=_grow(shown.reasoning, parsed.reasoning or "", "reasoning"),
                 content=_grow(shown.content, parsed.content, "content"), token_ids=list(last.token_ids),
                 logprobs=list(last.logprobs), weight_versions=list(last.weight_versions), finish_reason=finish,
                 stopped_by_string=stopped, parsed=parsed, call_index=index, session_id=state.session_id,
-                prompt_ids=build.ids, completion_ids=completion, all_logprobs=logprobs, tito=build.kind)
+                prompt_ids=build.ids, completion_ids=out.token_ids, all_logprobs=out.logprobs, tito=build.kind)
         except UpstreamFailed as exc:
             state.failures.append(exc.message)
             self.metrics.count("call_failures")
@@ -179,30 +191,22 @@ class CallRunner:
         started, t0 = time.time(), time.monotonic()
         actor_call = self.actors.call(RouteRequest(state.session_id, prompt, sampling.max_tokens, state.group_id),
                                       sampling)
-        completion: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        ttft: float | None = None
-        actor = ""
+        out = Completion(t0)
         state.in_flight += 1
         try:
             async with contextlib.aclosing(actor_call.chunks()) as chunks:
                 async for chunk in chunks:
-                    if ttft is None and chunk.token_ids:
-                        ttft = time.monotonic() - t0
-                    actor = chunk.actor or actor
-                    completion.extend(chunk.token_ids)
-                    logprobs.extend(chunk.logprobs)
-                    versions.extend(chunk.weight_versions)
+                    out.add(chunk)
                     if chunk.finish_reason:
                         ended = time.time()
                         record = pool_pb2.CallRecord(
-                            session_id=state.session_id, index=-1, prompt_ids=prompt, completion_ids=completion,
-                            logprobs=logprobs, weight_versions=versions, actor=actor or self._fallback_name(actor_call),
+                            session_id=state.session_id, index=-1, prompt_ids=prompt, completion_ids=out.token_ids,
+                            logprobs=out.logprobs, weight_versions=out.versions,
+                            actor=out.actor or self._fallback_name(actor_call),
                             timing=self._timing(chunk, ended - started, started, state),
                             finish_reason=chunk.finish_reason, sampling=sampling, created_at=ended)
                         index = await self._record(state, record)
-                        self.metrics.call_done(time.monotonic() - t0, ttft)
+                        self.metrics.call_done(time.monotonic() - t0, out.ttft)
                         yield chunk, index
                         return
                     yield chunk, None
