@@ -217,3 +217,30 @@ def test_one_by_one_lookups_trigger_the_context_rewrite():
     last = llm.prompts[-1]
     assert last[: len(task.messages)] == task.messages and last[-1]["content"].startswith("Known: ")
     assert not any(m["role"] == "tool" for m in last)           # the exchange was replaced by the note
+
+
+class AnsweringChat:
+    """Answers reasoning tasks right when the sampling seed is even (greedy: always); records the sampling used."""
+
+    def __init__(self) -> None:
+        self.calls: list[SamplingParams] = []
+
+    async def chat(self, messages, tools, sampling: SamplingParams) -> Reply:
+        self.calls.append(sampling)
+        task = next(t for t in eval_set("reasoning", HELD_OUT) if t.messages == messages)
+        right = sampling.temperature == 0 or sampling.seed % 2 == 0
+        return Reply(f"Answer: {task.answer if right else -1}")
+
+
+def test_evaluation_reads_seeded_samples_or_one_greedy_episode_per_task():
+    from forge.rollout.evaluate import evaluate_with
+
+    chat = AnsweringChat()
+    assert asyncio.run(evaluate_with(chat, ("reasoning",), size=6, temperature=1.0, samples=4, seed=10)) == {
+        "reasoning": 0.5}
+    assert sorted(c.seed for c in chat.calls) == list(range(10, 34)) and {c.temperature for c in chat.calls} == {1.0}
+    chat = AnsweringChat()
+    assert asyncio.run(evaluate_with(chat, ("reasoning",), size=6, samples=4)) == {"reasoning": 1.0}
+    assert len(chat.calls) == 6 and all(c.temperature == 0 and c.seed is None for c in chat.calls)
+    with pytest.raises(ValueError):
+        asyncio.run(evaluate_with(chat, ("reasoning",), size=6, samples=0))
