@@ -10,7 +10,7 @@ import torch
 
 from forge.model import CausalLM, ModelConfig
 from forge.model.generate import generate
-from forge.model.sampling import SamplingError, SamplingParams, sample, sampling_logprobs
+from forge.model.sampling import SamplingError, SamplingParams, batched_sampling_logprobs, sample, sampling_logprobs
 
 
 def test_top_k_and_top_p_support():
@@ -85,3 +85,23 @@ def test_seed_makes_sampling_reproducible(model):
     net, _ = model
     params = SamplingParams(temperature=1.0, seed=5, max_tokens=12, ignore_eos=True)
     assert generate(net, [3, 4], params).token_ids == generate(net, [3, 4], params).token_ids
+
+
+def test_batched_logprobs_with_host_flags_equal_the_device_check():
+    generator = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, 50, generator=generator)
+    temperature = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0, 0.5])
+    for top_k, top_p in ((torch.tensor([0, 5, 0, 0, 60, 0]), torch.tensor([1.0, 1.0, 0.9, 1.0, 1.0, 0.5])),
+                         (torch.zeros(6, dtype=torch.long), torch.ones(6)),
+                         (torch.tensor([0, 0, 7, 0, 0, 0]), torch.ones(6))):
+        reference = batched_sampling_logprobs(logits, temperature, top_k, top_p)
+        flags = (bool((top_k > 0).any()), bool((top_p < 1).any()))
+        assert torch.equal(batched_sampling_logprobs(logits, temperature, top_k, top_p, flags), reference)
+        for row in range(6):
+            expected = sampling_logprobs(logits[row:row + 1], float(temperature[row]), top_k=int(top_k[row]),
+                                         top_p=float(top_p[row]))
+            torch.testing.assert_close(reference[row:row + 1], expected)
+    everything = batched_sampling_logprobs(logits, temperature, torch.zeros(6, dtype=torch.long), torch.ones(6),
+                                           (True, False))          # a needless sort changes nothing
+    assert torch.equal(everything, batched_sampling_logprobs(logits, temperature, torch.zeros(6, dtype=torch.long),
+                                                             torch.ones(6)))

@@ -73,20 +73,24 @@ def sample(logprobs: Tensor, greedy: bool, generator: torch.Generator | None = N
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def batched_sampling_logprobs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """``sampling_logprobs`` with per-row parameters ([N] tensors; temperature 0 = greedy, top_k 0 = off)."""
+def batched_sampling_logprobs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
+                              truncates: tuple[bool, bool] | None = None) -> Tensor:
+    """``sampling_logprobs`` with per-row parameters ([N] tensors; temperature 0 = greedy, top_k 0 = off).
+    ``truncates`` — whether any row has top-k on, whether any has top-p < 1 — spares a device sync per call when the
+    caller knows it on the host (a True that could be False only costs a sort)."""
     logits = logits.float()
     scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(logits)
     logits = logits / scale.unsqueeze(-1)
     vocab = logits.shape[-1]
     truncate_k = (top_k > 0) & (top_k < vocab)
     truncate_p = top_p < 1.0
-    if bool(truncate_k.any()) or bool(truncate_p.any()):
+    any_k, any_p = truncates if truncates is not None else (bool(truncate_k.any()), bool(truncate_p.any()))
+    if any_k or any_p:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         k = torch.where(truncate_k, top_k, torch.full_like(top_k, vocab)).clamp(1, vocab).to(order.device)
         kth = sorted_logits.gather(-1, (k - 1).unsqueeze(-1))
         drop_sorted = sorted_logits < kth
-        if bool(truncate_p.any()):
+        if any_p:
             probs = sorted_logits.masked_fill(drop_sorted, float("-inf")).softmax(-1)
             mass_before = probs.cumsum(-1) - probs
             drop_sorted |= mass_before >= top_p.to(probs).unsqueeze(-1)

@@ -28,12 +28,13 @@ from forge.model.sampling import batched_sampling_logprobs
 
 
 def _read(model: CausalLM, hidden: Tensor, draft: Tensor | None, select: Tensor | None, temperature: Tensor,
-          top_k: Tensor, top_p: Tensor, rows: Tensor, targets: Tensor, mtp_top_k: int) -> tuple[Tensor, Tensor]:
+          top_k: Tensor, top_p: Tensor, rows: Tensor, targets: Tensor, mtp_top_k: int,
+          truncates: tuple[bool, bool] | None = None) -> tuple[Tensor, Tensor]:
     """Log-probs of ``targets`` read from sampling rows ``rows`` of the nodes ``hidden``, and the draft's KL at each
     node (empty without ``draft``)."""
     logits = model.logits(hidden)
     sampled = logits if select is None else logits[select]
-    logprobs = batched_sampling_logprobs(sampled, temperature, top_k, top_p)
+    logprobs = batched_sampling_logprobs(sampled, temperature, top_k, top_p, truncates)
     token_logprobs = logprobs[rows, targets]
     if draft is None:
         return token_logprobs, logits.new_zeros(0)
@@ -68,7 +69,7 @@ def tree_policy_forward(model: CausalLM, batch: TreeBatch, mtp_top_k: int = 0, i
         arguments = (model, hidden[nodes[lo:hi]], None if draft is None else draft[nodes[lo:hi]],
                      None if identity else batch.sampling_rows[r_lo:r_hi] - lo, batch.row_temperature[r_lo:r_hi],
                      batch.row_top_k[r_lo:r_hi], batch.row_top_p[r_lo:r_hi], sorted_rows[t_lo:t_hi] - r_lo,
-                     sorted_targets[t_lo:t_hi], mtp_top_k)
+                     sorted_targets[t_lo:t_hi], mtp_top_k, batch.truncates)
         if len(bounds) > 2 and torch.is_grad_enabled():
             token_logprobs, kl = checkpoint(_read, *arguments, use_reentrant=False)
         else:

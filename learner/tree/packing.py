@@ -49,6 +49,7 @@ class TreeBatch:
     mtp_terms: Tensor           # [M] terms with a previous token (predicting node at depth >= 1)
     row_first: np.ndarray       # [U + 1] host: first row of ``sampling_rows`` of each logit node (R at U)
     term_first: np.ndarray      # [R + 1] host: first term of each sampling row, terms sorted by row (N at R)
+    truncates: tuple[bool, bool]   # host: whether any row samples with top-k, whether any with top-p < 1
     samples: list[Sample]
     num_sample_tokens: int      # tokens of the samples, each counted once per sample
 
@@ -164,7 +165,7 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
         top_p=tensor(term_params[:, 2], torch.float32), sample_index=tensor(index),
         mtp_terms=tensor(np.flatnonzero(depth[term_local] >= 1)),
         row_first=_offsets(sampling_rows, logit_nodes.size), term_first=_offsets(term_sampling_row, keys.size),
-        samples=batch_samples,
+        truncates=(bool((row_setting[:, 1] > 0).any()), bool((row_setting[:, 2] < 1.0).any())), samples=batch_samples,
         num_sample_tokens=sum(len(s.tokens) for s in batch_samples))
 
 
