@@ -244,11 +244,9 @@ def report(result: dict[str, Any], console: Console) -> None:
     for column in ("domain", "start", "end", "change", "greedy start", "greedy end"):
         table.add_column(column, justify="right" if column != "domain" else "left")
     for domain, start in result["eval_start"].items():
-        end = result["eval_end"].get(domain, float("nan"))
-        greedy_start = result.get("eval_greedy_start", {}).get(domain, float("nan"))
-        greedy_end = result.get("eval_greedy_end", {}).get(domain, float("nan"))
-        table.add_row(domain, f"{start:.3f}", f"{end:.3f}", f"{end - start:+.3f}", f"{greedy_start:.3f}",
-                      f"{greedy_end:.3f}")
+        end = result["eval_end"][domain]
+        table.add_row(domain, f"{start:.3f}", f"{end:.3f}", f"{end - start:+.3f}",
+                      f"{result['eval_greedy_start'][domain]:.3f}", f"{result['eval_greedy_end'][domain]:.3f}")
     console.print(table)
 
 

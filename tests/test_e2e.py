@@ -15,7 +15,7 @@ from rich.console import Console
 
 from forge.builtin import TINY_DIR
 from forge.gateway.pool import PoolReader
-from forge.up import UpConfig, run
+from forge.up import UpConfig, report, run
 from forge.v1 import pool_pb2
 
 pytestmark = pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")),
@@ -25,7 +25,11 @@ pytestmark = pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")),
 @pytest.mark.timeout(900)
 def test_a_short_forge_up_run_learns(tmp_path):
     config = UpConfig(tmp_path / "run", minutes=2.0, blackbox_every=3, domains=("reasoning", "qa", "agent"))
-    result = asyncio.run(run(config, Console(record=True, width=120)))
+    console = Console(record=True, width=120)
+    result = asyncio.run(run(config, console))
+    report(result, console)
+    table = console.export_text()
+    assert "held-out reward per domain" in table and all(f"{d} " in table for d in ("reasoning", "qa", "agent"))
 
     with PoolReader(config.run_dir / "pool") as pool:
         stats = pool.stats()

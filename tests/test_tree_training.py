@@ -18,7 +18,7 @@ from forge.learner.losses import LossConfig, policy_loss
 from forge.learner.policy import policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
-from forge.learner.tree import build_trie, pack_trees, rank_spans, split_trees_for_ranks, tree_policy_forward
+from forge.learner.tree import build_trie, pack_trees, rank_spans, tree_policy_forward
 from forge.model import CausalLM, ModelConfig
 from forge.model.generate import generate
 from forge.model.sampling import SamplingParams
@@ -260,8 +260,7 @@ def test_ranks_keep_shared_prefixes_together(model):
     samples = seeded_batch(model, 2)
     trie = build_trie([s.tokens for s in samples])
     for world in (1, 2, 3, 5):
-        parts = split_trees_for_ranks(samples, world)
-        assert parts == split_trees_for_ranks(samples, world, trie)
+        parts = [trie.order[a:b].tolist() for a, b in rank_spans(trie, world)]
         assert len(parts) == world and sorted(i for p in parts for i in p) == list(range(len(samples)))
         nodes = [build_trie([samples[i].tokens for i in p]).num_nodes if p else 0 for p in parts]
         assert sum(nodes) <= trie.num_nodes + world * 20

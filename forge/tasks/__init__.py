@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 import json
 import random
+from collections.abc import Callable
+from typing import TypeVar
 
 from forge.tasks import agent, qa, reasoning
 from forge.tasks.base import Task, final_answer
@@ -14,6 +16,7 @@ from forge.tasks.base import Task, final_answer
 DOMAINS = ("reasoning", "qa", "agent")
 EVAL_SEED = 1_000_003          # held-out sets come from a seed the training stream never uses
 HELD_OUT = 64                  # evaluation tasks reserved per domain: training never sees their prompts
+Drawn = TypeVar("Drawn")
 
 
 def make_task(domain: str, rng: random.Random, task_id: str) -> Task:
@@ -48,6 +51,15 @@ def is_held_out(task: Task) -> bool:
     return prompt_key(task) in held_out_prompts(task.domain)
 
 
+def unseen(draw: Callable[[], Drawn]) -> Drawn:
+    """``draw()`` again until its task (what it returns, or the first item of it) is not held out for evaluation:
+    the small task spaces would otherwise repeat most evaluation prompts in training."""
+    while True:
+        drawn = draw()
+        if not is_held_out(drawn[0] if isinstance(drawn, tuple) else drawn):
+            return drawn
+
+
 def eval_set(domain: str, size: int = 48) -> list[Task]:
     """The fixed held-out evaluation tasks of a domain (the first ``size`` of its ``HELD_OUT`` reserved ones)."""
     if not 1 <= size <= HELD_OUT:
@@ -56,18 +68,14 @@ def eval_set(domain: str, size: int = 48) -> list[Task]:
 
 
 def task_stream(domains: tuple[str, ...] = DOMAINS, seed: int = 0):
-    """Endless training tasks, cycling through the domains; a task whose prompt is held out for evaluation is
-    skipped (the small task spaces would otherwise repeat most evaluation prompts in training)."""
+    """Endless training tasks, cycling through the domains, none with a held-out prompt."""
     rng = random.Random(seed)
     index = 0
     while True:
         domain = domains[index % len(domains)]
-        task = make_task(domain, rng, f"{domain}-{seed}-{index}")
-        while is_held_out(task):
-            task = make_task(domain, rng, task.task_id)
-        yield task
+        yield unseen(functools.partial(make_task, domain, rng, f"{domain}-{seed}-{index}"))
         index += 1
 
 
 __all__ = ["DOMAINS", "HELD_OUT", "Task", "eval_set", "final_answer", "is_held_out", "make_task", "prompt_key",
-           "task_stream"]
+           "task_stream", "unseen"]

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from forge.builtin import TINY_DIR, tiny_model, tiny_tokenizer
-from forge.tasks import agent, is_held_out, qa, reasoning
+from forge.tasks import agent, qa, reasoning, unseen
 from forge.tokenizer import Tokenizer
 
 log = logging.getLogger("forge.pretrain")
@@ -28,20 +28,14 @@ def demonstration(domain: str, rng: random.Random, index: int) -> tuple[list[dic
     """A noisy teacher's conversation on a task of ``domain`` whose prompt is not held out for evaluation."""
     task_id = f"pretrain-{index}"
     if domain == "reasoning":
-        task, numbers, operators = reasoning.make(rng, task_id)
-        while is_held_out(task):
-            task, numbers, operators = reasoning.make(rng, task_id)
+        task, numbers, operators = unseen(lambda: reasoning.make(rng, task_id))
         reply = reasoning.solution(numbers, operators, rng, ERROR_RATES[domain])
         return [*task.messages, {"role": "assistant", "content": reply}], None
     if domain == "qa":
-        task, places = qa.make(rng, task_id)
-        while is_held_out(task):
-            task, places = qa.make(rng, task_id)
-        return [*task.messages, {"role": "assistant", "content": qa.solution(task, places, rng, ERROR_RATES[domain])}
+        task, others = unseen(lambda: qa.make(rng, task_id))
+        return [*task.messages, {"role": "assistant", "content": qa.solution(task, others, rng, ERROR_RATES[domain])}
                 ], None
-    task = agent.make(rng, task_id)
-    while is_held_out(task):
-        task = agent.make(rng, task_id)
+    task = unseen(lambda: agent.make(rng, task_id))
     return agent.teacher_conversation(task, rng, ERROR_RATES[domain]), task.tools
 
 

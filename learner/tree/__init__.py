@@ -9,7 +9,6 @@ from forge.learner.tree.packing import (
     pack_trees,
     plan_runs,
     rank_spans,
-    split_trees_for_ranks,
 )
 from forge.learner.tree.trie import Trie, build_trie
 
@@ -22,6 +21,5 @@ __all__ = [
            "pack_trees",
            "plan_runs",
            "rank_spans",
-           "split_trees_for_ranks",
            "tree_policy_forward",
 ]

@@ -195,10 +195,3 @@ def rank_spans(trie: Trie, world_size: int) -> list[tuple[int, int]]:
     bounds = np.searchsorted(ranks, np.arange(world_size + 1)).tolist()
     return list(itertools.pairwise(bounds))
 
-
-def split_trees_for_ranks(samples: Sequence[Sample], world_size: int, trie: Trie | None = None) -> list[list[int]]:
-    """Indices of samples per rank (the tree counterpart of ``split_for_ranks``): the samples of ``rank_spans``,
-    in trie order."""
-    if trie is None:
-        trie = build_trie([s.tokens for s in samples])
-    return [trie.order[a:b].tolist() for a, b in rank_spans(trie, world_size)]
