@@ -136,7 +136,11 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
     from forge.rpc.server import GrpcServer
     from forge.v1 import actor_pb2, actor_pb2_grpc
 
-    if threads:
+    if backend == "torch":
+        from forge.actors.engine.engine import reserve_cpu_threads
+
+        threads = reserve_cpu_threads(threads)
+    elif threads:
         torch.set_num_threads(threads)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -154,7 +158,7 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
                               max_num_batched_tokens=max_batched_tokens, max_waiting=max_waiting,
                               speculative=speculative, prefix_caching=prefix_caching,
                               abort_on_weight_swap=on_weight_swap == "abort", seed=seed,
-                              model_id=model_id)
+                              model_id=model_id, threads=threads)
         # Subscribed to a learner: serve only once its first version is in (every token carries a learner version).
         engine = TorchEngine(policy, config, initial_version=-1 if weights_fetch else 0)
         connector = kv_connector(engine, l3_cache, l3_fetch, l3_api_key)

@@ -22,7 +22,7 @@ import click
 import torch
 
 from forge.actors.backend import GenerationRequest
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.engine.engine import EngineConfig, TorchEngine, reserve_cpu_threads
 from forge.model import CausalLM
 from forge.model.sampling import SamplingParams
 
@@ -64,30 +64,53 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def decode_section(model: CausalLM, batches: list[int], new_tokens: int, repeats: int) -> None:
-    import transformers
+def measure_decode(side: str, model_name: str, device: str, threads: int, batch: int, new_tokens: int,
+                   repeats: int) -> float:
+    """Median decode tokens/s of one side, run in a fresh process as a server would run it: the engine's loop thread
+    owns the torch threads (``reserve_cpu_threads``); transformers' ``generate`` runs on the main thread."""
+    if side == "transformers":
+        import transformers
 
-    transformers.logging.set_verbosity_error()
-    with tempfile.TemporaryDirectory() as directory:
-        model.save_pretrained(directory)
-        reference = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
-        reference = reference.to(model.output_weight.device).eval()
-    hf_tokens_per_s(reference, 2, 32, 4)                       # warm-up: first calls pay one-off costs
-    engine_tokens_per_s(model, 2, 32, 4)
-    print(f"\n## Decode tokens/s (sampling, 32-token prompts, {new_tokens} new tokens)")
+        if threads:
+            torch.set_num_threads(threads)
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        with tempfile.TemporaryDirectory() as directory:
+            load(model_name).save_pretrained(directory)
+            reference = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        reference = reference.to(device).eval()
+        hf_tokens_per_s(reference, 2, 32, 4)                   # warm-up: first calls pay one-off costs
+        return median([hf_tokens_per_s(reference, batch, 32, new_tokens) for _ in range(repeats)])
+    threads = reserve_cpu_threads(threads)
+    model = load(model_name).to(device).eval()
+    config = dict(speculative=side == "speculative", threads=threads)
+    engine_tokens_per_s(model, 2, 32, 4, **config)
+    return median([engine_tokens_per_s(model, batch, 32, new_tokens, **config) for _ in range(repeats)])
+
+
+def decode_section(model_name: str, device: str, threads: int, batches: list[int], new_tokens: int,
+                   repeats: int) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    print(f"\n## Decode tokens/s (sampling, 32-token prompts, {new_tokens} new tokens; each side in a fresh process)")
     print("| batch | forge engine | forge + MTP speculation | transformers generate | engine / transformers |")
     print("| ---: | ---: | ---: | ---: | ---: |")
+    context = multiprocessing.get_context("spawn")
     for batch in batches:
-        ours = median([engine_tokens_per_s(model, batch, 32, new_tokens, speculative=False) for _ in range(repeats)])
-        spec = median([engine_tokens_per_s(model, batch, 32, new_tokens, speculative=True) for _ in range(repeats)])
-        theirs = median([hf_tokens_per_s(reference, batch, 32, new_tokens) for _ in range(repeats)])
-        print(f"| {batch} | {ours:,.0f} | {spec:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x |")
+        rates = {}
+        for side in ("engine", "speculative", "transformers"):
+            with ProcessPoolExecutor(1, mp_context=context) as pool:
+                rates[side] = pool.submit(measure_decode, side, model_name, device, threads, batch, new_tokens,
+                                          repeats).result()
+        ours, spec, theirs = rates["engine"], rates["speculative"], rates["transformers"]
+        print(f"| {batch} | {ours:,.0f} | {spec:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x |", flush=True)
 
 
-def prefix_section(model: CausalLM, prompt_len: int, repeats: int) -> None:
+def prefix_section(model: CausalLM, prompt_len: int, repeats: int, threads: int) -> None:
     def prefill_s(caching: bool) -> float:
         engine = TorchEngine(model, EngineConfig(kv_cache_bytes=256 * 2**20, prefix_caching=caching,
-                                                 speculative=False))
+                                                 speculative=False, threads=threads))
         try:
             prompt = [(11 * j) % 1000 + 1 for j in range(prompt_len)]
             started = time.perf_counter()
@@ -128,12 +151,13 @@ def distill_draft(model: CausalLM, steps: int, seq_len: int = 64, batch: int = 1
     model.requires_grad_(False)
 
 
-def speculative_section(model: CausalLM, new_tokens: int, repeats: int) -> None:
+def speculative_section(model: CausalLM, new_tokens: int, repeats: int, threads: int) -> None:
     rates = {}
     for speculative in (False, True):
         runs = []
         for _ in range(repeats):
-            engine = TorchEngine(model, EngineConfig(kv_cache_bytes=64 * 2**20, speculative=speculative))
+            engine = TorchEngine(model, EngineConfig(kv_cache_bytes=64 * 2**20, speculative=speculative,
+                                                            threads=threads))
             params = SamplingParams(temperature=1.0, seed=1, max_tokens=new_tokens, ignore_eos=True)
             started = time.perf_counter()
             produced = sum(len(c.token_ids) for c in engine.submit(GenerationRequest("", list(range(1, 33)), params)))
@@ -147,8 +171,8 @@ def speculative_section(model: CausalLM, new_tokens: int, repeats: int) -> None:
     print(f"speed-up {on / off:.2f}x at acceptance {acceptance:.1%}")
 
 
-def swap_section(model: CausalLM, swaps: int = 5) -> None:
-    engine = TorchEngine(model, EngineConfig(kv_cache_bytes=64 * 2**20, speculative=False))
+def swap_section(model: CausalLM, threads: int, swaps: int = 5) -> None:
+    engine = TorchEngine(model, EngineConfig(kv_cache_bytes=64 * 2**20, speculative=False, threads=threads))
     state = {k: v.clone() for k, v in model.state_dict().items()}
     params = [SamplingParams(seed=i, max_tokens=1500, ignore_eos=True) for i in range(8)]
     streams = [engine.submit(GenerationRequest("", [1, 2, 3], p)) for p in params]
@@ -186,21 +210,20 @@ def swap_section(model: CausalLM, swaps: int = 5) -> None:
 @click.option("--device", default="cpu", show_default=True, help="torch device of the model: cpu, cuda, cuda:1")
 def main(model: str, batches: str, new_tokens: int, prompt_len: int, repeats: int, distill_steps: int, threads: int,
          sections: str, device: str) -> None:
-    if threads:
-        torch.set_num_threads(threads)
+    threads = reserve_cpu_threads(threads)        # the engines' loops get them; this thread stays single-threaded
     policy = load(model).to(device).eval()
     chosen = set(sections.split(","))
     print(f"model {model}: {sum(p.numel() for p in policy.parameters()) / 1e6:.2f} M parameters; "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}")
+          f"torch {torch.__version__}, {threads} threads, device {device}")
     if "decode" in chosen:
-        decode_section(policy, [int(b) for b in batches.split(",")], new_tokens, repeats)
+        decode_section(model, device, threads, [int(b) for b in batches.split(",")], new_tokens, repeats)
     if "prefix" in chosen:
-        prefix_section(policy, prompt_len, repeats)
+        prefix_section(policy, prompt_len, repeats, threads)
     if "speculative" in chosen:
         distill_draft(policy.train(), distill_steps)
-        speculative_section(policy.eval(), new_tokens, repeats)
+        speculative_section(policy.eval(), new_tokens, repeats, threads)
     if "swap" in chosen:
-        swap_section(policy)
+        swap_section(policy, threads)
 
 
 if __name__ == "__main__":

@@ -329,6 +329,25 @@ def test_decoding_right_after_a_weight_swap_drops_drafts_safely(model):
         engine.close()
 
 
+def test_the_engine_loop_owns_the_cpu_threads_it_is_given(model):
+    from forge.actors.engine.engine import reserve_cpu_threads
+
+    before = torch.get_num_threads()
+    try:
+        threads = reserve_cpu_threads(3)
+        assert threads == 3 and torch.get_num_threads() == 1      # the caller no longer starts thread teams
+        engine = engine_for(model, threads=threads)
+        try:
+            run(engine, [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
+            assert engine.stats()["threads"] == 3
+            assert torch.get_num_threads() == 1                    # set per thread: the loop's count stays its own
+        finally:
+            engine.close()
+        assert reserve_cpu_threads() == 1                          # 0 = keep what the caller had
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_an_engine_without_a_kv_connector_keeps_no_kv_events(model):
     from forge.actors.engine.l3 import KVConnector
 

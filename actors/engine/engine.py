@@ -51,6 +51,21 @@ class EngineConfig:
     seed: int = 0
     name: str = "actor"
     model_id: str = "model"
+    threads: int = 0                            # torch CPU threads of the loop; 0 = those of the building thread
+
+
+def reserve_cpu_threads(threads: int = 0) -> int:
+    """Leave the process's torch CPU threads to the engine's loop: make the calling thread single-threaded and
+    return the count for ``EngineConfig.threads`` (``threads``, or what the caller had). Call it before any torch
+    work in a process that serves from an engine.
+
+    Why: GNU OpenMP, which torch's CPU kernels use, keeps a team of worker threads for every thread that ran
+    parallel work. Once the teams together outnumber the cores it stops spinning between parallel regions, and every
+    small op of a decode step then pays a futex wake-up: with the model loaded on the main thread at 2 threads, the
+    engine's loop thread decoded 2-3x slower than on the main thread."""
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(1)
+    return threads
 
 
 class TorchEngine(Backend):
@@ -75,6 +90,7 @@ class TorchEngine(Backend):
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    speculative=self.speculative), self.blocks)
         self.runner = ModelRunner(model, self.cache, self.speculative)
+        self._threads = config.threads or torch.get_num_threads()
         self._seeds = random.Random(config.seed)     # seeds of requests that bring none
         self._version = initial_version
         self._variant = "mtp" if self.speculative else ""
@@ -87,7 +103,7 @@ class TorchEngine(Backend):
         self._closed = False
         self._started = time.time()
         self._counters = dict(steps=0, tokens=0, prompt_tokens=0, finished=0, drafts=0, drafts_accepted=0,
-                              weight_swaps=0, weight_rejections=0, refused=0)
+                              weight_swaps=0, weight_rejections=0, refused=0, threads=0)
         self._recent: deque[tuple[float, int]] = deque()
         self.connector: KVConnector | None = None   # KV events, speeds, L3 cache (l3.py attaches itself; issue #8)
         self._thread = threading.Thread(target=self._loop, name=f"{config.name}-engine", daemon=True)
@@ -223,6 +239,8 @@ class TorchEngine(Backend):
     # ------------------------------------------------------------------ loop
 
     def _loop(self) -> None:
+        torch.set_num_threads(self._threads)     # per thread for OpenMP: the loop runs the model, nothing else
+        self._counters["threads"] = torch.get_num_threads()
         while True:
             with self._lock:
                 while not (self._closed or self._inbox or self._aborts or self._pending_weights

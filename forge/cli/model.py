@@ -108,7 +108,7 @@ def eval_command(model: str, domains: str, size: int, max_tokens: int, temperatu
     import asyncio
 
     from forge.actors.cli import load_policy
-    from forge.actors.engine.engine import EngineConfig, TorchEngine
+    from forge.actors.engine.engine import EngineConfig, TorchEngine, reserve_cpu_threads
     from forge.builtin import TINY_DIR, is_builtin
     from forge.rollout.evaluate import evaluate_with
     from forge.rollout.llm import EngineChat
@@ -118,9 +118,10 @@ def eval_command(model: str, domains: str, size: int, max_tokens: int, temperatu
     chosen = tuple(d.strip() for d in domains.split(",") if d.strip())
     if set(chosen) - set(DOMAINS):
         raise click.BadParameter(f"domains must be among {', '.join(DOMAINS)}", param_hint="--domains")
+    threads = reserve_cpu_threads()
     policy, model_id = load_policy(model, "cpu", "float32")
     tokenizer = Tokenizer.from_dir(TINY_DIR if is_builtin(model) else model)
-    engine = TorchEngine(policy, EngineConfig(kv_cache_bytes=64 * 2**20, model_id=model_id))
+    engine = TorchEngine(policy, EngineConfig(kv_cache_bytes=64 * 2**20, model_id=model_id, threads=threads))
     try:
         scores = asyncio.run(evaluate_with(EngineChat(engine, tokenizer), chosen, size, max_tokens,
                                            temperature=temperature, samples=samples))
