@@ -215,11 +215,10 @@ async def run(config: UpConfig, console: Console) -> dict[str, Any]:
 
 async def evaluate_both(config: UpConfig, actor: str, tokenizer) -> tuple[dict[str, float], dict[str, float]]:
     """The held-out reward sampled at the training temperature (``eval_samples`` per task), then greedy."""
-    from forge.rollout.evaluate import evaluate
+    from forge.rollout.evaluate import evaluate_readings
 
-    sampled = await evaluate(actor, tokenizer, config.domains, config.eval_size, config.max_tokens,
-                             temperature=config.temperature, samples=config.eval_samples)
-    greedy = await evaluate(actor, tokenizer, config.domains, config.eval_size, config.max_tokens)
+    sampled, greedy = await evaluate_readings(actor, tokenizer, [(config.temperature, config.eval_samples), (0.0, 1)],
+                                              config.domains, config.eval_size, config.max_tokens)
     return sampled, greedy
 
 

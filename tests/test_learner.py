@@ -29,6 +29,7 @@ from forge.model import CausalLM, ModelConfig
 from forge.model.sampling import SamplingParams
 
 from conftest import REPO, script
+from helpers.gradients import capture_gradients
 from helpers.rollouts import fill_pool
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
@@ -178,14 +179,7 @@ def test_tree_and_sample_by_sample_steps_give_the_same_parameters(tmp_path):
                           LossConfig(mtp_weight=0.5, mtp_top_k=8), RewardConfig(), WindowConfig(window=4,
                                                                                                batch_groups=4),
                           pool)
-        grads: dict[str, torch.Tensor] = {}
-        step = trainer.optimizer.step
-
-        def capture(step=step, grads=grads, trained=trained):     # the gradients Adam is about to use
-            grads.update({n: p.grad.clone() for n, p in trained.named_parameters() if p.grad is not None})
-            return step()
-
-        trainer.optimizer.step = capture
+        grads = capture_gradients(trainer, trained)
         results[tree] = (trainer.step(), grads)
         pool.close()
     (tree_record, tree_grads), (linear_record, linear_grads) = results[True], results[False]

@@ -61,9 +61,8 @@ class BlockManager:
         block.ref_count = 1
         return block_id
 
-    def _prefix_hits(self, seq: Sequence, salt: bytes) -> tuple[list[int], list[bytes]]:
+    def _prefix_hits(self, seq: Sequence, salt: bytes) -> list[int]:
         hits: list[int] = []
-        hashes: list[bytes] = []
         size = self.block_size
         for index, parent in enumerate(self.prompt_block_hashes(seq, salt)):
             block_id = self.by_hash.get(parent)
@@ -71,8 +70,7 @@ class BlockManager:
             if block_id is None or self.blocks[block_id].token_ids != tuple(tokens):
                 break
             hits.append(block_id)
-            hashes.append(parent)
-        return hits, hashes
+        return hits
 
     def prompt_block_hashes(self, seq: Sequence, salt: bytes) -> list[bytes]:
         """Chained hashes of the full blocks ``seq`` would compute at admission: all but its last token, whose
@@ -89,7 +87,7 @@ class BlockManager:
         return len(seq) + (2 if seq.draft is not None else 1)
 
     def can_allocate(self, seq: Sequence, salt: bytes, reserve: int = 0) -> bool:
-        hits, _ = self._prefix_hits(seq, salt)
+        hits = self._prefix_hits(seq, salt)
         reusable_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         needed = self.blocks_needed(self.slots_at_admission(seq)) - len(hits) + reusable_free
         return needed + reserve <= len(self.free)
@@ -98,14 +96,13 @@ class BlockManager:
         """Give ``seq`` blocks for its positions at admission, reusing cached prefix blocks."""
         if seq.block_table:
             raise RuntimeError(f"{seq.request_id} already holds blocks")
-        hits, hashes = self._prefix_hits(seq, salt)
+        hits = self._prefix_hits(seq, salt)
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self.free[block_id]
             block.ref_count += 1
         seq.block_table = list(hits)
-        seq.block_hashes = hashes
         seq.num_cached_blocks = len(hits)
         seq.num_computed = len(hits) * self.block_size
         seq.prefix_hit_tokens = seq.num_computed
@@ -127,16 +124,15 @@ class BlockManager:
         size = self.block_size
         full = min(seq.num_computed, len(seq.token_ids)) // size
         chain = seq.hashes(salt, size, full)
-        for index in range(len(seq.block_hashes), full):
+        for index in range(seq.num_cached_blocks, full):
             parent = chain[index]
-            seq.block_hashes.append(parent)
             block = self.blocks[seq.block_table[index]]
             block.hash, block.token_ids = parent, tuple(seq.token_ids[index * size:(index + 1) * size])
             if self.prefix_caching and parent not in self.by_hash:
                 self.by_hash[parent] = block.block_id
                 if self.record_events:
                     self.stored.append(parent)
-        seq.num_cached_blocks = len(seq.block_hashes)
+        seq.num_cached_blocks = max(seq.num_cached_blocks, full)
 
     def free_sequence(self, seq: Sequence) -> None:
         """Drop ``seq``'s references; blocks nobody holds go to the back of the free list (evicted last)."""
@@ -151,7 +147,6 @@ class BlockManager:
                 else:
                     self.free[block_id] = None
         seq.block_table = []
-        seq.block_hashes = []
         seq.num_computed = 0
         seq.num_cached_blocks = 0
 

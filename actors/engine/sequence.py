@@ -39,11 +39,10 @@ class Sequence:
     seed: int = 0
     status: Status = Status.WAITING
     block_table: list[int] = field(default_factory=list)
-    block_hashes: list[bytes] = field(default_factory=list)   # chained hashes of the leading full blocks
     chain: list[bytes] = field(default_factory=list)          # its leading full blocks, hashed once (see hashes)
     chain_salt: bytes = b""
     num_computed: int = 0           # tokens whose main-model KV is in the cache
-    num_cached_blocks: int = 0      # leading blocks registered in (or taken from) the prefix cache
+    num_cached_blocks: int = 0      # leading blocks registered in (or taken from) the prefix cache: chain[:n]
     prefix_hit_tokens: int = 0      # tokens served from the prefix cache at the latest admission
     kv_version: int = 0             # weight version of the KV written since the latest admission
     draft: Draft | None = None

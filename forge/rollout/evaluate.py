@@ -7,6 +7,7 @@ seeded episodes per task), the expected reward of the very policy RL trains."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from forge.model.sampling import SamplingParams
 from forge.rollout.agent import run_episode
@@ -46,6 +47,16 @@ async def evaluate(actor: str, tokenizer: Tokenizer, domains: tuple[str, ...] = 
                    max_tokens: int = 48, concurrency: int = 16, tool_latency_s: float = 0.0, temperature: float = 0.0,
                    samples: int = 1) -> dict[str, float]:
     """``evaluate_with`` against the actor at ``actor`` (host:port)."""
+    readings = await evaluate_readings(actor, tokenizer, [(temperature, samples)], domains, size, max_tokens,
+                                       concurrency, tool_latency_s)
+    return readings[0]
+
+
+async def evaluate_readings(actor: str, tokenizer: Tokenizer, readings: Sequence[tuple[float, int]],
+                            domains: tuple[str, ...] = DOMAINS, size: int = 48, max_tokens: int = 48,
+                            concurrency: int = 16, tool_latency_s: float = 0.0) -> list[dict[str, float]]:
+    """One ``evaluate_with`` per (temperature, samples) reading, in order, over one channel to ``actor``."""
     async with aio_channel(actor) as channel:
         llm = ActorChat(actor_pb2_grpc.ActorStub(channel), tokenizer)
-        return await evaluate_with(llm, domains, size, max_tokens, concurrency, tool_latency_s, temperature, samples)
+        return [await evaluate_with(llm, domains, size, max_tokens, concurrency, tool_latency_s, temperature, samples)
+                for temperature, samples in readings]

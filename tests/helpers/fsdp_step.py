@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import torch
+from gradients import capture_gradients
 
 from forge.gateway.pool import Pool
 from forge.learner.losses import LossConfig
@@ -26,17 +27,7 @@ def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int) -> No
                       LossConfig(mtp_weight=0.5, mtp_top_k=8), RewardConfig(), WindowConfig(window=16,
                                                                                            batch_groups=4),
                       pool)
-    grads: dict[str, torch.Tensor] = {}
-    step = trainer.optimizer.step
-
-    def capture():          # the gradients Adam is about to use, gathered whole (a collective: every rank calls it)
-        for name, parameter in model.named_parameters():
-            if parameter.grad is not None:
-                grad = parameter.grad
-                grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().clone()
-        return step()
-
-    trainer.optimizer.step = capture
+    grads = capture_gradients(trainer, model)
     record = trainer.step()
     state = full_state_dict(model, distributed)
     if distributed.is_main:
