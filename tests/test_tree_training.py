@@ -106,11 +106,14 @@ def random_masks(rng: random.Random, samples: list[Sample]) -> dict[int, torch.T
 
 def run(model: CausalLM, samples: list[Sample], config: LossConfig, masks: dict[int, torch.Tensor], tree: bool,
         budget: int, impl: str = "segments", head_chunk: int = 2**26) -> tuple[float, dict[str, torch.Tensor]]:
-    """Loss and gradients of one step, the trainer's way: global normalisers, one backward per micro-batch."""
+    """Loss and gradients (on the CPU) of one step, the trainer's way: global normalisers, one backward per
+    micro-batch, on the model's device."""
+    device = model.output_weight.device
     total_tokens = float(sum(s.num_completion for s in samples))
     total_samples = float(len(samples))
     total_mtp = float(sum(s.num_completion - (s.prompt_len == 1) for s in samples))
-    batches = pack_trees(samples, budget) if tree else [make_micro_batch(g) for g in micro_batches(samples, budget)]
+    batches = (pack_trees(samples, budget, device) if tree
+               else [make_micro_batch(g, device) for g in micro_batches(samples, budget)])
     model.zero_grad(set_to_none=True)
     total = 0.0
     for batch in batches:
@@ -119,13 +122,13 @@ def run(model: CausalLM, samples: list[Sample], config: LossConfig, masks: dict[
                                       head_chunk=head_chunk)
         else:
             out = policy_forward(model, batch, config.mtp_top_k)
-        mask = torch.cat([masks[id(s)] for s in batch.samples])
+        mask = torch.cat([masks[id(s)] for s in batch.samples]).to(device)
         loss = policy_loss(config, out.logprobs, batch.old_logprobs, batch.advantages, mask, batch.sample_index,
                            total_tokens, total_samples)
         loss = loss + config.mtp_weight * out.mtp_kl.sum() / total_mtp
         loss.backward()
         total += float(loss.detach())
-    return total, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return total, {name: p.grad.cpu() for name, p in model.named_parameters() if p.grad is not None}
 
 
 def assert_same_step(model, samples, config, masks, budget, impl="segments", linear_budget=4096, head_chunk=2**26):
@@ -160,6 +163,22 @@ def test_every_cpu_attention_path_is_exact(model, impl):
     samples = agent_batch(model, rng, groups=3, group_size=4, calls=4, system_len=40)
     config = LossConfig(mtp_weight=1.0, mtp_top_k=8)
     assert_same_step(model, samples, config, random_masks(rng, samples), budget=150, impl=impl)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["flex", "segments"])
+def test_tree_step_on_cuda_equals_sample_by_sample(impl):
+    """The GPU paths (flex over a block mask, compiled; segments) against sample-by-sample training on the GPU, with
+    a head size the compiled flex kernels take (32)."""
+    net = CausalLM(ModelConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_nextn_predict_layers=1))
+    net.init_weights(std=0.3, seed=0)
+    rng = random.Random(31)
+    samples = agent_batch(net, rng, groups=3, group_size=4, calls=4, system_len=40)
+    config = LossConfig(mtp_weight=1.0, mtp_top_k=8)
+    cuda = net.cuda()
+    for budget in (150, 4096):                      # several packed sequences, then one
+        assert_same_step(cuda, samples, config, random_masks(rng, samples), budget=budget, impl=impl)
 
 
 def test_output_head_in_checkpointed_chunks_is_exact(model):
