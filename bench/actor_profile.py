@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import cProfile
 import pstats
+import statistics
 import time
 
 import click
@@ -60,6 +61,26 @@ def main(model: str, batch: int, new_tokens: int, threads: int) -> None:
     print(f"| part | share of the step |\n| --- | ---: |\n| torch kernels of the model | {kernels / total:.0%} |")
     print(f"| rest of the model forward (Python modules, layout) | {(forward - kernels) / total:.0%} |")
     print(f"| engine scheduling, sampling bookkeeping, streaming | {(total - forward) / total:.0%} |")
+    floor = matmul_floor(engine.model, batch)
+    print(f"the step's matrix multiplications alone (no profiler): {1e3 * floor:.2f} ms; any fp32 decode step at "
+          f"batch {batch} on this core costs at least that, so a baseline step of T ms allows at most T / "
+          f"{1e3 * floor:.2f} x")
+
+
+def matmul_floor(model, batch: int, repeats: int = 200) -> float:
+    """Median seconds of one decode step's matrix multiplications (every projection of every layer and the output
+    head) on ``batch`` rows, issued back to back: the floor under any implementation of the step."""
+    weights = [m.weight for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and not name.startswith("mtp.")] + [model.output_weight]
+    inputs = [torch.randn(batch, w.shape[1]) for w in weights]
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for x, w in zip(inputs, weights, strict=True):
+                torch.nn.functional.linear(x, w)
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 if __name__ == "__main__":
