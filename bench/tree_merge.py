@@ -15,7 +15,7 @@ The linear baseline of the largest configurations takes many minutes on a CPU: w
 above --linear-cap sample tokens) every K-th micro-batch (they are sorted by length) is timed and the total is
 scaled by the number of micro-batches over the number timed; the table marks such rows with ~.
 
-Usage: python bench/tree_merge.py [--quick] [--model tiny|medium|DIR] [--groups 4,8,16] [--turns 1,8,32]
+Usage: python bench/tree_merge.py [--quick] [--model tiny|medium|wide|DIR] [--groups 4,8,16] [--turns 1,8,32]
        [--system 4096] [--budget 16384] [--repeats 2] [--device auto] [--json FILE]
 """
 
@@ -39,6 +39,10 @@ from forge.model import CausalLM, ModelConfig
 
 MEDIUM = ModelConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                      num_attention_heads=8, num_key_value_heads=4, head_dim=64, num_nextn_predict_layers=1)
+# Wide and shallow (38 M parameters): per token its matmuls cost as much as attention over ~6k keys, so at this
+# bench's contexts its cost follows the token count, as a 7B model's does up to ~24k keys; sized to run on a CPU.
+WIDE = ModelConfig(vocab_size=1024, hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
+                   num_attention_heads=16, num_key_value_heads=8, head_dim=64, num_nextn_predict_layers=1)
 
 
 def load(name: str, device: str) -> CausalLM:
@@ -46,8 +50,8 @@ def load(name: str, device: str) -> CausalLM:
 
     if is_builtin(name):
         model = tiny_model(0)
-    elif name == "medium":
-        model = CausalLM(MEDIUM)
+    elif name in ("medium", "wide"):
+        model = CausalLM(MEDIUM if name == "medium" else WIDE)
         model.init_weights(seed=0)
     else:
         model = CausalLM.from_pretrained(name)
@@ -236,7 +240,8 @@ def print_row(row: Row) -> None:
 
 @click.command()
 @click.option("--quick", is_flag=True, help="a small grid that runs in under a minute")
-@click.option("--model", "model_name", default="tiny", show_default=True, help="tiny, medium or a checkpoint dir")
+@click.option("--model", "model_name", default="tiny", show_default=True,
+              help="tiny, medium, wide or a checkpoint dir")
 @click.option("--groups", default="4,8,16", show_default=True, help="rollouts per task (G)")
 @click.option("--turns", default="1,8,32", show_default=True, help="calls per session")
 @click.option("--system", default=4096, show_default=True, help="tokens of the shared system prompt")
