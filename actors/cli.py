@@ -111,7 +111,8 @@ def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
 @click.option("--l3-fetch", type=click.Choice(FETCH_POLICIES), default="auto", show_default=True,
               help="With --l3-cache: fetch when estimated cheaper than recomputing (auto), whenever held, or never.")
 @click.option("--l3-api-key", default=None, envvar="FORGE_ACTOR_L3_API_KEY", help="API key of the cache servers.")
-@click.option("--threads", default=0, type=click.IntRange(0), help="Torch CPU threads (0 = all cores).")
+@click.option("--threads", default=0, type=click.IntRange(0),
+              help="Torch CPU threads of the engine loop, which runs every step (0 = torch's default, the cores).")
 @click.option("--seed", default=0, show_default=True, help="Seed for requests that bring none.")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write {address, instance, pid} as JSON here once serving.")
