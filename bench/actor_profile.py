@@ -70,8 +70,10 @@ def main(model: str, batch: int, new_tokens: int, threads: int) -> None:
 def matmul_floor(model, batch: int, repeats: int = 200) -> float:
     """Median seconds of one decode step's matrix multiplications (every projection of every layer and the output
     head) on ``batch`` rows, issued back to back: the floor under any implementation of the step."""
-    weights = [m.weight for name, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and not name.startswith("mtp.")] + [model.output_weight]
+    weights = [m.weight for name, m in model.named_modules()       # an untied lm_head is among them
+               if isinstance(m, torch.nn.Linear) and not name.startswith("mtp.")]
+    if model.lm_head is None:
+        weights.append(model.output_weight)                         # tied: the embedding matrix
     inputs = [torch.randn(batch, w.shape[1]) for w in weights]
     times = []
     with torch.inference_mode():

@@ -39,7 +39,7 @@ from forge.model import CausalLM, ModelConfig
 
 MEDIUM = ModelConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                      num_attention_heads=8, num_key_value_heads=4, head_dim=64, num_nextn_predict_layers=1)
-# Wide and shallow (38 M parameters): per token its matmuls cost as much as attention over ~6k keys, so at this
+# Wide and shallow (39.6 M parameters): per token its matmuls cost as much as attention over ~6k keys, so at this
 # bench's contexts its cost follows the token count, as a 7B model's does up to ~24k keys; sized to run on a CPU.
 WIDE = ModelConfig(vocab_size=1024, hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
                    num_attention_heads=16, num_key_value_heads=8, head_dim=64, num_nextn_predict_layers=1)

@@ -91,6 +91,7 @@ class TorchEngine(Backend):
                                                    speculative=self.speculative), self.blocks)
         self.runner = ModelRunner(model, self.cache, self.speculative)
         self._threads = config.threads or torch.get_num_threads()
+        self._loop_threads = 0                      # what the loop thread runs with, once it has started
         self._seeds = random.Random(config.seed)     # seeds of requests that bring none
         self._version = initial_version
         self._variant = "mtp" if self.speculative else ""
@@ -103,7 +104,7 @@ class TorchEngine(Backend):
         self._closed = False
         self._started = time.time()
         self._counters = dict(steps=0, tokens=0, prompt_tokens=0, finished=0, drafts=0, drafts_accepted=0,
-                              weight_swaps=0, weight_rejections=0, refused=0, threads=0)
+                              weight_swaps=0, weight_rejections=0, refused=0)
         self._recent: deque[tuple[float, int]] = deque()
         self.connector: KVConnector | None = None   # KV events, speeds, L3 cache (l3.py attaches itself; issue #8)
         self._thread = threading.Thread(target=self._loop, name=f"{config.name}-engine", daemon=True)
@@ -194,6 +195,7 @@ class TorchEngine(Backend):
             "spec_acceptance": c["drafts_accepted"] / c["drafts"] if c["drafts"] else 0.0,
             "weight_version": float(self._version),
             "preemptions": float(self.scheduler.preemptions),
+            "threads": float(self._loop_threads),
             **{k: float(v) for k, v in c.items()},
             **(self.connector.stats() if self.connector is not None else {}),
         }
@@ -240,7 +242,7 @@ class TorchEngine(Backend):
 
     def _loop(self) -> None:
         torch.set_num_threads(self._threads)     # per thread for OpenMP: the loop runs the model, nothing else
-        self._counters["threads"] = torch.get_num_threads()
+        self._loop_threads = torch.get_num_threads()
         while True:
             with self._lock:
                 while not (self._closed or self._inbox or self._aborts or self._pending_weights
