@@ -3,7 +3,7 @@
 FROM python:3.11-slim
 
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
-RUN apt-get update && apt-get install -y --no-install-recommends make git && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends make git gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/forge
 
 # Torch first, from PyTorch's CPU index (a bare `torch` requirement would pull a multi-GB CUDA build).

@@ -2,6 +2,8 @@
 
 1. decode tokens/s at batch 1, 8, 32, 64: the embedded torch engine against transformers' ``generate`` on the same
    checkpoint (sampling, same prompt and output lengths);
+   and decode at batch 32 with short and long contexts, with the compiled C attention kernel and with torch's
+   gather + SDPA path, against transformers;
 2. prefill time saved by prefix reuse for 8 rollouts of one long prompt (prefix caching on against off);
 3. speculative decoding at batch 1 with the MTP head as draft (on against off), and its acceptance rate; the draft
    head is first distilled from the main head for --distill-steps (as the learner's MTP co-training would);
@@ -13,6 +15,7 @@ Usage: python bench/actor_decode.py [--model tiny|DIR] [--batches 1,8,32,64] [--
 
 from __future__ import annotations
 
+import functools
 import itertools
 import statistics
 import tempfile
@@ -35,7 +38,8 @@ def load(model: str) -> CausalLM:
     return CausalLM.from_pretrained(model)
 
 
-def engine_tokens_per_s(model: CausalLM, batch: int, prompt_len: int, new_tokens: int, **config) -> float:
+def engine_seconds(model: CausalLM, batch: int, prompt_len: int, new_tokens: int, **config) -> float:
+    """Seconds for the engine to generate ``new_tokens`` for each of ``batch`` prompts (prefill included)."""
     engine = TorchEngine(model, EngineConfig(kv_cache_bytes=256 * 2**20, **config))
     try:
         params = [SamplingParams(temperature=1.0, seed=i, max_tokens=new_tokens, ignore_eos=True) for i in range(batch)]
@@ -43,12 +47,13 @@ def engine_tokens_per_s(model: CausalLM, batch: int, prompt_len: int, new_tokens
         started = time.perf_counter()
         streams = [engine.submit(GenerationRequest("", p, s)) for p, s in zip(prompts, params, strict=True)]
         produced = sum(len(c.token_ids) for stream in streams for c in stream)
-        return produced / (time.perf_counter() - started)
+        assert produced == batch * new_tokens, produced
+        return time.perf_counter() - started
     finally:
         engine.close()
 
 
-def hf_tokens_per_s(reference, batch: int, prompt_len: int, new_tokens: int) -> float:
+def hf_seconds(reference, batch: int, prompt_len: int, new_tokens: int) -> float:
     prompts = torch.tensor([[(7 * i + j) % 1000 + 1 for j in range(prompt_len)] for i in range(batch)],
                            device=reference.device)
     started = time.perf_counter()
@@ -57,7 +62,7 @@ def hf_tokens_per_s(reference, batch: int, prompt_len: int, new_tokens: int) -> 
                                     max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0, top_k=0,
                                     top_p=1.0)
     output.cpu()                                               # waits for the device
-    return batch * new_tokens / (time.perf_counter() - started)
+    return time.perf_counter() - started
 
 
 def median(values: list[float]) -> float:
@@ -65,9 +70,12 @@ def median(values: list[float]) -> float:
 
 
 def measure_decode(side: str, model_name: str, device: str, threads: int, batch: int, new_tokens: int,
-                   repeats: int) -> float:
+                   repeats: int, prompt_len: int = 32, decode_only: bool = False) -> float:
     """Median decode tokens/s of one side, run in a fresh process as a server would run it: the engine's loop thread
-    owns the torch threads (``reserve_cpu_threads``); transformers' ``generate`` runs on the main thread."""
+    owns the torch threads (``reserve_cpu_threads``); transformers' ``generate`` runs on the main thread.
+
+    Plain: all tokens over all the time, prefill included. ``decode_only``: the difference between a run of
+    ``new_tokens`` and one of a quarter as many, which leaves out the prefill (long prompts' cost)."""
     if side == "transformers":
         import transformers
 
@@ -79,32 +87,61 @@ def measure_decode(side: str, model_name: str, device: str, threads: int, batch:
             load(model_name).save_pretrained(directory)
             reference = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
         reference = reference.to(device).eval()
-        hf_tokens_per_s(reference, 2, 32, 4)                   # warm-up: first calls pay one-off costs
-        return median([hf_tokens_per_s(reference, batch, 32, new_tokens) for _ in range(repeats)])
+        hf_seconds(reference, 2, 32, 4)                        # warm-up: first calls pay one-off costs
+        seconds = functools.partial(hf_seconds, reference, batch, prompt_len)
+        return median([_rate(seconds, batch, new_tokens, decode_only) for _ in range(repeats)])
     threads = reserve_cpu_threads(threads)
     model = load(model_name).to(device).eval()
-    config = dict(speculative=side == "speculative", threads=threads)
-    engine_tokens_per_s(model, 2, 32, 4, **config)
-    return median([engine_tokens_per_s(model, batch, 32, new_tokens, **config) for _ in range(repeats)])
+    config = dict(speculative=side == "speculative", threads=threads, cpu_kernels=side != "engine-torch-attention")
+    engine_seconds(model, 2, 32, 4, **config)
+    seconds = functools.partial(engine_seconds, model, batch, prompt_len, **config)
+    return median([_rate(seconds, batch, new_tokens, decode_only) for _ in range(repeats)])
+
+
+def _rate(seconds, batch: int, new_tokens: int, decode_only: bool) -> float:
+    if not decode_only:
+        return batch * new_tokens / seconds(new_tokens=new_tokens)
+    short = new_tokens // 4
+    return batch * (new_tokens - short) / (seconds(new_tokens=new_tokens) - seconds(new_tokens=short))
+
+
+def run_sides(sides: tuple[str, ...], *args, **kwargs) -> dict[str, float]:
+    """``measure_decode`` for each side, one after another, each in a fresh spawned process."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    rates = {}
+    for side in sides:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            rates[side] = pool.submit(measure_decode, side, *args, **kwargs).result()
+    return rates
 
 
 def decode_section(model_name: str, device: str, threads: int, batches: list[int], new_tokens: int,
                    repeats: int) -> None:
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     print(f"\n## Decode tokens/s (sampling, 32-token prompts, {new_tokens} new tokens; each side in a fresh process)")
     print("| batch | forge engine | forge + MTP speculation | transformers generate | engine / transformers |")
     print("| ---: | ---: | ---: | ---: | ---: |")
-    context = multiprocessing.get_context("spawn")
     for batch in batches:
-        rates = {}
-        for side in ("engine", "speculative", "transformers"):
-            with ProcessPoolExecutor(1, mp_context=context) as pool:
-                rates[side] = pool.submit(measure_decode, side, model_name, device, threads, batch, new_tokens,
-                                          repeats).result()
+        rates = run_sides(("engine", "speculative", "transformers"), model_name, device, threads, batch, new_tokens,
+                          repeats)
         ours, spec, theirs = rates["engine"], rates["speculative"], rates["transformers"]
         print(f"| {batch} | {ours:,.0f} | {spec:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x |", flush=True)
+
+
+def context_section(model_name: str, device: str, threads: int, prompt_lens: list[int], new_tokens: int,
+                    repeats: int, batch: int = 32) -> None:
+    print(f"\n## Decode attention by context (batch {batch}; decode only: {new_tokens} new tokens less {new_tokens // 4},"
+          " prefill left out; each side in a fresh process)")
+    print("| prompt tokens | engine, C attention | engine, torch attention | transformers generate | C / torch "
+          "attention | engine / transformers |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for prompt_len in prompt_lens:
+        rates = run_sides(("engine", "engine-torch-attention", "transformers"), model_name, device, threads, batch,
+                          new_tokens, repeats, prompt_len, decode_only=True)
+        ours, torch_attention, theirs = rates["engine"], rates["engine-torch-attention"], rates["transformers"]
+        print(f"| {prompt_len} | {ours:,.0f} | {torch_attention:,.0f} | {theirs:,.0f} | {ours / torch_attention:.2f}x "
+              f"| {ours / theirs:.2f}x |", flush=True)
 
 
 def prefix_section(model: CausalLM, prompt_len: int, repeats: int, threads: int) -> None:
@@ -206,10 +243,12 @@ def swap_section(model: CausalLM, threads: int, swaps: int = 5) -> None:
 @click.option("--repeats", default=3, show_default=True)
 @click.option("--distill-steps", default=300, show_default=True, help="MTP draft distillation before section 3.")
 @click.option("--threads", default=0, help="torch threads (0 = all cores)")
-@click.option("--sections", default="decode,prefix,speculative,swap", show_default=True)
+@click.option("--context-lens", default="32,1024", show_default=True,
+              help="Prompt lengths of the decode-attention section (batch 32).")
+@click.option("--sections", default="decode,context,prefix,speculative,swap", show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="torch device of the model: cpu, cuda, cuda:1")
 def main(model: str, batches: str, new_tokens: int, prompt_len: int, repeats: int, distill_steps: int, threads: int,
-         sections: str, device: str) -> None:
+         context_lens: str, sections: str, device: str) -> None:
     threads = reserve_cpu_threads(threads)        # the engines' loops get them; this thread stays single-threaded
     policy = load(model).to(device).eval()
     chosen = set(sections.split(","))
@@ -217,6 +256,8 @@ def main(model: str, batches: str, new_tokens: int, prompt_len: int, repeats: in
           f"torch {torch.__version__}, {threads} threads, device {device}")
     if "decode" in chosen:
         decode_section(model, device, threads, [int(b) for b in batches.split(",")], new_tokens, repeats)
+    if "context" in chosen:
+        context_section(model, device, threads, [int(n) for n in context_lens.split(",")], new_tokens, repeats)
     if "prefix" in chosen:
         prefix_section(policy, prompt_len, repeats, threads)
     if "speculative" in chosen:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from forge.actors.backend import FinishReason, GenerationRequest, InvalidRequest, Overloaded
+from forge.actors.engine.cpu_kernels import compiler_present
 from forge.actors.engine.engine import EngineConfig, TorchEngine
 from forge.model import CausalLM, ModelConfig
 from forge.model.generate import generate
@@ -56,14 +57,16 @@ def engine_for(model: CausalLM, **overrides) -> TorchEngine:
     return TorchEngine(model, EngineConfig(**{**defaults, **overrides}))
 
 
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["c-attention", "torch-attention"])
 @pytest.mark.parametrize("speculative", [False, True])
-def test_greedy_equals_transformers_and_concurrent_requests_stay_isolated(tmp_path, model, speculative):
+def test_greedy_equals_transformers_and_concurrent_requests_stay_isolated(tmp_path, model, speculative, cpu_kernels):
     transformers = pytest.importorskip("transformers")
     model.save_pretrained(tmp_path)
     reference = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     rng = random.Random(1)
     prompts = [[rng.randrange(100) for _ in range(rng.randrange(1, 40))] for _ in range(12)]
-    engine = engine_for(model, speculative=speculative)
+    engine = engine_for(model, speculative=speculative, cpu_kernels=cpu_kernels)
+    assert (engine.runner.kernel is not None) == (cpu_kernels and compiler_present())
     try:
         params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
         results: dict[int, list[int]] = {}
@@ -89,8 +92,10 @@ def test_greedy_equals_transformers_and_concurrent_requests_stay_isolated(tmp_pa
                                     SamplingParams(temperature=1.2, top_k=10, top_p=0.9, max_tokens=24, seed=4,
                                                    ignore_eos=True),
                                     SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)])
-def test_recorded_logprobs_equal_a_full_forward_pass_with_and_without_prefix_hits(model, speculative, params):
-    engine = engine_for(model, speculative=speculative)
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["c-attention", "torch-attention"])
+def test_recorded_logprobs_equal_a_full_forward_pass_with_and_without_prefix_hits(model, speculative, params,
+                                                                                  cpu_kernels):
+    engine = engine_for(model, speculative=speculative, cpu_kernels=cpu_kernels)
     prompt = [random.Random(7).randrange(100) for _ in range(45)]
     try:
         for attempt in range(2):               # the second request reuses the first one's prompt blocks

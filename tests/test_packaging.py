@@ -40,6 +40,7 @@ def test_wheel_holds_every_source_file_and_the_assets(wheel):
     for asset in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json"):
         assert f"forge/assets/tiny/{asset}" in names
     assert "forge/v1/actor.proto" in names
+    assert "forge/actors/engine/csrc/paged_attention.c" in names          # built on first use
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = wheel.read(entry_points).decode()
     for name in ("forge", *SERVICE_SCRIPTS):

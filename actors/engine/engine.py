@@ -52,6 +52,7 @@ class EngineConfig:
     name: str = "actor"
     model_id: str = "model"
     threads: int = 0                            # torch CPU threads of the loop; 0 = those of the building thread
+    cpu_kernels: bool = True                    # compiled C attention for decode steps on CPU (needs a C compiler)
 
 
 def reserve_cpu_threads(threads: int = 0) -> int:
@@ -89,7 +90,7 @@ class TorchEngine(Backend):
         self.blocks = BlockManager(num_blocks, config.block_size, prefix_caching=config.prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    speculative=self.speculative), self.blocks)
-        self.runner = ModelRunner(model, self.cache, self.speculative)
+        self.runner = ModelRunner(model, self.cache, self.speculative, config.cpu_kernels)
         self._threads = config.threads or torch.get_num_threads()
         self._loop_threads = 0                      # what the loop thread runs with, once it has started
         self._seeds = random.Random(config.seed)     # seeds of requests that bring none
@@ -109,8 +110,9 @@ class TorchEngine(Backend):
         self.connector: KVConnector | None = None   # KV events, speeds, L3 cache (l3.py attaches itself; issue #8)
         self._thread = threading.Thread(target=self._loop, name=f"{config.name}-engine", daemon=True)
         self._thread.start()
-        log.info("torch engine ready: %d KV blocks of %d tokens (%.1f MiB), speculative=%s, device=%s",
-                 num_blocks, config.block_size, num_blocks * per_block / 2**20, self.speculative, self.device)
+        log.info("torch engine ready: %d KV blocks of %d tokens (%.1f MiB), speculative=%s, device=%s, "
+                 "decode attention=%s", num_blocks, config.block_size, num_blocks * per_block / 2**20,
+                 self.speculative, self.device, "compiled C kernel" if self.runner.kernel else "torch")
 
     # ------------------------------------------------------------------ interface
 

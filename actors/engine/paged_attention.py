@@ -3,18 +3,25 @@
 Keys and values of every layer live in one tensor per kind, [layers, blocks, block_size, kv_heads, head_dim]; a
 token's slot is ``block_table[pos // block_size] * block_size + pos % block_size``. A step feeds a padded batch
 [B, T] of new tokens: their keys and values are written to their slots first, then each row's blocks are gathered
-whole (one contiguous copy per block) and every query attends to the keys its mask allows.
+whole (one contiguous copy per block) and every query attends to the keys its mask allows. On CPU, steps of a few
+queries per row (decoding, verifying a draft) read the cache in place with a compiled kernel instead
+(``cpu_kernels``), which skips the copies.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from forge.actors.engine.cpu_kernels import paged_attention
 from forge.model.attention import AttentionBackend
+
+KERNEL_MAX_QUERIES = 8          # rows feeding more tokens (prefill) run the gather + SDPA path, matmul-bound
 
 
 class PagedKVCache:
@@ -33,18 +40,28 @@ class PagedKVCache:
 
 @dataclass
 class StepLayout:
-    """Where a step's tokens go and what they see (shared by every layer of one forward pass)."""
+    """Where a step's tokens go and what they see (shared by every layer of one forward pass): query t of row b sees
+    slots ``key_lower`` .. ``query_slots[b, t]`` of the blocks in ``block_tables[b]``."""
 
     write_rows: Tensor      # [W] indices into the flattened [B*T] new tokens whose KV is written
     write_slots: Tensor     # [W] their cache slots
     block_tables: Tensor    # [B, N] blocks of each row (padded with any valid block)
-    mask: Tensor            # [B, 1, T, N * block_size] True where query t of row b may attend key j
+    query_slots: Tensor     # [B, T] the last slot each query sees
+    key_lower: int          # the first slot every query sees
+    block_size: int
+
+    @functools.cached_property
+    def mask(self) -> Tensor:
+        """[B, 1, T, N * block_size]: True where query t of row b may attend key j (built only if SDPA runs)."""
+        positions = torch.arange(self.block_tables.shape[1] * self.block_size, device=self.query_slots.device)
+        return ((positions <= self.query_slots.unsqueeze(-1)) & (positions >= self.key_lower)).unsqueeze(1)
 
 
 class PagedAttention(AttentionBackend):
-    def __init__(self, cache: PagedKVCache, layout: StepLayout) -> None:
+    def __init__(self, cache: PagedKVCache, layout: StepLayout, kernel: ctypes.CDLL | None = None) -> None:
         self.cache = cache
         self.layout = layout
+        self.kernel = kernel            # the compiled CPU kernels, when built (fp32 caches only)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         layout = self.layout
@@ -57,6 +74,9 @@ class PagedAttention(AttentionBackend):
                                                           new_k.index_select(0, layout.write_rows))
             value_cache.view(-1, kv_heads, dim).index_copy_(0, layout.write_slots,
                                                             new_v.index_select(0, layout.write_rows))
+        if self.kernel is not None and length <= KERNEL_MAX_QUERIES:
+            return paged_attention(self.kernel, q, key_cache, value_cache, layout.block_tables, layout.query_slots,
+                                   layout.key_lower, scale)
         blocks = layout.block_tables.reshape(-1)
         keys = key_cache.index_select(0, blocks).view(batch, -1, kv_heads, dim).transpose(1, 2)
         values = value_cache.index_select(0, blocks).view(batch, -1, kv_heads, dim).transpose(1, 2)

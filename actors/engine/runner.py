@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from forge.actors.engine.cpu_kernels import load as load_cpu_kernels
 from forge.actors.engine.paged_attention import PagedAttention, PagedKVCache, StepLayout
 from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft, Sequence
 from forge.model.qwen3 import CausalLM
@@ -58,12 +59,14 @@ class _Row:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, cache: PagedKVCache, speculative: bool) -> None:
+    def __init__(self, model: CausalLM, cache: PagedKVCache, speculative: bool, cpu_kernels: bool = True) -> None:
         self.model = model
         self.cache = cache
         self.block_size = cache.block_size
         self.device = model.output_weight.device
         self.speculative = speculative and len(model.mtp) > 0
+        native = cpu_kernels and self.device.type == "cpu" and cache.keys.dtype == torch.float32
+        self.kernel = load_cpu_kernels() if native else None
 
     def _layout(self, rows: list[_Row], width: int, key_lower: int) -> StepLayout:
         size = self.block_size
@@ -79,12 +82,10 @@ class ModelRunner:
             tables.append(row.block_table + [row.block_table[0]] * (max_blocks - len(row.block_table)))
         device = self.device
         num_blocks = -(-length // size)
-        positions = torch.arange(num_blocks * size, device=device)
-        table = torch.tensor([t[:num_blocks] for t in tables], device=device)
-        query = torch.tensor(query_slots, device=device).unsqueeze(-1)
-        mask = (positions <= query) & (positions >= key_lower)
         return StepLayout(torch.tensor(write_rows, dtype=torch.long, device=device),
-                          torch.tensor(write_slots, dtype=torch.long, device=device), table, mask.unsqueeze(1))
+                          torch.tensor(write_slots, dtype=torch.long, device=device),
+                          torch.tensor([t[:num_blocks] for t in tables], device=device),
+                          torch.tensor(query_slots, device=device), key_lower, size)
 
     def _padded(self, values: list[list[int]], width: int) -> Tensor:
         return torch.tensor([v + [0] * (width - len(v)) for v in values], device=self.device)
@@ -106,7 +107,7 @@ class ModelRunner:
             rows.append(_Row(item.seq.block_table, positions, positions, item.write_from))
         layout = self._layout(rows, width, key_lower=0)
         hidden = model(self._padded(fed, width), self._padded([r.rope for r in rows], width),
-                       PagedAttention(self.cache, layout))
+                       PagedAttention(self.cache, layout, self.kernel))
         flat = hidden.reshape(-1, hidden.shape[-1])
 
         logit_rows, owners = [], []
@@ -214,7 +215,7 @@ class ModelRunner:
         hidden = flat[gather.reshape(-1)].reshape(len(rows), mtp_width, -1)
         out = self.model.mtp_forward(hidden, self._padded(next_ids, mtp_width), 0,
                                      self._padded([r.rope for r in rows], mtp_width), PagedAttention(self.cache,
-                                                                                                   layout))
+                                                                                                   layout, self.kernel))
         last_rows = [(r, b) for r, b in enumerate(drafting) if b is not None]
         for item, result in zip(work, results, strict=True):
             if result is not None:          # its draft was verified; a partial prefill keeps a pending one

@@ -1,0 +1,140 @@
+/* Paged attention for few queries per row, read in place from the paged KV cache (fp32).
+ *
+ * For query t of row b (head h, KV head g = h / group), the keys seen are the slots key_lower..query_slots[b, t] of
+ * row b: slot j lives at block tables[b, j / block_size], offset j % block_size. The torch path gathers each row's
+ * blocks into a contiguous copy per layer and runs a masked SDPA; a decode step reads each key once here instead.
+ * Scores of all heads of one query are kept in a scratch buffer (two passes: max, then exp-sum and values).
+ *
+ * Work is split over (row, query) with OpenMP when built with -fopenmp. The library then links libgomp.so.1,
+ * which the dynamic linker resolves to the copy torch has already loaded (same soname): one thread pool, sized by
+ * the calling thread's torch.set_num_threads, not a second team competing for the cores.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float vec8 __attribute__((vector_size(32)));   /* GCC/Clang vector extension: one AVX register */
+
+static inline vec8 load8(const float *p) {
+    vec8 v;
+    memcpy(&v, p, sizeof v);     /* unaligned load */
+    return v;
+}
+
+typedef int32_t ivec8 __attribute__((vector_size(32)));
+
+/* exp of 8 non-positive arguments (softmax after subtracting the max): 2^n e^r with |r| <= ln2 / 2 and a degree-7
+ * Taylor polynomial for e^r (relative error ~2e-8 before rounding); arguments below -87 give 0. */
+static inline vec8 exp8(vec8 x) {
+    const ivec8 underflow = x < -87.0f;                    /* lanes of all ones where true */
+    x = (vec8)(((ivec8)x & ~underflow) | ((ivec8)((vec8){0} - 87.0f) & underflow));
+    const ivec8 n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, ivec8);   /* truncation: rounds */
+    const vec8 nf = __builtin_convertvector(n, vec8);
+    const vec8 r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;
+    vec8 p = (vec8){0} + 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const vec8 scale = (vec8)((n + 127) << 23);
+    return (vec8)((ivec8)(p * scale) & ~underflow);
+}
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
+    vec8 acc = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc += load8(a + i) * load8(b + i);
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+/* Query t of row b, all heads: fills its [Hq, D] rows of out (head stride T * D). scores holds Hq * count
+ * floats. Keys and values are read slot by slot, every KV head of a slot at once (one contiguous run of memory). */
+static void attend_one(const float *restrict q, const float *key_cache, const float *value_cache,
+                       const int64_t *table, float *restrict out, float *restrict scores, int64_t length,
+                       int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, int64_t key_lower,
+                       int64_t last, float scale) {
+    const int64_t count = last - key_lower + 1, token_stride = kv_heads * dim, head_stride = length * dim;
+    const int64_t group = heads / kv_heads;
+    for (int64_t j = key_lower; j <= last;) {
+        const float *k = key_cache + (table[j / block_size] * block_size + j % block_size) * token_stride;
+        const int64_t run = min64(block_size - j % block_size, last + 1 - j);   /* keys left in this block */
+        for (int64_t i = 0; i < run; ++i, ++j, k += token_stride)
+            for (int64_t h = 0; h < heads; ++h)
+                scores[h * count + (j - key_lower)] = scale * dot(q + h * head_stride, k + (h / group) * dim, dim);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+        float *row = scores + h * count;
+        float best = -INFINITY;
+        for (int64_t j = 0; j < count; ++j)
+            if (row[j] > best) best = row[j];
+        float total = 0.0f;
+        int64_t j = 0;
+        for (; j + 8 <= count; j += 8) {
+            const vec8 e = exp8(load8(row + j) - best);
+            memcpy(row + j, &e, sizeof e);
+            total += ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+        }
+        for (; j < count; ++j) {
+            row[j] = expf(row[j] - best);
+            total += row[j];
+        }
+        const float inverse = 1.0f / total;
+        for (j = 0; j < count; ++j) row[j] *= inverse;
+        memset(out + h * head_stride, 0, sizeof(float) * (size_t)dim);
+    }
+    for (int64_t j = key_lower; j <= last;) {
+        const float *v = value_cache + (table[j / block_size] * block_size + j % block_size) * token_stride;
+        const int64_t run = min64(block_size - j % block_size, last + 1 - j);
+        for (int64_t i = 0; i < run; ++i, ++j, v += token_stride)
+            for (int64_t h = 0; h < heads; ++h) {
+                float *restrict o = out + h * head_stride;
+                const float *restrict vh = v + (h / group) * dim;
+                const float w = scores[h * count + (j - key_lower)];
+                for (int64_t d = 0; d < dim; ++d) o[d] += w * vh[d];
+            }
+    }
+}
+
+/* Returns 0; -1 when a scratch buffer cannot be allocated; -2 when a query sees no key. */
+int forge_paged_attention(const float *q,          /* [B, Hq, T, D] contiguous */
+                          const float *key_cache,  /* [blocks, block_size, kv_heads, D] contiguous (one layer) */
+                          const float *value_cache,
+                          const int64_t *tables,   /* [B, max_blocks] */
+                          const int64_t *query_slots, /* [B, T] last slot each query sees */
+                          float *out,              /* [B, Hq, T, D] */
+                          int64_t batch, int64_t heads, int64_t length, int64_t kv_heads, int64_t dim,
+                          int64_t block_size, int64_t max_blocks, int64_t key_lower, float scale) {
+    const int64_t tasks = batch * length;
+    int64_t longest = 1;
+    for (int64_t i = 0; i < tasks; ++i) {
+        if (query_slots[i] < key_lower) return -2;
+        if (query_slots[i] - key_lower + 1 > longest) longest = query_slots[i] - key_lower + 1;
+    }
+    int status = 0;
+#pragma omp parallel if (tasks * longest > 2048)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(heads * longest));
+        if (!scores) {
+#pragma omp atomic write
+            status = -1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < tasks; ++task) {
+            if (!scores) continue;
+            const int64_t b = task / length, t = task % length;
+            const int64_t offset = (b * heads * length + t) * dim;      /* head h of this query: + h * T * D */
+            attend_one(q + offset, key_cache, value_cache, tables + b * max_blocks, out + offset, scores, length,
+                       heads, kv_heads, dim, block_size, key_lower, query_slots[task], scale);
+        }
+        free(scores);
+    }
+    return status;
+}
