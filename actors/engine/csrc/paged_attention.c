@@ -55,26 +55,35 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
     return s;
 }
 
-/* Query t of row b, all heads: fills its [Hq, D] rows of out (head stride T * D). scores holds Hq * count
- * floats. Keys and values are read slot by slot, every KV head of a slot at once (one contiguous run of memory). */
-static void attend_one(const float *restrict q, const float *key_cache, const float *value_cache,
-                       const int64_t *table, float *restrict out, float *restrict scores, int64_t length,
-                       int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, int64_t key_lower,
-                       int64_t last, float scale) {
+/* Query t of row b, all heads: fills its [Hq, D] rows of out (head stride T * D). scores holds Hq * count floats.
+ * Head by head, so that the query and the output row stay in registers; the heads of one KV group read the same
+ * keys and values, the second time from the core's cache. Inlined into a copy per common head size (below), where
+ * the loops over dim unroll. */
+static inline __attribute__((always_inline)) void attend_query(
+    const float *restrict q, const float *key_cache, const float *value_cache, const int64_t *table,
+    float *restrict out, float *restrict scores, int64_t length, int64_t heads, int64_t kv_heads, const int64_t dim,
+    int64_t block_size, int64_t key_lower, int64_t last, float scale) {
     const int64_t count = last - key_lower + 1, token_stride = kv_heads * dim, head_stride = length * dim;
     const int64_t group = heads / kv_heads;
-    for (int64_t j = key_lower; j <= last;) {
-        const float *k = key_cache + (table[j / block_size] * block_size + j % block_size) * token_stride;
-        const int64_t run = min64(block_size - j % block_size, last + 1 - j);   /* keys left in this block */
-        for (int64_t i = 0; i < run; ++i, ++j, k += token_stride)
-            for (int64_t h = 0; h < heads; ++h)
-                scores[h * count + (j - key_lower)] = scale * dot(q + h * head_stride, k + (h / group) * dim, dim);
-    }
     for (int64_t h = 0; h < heads; ++h) {
+        const float *qh = q + h * head_stride;
+        const int64_t kv_offset = (h / group) * dim;
         float *row = scores + h * count;
         float best = -INFINITY;
-        for (int64_t j = 0; j < count; ++j)
-            if (row[j] > best) best = row[j];
+        for (int64_t j = key_lower; j <= last;) {
+            const float *k = key_cache + (table[j / block_size] * block_size + j % block_size) * token_stride + kv_offset;
+            const int64_t run = min64(block_size - j % block_size, last + 1 - j);   /* keys left in this block */
+            /* blocks are scattered: fetch the next one's keys while this one's are used (no hardware prefetcher
+             * follows the jump) */
+            const int64_t next = j / block_size + 1 <= last / block_size ? table[j / block_size + 1] : table[j / block_size];
+            const float *ahead = key_cache + next * block_size * token_stride + kv_offset;
+            for (int64_t i = 0; i < run; ++i, ++j, k += token_stride) {
+                for (int64_t line = 0; line < dim; line += 16) __builtin_prefetch(ahead + i * token_stride + line);
+                const float score = scale * dot(qh, k, dim);
+                row[j - key_lower] = score;
+                best = score > best ? score : best;
+            }
+        }
         float total = 0.0f;
         int64_t j = 0;
         for (; j + 8 <= count; j += 8) {
@@ -87,21 +96,51 @@ static void attend_one(const float *restrict q, const float *key_cache, const fl
             total += row[j];
         }
         const float inverse = 1.0f / total;
-        for (j = 0; j < count; ++j) row[j] *= inverse;
-        memset(out + h * head_stride, 0, sizeof(float) * (size_t)dim);
-    }
-    for (int64_t j = key_lower; j <= last;) {
-        const float *v = value_cache + (table[j / block_size] * block_size + j % block_size) * token_stride;
-        const int64_t run = min64(block_size - j % block_size, last + 1 - j);
-        for (int64_t i = 0; i < run; ++i, ++j, v += token_stride)
-            for (int64_t h = 0; h < heads; ++h) {
-                float *restrict o = out + h * head_stride;
-                const float *restrict vh = v + (h / group) * dim;
-                const float w = scores[h * count + (j - key_lower)];
-                for (int64_t d = 0; d < dim; ++d) o[d] += w * vh[d];
+        float *restrict o = out + h * head_stride;
+        if (dim % 8 == 0 && dim <= 256) {
+            vec8 acc[32];
+            for (int64_t d = 0; d < dim / 8; ++d) acc[d] = (vec8){0};
+            for (j = key_lower; j <= last;) {
+                const float *v = value_cache + (table[j / block_size] * block_size + j % block_size) * token_stride + kv_offset;
+                const int64_t run = min64(block_size - j % block_size, last + 1 - j);
+                const int64_t next = j / block_size + 1 <= last / block_size ? table[j / block_size + 1] : table[j / block_size];
+                const float *ahead = value_cache + next * block_size * token_stride + kv_offset;
+                for (int64_t i = 0; i < run; ++i, ++j, v += token_stride) {
+                    for (int64_t line = 0; line < dim; line += 16) __builtin_prefetch(ahead + i * token_stride + line);
+                    const float w = row[j - key_lower];
+                    for (int64_t d = 0; d < dim / 8; ++d) acc[d] += w * load8(v + 8 * d);
+                }
             }
+            for (int64_t d = 0; d < dim / 8; ++d) {
+                const vec8 scaled = acc[d] * inverse;
+                memcpy(o + 8 * d, &scaled, sizeof scaled);
+            }
+        } else {
+            memset(o, 0, sizeof(float) * (size_t)dim);
+            for (j = key_lower; j <= last;) {
+                const float *v = value_cache + (table[j / block_size] * block_size + j % block_size) * token_stride + kv_offset;
+                const int64_t run = min64(block_size - j % block_size, last + 1 - j);
+                for (int64_t i = 0; i < run; ++i, ++j, v += token_stride) {
+                    const float w = row[j - key_lower];
+                    for (int64_t d = 0; d < dim; ++d) o[d] += w * v[d];
+                }
+            }
+            for (int64_t d = 0; d < dim; ++d) o[d] *= inverse;
+        }
     }
 }
+
+#define ATTEND_WITH_DIM(name, fixed)                                                                              \
+    static void name(const float *q, const float *key_cache, const float *value_cache, const int64_t *table,       \
+                     float *out, float *scores, int64_t length, int64_t heads, int64_t kv_heads, int64_t dim,       \
+                     int64_t block_size, int64_t key_lower, int64_t last, float scale) {                           \
+        attend_query(q, key_cache, value_cache, table, out, scores, length, heads, kv_heads, fixed, block_size,     \
+                     key_lower, last, scale);                                                                       \
+    }
+ATTEND_WITH_DIM(attend_dim32, 32)
+ATTEND_WITH_DIM(attend_dim64, 64)
+ATTEND_WITH_DIM(attend_dim128, 128)
+ATTEND_WITH_DIM(attend_any_dim, dim)
 
 /* Returns 0; -1 when a scratch buffer cannot be allocated; -2 when a query sees no key. */
 int forge_paged_attention(const float *q,          /* [B, Hq, T, D] contiguous */
@@ -118,6 +157,9 @@ int forge_paged_attention(const float *q,          /* [B, Hq, T, D] contiguous *
         if (query_slots[i] < key_lower) return -2;
         if (query_slots[i] - key_lower + 1 > longest) longest = query_slots[i] - key_lower + 1;
     }
+    void (*attend)(const float *, const float *, const float *, const int64_t *, float *, float *, int64_t, int64_t,
+                   int64_t, int64_t, int64_t, int64_t, int64_t, float) =
+        dim == 32 ? attend_dim32 : dim == 64 ? attend_dim64 : dim == 128 ? attend_dim128 : attend_any_dim;
     int status = 0;
 #pragma omp parallel if (tasks * longest > 2048)
     {
@@ -131,8 +173,8 @@ int forge_paged_attention(const float *q,          /* [B, Hq, T, D] contiguous *
             if (!scores) continue;
             const int64_t b = task / length, t = task % length;
             const int64_t offset = (b * heads * length + t) * dim;      /* head h of this query: + h * T * D */
-            attend_one(q + offset, key_cache, value_cache, tables + b * max_blocks, out + offset, scores, length,
-                       heads, kv_heads, dim, block_size, key_lower, query_slots[task], scale);
+            attend(q + offset, key_cache, value_cache, tables + b * max_blocks, out + offset, scores, length, heads,
+                   kv_heads, dim, block_size, key_lower, query_slots[task], scale);
         }
         free(scores);
     }
