@@ -94,11 +94,12 @@ class ModelRunner:
     def run(self, work: list[Work]) -> list[Sampled | None]:
         """One forward pass over ``work``; returns, per item, the tokens sampled (None for a partial prefill)."""
         model = self.model
+        drafts = [item.draft for item in work]
         fed = []
-        for item in work:
+        for item, draft in zip(work, drafts, strict=True):
             tokens = item.seq.token_ids[item.start:item.end]
-            if item.draft is not None:
-                tokens = [*tokens, item.draft.token]
+            if draft is not None:
+                tokens = [*tokens, draft.token]
             fed.append(tokens)
         width = max(len(t) for t in fed)
         rows = []
@@ -114,17 +115,17 @@ class ModelRunner:
         for b, item in enumerate(work):
             if item.samples:
                 last = b * width + item.end - 1 - item.start
-                logit_rows.extend([last, last + 1] if item.draft is not None else [last])
+                logit_rows.extend([last, last + 1] if drafts[b] is not None else [last])
                 owners.append(b)
         results: list[Sampled | None] = [None] * len(work)
         if logit_rows:
-            params = [work[b].seq.params for b in owners for _ in range(2 if work[b].draft is not None else 1)]
+            params = [work[b].seq.params for b in owners for _ in range(2 if drafts[b] is not None else 1)]
             logprobs = self._sampling_logprobs(model.logits(flat[torch.tensor(logit_rows, device=self.device)]),
                                                params)
             plain, drafted, cursor = [], [], 0
             for b in owners:
-                (plain if work[b].draft is None else drafted).append((b, cursor))
-                cursor += 1 if work[b].draft is None else 2
+                (plain if drafts[b] is None else drafted).append((b, cursor))
+                cursor += 1 if drafts[b] is None else 2
             if plain:
                 rows = [c for _, c in plain]
                 seqs = [work[b].seq for b, _ in plain]
