@@ -121,3 +121,23 @@ def test_unsupported_configs_are_refused(change, message):
     data = ModelConfig(**CONFIGS["mha-headdim-not-hidden-over-heads"]).to_hf_dict() | change
     with pytest.raises(ModelConfigError, match=message):
         ModelConfig.from_hf_dict(data)
+
+
+def test_the_fused_fp32_rms_norm_equals_the_reference_formula():
+    """fp32 takes one fused op with the weight; it must give exactly what weight * normalise(x) gives (the bf16 path's
+    formula), values and gradients, on random inputs."""
+    from forge.model.qwen3 import RMSNorm
+
+    generator = torch.Generator().manual_seed(0)
+    norm = RMSNorm(96, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(96, generator=generator))
+    x = torch.randn(5, 17, 96, generator=generator, requires_grad=True)
+    fused = norm(x)
+    reference = norm.weight * torch.nn.functional.rms_norm(x, (96,), eps=1e-6)
+    torch.testing.assert_close(fused, reference, atol=0, rtol=0)
+    upstream = torch.randn(fused.shape, generator=generator)
+    got = torch.autograd.grad(fused, (x, norm.weight), upstream)
+    expected = torch.autograd.grad(reference, (x, norm.weight), upstream)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

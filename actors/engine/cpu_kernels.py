@@ -1,9 +1,9 @@
 """Compiled CPU kernels of the torch engine, built on first use with the system's C compiler and loaded by ctypes.
 
-Plain C with no torch headers: it compiles in about a second (a torch C++ extension takes a minute) and is called
-on raw tensor pointers. The shared object is cached under ``$FORGE_KERNEL_DIR`` (default
-``~/.cache/forge/kernels``), keyed by the source, the compiler and its flags, and this CPU, so a machine never loads code built for
-another. Where no compiler is found, or ``FORGE_CPU_KERNELS=0``, ``load`` returns None and the engine keeps its
+Plain C with no torch headers: it compiles in a fraction of a second (a torch C++ extension takes a minute) and
+is called on raw tensor pointers. The shared object is cached under ``$FORGE_KERNEL_DIR`` (default
+``~/.cache/forge/kernels``), keyed by the source, the compiler and its flags, and this CPU, so a machine never
+loads code built for another. Where no compiler is found, or ``FORGE_CPU_KERNELS=0``, ``load`` returns None and the engine keeps its
 pure-torch path.
 """
 
@@ -64,18 +64,26 @@ def _build(compiler: str, flags: tuple[str, ...], target: Path) -> None:
         os.replace(built, target)              # atomic: concurrent builders never load a half-written file
 
 
+def _switched_off() -> bool:
+    return os.environ.get("FORGE_CPU_KERNELS", "1") == "0"
+
+
+def _compiler() -> str | None:
+    """The C compiler to build with (``$CC``, default ``cc``), or None when there is none."""
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
 def compiler_present() -> bool:
-    """Whether the kernels can be built here: a C compiler (``$CC``, default ``cc``) is on the path and they are not
-    switched off."""
-    return os.environ.get("FORGE_CPU_KERNELS", "1") != "0" and shutil.which(os.environ.get("CC", "cc")) is not None
+    """Whether the kernels can be built here: a compiler is found and they are not switched off."""
+    return not _switched_off() and _compiler() is not None
 
 
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernels, building them if needed; None (logged once) where they cannot be built."""
-    if os.environ.get("FORGE_CPU_KERNELS", "1") == "0":
+    if _switched_off():
         return None
-    compiler = shutil.which(os.environ.get("CC", "cc"))
+    compiler = _compiler()
     if compiler is None:
         log.warning("no C compiler found (set CC): the engine uses its slower pure-torch attention on CPU")
         return None

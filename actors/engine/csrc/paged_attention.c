@@ -55,30 +55,44 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
     return s;
 }
 
+/* The run of a row's slots from j to the end of j's block (or to last): returns its length and sets *slot to slot
+ * j's entries in a [blocks, block_size, kv_heads, dim] cache and *ahead to the same offset in the next block of the
+ * row (this block again at the row's end), to prefetch while this block is used: blocks are scattered, and no
+ * hardware prefetcher follows the jump. One division per block, none per slot. */
+static inline int64_t block_run(const float *cache, const int64_t *table, int64_t j, int64_t last, int64_t block_size,
+                                int64_t token_stride, const float **slot, const float **ahead) {
+    const int64_t block = j / block_size, offset = j % block_size;
+    const int64_t next = block + 1 <= last / block_size ? block + 1 : block;
+    *slot = cache + (table[block] * block_size + offset) * token_stride;
+    *ahead = cache + table[next] * block_size * token_stride;
+    return min64(block_size - offset, last + 1 - j);
+}
+
+static inline void prefetch(const float *p, int64_t dim) {
+    for (int64_t line = 0; line < dim; line += 16) __builtin_prefetch(p + line);
+}
+
 /* Query t of row b, all heads: fills its [Hq, D] rows of out (head stride T * D). scores holds Hq * count floats.
  * Head by head, so that the query and the output row stay in registers; the heads of one KV group read the same
  * keys and values, the second time from the core's cache. Inlined into a copy per common head size (below), where
- * the loops over dim unroll. */
+ * the loops over dim unroll and the branch on dim folds. */
 static inline __attribute__((always_inline)) void attend_query(
     const float *restrict q, const float *key_cache, const float *value_cache, const int64_t *table,
     float *restrict out, float *restrict scores, int64_t length, int64_t heads, int64_t kv_heads, const int64_t dim,
     int64_t block_size, int64_t key_lower, int64_t last, float scale) {
     const int64_t count = last - key_lower + 1, token_stride = kv_heads * dim, head_stride = length * dim;
     const int64_t group = heads / kv_heads;
+    const int vectorised = dim % 8 == 0 && dim <= 256;
     for (int64_t h = 0; h < heads; ++h) {
         const float *qh = q + h * head_stride;
-        const int64_t kv_offset = (h / group) * dim;
+        const float *keys = key_cache + (h / group) * dim, *values = value_cache + (h / group) * dim;
         float *row = scores + h * count;
         float best = -INFINITY;
         for (int64_t j = key_lower; j <= last;) {
-            const float *k = key_cache + (table[j / block_size] * block_size + j % block_size) * token_stride + kv_offset;
-            const int64_t run = min64(block_size - j % block_size, last + 1 - j);   /* keys left in this block */
-            /* blocks are scattered: fetch the next one's keys while this one's are used (no hardware prefetcher
-             * follows the jump) */
-            const int64_t next = j / block_size + 1 <= last / block_size ? table[j / block_size + 1] : table[j / block_size];
-            const float *ahead = key_cache + next * block_size * token_stride + kv_offset;
+            const float *k, *ahead;
+            const int64_t run = block_run(keys, table, j, last, block_size, token_stride, &k, &ahead);
             for (int64_t i = 0; i < run; ++i, ++j, k += token_stride) {
-                for (int64_t line = 0; line < dim; line += 16) __builtin_prefetch(ahead + i * token_stride + line);
+                prefetch(ahead + i * token_stride, dim);
                 const float score = scale * dot(qh, k, dim);
                 row[j - key_lower] = score;
                 best = score > best ? score : best;
@@ -97,36 +111,28 @@ static inline __attribute__((always_inline)) void attend_query(
         }
         const float inverse = 1.0f / total;
         float *restrict o = out + h * head_stride;
-        if (dim % 8 == 0 && dim <= 256) {
-            vec8 acc[32];
-            for (int64_t d = 0; d < dim / 8; ++d) acc[d] = (vec8){0};
-            for (j = key_lower; j <= last;) {
-                const float *v = value_cache + (table[j / block_size] * block_size + j % block_size) * token_stride + kv_offset;
-                const int64_t run = min64(block_size - j % block_size, last + 1 - j);
-                const int64_t next = j / block_size + 1 <= last / block_size ? table[j / block_size + 1] : table[j / block_size];
-                const float *ahead = value_cache + next * block_size * token_stride + kv_offset;
-                for (int64_t i = 0; i < run; ++i, ++j, v += token_stride) {
-                    for (int64_t line = 0; line < dim; line += 16) __builtin_prefetch(ahead + i * token_stride + line);
-                    const float w = row[j - key_lower];
+        vec8 acc[32];                               /* the output row, in registers when dim is a constant */
+        for (int64_t d = 0; d < dim / 8; ++d) acc[d] = (vec8){0};
+        if (!vectorised) memset(o, 0, sizeof(float) * (size_t)dim);
+        for (j = key_lower; j <= last;) {
+            const float *v, *ahead;
+            const int64_t run = block_run(values, table, j, last, block_size, token_stride, &v, &ahead);
+            for (int64_t i = 0; i < run; ++i, ++j, v += token_stride) {
+                prefetch(ahead + i * token_stride, dim);
+                const float w = row[j - key_lower];
+                if (vectorised)
                     for (int64_t d = 0; d < dim / 8; ++d) acc[d] += w * load8(v + 8 * d);
-                }
+                else
+                    for (int64_t d = 0; d < dim; ++d) o[d] += w * v[d];
             }
+        }
+        if (vectorised)
             for (int64_t d = 0; d < dim / 8; ++d) {
                 const vec8 scaled = acc[d] * inverse;
                 memcpy(o + 8 * d, &scaled, sizeof scaled);
             }
-        } else {
-            memset(o, 0, sizeof(float) * (size_t)dim);
-            for (j = key_lower; j <= last;) {
-                const float *v = value_cache + (table[j / block_size] * block_size + j % block_size) * token_stride + kv_offset;
-                const int64_t run = min64(block_size - j % block_size, last + 1 - j);
-                for (int64_t i = 0; i < run; ++i, ++j, v += token_stride) {
-                    const float w = row[j - key_lower];
-                    for (int64_t d = 0; d < dim; ++d) o[d] += w * v[d];
-                }
-            }
+        else
             for (int64_t d = 0; d < dim; ++d) o[d] *= inverse;
-        }
     }
 }
 
@@ -134,6 +140,7 @@ static inline __attribute__((always_inline)) void attend_query(
     static void name(const float *q, const float *key_cache, const float *value_cache, const int64_t *table,       \
                      float *out, float *scores, int64_t length, int64_t heads, int64_t kv_heads, int64_t dim,       \
                      int64_t block_size, int64_t key_lower, int64_t last, float scale) {                           \
+        (void)dim;                                                                                                  \
         attend_query(q, key_cache, value_cache, table, out, scores, length, heads, kv_heads, fixed, block_size,     \
                      key_lower, last, scale);                                                                       \
     }
