@@ -115,6 +115,9 @@ def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
               help="Torch CPU threads of the engine loop, which runs every step (0 = torch's default, the cores).")
 @click.option("--cpu-kernels/--no-cpu-kernels", default=True, show_default=True,
               help="On CPU, decode attention with the compiled C kernel (built on first use; needs a C compiler).")
+@click.option("--compile-decode/--no-compile-decode", default=False, show_default=True,
+              help="Graph mode: torch.compile the decode step (fuses its small ops; the first decode steps pay the "
+                   "compile, seconds to a minute, cached on disk by inductor).")
 @click.option("--seed", default=0, show_default=True, help="Seed for requests that bring none.")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write {address, instance, pid} as JSON here once serving.")
@@ -123,8 +126,8 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
           kv_cache_mb: int, block_size: int, max_batch: int, max_batched_tokens: int, max_waiting: int,
           speculative: bool, prefix_caching: bool, on_weight_swap: str, weights_fetch: str | None,
           weights_announce: str | None, first_version_timeout: float, api_keys: tuple[str, ...],
-          l3_cache: str | None, l3_fetch: str, l3_api_key: str | None, threads: int, cpu_kernels: bool, seed: int,
-          ready_file: Path | None, log_level: str) -> None:
+          l3_cache: str | None, l3_fetch: str, l3_api_key: str | None, threads: int, cpu_kernels: bool,
+          compile_decode: bool, seed: int, ready_file: Path | None, log_level: str) -> None:
     """Serve token generation from MODEL over gRPC (forge.v1.Actor: Generate, Abort, Stats, plus health and
     reflection). Token ids in, token ids out, with the log-probability and weight version of every token."""
     setup_logging(log_level)
@@ -161,7 +164,8 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
                               max_num_batched_tokens=max_batched_tokens, max_waiting=max_waiting,
                               speculative=speculative, prefix_caching=prefix_caching,
                               abort_on_weight_swap=on_weight_swap == "abort", seed=seed,
-                              model_id=model_id, threads=threads, cpu_kernels=cpu_kernels)
+                              model_id=model_id, threads=threads, cpu_kernels=cpu_kernels,
+                              compile_decode=compile_decode)
         # Subscribed to a learner: serve only once its first version is in (every token carries a learner version).
         engine = TorchEngine(policy, config, initial_version=-1 if weights_fetch else 0)
         connector = kv_connector(engine, l3_cache, l3_fetch, l3_api_key)

@@ -1,7 +1,8 @@
 """Actor benchmarks, each side by side with its baseline in one run (medians of --repeats runs, and ratios):
 
-1. decode tokens/s at batch 1, 8, 32, 64: the embedded torch engine against transformers' ``generate`` on the same
-   checkpoint (sampling, same prompt and output lengths);
+1. decode tokens/s at batch 1, 8, 32, 64: the embedded torch engine (eager, and in graph mode: its decode step
+   compiled by torch.compile, compile time left out) against transformers' ``generate`` on the same checkpoint
+   (sampling, same prompt and output lengths);
    and decode at batch 32 with short and long contexts, with the compiled C attention kernel and with torch's
    gather + SDPA path, against transformers;
 2. prefill time saved by prefix reuse for 8 rollouts of one long prompt (prefix caching on against off);
@@ -92,8 +93,10 @@ def measure_decode(side: str, model_name: str, device: str, threads: int, batch:
         return median([_rate(seconds, batch, new_tokens, decode_only) for _ in range(repeats)])
     threads = reserve_cpu_threads(threads)
     model = load(model_name).to(device).eval()
-    config = dict(speculative=side == "speculative", threads=threads, cpu_kernels=side != "engine-torch-attention")
+    config = dict(speculative=side == "speculative", threads=threads, cpu_kernels=side != "engine-torch-attention",
+                  compile_decode=side == "graph")
     engine_seconds(model, 2, 32, 4, **config)
+    engine_seconds(model, 1, 32, 4, **config)                   # graph mode compiles a batch of one row apart
     seconds = functools.partial(engine_seconds, model, batch, prompt_len, **config)
     return median([_rate(seconds, batch, new_tokens, decode_only) for _ in range(repeats)])
 
@@ -120,13 +123,15 @@ def run_sides(sides: tuple[str, ...], *args, **kwargs) -> dict[str, float]:
 def decode_section(model_name: str, device: str, threads: int, batches: list[int], new_tokens: int,
                    repeats: int) -> None:
     print(f"\n## Decode tokens/s (sampling, 32-token prompts, {new_tokens} new tokens; each side in a fresh process)")
-    print("| batch | forge engine | forge + MTP speculation | transformers generate | engine / transformers |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print("| batch | forge engine | engine, graph mode | forge + MTP speculation | transformers generate | engine / "
+          "transformers | graph mode / transformers |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for batch in batches:
-        rates = run_sides(("engine", "speculative", "transformers"), model_name, device, threads, batch, new_tokens,
-                          repeats)
-        ours, spec, theirs = rates["engine"], rates["speculative"], rates["transformers"]
-        print(f"| {batch} | {ours:,.0f} | {spec:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x |", flush=True)
+        rates = run_sides(("engine", "graph", "speculative", "transformers"), model_name, device, threads, batch,
+                          new_tokens, repeats)
+        ours, graph, spec, theirs = rates["engine"], rates["graph"], rates["speculative"], rates["transformers"]
+        print(f"| {batch} | {ours:,.0f} | {graph:,.0f} | {spec:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x | "
+              f"{graph / theirs:.2f}x |", flush=True)
 
 
 def context_section(model_name: str, device: str, threads: int, prompt_lens: list[int], new_tokens: int,

@@ -40,7 +40,7 @@ import torch; print(torch.__version__, torch.cuda.get_device_name())"'
     step pytest-gpu 120 python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors
     step tree-bench 150 python3 bench/tree_merge.py --device cuda --impl flex --groups 4,16 --turns 1,8,32 \
         --system 2048 --repeats 2 --linear-cap 100000 --json "$OUT/tree.json"
-    step actor-bench 120 python3 bench/actor_decode.py --device cuda --batches 1,8,32,64 --repeats 2 \
+    step actor-bench 150 python3 bench/actor_decode.py --device cuda --batches 1,8,32,64 --repeats 2 \
         --sections decode,prefix,speculative,swap
     echo -e "\n=== summary (rc 124: timed out), $SECONDS s in all"
     printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

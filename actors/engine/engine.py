@@ -53,6 +53,7 @@ class EngineConfig:
     model_id: str = "model"
     threads: int = 0                            # torch CPU threads of the loop; 0 = those of the building thread
     cpu_kernels: bool = True                    # compiled C attention for decode steps on CPU (needs a C compiler)
+    compile_decode: bool = False                # torch.compile the decode step (seconds at its first step)
 
 
 def reserve_cpu_threads(threads: int = 0) -> int:
@@ -90,7 +91,7 @@ class TorchEngine(Backend):
         self.blocks = BlockManager(num_blocks, config.block_size, prefix_caching=config.prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    speculative=self.speculative), self.blocks)
-        self.runner = ModelRunner(model, self.cache, self.speculative, config.cpu_kernels)
+        self.runner = ModelRunner(model, self.cache, self.speculative, config.cpu_kernels, config.compile_decode)
         self._threads = config.threads or torch.get_num_threads()
         self._loop_threads = 0                      # what the loop thread runs with, once it has started
         self._seeds = random.Random(config.seed)     # seeds of requests that bring none

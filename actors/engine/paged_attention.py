@@ -64,9 +64,14 @@ class PagedAttention(AttentionBackend):
         self.kernel = kernel            # the compiled CPU kernels, when built (fp32 caches only)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-        layout = self.layout
+        return self.attend_layer(self.cache.keys[layer], self.cache.values[layer], self.layout, self.kernel, q, k, v,
+                                 scale)
+
+    @staticmethod
+    def attend_layer(key_cache: Tensor, value_cache: Tensor, layout: StepLayout, kernel: ctypes.CDLL | None,
+                     q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+        """Write the step's keys and values into one layer's cache, then attend over it."""
         batch, kv_heads, length, dim = k.shape
-        key_cache, value_cache = self.cache.keys[layer], self.cache.values[layer]
         if layout.write_rows.numel():
             new_k = k.transpose(1, 2).reshape(batch * length, kv_heads, dim)
             new_v = v.transpose(1, 2).reshape(batch * length, kv_heads, dim)
@@ -74,8 +79,8 @@ class PagedAttention(AttentionBackend):
                                                           new_k.index_select(0, layout.write_rows))
             value_cache.view(-1, kv_heads, dim).index_copy_(0, layout.write_slots,
                                                             new_v.index_select(0, layout.write_rows))
-        if self.kernel is not None and length <= KERNEL_MAX_QUERIES:
-            return paged_attention(self.kernel, q, key_cache, value_cache, layout.block_tables, layout.query_slots,
+        if kernel is not None and length <= KERNEL_MAX_QUERIES:
+            return paged_attention(kernel, q, key_cache, value_cache, layout.block_tables, layout.query_slots,
                                    layout.key_lower, scale)
         blocks = layout.block_tables.reshape(-1)
         keys = key_cache.index_select(0, blocks).view(batch, -1, kv_heads, dim).transpose(1, 2)

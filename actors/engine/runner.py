@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from forge.actors.engine.cpu_kernels import load as load_cpu_kernels
+from forge.actors.engine.graph import CompiledDecode
 from forge.actors.engine.paged_attention import PagedAttention, PagedKVCache, StepLayout
 from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft, Sequence
 from forge.model.qwen3 import CausalLM
@@ -59,7 +60,8 @@ class _Row:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, cache: PagedKVCache, speculative: bool, cpu_kernels: bool = True) -> None:
+    def __init__(self, model: CausalLM, cache: PagedKVCache, speculative: bool, cpu_kernels: bool = True,
+                 compile_decode: bool = False) -> None:
         self.model = model
         self.cache = cache
         self.block_size = cache.block_size
@@ -67,6 +69,7 @@ class ModelRunner:
         self.speculative = speculative and len(model.mtp) > 0
         native = cpu_kernels and self.device.type == "cpu" and cache.keys.dtype == torch.float32
         self.kernel = load_cpu_kernels() if native else None
+        self.compiled = CompiledDecode(model, cache, self.kernel is not None) if compile_decode else None
 
     def _layout(self, rows: list[_Row], width: int, key_lower: int) -> StepLayout:
         size = self.block_size
@@ -107,8 +110,11 @@ class ModelRunner:
             positions = list(range(item.start, item.start + len(tokens)))
             rows.append(_Row(item.seq.block_table, positions, positions, item.write_from))
         layout = self._layout(rows, width, key_lower=0)
-        hidden = model(self._padded(fed, width), self._padded([r.rope for r in rows], width),
-                       PagedAttention(self.cache, layout, self.kernel))
+        input_ids, position_ids = self._padded(fed, width), self._padded([r.rope for r in rows], width)
+        if self.compiled is not None and width == 1:
+            hidden = self.compiled(input_ids, position_ids, layout)
+        else:
+            hidden = model(input_ids, position_ids, PagedAttention(self.cache, layout, self.kernel))
         flat = hidden.reshape(-1, hidden.shape[-1])
 
         logit_rows, owners = [], []

@@ -1,0 +1,97 @@
+"""Graph mode (``compile_decode``): the torch.compile'd decode step gives transformers' greedy tokens and log-probs
+equal to a full forward pass, for batches of many rows and of one, with either attention path, and follows weight
+swaps without recompiling."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+from test_actor_engine import full_forward_logprobs, make_model, run
+from torch._dynamo.utils import counters
+
+from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.model.generate import generate
+from forge.model.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(not torch._dynamo.is_dynamo_supported(), reason="torch.compile is unsupported here")
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["c-attention", "torch-attention"])
+def engine(request):
+    engine = TorchEngine(make_model(0), EngineConfig(kv_cache_bytes=8 * 2**20, block_size=8, speculative=False,
+                                                     cpu_kernels=request.param, compile_decode=True))
+    yield engine
+    engine.close()
+
+
+def test_compiled_decoding_equals_transformers_for_many_rows_and_one(tmp_path, engine):
+    transformers = pytest.importorskip("transformers")
+    engine.model.save_pretrained(tmp_path)
+    reference = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    rng = random.Random(1)
+    prompts = [[rng.randrange(100) for _ in range(rng.randrange(1, 40))] for _ in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    results: dict[int, list[int]] = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run(engine, prompts[i], params)[0]))
+               for i in range(len(prompts) - 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    results[len(prompts) - 1] = run(engine, prompts[-1], params)[0]          # alone: a batch of one row
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([prompt])
+        expected = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                                      eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        assert results[i] == expected, f"request {i}"
+    assert engine.runner.compiled is not None and engine.runner.compiled.compiled_shapes == {False, True}
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8, max_tokens=20, ignore_eos=True, seed=3),
+                                    SamplingParams(temperature=1.2, top_k=10, top_p=0.9, max_tokens=20, seed=4,
+                                                   ignore_eos=True)])
+def test_compiled_decoding_records_the_log_probs_of_a_full_forward_pass(engine, params):
+    prompt = [random.Random(7).randrange(100) for _ in range(45)]
+    tokens, logprobs, _, _ = run(engine, prompt, params)
+    assert len(tokens) == 20
+    expected = full_forward_logprobs(engine.model, prompt, tokens, params)
+    torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(expected), atol=2e-5, rtol=0)
+
+
+def test_compiled_decoding_follows_a_weight_swap(engine):
+    original = {name: tensor.clone() for name, tensor in engine.model.state_dict().items()}
+    other = make_model(9)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    version = engine.weight_version + 1
+    run(engine, [1, 2, 3], params)                         # both graphs of this engine are built
+    graphs = counters["stats"]["unique_graphs"]
+    try:
+        engine.load_weights(version, other.state_dict())
+        assert engine.wait_for_version(version)
+        tokens, _, versions, _ = run(engine, [1, 2, 3], params)
+        assert tokens == generate(other, [1, 2, 3], params).token_ids and set(versions) == {version}
+        assert counters["stats"]["unique_graphs"] == graphs, "a weight swap recompiled the decode step"
+    finally:
+        engine.load_weights(version + 1, original)
+        assert engine.wait_for_version(version + 1)
+
+
+@pytest.mark.gpu
+def test_compiled_decoding_on_cuda_equals_eager_decoding():
+    model = make_model(0).cuda()
+    prompts = [[random.Random(i).randrange(100) for _ in range(5 + 3 * i)] for i in range(4)]
+    params = SamplingParams(temperature=0.8, max_tokens=16, ignore_eos=True, seed=5)
+    outputs = []
+    for compiled in (False, True):
+        engine = TorchEngine(model, EngineConfig(kv_cache_bytes=8 * 2**20, block_size=8, speculative=False,
+                                                 compile_decode=compiled))
+        try:
+            outputs.append([run(engine, prompt, params)[:2] for prompt in prompts])
+        finally:
+            engine.close()
+    for (eager_tokens, eager_logprobs), (graph_tokens, graph_logprobs) in zip(*outputs, strict=True):
+        assert graph_tokens == eager_tokens
+        torch.testing.assert_close(torch.tensor(graph_logprobs), torch.tensor(eager_logprobs), atol=2e-5, rtol=0)
