@@ -37,14 +37,15 @@ def reference(q, key_cache, value_cache, tables, query_slots, key_lower, scale):
 
 
 @needs_compiler
-@pytest.mark.parametrize("heads, kv_heads, dim", [(4, 2, 32), (4, 4, 16), (8, 2, 20), (2, 1, 64)])
-@pytest.mark.parametrize("length, key_lower", [(1, 0), (2, 0), (3, 1)])
+@pytest.mark.parametrize("heads, kv_heads, dim", [(4, 2, 32), (4, 4, 16), (8, 2, 20), (2, 1, 64), (8, 1, 32),
+                                                   (12, 3, 32), (8, 2, 64), (16, 4, 128), (6, 2, 48)])
+@pytest.mark.parametrize("length, key_lower, block_size", [(1, 0, 16), (2, 0, 8), (3, 1, 16)])
 def test_the_kernel_equals_gathered_sdpa_on_random_paged_caches(fresh_build, heads, kv_heads, dim, length,
-                                                               key_lower):
+                                                               key_lower, block_size):
     library = cpu_kernels.load()
     assert library is not None and any(fresh_build.glob("*.so"))
     generator = torch.Generator().manual_seed(heads * 100 + dim + length)
-    block_size, num_blocks, batch, max_blocks = 8, 64, 6, 7
+    num_blocks, batch, max_blocks = 64, 6, 7
     key_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=generator) * 2
     value_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=generator)
     tables = torch.stack([torch.randperm(num_blocks, generator=generator)[:max_blocks] for _ in range(batch)])
