@@ -123,6 +123,8 @@ class BlockManager:
         """Register every block of ``seq`` whose KV is now completely computed under the given salt's chain."""
         size = self.block_size
         full = min(seq.num_computed, len(seq.token_ids)) // size
+        if full <= seq.num_cached_blocks:
+            return
         chain = seq.hashes(salt, size, full)
         for index in range(seq.num_cached_blocks, full):
             parent = chain[index]

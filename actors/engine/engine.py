@@ -3,6 +3,7 @@ streams sampled tokens to their requests, and swaps weight versions between step
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -126,7 +127,7 @@ class TorchEngine(Backend):
         return self._variant
 
     def salt(self, version: int | None = None) -> bytes:
-        return kv_salt(self.config.model_id, self._version if version is None else version, self._variant)
+        return _salt(self.config.model_id, self._version if version is None else version, self._variant)
 
     def wake(self) -> None:
         """Make the loop look at its inputs again (the L3 connector has requests ready)."""
@@ -328,21 +329,21 @@ class TorchEngine(Backend):
 
     def _emit(self, item: Work, result: Sampled) -> None:
         seq = item.seq
-        now = time.perf_counter()
         cached = 0
         if seq.first_token is None:
-            seq.first_token = now
+            seq.first_token = time.perf_counter()
             cached = seq.prefix_hit_tokens
+        versions = [self._version] * len(result.tokens)
         seq.token_ids.extend(result.tokens)
         seq.logprobs.extend(result.logprobs)
-        seq.versions.extend([self._version] * len(result.tokens))
+        seq.versions.extend(versions)
         finish = None
         if result.tokens and result.tokens[-1] in seq.stop_ids:
             finish = FinishReason.STOP
         elif seq.num_output >= seq.max_tokens:
             finish = FinishReason.LENGTH
-        chunk = TokenChunk(list(result.tokens), list(result.logprobs), [self._version] * len(result.tokens),
-                           cached_prompt_tokens=cached)
+        # The step's result is not kept: its lists become the chunk's.
+        chunk = TokenChunk(result.tokens, result.logprobs, versions, cached_prompt_tokens=cached)
         if finish is None:
             seq.stream.put(chunk)
         else:
@@ -362,3 +363,8 @@ class TorchEngine(Backend):
         chunk.queue_s, chunk.prefill_s = admitted - seq.arrived, first - admitted
         chunk.decode_s, chunk.total_s = now - first, now - seq.arrived
         seq.stream.put(chunk)
+
+
+@functools.lru_cache(maxsize=64)
+def _salt(model_id: str, version: int, variant: str) -> bytes:
+    return kv_salt(model_id, version, variant)            # asked for every sequence at every step

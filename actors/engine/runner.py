@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from forge.actors.engine.cpu_kernels import load as load_cpu_kernels
 from forge.actors.engine.graph import CompiledDecode
 from forge.actors.engine.paged_attention import PagedAttention, PagedKVCache, StepLayout
-from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft, Sequence
+from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft, Sequence, uniforms
 from forge.model.qwen3 import CausalLM
 from forge.model.sampling import batched_sampling_logprobs
 
@@ -73,25 +74,31 @@ class ModelRunner:
 
     def _layout(self, rows: list[_Row], width: int, key_lower: int) -> StepLayout:
         size = self.block_size
-        length = max(max(r.slots) for r in rows) + 1
-        write_rows, write_slots, query_slots, tables = [], [], [], []
-        max_blocks = max(len(r.block_table) for r in rows)
+        num_blocks = -(-(max(max(r.slots) for r in rows) + 1) // size)
+        write_rows, write_slots, query_slots, tables = [], [], [], []      # flat: one conversion each
         for b, row in enumerate(rows):
+            table = row.block_table
             for t, pos in enumerate(row.slots):
                 if pos >= row.write_from:
                     write_rows.append(b * width + t)
-                    write_slots.append(row.block_table[pos // size] * size + pos % size)
-            query_slots.append(row.slots + [key_lower] * (width - len(row.slots)))
-            tables.append(row.block_table + [row.block_table[0]] * (max_blocks - len(row.block_table)))
-        device = self.device
-        num_blocks = -(-length // size)
-        return StepLayout(torch.tensor(write_rows, dtype=torch.long, device=device),
-                          torch.tensor(write_slots, dtype=torch.long, device=device),
-                          torch.tensor([t[:num_blocks] for t in tables], device=device),
-                          torch.tensor(query_slots, device=device), key_lower, size)
+                    write_slots.append(table[pos // size] * size + pos % size)
+            query_slots += row.slots
+            query_slots += [key_lower] * (width - len(row.slots))
+            tables += table[:num_blocks]
+            tables += [table[0]] * (num_blocks - len(table))
+        return StepLayout(self._tensor(write_rows), self._tensor(write_slots),
+                          self._tensor(tables).view(len(rows), num_blocks),
+                          self._tensor(query_slots).view(len(rows), width), key_lower, size)
+
+    def _tensor(self, values: list[int]) -> Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
 
     def _padded(self, values: list[list[int]], width: int) -> Tensor:
-        return torch.tensor([v + [0] * (width - len(v)) for v in values], device=self.device)
+        flat = []
+        for v in values:
+            flat += v
+            flat += [0] * (width - len(v))
+        return self._tensor(flat).view(len(values), width)
 
     @torch.inference_mode()
     def run(self, work: list[Work]) -> list[Sampled | None]:
@@ -126,8 +133,9 @@ class ModelRunner:
         results: list[Sampled | None] = [None] * len(work)
         if logit_rows:
             params = [work[b].seq.params for b in owners for _ in range(2 if drafts[b] is not None else 1)]
-            logprobs = self._sampling_logprobs(model.logits(flat[torch.tensor(logit_rows, device=self.device)]),
-                                               params)
+            # Increasing and distinct: as many as the rows means every row, in order.
+            picked_rows = flat if len(logit_rows) == flat.shape[0] else flat[self._tensor(logit_rows)]
+            logprobs = self._sampling_logprobs(model.logits(picked_rows), params)
             plain, drafted, cursor = [], [], 0
             for b in owners:
                 (plain if drafts[b] is None else drafted).append((b, cursor))
@@ -135,7 +143,7 @@ class ModelRunner:
             if plain:
                 rows = [c for _, c in plain]
                 seqs = [work[b].seq for b, _ in plain]
-                tokens = self._draw(logprobs[rows], [s.uniform(len(s), SAMPLE) for s in seqs], seqs)
+                tokens = self._draw(logprobs[rows], uniforms(seqs, 0, SAMPLE), seqs)
                 picked = logprobs[rows].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
                 for (b, _), token, logprob in zip(plain, tokens.tolist(), picked.tolist(), strict=True):
                     results[b] = Sampled([token], [logprob])
@@ -161,9 +169,9 @@ class ModelRunner:
         )
 
     @staticmethod
-    def _draw(logprobs: Tensor, uniforms: list[float], seqs: list[Sequence]) -> Tensor:
+    def _draw(logprobs: Tensor, uniform: np.ndarray, seqs: list[Sequence]) -> Tensor:
         """One token per row by inverse-CDF sampling with the given uniforms; argmax for greedy requests."""
-        return draw(logprobs.exp(), uniforms, seqs, logprobs.argmax(-1))
+        return draw(logprobs.exp(), uniform, seqs, logprobs.argmax(-1))
 
     def _verify(self, logprobs: Tensor, drafted: list[tuple[int, int]], work: list[Work]) -> list[Sampled]:
         rows = torch.tensor([c for _, c in drafted], device=self.device)
@@ -175,18 +183,19 @@ class ModelRunner:
         p_draft = p0.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1)
         ratio = torch.exp(p_draft - q.gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1)).clamp(max=1.0).tolist()
         greedy_argmax = p0.argmax(-1).tolist()
-        accepted = [(argmax == d.token) if s.params.greedy else s.uniform(len(s), ACCEPT) < r
-                    for s, d, r, argmax in zip(seqs, drafts, ratio, greedy_argmax, strict=True)]
+        accepted = [(argmax == d.token) if s.params.greedy else u < r
+                    for s, d, r, argmax, u in zip(seqs, drafts, ratio, greedy_argmax, uniforms(seqs, 0, ACCEPT).tolist(),
+                                                  strict=True)]
         residual = (p0.exp() - q.exp()).clamp(min=0.0)
         degenerate = residual.sum(-1) <= 0          # p == q up to rounding: a draw from p is exact
         residual[degenerate] = p0[degenerate].exp()
         index = [i for i, ok in enumerate(accepted) if not ok]
         rejected = [seqs[i] for i in index]
-        resampled = draw(residual[index], [s.uniform(len(s), RESIDUAL) for s in rejected], rejected,
+        resampled = draw(residual[index], uniforms(rejected, 0, RESIDUAL), rejected,
                          p0[index].argmax(-1)).tolist() if index else []
         index = [i for i, ok in enumerate(accepted) if ok]
         kept = [seqs[i] for i in index]
-        bonus = self._draw(p1[index], [s.uniform(len(s) + 1, SAMPLE) for s in kept], kept).tolist() if index else []
+        bonus = self._draw(p1[index], uniforms(kept, 1, SAMPLE), kept).tolist() if index else []
         out = []
         for i, ok in enumerate(accepted):
             if ok:
@@ -234,9 +243,8 @@ class ModelRunner:
         logprobs = self._sampling_logprobs(logits, [work[b].seq.params for _, b in last_rows])
         seqs = [work[b].seq for _, b in last_rows]
         # The draft is for the position after the last known token (this step's samples not yet appended).
-        uniforms = [s.uniform(len(s) + len(results[b].tokens), DRAFT) for s, (_, b) in zip(seqs, last_rows,
-                                                                                           strict=True)]
-        for seq, token, q in zip(seqs, self._draw(logprobs, uniforms, seqs).tolist(), logprobs, strict=True):
+        draft_uniforms = uniforms(seqs, [len(results[b].tokens) for _, b in last_rows], DRAFT)
+        for seq, token, q in zip(seqs, self._draw(logprobs, draft_uniforms, seqs).tolist(), logprobs, strict=True):
             seq.draft = Draft(token, q)
 
 
@@ -250,11 +258,15 @@ def _truncate(result: Sampled, seq: Sequence) -> None:
     del result.tokens[keep:], result.logprobs[keep:]
 
 
-def draw(probs: Tensor, uniforms: list[float], seqs: list[Sequence], argmax: Tensor) -> Tensor:
-    """Inverse-CDF sampling of one token per row of (unnormalised) ``probs``; greedy rows take ``argmax``."""
+def draw(probs: Tensor, uniform: np.ndarray, seqs: list[Sequence], argmax: Tensor) -> Tensor:
+    """Inverse-CDF sampling of one token per row of (unnormalised) ``probs`` with the given uniforms [N]; greedy rows
+    take ``argmax``."""
+    greedy = [s.params.greedy for s in seqs]
+    if all(greedy):
+        return argmax
     cdf = probs.cumsum(-1)
-    uniforms = torch.tensor(uniforms, dtype=cdf.dtype, device=cdf.device)
-    tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
-    tokens = tokens.clamp(max=probs.shape[-1] - 1)
-    greedy = torch.tensor([s.params.greedy for s in seqs], device=cdf.device)
-    return torch.where(greedy, argmax, tokens)
+    threshold = torch.from_numpy(uniform).to(device=cdf.device, dtype=cdf.dtype) * cdf[:, -1]
+    tokens = torch.searchsorted(cdf, threshold.unsqueeze(-1), right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    if not any(greedy):
+        return tokens
+    return torch.where(torch.tensor(greedy, device=cdf.device), argmax, tokens)

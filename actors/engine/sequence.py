@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+import numpy as np
 import torch
 
 from forge.actors.backend import RequestStream
@@ -78,12 +79,6 @@ class Sequence:
             chain.append(parent)
         return chain
 
-    def uniform(self, position: int, purpose: int) -> float:
-        """The uniform in [0, 1) that decides token ``position`` for ``purpose`` (a sample, a draft, an acceptance
-        test, a residual draw). A pure function of (seed, position, purpose): a seeded request draws the same tokens
-        whatever the batch, the preemptions, the prefix hits or the drafts discarded along the way."""
-        return _splitmix64(self.seed ^ _splitmix64(position * 4 + purpose)) / 2**64
-
     @property
     def num_pending(self) -> int:
         """Known tokens whose KV is not computed yet (the rest of a prompt, or the last sampled token)."""
@@ -91,11 +86,22 @@ class Sequence:
 
 
 SAMPLE, DRAFT, ACCEPT, RESIDUAL = range(4)
-_MASK = 2**64 - 1
 
 
-def _splitmix64(value: int) -> int:
-    value = (value + 0x9E3779B97F4A7C15) & _MASK
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK
-    return value ^ (value >> 31)
+def uniforms(seqs: list[Sequence], ahead: int | list[int], purpose: int) -> np.ndarray:
+    """The uniforms in [0, 1) that decide token ``len(seq) + ahead`` of each sequence for ``purpose`` (a sample, a
+    draft, an acceptance test, a residual draw): splitmix64(seed ^ splitmix64(position * 4 + purpose)) / 2**64, a
+    pure function of (seed, position, purpose), so a seeded request draws the same tokens whatever the batch, the
+    preemptions, the prefix hits or the drafts discarded along the way. float64 [len(seqs)]."""
+    count = len(seqs)
+    seeds = np.fromiter((seq.seed for seq in seqs), np.uint64, count)
+    positions = np.fromiter((len(seq) for seq in seqs), np.uint64, count) + np.asarray(ahead, dtype=np.uint64)
+    return _splitmix64(seeds ^ _splitmix64(positions * np.uint64(4) + np.uint64(purpose))) / 2.0**64
+
+
+def _splitmix64(value: np.ndarray) -> np.ndarray:
+    """Vigna's splitmix64 finaliser on uint64 arrays (arithmetic wraps modulo 2**64)."""
+    value = value + np.uint64(0x9E3779B97F4A7C15)
+    value = (value ^ (value >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    value = (value ^ (value >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return value ^ (value >> np.uint64(31))
