@@ -4,8 +4,8 @@ Eager decoding of a small model pays a fixed dispatch cost on each of its ~40 sm
 activations, views); inductor fuses them into a few generated loops around the matmuls. Paged attention stays one
 opaque op (``forge::paged_attention``): it writes the step's keys and values to their slots and attends, through
 the C kernel on CPU or gather + SDPA elsewhere, so the compiled graph never sees the block layout. Batch size and
-context length are dynamic; a batch of one row compiles once more (torch specialises sizes of 1). The first decode
-step of each pays the compile (seconds); inductor caches the code on disk for later processes.
+context length are dynamic. The first decode step pays the compile (seconds); inductor caches the code on disk for
+later processes.
 """
 
 from __future__ import annotations
@@ -70,27 +70,62 @@ def _decode_forward(model: CausalLM, keys: Tensor, values: Tensor, input_ids: Te
 
 @functools.cache
 def _compiled_forward() -> Callable[..., Tensor]:
-    """One compiled function per process: engines of the same model (and cache shape) reuse its graphs."""
+    """One compiled function per process: engines of the same model reuse its graphs. Traced without duck sizing (a
+    batch of 2 rows must not tie the batch size to a cache dimension that is also 2), a process-wide setting read
+    while tracing."""
+    torch.fx.experimental._config.use_duck_shape = False
     return torch.compile(_decode_forward, dynamic=True, fullgraph=True)
 
 
 class CompiledDecode:
     """``model(input_ids, position_ids, paged attention)`` for steps feeding one token per row, compiled once per
-    process and model (plus once for a batch of one). Weights are read at call time: a weight swap, which copies
-    into them in place, needs no recompile."""
+    process and model. Weights are read at call time: a weight swap, which copies into them in place, needs no
+    recompile.
+
+    Checking every guard of the compiled function costs ~0.2 ms a step on CPU (the model's modules and parameters
+    are among its inputs). What can change between the steps of one engine is only shapes, which the graph takes
+    as dynamic; what may differ between engines (the model, the attention path) is settled by each
+    engine's first call, made under full guards. Later calls check only the guards that tell the cached graphs apart
+    (torch's ``skip_guard_eval_unsafe`` stance), and fall back to full guards (and a compile) if none fits."""
 
     def __init__(self, model: CausalLM, cache: PagedKVCache, native: bool) -> None:
         self.model, self.cache, self.native = model, cache, native
-        self.compiled_shapes: set[bool] = set()        # True: the graph for a batch of one row
+        self.warm = False
 
     def __call__(self, input_ids: Tensor, position_ids: Tensor, layout: StepLayout) -> Tensor:
-        single = input_ids.shape[0] == 1
+        rows = input_ids.shape[0]
+        if rows == 1:
+            input_ids, position_ids, layout = _two_rows(input_ids, position_ids, layout)
+        tables = layout.block_tables
+        if tables.shape[1] == 1:
+            tables = tables.repeat(1, 2)            # a filler column: no query sees past its own last slot
+        args = (self.model, self.cache.keys, self.cache.values, input_ids, position_ids, layout.write_rows,
+                layout.write_slots, tables, layout.query_slots, layout.key_lower, layout.block_size, self.native)
+        return self._run(args)[:rows]
+
+    def _run(self, args: tuple) -> Tensor:
+        if self.warm:
+            try:
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    return _compiled_forward()(*args)
+            except RuntimeError as error:      # raised before the graph runs: nothing was written
+                if "skip_guard_eval_unsafe" not in str(error):
+                    raise
+                log.info("decode step: a new graph variant (%s); compiling it", type(error).__name__)
         started = time.perf_counter()
-        hidden = _compiled_forward()(self.model, self.cache.keys, self.cache.values, input_ids, position_ids,
-                                     layout.write_rows, layout.write_slots, layout.block_tables, layout.query_slots,
-                                     layout.key_lower, layout.block_size, self.native)
-        if single not in self.compiled_shapes:
-            self.compiled_shapes.add(single)
-            log.info("decode graph%s ready in %.1f s (compiled, or loaded from inductor's cache)",
-                     " for one row" if single else "", time.perf_counter() - started)
+        hidden = _compiled_forward()(*args)
+        if not self.warm:
+            self.warm = True
+            log.info("decode graph ready in %.1f s (compiled, or loaded from inductor's cache)",
+                     time.perf_counter() - started)
         return hidden
+
+
+def _two_rows(input_ids: Tensor, position_ids: Tensor, layout: StepLayout) -> tuple[Tensor, Tensor, StepLayout]:
+    """A batch of one row as two copies of it (the second writes the first's keys and values to the same slots), so
+    that no size is 1: torch would otherwise specialise a graph for it."""
+    write_rows = torch.cat([layout.write_rows, layout.write_rows])
+    write_slots = torch.cat([layout.write_slots, layout.write_slots])
+    doubled = StepLayout(write_rows, write_slots, layout.block_tables.repeat(2, 1), layout.query_slots.repeat(2, 1),
+                         layout.key_lower, layout.block_size)
+    return input_ids.repeat(2, 1), position_ids.repeat(2, 1), doubled
