@@ -12,6 +12,7 @@ prefix up to i + 1 only, so it is cached and shared with the main KV by the same
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,9 +143,10 @@ class ModelRunner:
                 cursor += 1 if drafts[b] is None else 2
             if plain:
                 rows = [c for _, c in plain]
+                chosen = logprobs if len(rows) == logprobs.shape[0] else logprobs[rows]
                 seqs = [work[b].seq for b, _ in plain]
-                tokens = self._draw(logprobs[rows], uniforms(seqs, 0, SAMPLE), seqs)
-                picked = logprobs[rows].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+                tokens = self._draw(chosen, uniforms(seqs, 0, SAMPLE), seqs)
+                picked = chosen.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
                 for (b, _), token, logprob in zip(plain, tokens.tolist(), picked.tolist(), strict=True):
                     results[b] = Sampled([token], [logprob])
             if drafted:
@@ -160,18 +162,20 @@ class ModelRunner:
         return results
 
     def _sampling_logprobs(self, logits: Tensor, params: list) -> Tensor:
-        device = logits.device
+        device, vocab = logits.device, logits.shape[-1]
+        truncates = (any(0 < p.top_k < vocab for p in params), any(p.top_p < 1.0 for p in params))
         return batched_sampling_logprobs(
             logits,
             torch.tensor([p.temperature for p in params], device=device),
             torch.tensor([p.top_k for p in params], device=device),
             torch.tensor([p.top_p for p in params], device=device),
+            truncates,
         )
 
     @staticmethod
     def _draw(logprobs: Tensor, uniform: np.ndarray, seqs: list[Sequence]) -> Tensor:
         """One token per row by inverse-CDF sampling with the given uniforms; argmax for greedy requests."""
-        return draw(logprobs.exp(), uniform, seqs, logprobs.argmax(-1))
+        return draw(logprobs.exp, uniform, seqs, lambda: logprobs.argmax(-1))
 
     def _verify(self, logprobs: Tensor, drafted: list[tuple[int, int]], work: list[Work]) -> list[Sampled]:
         rows = torch.tensor([c for _, c in drafted], device=self.device)
@@ -191,8 +195,8 @@ class ModelRunner:
         residual[degenerate] = p0[degenerate].exp()
         index = [i for i, ok in enumerate(accepted) if not ok]
         rejected = [seqs[i] for i in index]
-        resampled = draw(residual[index], uniforms(rejected, 0, RESIDUAL), rejected,
-                         p0[index].argmax(-1)).tolist() if index else []
+        resampled = draw(lambda: residual[index], uniforms(rejected, 0, RESIDUAL), rejected,
+                         lambda: p0[index].argmax(-1)).tolist() if index else []
         index = [i for i, ok in enumerate(accepted) if ok]
         kept = [seqs[i] for i in index]
         bonus = self._draw(p1[index], uniforms(kept, 1, SAMPLE), kept).tolist() if index else []
@@ -258,15 +262,16 @@ def _truncate(result: Sampled, seq: Sequence) -> None:
     del result.tokens[keep:], result.logprobs[keep:]
 
 
-def draw(probs: Tensor, uniform: np.ndarray, seqs: list[Sequence], argmax: Tensor) -> Tensor:
-    """Inverse-CDF sampling of one token per row of (unnormalised) ``probs`` with the given uniforms [N]; greedy rows
-    take ``argmax``."""
+def draw(probs: Callable[[], Tensor], uniform: np.ndarray, seqs: list[Sequence],
+         argmax: Callable[[], Tensor]) -> Tensor:
+    """Inverse-CDF sampling of one token per row of (unnormalised) ``probs()`` with the given uniforms [N]; greedy
+    rows take ``argmax()``. Each is computed only if some row needs it."""
     greedy = [s.params.greedy for s in seqs]
     if all(greedy):
-        return argmax
-    cdf = probs.cumsum(-1)
+        return argmax()
+    cdf = probs().cumsum(-1)
     threshold = torch.from_numpy(uniform).to(device=cdf.device, dtype=cdf.dtype) * cdf[:, -1]
-    tokens = torch.searchsorted(cdf, threshold.unsqueeze(-1), right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    tokens = torch.searchsorted(cdf, threshold.unsqueeze(-1), right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
     if not any(greedy):
         return tokens
-    return torch.where(torch.tensor(greedy, device=cdf.device), argmax, tokens)
+    return torch.where(torch.tensor(greedy, device=cdf.device), argmax(), tokens)
