@@ -118,6 +118,10 @@ def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
 @click.option("--compile-decode/--no-compile-decode", default=False, show_default=True,
               help="Graph mode: torch.compile the decode step (fuses its small ops; the first decode steps pay the "
                    "compile, seconds to a minute, cached on disk by inductor).")
+@click.option("--stream-interval", default=0, show_default=True, type=click.IntRange(0),
+              help="Stream each request's tokens in messages of N (its first token and its end are sent at once); "
+                   "0 adapts N to the load: one message per token up to 4 running requests, then about 4 messages "
+                   "a step. Fewer messages leave more of the process to decoding when many streams are open.")
 @click.option("--seed", default=0, show_default=True, help="Seed for requests that bring none.")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write {address, instance, pid} as JSON here once serving.")
@@ -127,7 +131,8 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
           speculative: bool, prefix_caching: bool, on_weight_swap: str, weights_fetch: str | None,
           weights_announce: str | None, first_version_timeout: float, api_keys: tuple[str, ...],
           l3_cache: str | None, l3_fetch: str, l3_api_key: str | None, threads: int, cpu_kernels: bool,
-          compile_decode: bool, seed: int, ready_file: Path | None, log_level: str) -> None:
+          compile_decode: bool, stream_interval: int, seed: int, ready_file: Path | None,
+          log_level: str) -> None:
     """Serve token generation from MODEL over gRPC (forge.v1.Actor: Generate, Abort, Stats, plus health and
     reflection). Token ids in, token ids out, with the log-probability and weight version of every token."""
     setup_logging(log_level)
@@ -165,7 +170,7 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
                               speculative=speculative, prefix_caching=prefix_caching,
                               abort_on_weight_swap=on_weight_swap == "abort", seed=seed,
                               model_id=model_id, threads=threads, cpu_kernels=cpu_kernels,
-                              compile_decode=compile_decode)
+                              compile_decode=compile_decode, stream_interval=stream_interval)
         # Subscribed to a learner: serve only once its first version is in (every token carries a learner version).
         engine = TorchEngine(policy, config, initial_version=-1 if weights_fetch else 0)
         connector = kv_connector(engine, l3_cache, l3_fetch, l3_api_key)

@@ -195,6 +195,39 @@ def test_abort_frees_blocks_and_ends_the_stream(model):
         engine.close()
 
 
+@pytest.mark.parametrize("interval", [5, 0], ids=["every-5", "adaptive"])
+def test_streaming_in_messages_of_several_tokens_loses_nothing(model, interval):
+    """Tokens go out in messages of ``interval`` (adaptive: one per token up to 4 running requests, then running // 4),
+    the first one alone; whatever is pending ends with the request, including an aborted one."""
+    params = SamplingParams(temperature=0.7, max_tokens=23, ignore_eos=True, seed=1)
+    prompts = [[random.Random(i).randrange(100) for _ in range(9)] for i in range(12)]
+    one_by_one = engine_for(model, stream_interval=1, speculative=False)
+    try:
+        expected = [run(one_by_one, prompt, params)[0] for prompt in prompts]
+    finally:
+        one_by_one.close()
+    engine = engine_for(model, stream_interval=interval, speculative=False)
+    try:
+        streams = [engine.submit(GenerationRequest(f"r{i}", prompt, params)) for i, prompt in enumerate(prompts)]
+        aborted = engine.submit(GenerationRequest("aborted", prompts[0], SamplingParams(max_tokens=400,
+                                                                                        ignore_eos=True)))
+        aborted.get(timeout=30)
+        time.sleep(0.05)
+        engine.abort("aborted")
+        for want, stream in zip(expected, streams, strict=True):
+            chunks = list(stream)
+            tokens = [t for chunk in chunks for t in chunk.token_ids]
+            assert len(chunks[0].token_ids) == 1 and chunks[-1].finish_reason is FinishReason.LENGTH
+            assert all(len(c.token_ids) == len(c.logprobs) == len(c.weight_versions) for c in chunks)
+            assert len(chunks) < len(tokens) and max(len(c.token_ids) for c in chunks) <= (interval or 13 // 4)
+            assert tokens == want                  # seeded: the same tokens alone and batched, nothing lost
+        rest = list(aborted)
+        assert rest[-1].finish_reason is FinishReason.ABORT
+        assert engine.stats()["tokens"] == 12 * 23 + 1 + sum(len(c.token_ids) for c in rest)
+    finally:
+        engine.close()
+
+
 def test_stop_tokens_and_eos_finish_with_stop(model):
     engine = engine_for(model)
     try:

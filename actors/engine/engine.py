@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+MESSAGES_PER_STEP = 4          # adaptive streaming's target (EngineConfig.stream_interval = 0)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 16
@@ -54,6 +57,7 @@ class EngineConfig:
     model_id: str = "model"
     threads: int = 0                            # torch CPU threads of the loop; 0 = those of the building thread
     cpu_kernels: bool = True                    # compiled C attention for decode steps on CPU (needs a C compiler)
+    stream_interval: int = 0                    # stream a request's tokens every N (0: adaptive, see _step)
     compile_decode: bool = False                # torch.compile the decode step (seconds at its first step)
 
 
@@ -85,6 +89,8 @@ class TorchEngine(Backend):
         dtype = model.output_weight.dtype
         per_block = PagedKVCache.bytes_per_block(layers, config.block_size, mc.num_key_value_heads, mc.head_dim, dtype)
         num_blocks = config.kv_cache_bytes // per_block
+        if config.stream_interval < 0:
+            raise ValueError(f"stream_interval must be 0 (adaptive) or more, got {config.stream_interval}")
         if num_blocks < 2:
             raise ValueError(f"kv_cache_bytes={config.kv_cache_bytes} holds fewer than 2 blocks of {per_block} bytes")
         self.cache = PagedKVCache(layers, num_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim, dtype,
@@ -313,7 +319,7 @@ class TorchEngine(Backend):
         results = self.runner.run(work)
         elapsed = time.perf_counter() - started
         self._counters["steps"] += 1
-        produced = 0
+        produced, interval = 0, self._stream_interval()
         for item, result, drafted in zip(work, results, drafts, strict=True):
             if drafted and result is not None:
                 self._counters["drafts"] += 1
@@ -321,16 +327,22 @@ class TorchEngine(Backend):
             self.blocks.register_full_blocks(item.seq, self.salt(item.seq.kv_version))
             if result is not None:
                 produced += len(result.tokens)
-                self._emit(item, result)
+                self._emit(item, result, interval)
         self._counters["tokens"] += produced
         self._recent.append((time.perf_counter(), self._counters["tokens"]))
         if self.connector is not None:
             self.connector.after_step(work, elapsed)
 
-    def _emit(self, item: Work, result: Sampled) -> None:
+    def _stream_interval(self) -> int:
+        """Tokens per streamed message. Every message costs its consumer (a gRPC handler thread of this process) tens
+        of microseconds under the GIL the loop needs too, so adaptively (0) a step sends about MESSAGES_PER_STEP
+        messages whatever the batch: one per token up to that many requests, then every running // that tokens."""
+        return self.config.stream_interval or max(1, len(self.scheduler.running) // MESSAGES_PER_STEP)
+
+    def _emit(self, item: Work, result: Sampled, interval: int) -> None:
         seq = item.seq
-        cached = 0
-        if seq.first_token is None:
+        cached, first = 0, seq.first_token is None
+        if first:                   # sent at once, whatever the stream interval: time to first token
             seq.first_token = time.perf_counter()
             cached = seq.prefix_hit_tokens
         versions = [self._version] * len(result.tokens)
@@ -342,21 +354,27 @@ class TorchEngine(Backend):
             finish = FinishReason.STOP
         elif seq.num_output >= seq.max_tokens:
             finish = FinishReason.LENGTH
-        # The step's result is not kept: its lists become the chunk's.
-        chunk = TokenChunk(result.tokens, result.logprobs, versions, cached_prompt_tokens=cached)
-        if finish is None:
-            seq.stream.put(chunk)
+        chunk = seq.unsent
+        if chunk is None:           # the step's result is not kept: its lists become the chunk's
+            chunk = seq.unsent = TokenChunk(result.tokens, result.logprobs, versions, cached_prompt_tokens=cached)
         else:
-            self._finish(seq, finish, chunk=chunk)
+            chunk.token_ids += result.tokens
+            chunk.logprobs += result.logprobs
+            chunk.weight_versions += versions
+        if finish is not None:
+            self._finish(seq, finish)
+        elif first or len(chunk.token_ids) >= interval:
+            seq.unsent = None
+            seq.stream.put(chunk)
 
-    def _finish(self, seq: Sequence, reason: FinishReason, error: str = "", chunk: TokenChunk | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str = "") -> None:
         if seq.status is Status.FINISHED:
             return
         self.scheduler.finish(seq)
         self._live.pop(seq.request_id, None)
         self._counters["finished"] += 1
         now = time.perf_counter()
-        chunk = chunk or TokenChunk()
+        chunk, seq.unsent = seq.unsent or TokenChunk(), None       # tokens not sent yet end with the request
         chunk.finish_reason, chunk.error = reason, error
         admitted = seq.admitted or now
         first = seq.first_token or now

@@ -9,7 +9,7 @@ from enum import Enum
 import numpy as np
 import torch
 
-from forge.actors.backend import RequestStream
+from forge.actors.backend import RequestStream, TokenChunk
 from forge.kvhash import block_hash
 from forge.model.sampling import SamplingParams
 
@@ -47,6 +47,7 @@ class Sequence:
     prefix_hit_tokens: int = 0      # tokens served from the prefix cache at the latest admission
     kv_version: int = 0             # weight version of the KV written since the latest admission
     draft: Draft | None = None
+    unsent: TokenChunk | None = None  # tokens sampled but not streamed yet (EngineConfig.stream_interval)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     arrived: float = field(default_factory=time.perf_counter)
