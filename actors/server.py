@@ -74,7 +74,7 @@ class ActorServicer(actor_pb2_grpc.ActorServicer):
         try:
             params = sampling_from_proto(request.sampling)
             stream = self.backend.submit(GenerationRequest(request.request_id, list(request.prompt_ids), params,
-                                                           request.session_id))
+                                                           request.session_id, request.stream_interval))
         except (InvalidRequest, SamplingError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Overloaded as exc:

@@ -91,8 +91,8 @@ class ActorSet:
             await asyncio.gather(*(self._check(a) for a in self.actors))
             await asyncio.sleep(self.health_interval_s)
 
-    def call(self, route: RouteRequest, sampling: common_pb2.SamplingParams) -> ActorCall:
-        return ActorCall(self, route, sampling)
+    def call(self, route: RouteRequest, sampling: common_pb2.SamplingParams, stream_interval: int = 0) -> ActorCall:
+        return ActorCall(self, route, sampling, stream_interval)
 
     def gauges(self) -> dict[str, float]:
         figures = {"actors": float(len(self.actors)), "actors_healthy": float(sum(a.healthy for a in self.actors)),
@@ -110,12 +110,15 @@ class ActorSet:
 
 class ActorCall:
     """One generation: iterate ``chunks()``; ``abort()`` stops it (the stream then ends with ABORT). Fails over to
-    another actor while no token has arrived; after the first token an actor failure raises UpstreamFailed."""
+    another actor while no token has arrived; after the first token an actor failure raises UpstreamFailed.
+    ``stream_interval``: tokens per chunk after the first (0: the actor's setting)."""
 
-    def __init__(self, actors: ActorSet, route: RouteRequest, sampling: common_pb2.SamplingParams) -> None:
+    def __init__(self, actors: ActorSet, route: RouteRequest, sampling: common_pb2.SamplingParams,
+                 stream_interval: int = 0) -> None:
         self.actors = actors
         self.route = route
         self.sampling = sampling
+        self.stream_interval = stream_interval
         self.actor: ActorState | None = None
         self.request_id = ""
         self.aborted = False
@@ -138,7 +141,8 @@ class ActorCall:
             actor.in_flight += 1
             actor.calls += 1
             request = actor_pb2.GenerateRequest(request_id=self.request_id, prompt_ids=self.route.prompt_ids,
-                                                sampling=self.sampling, session_id=self.route.session_id)
+                                                sampling=self.sampling, session_id=self.route.session_id,
+                                                stream_interval=self.stream_interval)
             stream = actor.stub.Generate(request, metadata=self.actors.metadata)
             started = False
             sent = time.monotonic()

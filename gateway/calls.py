@@ -25,6 +25,7 @@ from forge.v1 import actor_pb2, common_pb2, pool_pb2
 
 log = logging.getLogger(__name__)
 
+WHOLE_ANSWER = 2**31 - 1      # stream_interval asking an actor for the first token and then the rest at the end
 TITO_COUNTERS = {FRESH: "tito_fresh", SPLICE: "tito_splices", PARTIAL: "tito_partial", FALLBACK: "tito_fallbacks"}
 STOP, LENGTH, ABORT = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_ABORT
 
@@ -122,10 +123,12 @@ class CallRunner:
         if build.kind in (PARTIAL, FALLBACK):
             log.debug("session %s: TITO %s (reused %d ids of call %s)", state.session_id, build.kind, build.reused,
                       build.source)
+        incremental = stream or bool(call.stop)
+        # A client that waits for the whole answer (and no stop string to watch) needs no chunk in between.
         actor_call = self.actors.call(RouteRequest(state.session_id, build.ids, call.sampling.max_tokens,
                                                    state.group_id),
-                                      call.sampling)
-        assembler = TextAssembler(self.tokenizer, call.stop, incremental=stream or bool(call.stop))
+                                      call.sampling, stream_interval=0 if incremental else WHOLE_ANSWER)
+        assembler = TextAssembler(self.tokenizer, call.stop, incremental=incremental)
         out = Completion(t0)
         shown = ChatDelta()
         last: actor_pb2.GenerateChunk | None = None

@@ -221,9 +221,11 @@ def test_streaming_in_messages_of_several_tokens_loses_nothing(model, interval):
             assert all(len(c.token_ids) == len(c.logprobs) == len(c.weight_versions) for c in chunks)
             assert len(chunks) < len(tokens) and max(len(c.token_ids) for c in chunks) <= (interval or 13 // 4)
             assert tokens == want                  # seeded: the same tokens alone and batched, nothing lost
+        whole = list(engine.submit(GenerationRequest("whole", prompts[1], params, stream_interval=2**31 - 1)))
+        assert [len(c.token_ids) for c in whole] == [1, 22] and [t for c in whole for t in c.token_ids] == expected[1]
         rest = list(aborted)
         assert rest[-1].finish_reason is FinishReason.ABORT
-        assert engine.stats()["tokens"] == 12 * 23 + 1 + sum(len(c.token_ids) for c in rest)
+        assert engine.stats()["tokens"] == 13 * 23 + 1 + sum(len(c.token_ids) for c in rest)
     finally:
         engine.close()
 

@@ -297,6 +297,8 @@ def test_tool_calls_and_reasoning_reach_the_openai_client_and_splice_back(tmp_pa
         assert list(first.completion_ids) == sampled and list(first.weight_versions) == [7] * len(sampled)
         assert list(third.prompt_ids[:len(first.prompt_ids) + len(sampled)]) == list(first.prompt_ids) + sampled
         assert servicer.prompts[-1] == list(third.prompt_ids)
+        # Only the streaming call asks for chunks on the way; the others take the first token and then the rest.
+        assert servicer.stream_intervals == [2**31 - 1, 0, 2**31 - 1]
     finally:
         gateway.stop()
         server.stop(0)

@@ -233,6 +233,8 @@ class TorchEngine(Backend):
         if len(prompt) >= mc.max_position_embeddings:
             raise InvalidRequest(f"the prompt has {len(prompt)} tokens; the model's context is "
                                  f"{mc.max_position_embeddings}, leaving no room to generate")
+        if request.stream_interval < 0:
+            raise InvalidRequest(f"stream_interval must be 0 (the engine's) or more, got {request.stream_interval}")
         params = request.params
         bad_stops = [t for t in params.stop_token_ids if not 0 <= t < mc.vocab_size]
         if bad_stops:
@@ -246,7 +248,7 @@ class TorchEngine(Backend):
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
         request_id = request.request_id or uuid.uuid4().hex
         return Sequence(request_id, prompt, len(prompt), params, RequestStream(request_id), max_tokens, stops,
-                        seed=seed)
+                        seed=seed, stream_interval=request.stream_interval)
 
     # ------------------------------------------------------------------ loop
 
@@ -363,7 +365,7 @@ class TorchEngine(Backend):
             chunk.weight_versions += versions
         if finish is not None:
             self._finish(seq, finish)
-        elif first or len(chunk.token_ids) >= interval:
+        elif first or len(chunk.token_ids) >= (seq.stream_interval or interval):
             seq.unsent = None
             seq.stream.put(chunk)
 

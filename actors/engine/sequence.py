@@ -47,7 +47,8 @@ class Sequence:
     prefix_hit_tokens: int = 0      # tokens served from the prefix cache at the latest admission
     kv_version: int = 0             # weight version of the KV written since the latest admission
     draft: Draft | None = None
-    unsent: TokenChunk | None = None  # tokens sampled but not streamed yet (EngineConfig.stream_interval)
+    stream_interval: int = 0        # tokens per chunk after the first; 0 = the engine's (EngineConfig)
+    unsent: TokenChunk | None = None  # tokens sampled but not streamed yet
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     arrived: float = field(default_factory=time.perf_counter)

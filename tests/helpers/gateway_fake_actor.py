@@ -15,10 +15,12 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
         self.script = script or []
         self.calls = 0
         self.prompts: list[list[int]] = []
+        self.stream_intervals: list[int] = []
 
     def Generate(self, request, context):
         self.calls += 1
         self.prompts.append(list(request.prompt_ids))
+        self.stream_intervals.append(request.stream_interval)
         if self.mode == "script":
             for start in range(0, len(self.script), 3):
                 ids = self.script[start:start + 3]
