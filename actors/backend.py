@@ -40,7 +40,7 @@ class GenerationRequest:
     prompt_ids: list[int]
     params: SamplingParams
     session_id: str = ""
-    stream_interval: int = 0        # tokens per chunk after the first; 0 = the backend's setting
+    stream_interval: int = 0        # tokens per chunk after the first, 0 = the backend's (TensorRT-LLM: its own)
 
 
 @dataclass
