@@ -214,7 +214,9 @@ def speculative_section(model: CausalLM, new_tokens: int, repeats: int, threads:
 
 
 def swap_section(model: CausalLM, threads: int, swaps: int = 5) -> None:
-    engine = TorchEngine(model, EngineConfig(kv_cache_bytes=64 * 2**20, speculative=False, threads=threads))
+    # One message per token: each arrival is one step, stamped with the version that ran it.
+    engine = TorchEngine(model, EngineConfig(kv_cache_bytes=64 * 2**20, speculative=False, threads=threads,
+                                             stream_interval=1))
     state = {k: v.clone() for k, v in model.state_dict().items()}
     params = [SamplingParams(seed=i, max_tokens=1500, ignore_eos=True) for i in range(8)]
     streams = [engine.submit(GenerationRequest("", [1, 2, 3], p)) for p in params]
