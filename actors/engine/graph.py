@@ -83,10 +83,10 @@ class CompiledDecode:
     recompile.
 
     Checking every guard of the compiled function costs ~0.2 ms a step on CPU (the model's modules and parameters
-    are among its inputs). What can change between the steps of one engine is only shapes, which the graph takes
-    as dynamic; what may differ between engines (the model, the attention path) is settled by each
-    engine's first call, made under full guards. Later calls check only the guards that tell the cached graphs apart
-    (torch's ``skip_guard_eval_unsafe`` stance), and fall back to full guards (and a compile) if none fits."""
+    are among its inputs). What can change between the steps of one engine is only shapes, which the graph takes as
+    dynamic; what may differ between engines (the model, the attention path) is settled by each engine's first
+    call, made under full guards. Later calls check only the guards that tell the cached graphs apart (torch's
+    ``skip_guard_eval_unsafe`` stance), and fall back to full guards (and a compile) if none fits."""
 
     def __init__(self, model: CausalLM, cache: PagedKVCache, native: bool) -> None:
         self.model, self.cache, self.native = model, cache, native
