@@ -42,6 +42,21 @@ def test_stream_carries_tokens_logprobs_versions_and_a_final_timing(actor):
     assert all(c.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED for c in chunks[:-1])
 
 
+def test_a_request_can_ask_for_its_tokens_in_larger_messages(actor):
+    with grpc.insecure_channel(actor.address) as channel:
+        stub = actor_pb2_grpc.ActorStub(channel)
+        sampling = common_pb2.SamplingParams(temperature=0, max_tokens=11, ignore_eos=True)
+        every = list(stub.Generate(actor_pb2.GenerateRequest(prompt_ids=[4, 5, 6], sampling=sampling), timeout=60))
+        fives = list(stub.Generate(actor_pb2.GenerateRequest(prompt_ids=[4, 5, 6], sampling=sampling,
+                                                             stream_interval=5), timeout=60))
+    # One request running: a message per step (two tokens when an MTP draft is accepted); asked for fives: the first
+    # token alone, then messages of at least five but the last.
+    assert max(len(c.token_ids) for c in every) <= 2 and len(every) > len(fives)
+    assert len(fives[0].token_ids) == 1 and all(len(c.token_ids) >= 5 for c in fives[1:-1])
+    assert [t for c in fives for t in c.token_ids] == [t for c in every for t in c.token_ids]
+    assert fives[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH and fives[-1].timing.total_s > 0
+
+
 def test_concurrent_streams_are_isolated(actor):
     prompts = [[i, i + 1, i + 2, 7 * i % 50] for i in range(1, 11)]
     with grpc.insecure_channel(actor.address) as channel:
