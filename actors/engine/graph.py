@@ -70,10 +70,7 @@ def _decode_forward(model: CausalLM, keys: Tensor, values: Tensor, input_ids: Te
 
 @functools.cache
 def _compiled_forward() -> Callable[..., Tensor]:
-    """One compiled function per process: engines of the same model reuse its graphs. Traced without duck sizing (a
-    batch of 2 rows must not tie the batch size to a cache dimension that is also 2), a process-wide setting read
-    while tracing."""
-    torch.fx.experimental._config.use_duck_shape = False
+    """One compiled function per process: engines of the same model reuse its graphs."""
     return torch.compile(_decode_forward, dynamic=True, fullgraph=True)
 
 
@@ -113,7 +110,10 @@ class CompiledDecode:
                     raise
                 log.info("decode step: a new graph variant (%s); compiling it", type(error).__name__)
         started = time.perf_counter()
-        hidden = _compiled_forward()(*args)
+        # Traced without duck sizing: a batch of 2 rows must not tie the batch size to a cache dimension that is 2
+        # as well (a setting read while tracing, so set only around calls that may trace).
+        with torch.fx.experimental._config.patch(use_duck_shape=False):
+            hidden = _compiled_forward()(*args)
         if not self.warm:
             self.warm = True
             log.info("decode graph ready in %.1f s (compiled, or loaded from inductor's cache)",
