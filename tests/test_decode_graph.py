@@ -111,3 +111,28 @@ def test_compiled_decoding_on_cuda_equals_eager_decoding():
     for (eager_tokens, eager_logprobs), (graph_tokens, graph_logprobs) in zip(*outputs, strict=True):
         assert graph_tokens == eager_tokens
         torch.testing.assert_close(torch.tensor(graph_logprobs), torch.tensor(eager_logprobs), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c-attention", "torch-attention"])
+def test_the_opaque_attention_op_passes_torch_opcheck(native):
+    """Schema, fake (shape) kernel and real kernel agree, for steps of one and of two tokens per row (the latter
+    hands the op a non-contiguous query): what torch.compile relies on when it traces around the op."""
+    from forge.actors.engine.graph import OP
+
+    generator = torch.Generator().manual_seed(0)
+    layers, blocks, block_size, kv_heads, heads, dim = 2, 12, 4, 2, 4, 16
+    for length in (1, 2):
+        batch = 3
+        q = torch.randn(batch, length, heads, dim, generator=generator).transpose(1, 2)
+        k = torch.randn(batch, length, kv_heads, dim, generator=generator).transpose(1, 2)
+        v = torch.randn(batch, length, kv_heads, dim, generator=generator).transpose(1, 2)
+        keys = torch.randn(layers, blocks, block_size, kv_heads, dim, generator=generator)
+        values = torch.randn(layers, blocks, block_size, kv_heads, dim, generator=generator)
+        tables = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, 8]])
+        last = torch.tensor([9, 6, 10])                                  # each row's last new token
+        query_slots = last.unsqueeze(-1) - torch.arange(length - 1, -1, -1)
+        write_rows = torch.arange(batch * length)
+        write_slots = (tables.gather(1, query_slots // block_size) * block_size + query_slots % block_size).flatten()
+        torch.library.opcheck(getattr(torch.ops.forge, OP).default,
+                              (q, k, v, keys, values, 1, write_rows, write_slots, tables, query_slots, 0, block_size,
+                               dim**-0.5, native))

@@ -2,7 +2,7 @@
 
 Eager decoding of a small model pays a fixed dispatch cost on each of its ~40 small ops per layer (norms, rotary,
 activations, views); inductor fuses them into a few generated loops around the matmuls. Paged attention stays one
-opaque op (``forge::paged_attention``): it writes the step's keys and values to their slots and attends, through
+opaque op (``forge::paged_attention_v2``): it writes the step's keys and values to their slots and attends, through
 the C kernel on CPU or gather + SDPA elsewhere, so the compiled graph never sees the block layout. Batch size and
 context length are dynamic. The first decode step pays the compile (seconds); inductor caches the code on disk for
 later processes.
@@ -25,8 +25,11 @@ from forge.model.qwen3 import CausalLM
 
 log = logging.getLogger(__name__)
 
+# Inductor's on-disk cache knows the op by its name, not by what its shape function returns: a change to the op's
+# output (its layout included) must come with a new name, or graphs compiled for the old one are reused.
+OP = "paged_attention_v2"
 _LIBRARY = torch.library.Library("forge", "DEF")          # defined once per process, at import
-_LIBRARY.define("paged_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) keys, Tensor(b!) values, int layer, "
+_LIBRARY.define(f"{OP}(Tensor q, Tensor k, Tensor v, Tensor(a!) keys, Tensor(b!) values, int layer, "
                 "Tensor write_rows, Tensor write_slots, Tensor block_tables, Tensor query_slots, int key_lower, "
                 "int block_size, float scale, bool native) -> Tensor")
 
@@ -35,17 +38,18 @@ def _paged_attention(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tens
                      write_slots: Tensor, block_tables: Tensor, query_slots: Tensor, key_lower: int,
                      block_size: int, scale: float, native: bool) -> Tensor:
     layout = StepLayout(write_rows, write_slots, block_tables, query_slots, key_lower, block_size)
-    return PagedAttention.attend_layer(keys[layer], values[layer], layout, load_cpu_kernels() if native else None, q,
-                                       k, v, scale)
+    out = PagedAttention.attend_layer(keys[layer], values[layer], layout, load_cpu_kernels() if native else None, q,
+                                      k, v, scale)
+    return out.contiguous()                 # the layout the graph was traced with, whichever path ran
 
 
 def _paged_attention_shape(q: Tensor, *_: object) -> Tensor:
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)
 
 
-_LIBRARY.impl("paged_attention", _paged_attention, "CPU")
-_LIBRARY.impl("paged_attention", _paged_attention, "CUDA")
-_LIBRARY.impl("paged_attention", _paged_attention_shape, "Meta")
+_LIBRARY.impl(OP, _paged_attention, "CPU")
+_LIBRARY.impl(OP, _paged_attention, "CUDA")
+_LIBRARY.impl(OP, _paged_attention_shape, "Meta")
 
 
 class _OpaquePagedAttention(AttentionBackend):
@@ -56,9 +60,9 @@ class _OpaquePagedAttention(AttentionBackend):
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         layout = self.layout
-        return torch.ops.forge.paged_attention(q, k, v, self.keys, self.values, layer, layout.write_rows,
-                                               layout.write_slots, layout.block_tables, layout.query_slots,
-                                               layout.key_lower, layout.block_size, scale, self.native)
+        return getattr(torch.ops.forge, OP)(q, k, v, self.keys, self.values, layer, layout.write_rows,
+                                            layout.write_slots, layout.block_tables, layout.query_slots,
+                                            layout.key_lower, layout.block_size, scale, self.native)
 
 
 def _decode_forward(model: CausalLM, keys: Tensor, values: Tensor, input_ids: Tensor, position_ids: Tensor,
