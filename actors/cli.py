@@ -120,8 +120,9 @@ def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
                    "compile, seconds to a minute, cached on disk by inductor).")
 @click.option("--stream-interval", default=0, show_default=True, type=click.IntRange(0),
               help="Stream each request's tokens in messages of N (its first token and its end are sent at once); "
-                   "0 adapts N to the load: one message per token up to 4 running requests, then about 4 messages "
-                   "a step. Fewer messages leave more of the process to decoding when many streams are open.")
+                   "0 adapts N to the load: N = running requests // 4, so one message per token below 8 running "
+                   "requests, then 4 to 7 messages a step. Fewer messages leave more of the process to decoding "
+                   "when many streams are open.")
 @click.option("--seed", default=0, show_default=True, help="Seed for requests that bring none.")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write {address, instance, pid} as JSON here once serving.")

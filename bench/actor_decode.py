@@ -95,8 +95,7 @@ def measure_decode(side: str, model_name: str, device: str, threads: int, batch:
     model = load(model_name).to(device).eval()
     config = dict(speculative=side == "speculative", threads=threads, cpu_kernels=side != "engine-torch-attention",
                   compile_decode=side == "graph")
-    engine_seconds(model, 2, 32, 4, **config)
-    engine_seconds(model, 1, 32, 4, **config)                   # graph mode compiles a batch of one row apart
+    engine_seconds(model, 2, 32, 4, **config)                   # warm-up (and graph mode's one compile)
     seconds = functools.partial(engine_seconds, model, batch, prompt_len, **config)
     return median([_rate(seconds, batch, new_tokens, decode_only) for _ in range(repeats)])
 

@@ -2,8 +2,9 @@
 
 1. cProfile of ``TorchEngine._step`` while it decodes a batch, grouped into the model's torch kernels, the rest of
    the model forward (Python module overhead), and the engine's own scheduling and bookkeeping;
-2. without a profiler: the median CPU time of the loop thread per decode step and per forward pass, eager and in
-   graph mode (``compile_decode``), the two engines run alternately in one process;
+2. without a profiler: the median CPU time of the loop thread per decode step and per forward pass, and the
+   median decode tokens/s of whole runs, eager and in graph mode (``compile_decode``), the two engines run
+   alternately in one process;
 3. the floor: the step's matrix multiplications alone.
 
 Usage: python bench/actor_profile.py [--model tiny|DIR] [--batch 32] [--new-tokens 128] [--threads 1]
@@ -66,9 +67,11 @@ def main(model: str, batch: int, new_tokens: int, threads: int) -> None:
     print(f"| rest of the model forward (Python modules, layout) | {(forward - kernels) / total:.0%} |")
     print(f"| engine scheduling, sampling bookkeeping, streaming | {(total - forward) / total:.0%} |")
     split = step_split(model, batch, new_tokens, threads)
-    print("\n| decode step (loop thread CPU time, medians) | step | forward | rest of the step |\n| --- | ---: | ---: | ---: |")
-    for mode, (step_s, forward_s) in split.items():
-        print(f"| {mode} | {1e3 * step_s:.2f} ms | {1e3 * forward_s:.2f} ms | {1e3 * (step_s - forward_s):.2f} ms |")
+    print("\n| decode step (loop thread CPU time, medians) | step | forward | rest of the step | tokens/s (wall) |\n"
+          "| --- | ---: | ---: | ---: | ---: |")
+    for mode, (step_s, forward_s, rate) in split.items():
+        print(f"| {mode} | {1e3 * step_s:.2f} ms | {1e3 * forward_s:.2f} ms | {1e3 * (step_s - forward_s):.2f} ms | "
+              f"{rate:,.0f} |")
     floor = matmul_floor(engine.model, batch)
     print(f"the step's matrix multiplications alone (no profiler): {1e3 * floor:.2f} ms; any fp32 decode step at "
           f"batch {batch} on this core costs at least that, so a baseline step of T ms allows at most T / "
@@ -76,13 +79,14 @@ def main(model: str, batch: int, new_tokens: int, threads: int) -> None:
 
 
 def step_split(model_name: str, batch: int, new_tokens: int, threads: int,
-               rounds: int = 3) -> dict[str, tuple[float, float]]:
-    """Median loop-thread CPU seconds per decode step and per forward pass, eager and in graph mode: one engine of
-    each (each with its own copy of the model, so that timing the eager forward never reaches the compiled one),
-    decoding the same batch alternately, after a warm-up that compiles the graph."""
+               rounds: int = 5) -> dict[str, tuple[float, float, float]]:
+    """Median loop-thread CPU seconds per decode step and per forward pass, and median tokens/s of a round, eager
+    and in graph mode: one engine of each (each with its own copy of the model, so that timing the eager forward
+    never reaches the compiled one), decoding the same batch alternately, after a warm-up that compiles the
+    graph."""
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=new_tokens, ignore_eos=True) for i in range(batch)]
     prompts = [[(7 * i + j) % 1000 + 1 for j in range(32)] for i in range(batch)]
-    engines, times = {}, {}
+    engines, times, rates = {}, {}, {}
     for mode in ("eager", "graph mode"):
         engine = TorchEngine(load(model_name), EngineConfig(kv_cache_bytes=256 * 2**20, speculative=False,
                                                             compile_decode=mode != "eager", threads=threads))
@@ -92,20 +96,24 @@ def step_split(model_name: str, batch: int, new_tokens: int, threads: int,
             _time_calls(engine.runner, "compiled", forwards)
         else:
             _time_calls(engine.runner.model, "forward", forwards)
-        engines[mode], times[mode] = engine, (steps, forwards)
+        engines[mode], times[mode], rates[mode] = engine, (steps, forwards), []
     try:
         for round_ in range(rounds + 1):
             for mode, engine in engines.items():
+                started = time.perf_counter()
                 streams = [engine.submit(GenerationRequest("", p, s)) for p, s in zip(prompts, params, strict=True)]
                 for stream in streams:
                     stream.finished.wait()
+                rates[mode].append(batch * new_tokens / (time.perf_counter() - started))
                 if round_ == 0:                                 # warm-up (and the compile)
+                    rates[mode].clear()
                     for samples in times[mode]:
                         samples.clear()
     finally:
         for engine in engines.values():
             engine.close()
-    return {mode: (statistics.median(steps), statistics.median(forwards)) for mode, (steps, forwards) in times.items()}
+    return {mode: (statistics.median(steps), statistics.median(forwards), statistics.median(rates[mode]))
+            for mode, (steps, forwards) in times.items()}
 
 
 def _time_calls(owner, name: str, samples: list[float]) -> None:

@@ -79,7 +79,9 @@ def test_compiled_decoding_follows_a_weight_swap(engine):
         assert engine.wait_for_version(version + 1)
 
 
-def test_engines_of_one_model_with_different_block_sizes_each_get_their_graph():
+def test_engines_of_one_model_with_different_block_sizes_share_its_graph_correctly():
+    """The block size is an input of the graph, not a constant in it: engines of one model with other block sizes
+    reuse the compiled graph and still decode exactly."""
     model = make_model(2)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompt = [random.Random(3).randrange(100) for _ in range(21)]

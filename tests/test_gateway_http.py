@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from forge.assets import TINY_DIR
+from forge.gateway.calls import WHOLE_ANSWER
 from forge.gateway.pool import NotFoundError, PoolReader
 from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, pool_pb2
@@ -298,7 +299,7 @@ def test_tool_calls_and_reasoning_reach_the_openai_client_and_splice_back(tmp_pa
         assert list(third.prompt_ids[:len(first.prompt_ids) + len(sampled)]) == list(first.prompt_ids) + sampled
         assert servicer.prompts[-1] == list(third.prompt_ids)
         # Only the streaming call asks for chunks on the way; the others take the first token and then the rest.
-        assert servicer.stream_intervals == [2**31 - 1, 0, 2**31 - 1]
+        assert servicer.stream_intervals == [WHOLE_ANSWER, 0, WHOLE_ANSWER]
     finally:
         gateway.stop()
         server.stop(0)

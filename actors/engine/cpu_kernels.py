@@ -3,8 +3,8 @@
 Plain C with no torch headers: it compiles in a fraction of a second (a torch C++ extension takes a minute) and
 is called on raw tensor pointers. The shared object is cached under ``$FORGE_KERNEL_DIR`` (default
 ``~/.cache/forge/kernels``), keyed by the source, the compiler and its flags, and this CPU, so a machine never
-loads code built for another. Where no compiler is found, or ``FORGE_CPU_KERNELS=0``, ``load`` returns None and the engine keeps its
-pure-torch path.
+loads code built for another. Where no compiler is found, or ``FORGE_CPU_KERNELS=0``, ``load`` returns None and
+the engine keeps its pure-torch path.
 """
 
 from __future__ import annotations

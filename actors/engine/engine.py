@@ -337,8 +337,8 @@ class TorchEngine(Backend):
 
     def _stream_interval(self) -> int:
         """Tokens per streamed message. Every message costs its consumer (a gRPC handler thread of this process) tens
-        of microseconds under the GIL the loop needs too, so adaptively (0) a step sends about MESSAGES_PER_STEP
-        messages whatever the batch: one per token up to that many requests, then every running // that tokens."""
+        of microseconds under the GIL the loop needs too, so adaptively (0) a message carries running //
+        MESSAGES_PER_STEP tokens (at least 1): a message per token below 8 running requests, then 4 to 7 a step."""
         return self.config.stream_interval or max(1, len(self.scheduler.running) // MESSAGES_PER_STEP)
 
     def _emit(self, item: Work, result: Sampled, interval: int) -> None:
