@@ -14,24 +14,34 @@ from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, 
 log = logging.getLogger("forge.actor")
 
 
-def load_policy(model: str, device: str, dtype: str):
-    """The model for ``--model``: a checkpoint directory, or 'tiny' (its shipped weights, else a fresh init)."""
-    import torch
+def model_id_of(model: str) -> str:
+    """The id ``--model`` serves under (KV salts, stats); raises BadParameter when it names no checkpoint."""
+    from forge.builtin import TINY_NAME, is_builtin
 
-    from forge.builtin import TINY_DIR, TINY_NAME, is_builtin, tiny_model
-    from forge.model import CausalLM
-
-    torch_dtype = getattr(torch, dtype)
     if is_builtin(model):
-        if any(TINY_DIR.glob("*.safetensors")):
-            return CausalLM.from_pretrained(TINY_DIR, dtype=torch_dtype, device=device), TINY_NAME
-        log.warning("the built-in tiny model has no trained weights in this installation: using a fresh init")
-        return tiny_model(seed=0).to(device=device, dtype=torch_dtype), TINY_NAME
+        return TINY_NAME
     path = Path(model)
     if not (path / "config.json").exists():
         raise click.BadParameter(f"{model} is not a checkpoint directory (no config.json) nor 'tiny'",
                                  param_hint="--model")
-    return CausalLM.from_pretrained(path, dtype=torch_dtype, device=device), str(path.resolve())
+    return str(path.resolve())
+
+
+def load_policy(model: str, device: str, dtype: str):
+    """The model for ``--model``: a checkpoint directory, or 'tiny' (its shipped weights, else a fresh init)."""
+    import torch
+
+    from forge.builtin import TINY_DIR, is_builtin, tiny_model
+    from forge.model import CausalLM
+
+    torch_dtype = getattr(torch, dtype)
+    model_id = model_id_of(model)
+    if is_builtin(model):
+        if any(TINY_DIR.glob("*.safetensors")):
+            return CausalLM.from_pretrained(TINY_DIR, dtype=torch_dtype, device=device), model_id
+        log.warning("the built-in tiny model has no trained weights in this installation: using a fresh init")
+        return tiny_model(seed=0).to(device=device, dtype=torch_dtype), model_id
+    return CausalLM.from_pretrained(Path(model), dtype=torch_dtype, device=device), model_id
 
 
 def trtllm_backend(model: str, max_waiting: int):
@@ -123,6 +133,10 @@ def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
                    "0 adapts N to the load: N = running requests // 4, so one message per token below 8 running "
                    "requests, then 4 to 7 messages a step. Fewer messages leave more of the process to decoding "
                    "when many streams are open.")
+@click.option("--engine-process/--in-process", default=True, show_default=True,
+              help="Run the torch engine's loop in a process of its own (the engine core), so that the gRPC "
+                   "handlers of many streams do not share its interpreter lock; --in-process runs it in a thread "
+                   "of the server.")
 @click.option("--seed", default=0, show_default=True, help="Seed for requests that bring none.")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write {address, instance, pid} as JSON here once serving.")
@@ -132,7 +146,7 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
           speculative: bool, prefix_caching: bool, on_weight_swap: str, weights_fetch: str | None,
           weights_announce: str | None, first_version_timeout: float, api_keys: tuple[str, ...],
           l3_cache: str | None, l3_fetch: str, l3_api_key: str | None, threads: int, cpu_kernels: bool,
-          compile_decode: bool, stream_interval: int, seed: int, ready_file: Path | None,
+          compile_decode: bool, stream_interval: int, engine_process: bool, seed: int, ready_file: Path | None,
           log_level: str) -> None:
     """Serve token generation from MODEL over gRPC (forge.v1.Actor: Generate, Abort, Stats, plus health and
     reflection). Token ids in, token ids out, with the log-probability and weight version of every token."""
@@ -165,7 +179,7 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
     else:
         from forge.actors.engine.engine import EngineConfig, TorchEngine
 
-        policy, model_id = load_policy(model, device, dtype)
+        model_id = model_id_of(model)
         config = EngineConfig(kv_cache_bytes=kv_cache_mb * 2**20, block_size=block_size, max_num_seqs=max_batch,
                               max_num_batched_tokens=max_batched_tokens, max_waiting=max_waiting,
                               speculative=speculative, prefix_caching=prefix_caching,
@@ -173,10 +187,27 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
                               model_id=model_id, threads=threads, cpu_kernels=cpu_kernels,
                               compile_decode=compile_decode, stream_interval=stream_interval)
         # Subscribed to a learner: serve only once its first version is in (every token carries a learner version).
-        engine = TorchEngine(policy, config, initial_version=-1 if weights_fetch else 0)
-        connector = kv_connector(engine, l3_cache, l3_fetch, l3_api_key)
+        initial_version = -1 if weights_fetch else 0
     subscriber = None
-    if weights_fetch:
+    events = None
+    servers: list = []                  # stopped if the engine process dies
+    if backend == "torch" and engine_process:
+        from forge.actors.engine.core import EngineSpec
+        from forge.actors.engine.process import EngineProcess
+
+        spec = EngineSpec(model, device, dtype, config, initial_version, weights_fetch, weights_announce, l3_cache,
+                          l3_fetch, l3_api_key, kv_events=True, log_level=log_level)
+        try:
+            engine = EngineProcess(spec, on_exit=lambda reason: [each.stop(0) for each in servers])
+        except (RuntimeError, TimeoutError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        events = engine.kv_events()
+    elif backend == "torch":
+        policy, model_id = load_policy(model, device, dtype)
+        engine = TorchEngine(policy, config, initial_version=initial_version)
+        connector = kv_connector(engine, l3_cache, l3_fetch, l3_api_key)
+        events = connector.events, connector.describe
+    if weights_fetch and not (backend == "torch" and engine_process):     # the engine core subscribes itself
         from forge.weights import WeightSubscriber
 
         def apply(version: int, tensors: dict) -> None:
@@ -186,11 +217,13 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
                 log.error("weight version %d refused: %s", version, exc)
 
         subscriber = WeightSubscriber(weights_fetch, weights_announce, on_version=apply)
+    if weights_fetch:
         log.info("waiting for the learner's first weight version on %s", weights_fetch)
         deadline = time.monotonic() + first_version_timeout
         while engine.weight_version < 0:
             if time.monotonic() > deadline:
-                subscriber.close()
+                if subscriber is not None:
+                    subscriber.close()
                 engine.close()
                 raise click.ClickException(f"no weight version arrived from {weights_fetch} within "
                                            f"{first_version_timeout:.0f} s")
@@ -204,18 +237,23 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
     options = ServerOptions(host=host, port=port, api_keys=api_keys)
     servicer = ActorServicer(engine, name or "actor", {"model": model_id, "device": device})
     bindings = [ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2, "Actor")]
-    events = None
-    if backend == "torch":
+    event_source = None
+    if events is not None:
         from forge.cache.events import KVEventSourceServicer
         from forge.v1 import router_pb2, router_pb2_grpc
 
-        events = KVEventSourceServicer(connector.events, connector.describe)
-        bindings.append(ServiceBinding.of(router_pb2_grpc.add_KVEventSourceServicer_to_server, events, router_pb2,
-                                          "KVEventSource"))
+        event_source = KVEventSourceServicer(*events)
+        bindings.append(ServiceBinding.of(router_pb2_grpc.add_KVEventSourceServicer_to_server, event_source,
+                                          router_pb2, "KVEventSource"))
     server = GrpcServer(bindings, options)
+    servers.append(server)
+    engine_gone = click.ClickException("the engine process exited; the actor stopped (see the log above)")
+    if getattr(engine, "failed", False):
+        stop()
+        raise engine_gone
     servicer.instance = name or f"actor-{server.port}"
-    if events is not None:
-        events.instance = servicer.instance
+    if event_source is not None:
+        event_source.instance = servicer.instance
 
     def ready() -> None:
         log.info("actor %s serving %s on %s (device %s)", servicer.instance, model_id, server.address, device)
@@ -223,3 +261,5 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
             write_ready_file(ready_file, address=server.address, instance=servicer.instance)
 
     server.run_until_signal(on_stop=stop, on_ready=ready)
+    if getattr(engine, "failed", False):
+        raise engine_gone

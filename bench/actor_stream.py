@@ -1,9 +1,11 @@
 """Decode tokens/s of a real ``forge-actor`` process over gRPC, with B concurrent Generate streams, for several
-``--stream-interval`` settings side by side: one message per token against fewer, larger messages (0 = adaptive,
-the default). Each message costs a handler thread of the actor tens of microseconds under the GIL that the engine
-loop needs too, so at large batches the message rate, not the model, can bound the server.
+actor settings side by side: the engine loop in a thread of the server (``--in-process``) or in a process of its
+own (the default), and one message per token (``--stream-interval 1``) or fewer, larger ones (0 = adaptive, the
+default). Each message costs a handler thread tens of microseconds under the server's GIL, which an in-process
+engine loop needs too, so at large batches the message rate, not the model, can bound such a server.
 
-Usage: python bench/actor_stream.py [--batches 8,32,64] [--new-tokens 128] [--repeats 3] [--intervals 1,0]
+Usage: python bench/actor_stream.py [--batches 8,32,64] [--new-tokens 128] [--repeats 3]
+                                    [--configs thread:1,thread:0,process:1,process:0]
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from forge.launch import ServiceProcess
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 
-def serve_and_measure(run_dir: Path, interval: int, batches: list[int], new_tokens: int, repeats: int,
+def serve_and_measure(run_dir: Path, config: str, batches: list[int], new_tokens: int, repeats: int,
                       threads: int) -> dict[int, tuple[float, float]]:
-    """Median tokens/s and messages per request at each batch size, against one actor started for ``interval``."""
-    actor = ServiceProcess(f"actor-{interval}", "forge-actor", [
+    """Median tokens/s and messages per request at each batch size, against one actor started for ``config``
+    (ENGINE:INTERVAL)."""
+    engine, interval = config.split(":")
+    actor = ServiceProcess(f"actor-{engine}-{interval}", "forge-actor", [
         "--model", "tiny", "--port", "0", "--threads", str(threads), "--no-speculative", "--kv-cache-mb", "256",
-        "--stream-interval", str(interval)], run_dir, timeout_s=120)
+        "--stream-interval", interval, "--engine-process" if engine == "process" else "--in-process"], run_dir,
+        timeout_s=120)
     try:
         with grpc.insecure_channel(actor.info["address"]) as channel:
             stub = actor_pb2_grpc.ActorStub(channel)
@@ -68,24 +73,34 @@ def generate_all(stub: actor_pb2_grpc.ActorStub, batch: int, new_tokens: int) ->
 @click.option("--batches", default="8,32,64", show_default=True)
 @click.option("--new-tokens", default=128, show_default=True)
 @click.option("--repeats", default=3, show_default=True)
-@click.option("--intervals", default="1,0", show_default=True, help="--stream-interval values; the first is the "
-              "baseline of the ratios (0 = adaptive).")
+@click.option("--configs", default="thread:1,thread:0,process:1,process:0", show_default=True,
+              help="ENGINE:INTERVAL pairs, ENGINE = thread (--in-process) or process (the engine core), INTERVAL = "
+                   "--stream-interval (0 = adaptive); the first is the baseline of the ratios.")
 @click.option("--threads", default=1, show_default=True, help="torch threads of each actor's engine loop")
-def main(batches: str, new_tokens: int, repeats: int, intervals: str, threads: int) -> None:
+def main(batches: str, new_tokens: int, repeats: int, configs: str, threads: int) -> None:
     sizes = [int(b) for b in batches.split(",")]
-    settings = [int(i) for i in intervals.split(",")]
+    settings = configs.split(",")
+    for config in settings:
+        engine, _, interval = config.partition(":")
+        if engine not in ("thread", "process") or not interval.isdigit():
+            raise click.BadParameter(f"{config!r} is not ENGINE:INTERVAL (thread:1, process:0, ...)")
     with tempfile.TemporaryDirectory() as directory:
-        results = {interval: serve_and_measure(Path(directory), interval, sizes, new_tokens, repeats, threads)
-                   for interval in settings}
-    names = {interval: "adaptive" if interval == 0 else f"every {interval}" for interval in settings}
+        results = {config: serve_and_measure(Path(directory), config, sizes, new_tokens, repeats, threads)
+                   for config in settings}
+
+    def name(config: str) -> str:
+        engine, interval = config.split(":")
+        return f"{engine}, " + ("adaptive" if interval == "0" else f"every {interval}")
+
+    base_name = name(settings[0])
     print(f"\n## forge-actor over gRPC: tokens/s (messages per request), {new_tokens} new tokens, medians of {repeats}")
-    print("| batch | " + " | ".join(names[i] for i in settings) + " | " +
-          " | ".join(f"{names[i]} / {names[settings[0]]}" for i in settings[1:]) + " |")
+    print("| batch | " + " | ".join(name(c) for c in settings) + " | " +
+          " | ".join(f"{name(c)} / {base_name}" for c in settings[1:]) + " |")
     print("| ---: |" + " ---: |" * (2 * len(settings) - 1))
     for batch in sizes:
         base = results[settings[0]][batch][0]
-        cells = [f"{results[i][batch][0]:,.0f} ({results[i][batch][1]:.0f})" for i in settings]
-        ratios = [f"{results[i][batch][0] / base:.2f}x" for i in settings[1:]]
+        cells = [f"{results[c][batch][0]:,.0f} ({results[c][batch][1]:.0f})" for c in settings]
+        ratios = [f"{results[c][batch][0] / base:.2f}x" for c in settings[1:]]
         print(f"| {batch} | " + " | ".join(cells + ratios) + " |", flush=True)
 
 

@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,6 +59,41 @@ class EngineConfig:
     cpu_kernels: bool = True                    # compiled C attention for decode steps on CPU (needs a C compiler)
     stream_interval: int = 0                    # stream a request's tokens every N (0: adaptive, see _step)
     compile_decode: bool = False                # torch.compile the decode step (seconds at its first step)
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a request must fit: checked by the engine, and by an engine process's front before it sends one."""
+
+    vocab_size: int
+    max_positions: int
+    kv_capacity: int                            # tokens the KV cache holds for one request
+    eos_token_ids: tuple[int, ...]
+    max_in_flight: int                          # running + waiting requests; more are refused (Overloaded)
+
+    def check(self, request: GenerationRequest) -> tuple[int, frozenset[int]]:
+        """The request's resolved max tokens and stop ids; raises InvalidRequest with the reason."""
+        prompt = request.prompt_ids
+        if not prompt:
+            raise InvalidRequest("the prompt is empty: give at least one token id")
+        vocab = self.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        if len(prompt) >= self.max_positions:
+            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; the model's context is "
+                                 f"{self.max_positions}, leaving no room to generate")
+        if request.stream_interval < 0:
+            raise InvalidRequest(f"stream_interval must be 0 (the engine's) or more, got {request.stream_interval}")
+        params = request.params
+        bad_stops = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad_stops:
+            raise InvalidRequest(f"stop token ids outside the vocabulary: {bad_stops[:5]}")
+        if len(prompt) >= self.kv_capacity:
+            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; this actor's KV cache holds {self.kv_capacity}")
+        room = min(self.max_positions, self.kv_capacity) - len(prompt)
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
+        return min(params.max_tokens or room, room), stops
 
 
 def reserve_cpu_threads(threads: int = 0) -> int:
@@ -116,6 +151,9 @@ class TorchEngine(Backend):
                               weight_swaps=0, weight_rejections=0, refused=0)
         self._recent: deque[tuple[float, int]] = deque()
         self.connector: KVConnector | None = None   # KV events, speeds, L3 cache (l3.py attaches itself; issue #8)
+        self.stream_factory: Callable[[str], RequestStream] = RequestStream   # where a request's chunks go
+        self.after_pass: Callable[[], None] | None = None    # run by the loop after each pass (the engine core's send)
+        self._limits = self.limits()
         self._thread = threading.Thread(target=self._loop, name=f"{config.name}-engine", daemon=True)
         self._thread.start()
         log.info("torch engine ready: %d KV blocks of %d tokens (%.1f MiB), speculative=%s, device=%s, "
@@ -145,7 +183,7 @@ class TorchEngine(Backend):
         with self._lock:
             if self._closed:
                 raise Overloaded("the engine is shutting down")
-            if len(self._live) >= self.config.max_waiting + self.config.max_num_seqs:
+            if len(self._live) >= self._limits.max_in_flight:
                 self._counters["refused"] += 1
                 raise Overloaded(f"{len(self._live)} requests in flight; the queue is full, retry later")
             if seq.request_id in self._live:
@@ -222,32 +260,19 @@ class TorchEngine(Backend):
 
     # ------------------------------------------------------------------ validation
 
-    def _validate(self, request: GenerationRequest) -> Sequence:
-        prompt = list(request.prompt_ids)
+    def limits(self) -> RequestLimits:
         mc = self.model.config
-        if not prompt:
-            raise InvalidRequest("the prompt is empty: give at least one token id")
-        bad = [t for t in prompt if not 0 <= t < mc.vocab_size]
-        if bad:
-            raise InvalidRequest(f"token ids outside the vocabulary [0, {mc.vocab_size}): {bad[:5]}")
-        if len(prompt) >= mc.max_position_embeddings:
-            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; the model's context is "
-                                 f"{mc.max_position_embeddings}, leaving no room to generate")
-        if request.stream_interval < 0:
-            raise InvalidRequest(f"stream_interval must be 0 (the engine's) or more, got {request.stream_interval}")
+        return RequestLimits(mc.vocab_size, mc.max_position_embeddings,
+                             len(self.blocks.blocks) * self.config.block_size - 2, tuple(mc.eos_token_ids),
+                             self.config.max_waiting + self.config.max_num_seqs)
+
+    def _validate(self, request: GenerationRequest) -> Sequence:
+        max_tokens, stops = self._limits.check(request)
         params = request.params
-        bad_stops = [t for t in params.stop_token_ids if not 0 <= t < mc.vocab_size]
-        if bad_stops:
-            raise InvalidRequest(f"stop token ids outside the vocabulary: {bad_stops[:5]}")
-        capacity = len(self.blocks.blocks) * self.config.block_size - 2
-        if len(prompt) >= capacity:
-            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; this actor's KV cache holds {capacity}")
-        room = min(mc.max_position_embeddings, capacity) - len(prompt)
-        max_tokens = min(params.max_tokens or room, room)
-        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(mc.eos_token_ids))
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
         request_id = request.request_id or uuid.uuid4().hex
-        return Sequence(request_id, prompt, len(prompt), params, RequestStream(request_id), max_tokens, stops,
+        prompt = list(request.prompt_ids)
+        return Sequence(request_id, prompt, len(prompt), params, self.stream_factory(request_id), max_tokens, stops,
                         seed=seed, stream_interval=request.stream_interval)
 
     # ------------------------------------------------------------------ loop
@@ -285,6 +310,8 @@ class TorchEngine(Backend):
                     log.exception("engine step failed")
                     for seq in [*self.scheduler.running]:
                         self._finish(seq, FinishReason.ERROR, error=f"engine step failed: {exc}")
+            if self.after_pass is not None:
+                self.after_pass()
 
     def _apply_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
         started = time.perf_counter()

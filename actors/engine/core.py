@@ -1,0 +1,274 @@
+"""The engine core: the torch engine in a process of its own, driven by an ``EngineProcess`` front over ZeroMQ.
+
+A gRPC server's handler threads hold the GIL for every message they build and send, and the engine's loop needs
+the same GIL between its torch ops; at 32 concurrent streams the server delivered two thirds of what its engine
+decodes in process. Here the loop has a process (and an interpreter) to itself, as in vLLM's engine core, and the
+front keeps only the requests' streams.
+
+Wire (two ipc sockets in a private directory, pickled tuples: both ends are this program, run by one user):
+
+- front → core (PUSH/PULL): ``("spec", EngineSpec)`` first; then ``("submit", GenerationRequest)``,
+  ``("abort", request_id)``, ``("call", call_id, method, args)`` and ``("close",)``.
+- core → front (PUSH/PULL): ``("ready", CoreInfo)`` or ``("failed", reason)``; ``("out", chunks, version)``
+  after each loop pass that produced chunks or a new weight version, ``chunks`` being ``[(request_id,
+  TokenChunk)]`` in order; ``("reply", call_id, ok, value)`` for each call, ``value`` being the error text when
+  not ``ok``.
+
+The core exits when told to close, when its front's process goes away, or when the engine cannot be built.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+import zmq
+
+from forge.actors.backend import FinishReason, GenerationRequest, RequestStream, TokenChunk
+from forge.actors.engine.engine import EngineConfig, RequestLimits, TorchEngine, reserve_cpu_threads
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything the core needs to build its engine: the model, the engine's configuration and its links."""
+
+    model: str = "tiny"                     # a checkpoint directory or 'tiny' (see forge.actors.cli.load_policy)
+    device: str = "cpu"
+    dtype: str = "float32"
+    config: EngineConfig = field(default_factory=EngineConfig)
+    initial_version: int = 0
+    weights_fetch: str | None = None        # subscribe to the learner's weights here, inside the core
+    weights_announce: str | None = None
+    l3_cache: str | None = None             # KV events (always) and the L3 cache (with an address) in the core
+    l3_fetch: str = "auto"
+    l3_api_key: str | None = field(default=None, repr=False)
+    kv_events: bool = False
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class CoreInfo:
+    """What the core tells its front once the engine is up."""
+
+    limits: RequestLimits
+    weight_shapes: dict[str, tuple[int, ...]]
+    weight_version: int
+    model_id: str
+    pid: int
+
+
+class _OutboxStream(RequestStream):
+    def __init__(self, request_id: str, outbox: _Outbox) -> None:
+        super().__init__(request_id)
+        self._outbox = outbox
+
+    def put(self, chunk: TokenChunk) -> None:
+        self._outbox.put(self.request_id, chunk)
+
+
+class _Outbox:
+    """Chunks put by the engine (loop thread, or a closing thread), sent together after each loop pass."""
+
+    def __init__(self, send: Callable[[tuple], None], engine_version: Callable[[], int]) -> None:
+        self._send = send
+        self._version = engine_version
+        self._lock = threading.Lock()
+        self._chunks: list[tuple[str, TokenChunk]] = []
+        self._sent_version: int | None = None
+
+    def stream(self, request_id: str) -> RequestStream:
+        return _OutboxStream(request_id, self)
+
+    def put(self, request_id: str, chunk: TokenChunk) -> None:
+        with self._lock:
+            self._chunks.append((request_id, chunk))
+
+    def flush(self) -> None:
+        with self._lock:
+            chunks, self._chunks = self._chunks, []
+        version = self._version()
+        if chunks or version != self._sent_version:
+            self._sent_version = version
+            self._send(("out", chunks, version))
+
+
+class EngineCore:
+    def __init__(self, commands: str, outputs: str) -> None:
+        self._context = zmq.Context()
+        self._pull = self._context.socket(zmq.PULL)
+        self._pull.connect(commands)
+        self._push = self._context.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 5000)
+        self._push.connect(outputs)
+        self._send_lock = threading.Lock()
+        self.spec = EngineSpec()
+        self.engine: TorchEngine | None = None
+        self.connector = None
+        self.subscriber = None
+
+    def send(self, message: tuple) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            self._push.send(data, copy=False)
+
+    def receive_spec(self, timeout_s: float = 60.0) -> EngineSpec:
+        if not self._pull.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"no engine spec arrived from the front within {timeout_s:.0f} s")
+        kind, spec = pickle.loads(self._pull.recv())
+        if kind != "spec" or not isinstance(spec, EngineSpec):
+            raise ValueError(f"expected the engine spec first, got {kind!r}")
+        self.spec = spec
+        return spec
+
+    def build(self) -> None:
+        from forge.actors.cli import load_policy
+
+        spec = self.spec
+        threads = reserve_cpu_threads(spec.config.threads)     # before any torch work (see reserve_cpu_threads)
+        model, model_id = load_policy(spec.model, spec.device, spec.dtype)
+        config = spec.config if spec.config.model_id != "model" else _replace(spec.config, model_id=model_id)
+        engine = TorchEngine(model, _replace(config, threads=threads), initial_version=spec.initial_version)
+        outbox = _Outbox(self.send, lambda: engine.weight_version)
+        engine.stream_factory = outbox.stream
+        engine.after_pass = outbox.flush
+        self.engine, self.outbox = engine, outbox
+        if spec.kv_events or spec.l3_cache:
+            from forge.actors.cli import kv_connector
+
+            self.connector = kv_connector(engine, spec.l3_cache, spec.l3_fetch, spec.l3_api_key)
+        if spec.weights_fetch:
+            from forge.weights import WeightSubscriber
+
+            def apply(version: int, tensors: dict) -> None:
+                try:
+                    engine.load_weights(version, tensors)
+                except ValueError as exc:       # wrong shapes or stale: keep serving the current version
+                    log.error("weight version %d refused: %s", version, exc)
+
+            self.subscriber = WeightSubscriber(spec.weights_fetch, spec.weights_announce, on_version=apply)
+        shapes = {name: tuple(t.shape) for name, t in engine.model.state_dict().items()}
+        self.send(("ready", CoreInfo(engine.limits(), shapes, engine.weight_version, engine.config.model_id,
+                                     os.getpid())))
+
+    def serve(self, parent: int) -> None:
+        """Handle the front's commands until it closes us or goes away."""
+        engine = self.engine
+        assert engine is not None
+        while True:
+            if not self._pull.poll(1000):
+                if os.getppid() != parent:
+                    log.warning("the engine's front process went away; closing")
+                    return
+                continue
+            message = pickle.loads(self._pull.recv(copy=False).buffer)
+            kind = message[0]
+            if kind == "submit":
+                self._submit(message[1])
+            elif kind == "abort":
+                engine.abort(message[1])
+            elif kind == "call":
+                self._call(*message[1:])
+            elif kind == "close":
+                return
+            else:
+                log.error("unknown command %r from the front", kind)
+
+    def _submit(self, request: GenerationRequest) -> None:
+        try:
+            self.engine.submit(request)
+        except Exception as exc:            # the front checked the request already; this is a race or a bug
+            chunk = TokenChunk(finish_reason=FinishReason.ERROR, error=str(exc))
+            self.send(("out", [(request.request_id, chunk)], self.engine.weight_version))
+
+    def _call(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
+        try:
+            value = self._dispatch(method, args)
+        except Exception as exc:
+            self.send(("reply", call_id, False, f"{type(exc).__name__}: {exc}"))
+        else:
+            self.send(("reply", call_id, True, value))
+
+    def _dispatch(self, method: str, args: tuple[Any, ...]) -> Any:
+        engine = self.engine
+        if method == "stats":
+            return engine.stats()
+        if method == "load_weights":
+            from safetensors.torch import load
+
+            version, data = args
+            engine.load_weights(version, load(data))
+            return None
+        if method == "poll_kv_events":
+            if self.connector is None:
+                raise RuntimeError("this engine keeps no KV events")
+            return self.connector.events.poll(*args).SerializeToString()
+        if method == "describe_kv":
+            if self.connector is None:
+                raise RuntimeError("this engine keeps no KV events")
+            layout, figures = self.connector.describe()
+            return layout.SerializeToString(), figures
+        raise ValueError(f"unknown call {method!r}")
+
+    def close(self) -> None:
+        if self.subscriber is not None:
+            self.subscriber.close()
+        if self.engine is not None:
+            self.engine.close()             # ends what is still running with ABORT
+            self.outbox.flush()
+            if self.connector is not None:
+                self.connector.close()
+        self._pull.close(linger=0)
+        self._push.close()                  # lingers until the last chunks are out
+        self._context.term()
+
+
+def _replace(config: EngineConfig, **changes: Any) -> EngineConfig:
+    from dataclasses import replace
+
+    return replace(config, **changes)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--commands", required=True, help="ZeroMQ endpoint the front pushes commands to.")
+@click.option("--outputs", required=True, help="ZeroMQ endpoint the core pushes chunks and replies to.")
+@click.option("--parent", required=True, type=int, help="The front's pid; the core exits when it goes away.")
+def main(commands: str, outputs: str, parent: int) -> None:
+    """Run one engine core for an EngineProcess front (started by it; not meant to be run by hand)."""
+    from forge.cli.common import setup_logging
+
+    for signum in (signal.SIGINT, signal.SIGTERM):      # sent to the front's process group: the front closes us
+        signal.signal(signum, signal.SIG_IGN)
+    core = EngineCore(commands, outputs)
+    try:
+        spec = core.receive_spec()
+    except (TimeoutError, ValueError) as exc:
+        core.close()
+        sys.exit(str(exc))
+    setup_logging(spec.log_level)
+    try:
+        core.build()
+    except BaseException as exc:
+        log.exception("the engine could not be built")
+        core.send(("failed", f"{type(exc).__name__}: {exc}"))
+        core.close()
+        sys.exit(1)
+    try:
+        core.serve(parent)
+    finally:
+        core.close()
+
+
+if __name__ == "__main__":     # run through the module's own name, so that the pickled EngineSpec is this class
+    from forge.actors.engine import core
+
+    core.main()
