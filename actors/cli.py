@@ -198,7 +198,7 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
         spec = EngineSpec(model, device, dtype, config, initial_version, weights_fetch, weights_announce, l3_cache,
                           l3_fetch, l3_api_key, kv_events=True, log_level=log_level)
         try:
-            engine = EngineProcess(spec, on_exit=lambda reason: [each.stop(0) for each in servers])
+            engine = EngineProcess(spec, on_exit=lambda reason: [each.stop(5) for each in servers])
         except (RuntimeError, TimeoutError) as exc:
             raise click.ClickException(str(exc)) from exc
         events = engine.kv_events()

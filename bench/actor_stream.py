@@ -2,7 +2,8 @@
 actor settings side by side: the engine loop in a thread of the server (``--in-process``) or in a process of its
 own (the default), and one message per token (``--stream-interval 1``) or fewer, larger ones (0 = adaptive, the
 default). Each message costs a handler thread tens of microseconds under the server's GIL, which an in-process
-engine loop needs too, so at large batches the message rate, not the model, can bound such a server.
+engine loop needs too, so at large batches the message rate, not the model, can bound such a server. The same
+requests straight into a ``TorchEngine`` (no server, in a fresh process) show what a server could reach.
 
 Usage: python bench/actor_stream.py [--batches 8,32,64] [--new-tokens 128] [--repeats 3]
                                     [--configs thread:1,thread:0,process:1,process:0]
@@ -10,10 +11,12 @@ Usage: python bench/actor_stream.py [--batches 8,32,64] [--new-tokens 128] [--re
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import click
@@ -21,6 +24,38 @@ import grpc
 
 from forge.launch import ServiceProcess
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
+
+
+def engine_alone(batches: list[int], new_tokens: int, repeats: int, threads: int) -> dict[int, tuple[float, float]]:
+    """The same requests straight into a TorchEngine (no server): what the servers could reach. Run in a fresh
+    process (see main)."""
+    from forge.actors.backend import GenerationRequest
+    from forge.actors.cli import load_policy
+    from forge.actors.engine.engine import EngineConfig, TorchEngine, reserve_cpu_threads
+    from forge.model.sampling import SamplingParams
+
+    threads = reserve_cpu_threads(threads)
+    model, model_id = load_policy("tiny", "cpu", "float32")
+    engine = TorchEngine(model, EngineConfig(kv_cache_bytes=256 * 2**20, speculative=False, threads=threads,
+                                             model_id=model_id))
+
+    def run(batch: int, tokens: int) -> tuple[float, float]:
+        started = time.perf_counter()
+        streams = [engine.submit(GenerationRequest("", [(7 * i + j) % 1000 + 1 for j in range(32)], SamplingParams(
+            temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=i))) for i in range(batch)]
+        chunks = [list(stream) for stream in streams]
+        elapsed = time.perf_counter() - started
+        return sum(len(c.token_ids) for each in chunks for c in each) / elapsed, sum(map(len, chunks)) / batch
+
+    try:
+        run(2, 8)
+        results = {}
+        for batch in batches:
+            runs = [run(batch, new_tokens) for _ in range(repeats)]
+            results[batch] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
+        return results
+    finally:
+        engine.close()
 
 
 def serve_and_measure(run_dir: Path, config: str, batches: list[int], new_tokens: int, repeats: int,
@@ -87,6 +122,8 @@ def main(batches: str, new_tokens: int, repeats: int, configs: str, threads: int
     with tempfile.TemporaryDirectory() as directory:
         results = {config: serve_and_measure(Path(directory), config, sizes, new_tokens, repeats, threads)
                    for config in settings}
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        alone = pool.submit(engine_alone, sizes, new_tokens, repeats, threads).result()
 
     def name(config: str) -> str:
         engine, interval = config.split(":")
@@ -94,13 +131,16 @@ def main(batches: str, new_tokens: int, repeats: int, configs: str, threads: int
 
     base_name = name(settings[0])
     print(f"\n## forge-actor over gRPC: tokens/s (messages per request), {new_tokens} new tokens, medians of {repeats}")
-    print("| batch | " + " | ".join(name(c) for c in settings) + " | " +
-          " | ".join(f"{name(c)} / {base_name}" for c in settings[1:]) + " |")
-    print("| ---: |" + " ---: |" * (2 * len(settings) - 1))
+    print("| batch | " + " | ".join(name(c) for c in settings) + " | engine alone, adaptive | " +
+          " | ".join(f"{name(c)} / {base_name}" for c in settings[1:]) + " | " +
+          " | ".join(f"{name(c)} / engine alone" for c in settings) + " |")
+    print("| ---: |" + " ---: |" * (3 * len(settings)))
     for batch in sizes:
-        base = results[settings[0]][batch][0]
+        base, engine = results[settings[0]][batch][0], alone[batch][0]
         cells = [f"{results[c][batch][0]:,.0f} ({results[c][batch][1]:.0f})" for c in settings]
+        cells.append(f"{engine:,.0f} ({alone[batch][1]:.0f})")
         ratios = [f"{results[c][batch][0] / base:.2f}x" for c in settings[1:]]
+        ratios += [f"{results[c][batch][0] / engine:.2f}" for c in settings]
         print(f"| {batch} | " + " | ".join(cells + ratios) + " |", flush=True)
 
 

@@ -3,6 +3,7 @@ client cancel, stats and graceful stop."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -16,10 +17,10 @@ from helpers.processes import start_actor
 from helpers.random_model import random_tiny
 
 
-@pytest.fixture(scope="module")
-def actor(tmp_path_factory):
+@pytest.fixture(scope="module", params=["--engine-process", "--in-process"])
+def actor(tmp_path_factory, request):
     directory = tmp_path_factory.mktemp("actor")
-    service = start_actor(directory, "--model", str(random_tiny(directory)))
+    service = start_actor(directory, "--model", str(random_tiny(directory)), request.param)
     yield service
     assert service.stop() == 0
 
@@ -140,6 +141,24 @@ def test_a_full_queue_answers_resource_exhausted(tmp_path):
             busy.cancel()
     finally:
         assert service.stop(signal.SIGINT) == 0
+
+
+def test_an_actor_whose_engine_process_dies_stops_with_an_error(tmp_path):
+    service = start_actor(tmp_path)
+    try:
+        with grpc.insecure_channel(service.address) as channel:
+            stub = actor_pb2_grpc.ActorStub(channel)
+            busy = stub.Generate(actor_pb2.GenerateRequest(
+                prompt_ids=[1], sampling=common_pb2.SamplingParams(max_tokens=5000, ignore_eos=True)))
+            next(busy)
+            core = int(stub.Stats(common_pb2.StatsRequest()).gauges["engine_pid"])
+            os.kill(core, signal.SIGKILL)
+            last = list(busy)[-1]
+        assert last.finish_reason == common_pb2.FINISH_REASON_ERROR and "not running" in last.error
+        assert service.proc.wait(timeout=60) == 1
+        assert "the engine process exited" in service.log_text()
+    finally:
+        service.kill()
 
 
 def test_api_keys_are_enforced(tmp_path):

@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import click
@@ -136,8 +136,8 @@ class EngineCore:
         spec = self.spec
         threads = reserve_cpu_threads(spec.config.threads)     # before any torch work (see reserve_cpu_threads)
         model, model_id = load_policy(spec.model, spec.device, spec.dtype)
-        config = spec.config if spec.config.model_id != "model" else _replace(spec.config, model_id=model_id)
-        engine = TorchEngine(model, _replace(config, threads=threads), initial_version=spec.initial_version)
+        config = spec.config if spec.config.model_id != "model" else replace(spec.config, model_id=model_id)
+        engine = TorchEngine(model, replace(config, threads=threads), initial_version=spec.initial_version)
         outbox = _Outbox(self.send, lambda: engine.weight_version)
         engine.stream_factory = outbox.stream
         engine.after_pass = outbox.flush
@@ -230,12 +230,6 @@ class EngineCore:
         self._pull.close(linger=0)
         self._push.close()                  # lingers until the last chunks are out
         self._context.term()
-
-
-def _replace(config: EngineConfig, **changes: Any) -> EngineConfig:
-    from dataclasses import replace
-
-    return replace(config, **changes)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

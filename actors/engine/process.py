@@ -56,6 +56,7 @@ class EngineProcess(Backend):
         self._context = zmq.Context()
         self._push = self._context.socket(zmq.PUSH)
         self._push.setsockopt(zmq.LINGER, 0)
+        self._push.setsockopt(zmq.SNDHWM, 0)        # never block a handler: requests in flight are bounded anyway
         self._push.bind(f"ipc://{self._dir}/commands")
         self._pull = self._context.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
@@ -68,6 +69,7 @@ class EngineProcess(Backend):
         self._refused = 0
         self._closed = False
         self._exit_reason = ""
+        self._failed = False
         self._proc = subprocess.Popen([
             sys.executable, "-m", "forge.actors.engine.core", "--commands", f"ipc://{self._dir}/commands",
             "--outputs", f"ipc://{self._dir}/outputs", "--parent", str(os.getpid())])
@@ -116,7 +118,7 @@ class EngineProcess(Backend):
     @property
     def failed(self) -> bool:
         """The core exited without being closed."""
-        return bool(self._exit_reason) and not self._closed
+        return self._failed
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         self._limits.check(request)
@@ -258,7 +260,7 @@ class EngineProcess(Backend):
     def _exited(self, code: int) -> None:
         reason = "closed" if self._closed else f"it exited with code {code}"
         with self._lock:
-            self._exit_reason = reason
+            self._exit_reason, self._failed = reason, not self._closed
             streams, self._streams = self._streams, {}
         for stream in streams.values():
             finish = FinishReason.ABORT if self._closed else FinishReason.ERROR
