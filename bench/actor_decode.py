@@ -8,7 +8,10 @@
 2. prefill time saved by prefix reuse for 8 rollouts of one long prompt (prefix caching on against off);
 3. speculative decoding at batch 1 with the MTP head as draft (on against off), and its acceptance rate; the draft
    head is first distilled from the main head for --distill-steps (as the learner's MTP co-training would);
-4. the pause a weight swap causes in decoding (longest gap between steps around a swap against the median gap).
+4. the pause a weight swap causes in decoding (longest gap between steps around a swap against the median gap);
+5. a rollout workload: the built-in tasks' prompts sampled until end of sequence or --new-tokens, at most --batch
+   at a time: the engine's continuous batching against ``generate`` over successive batches of as many prompts
+   (left-padded; each batch runs until its longest answer ends). Tokens/s counts the answers' tokens only.
 
 Usage: python bench/actor_decode.py [--model tiny|DIR] [--batches 1,8,32,64] [--new-tokens 128] [--repeats 3]
        [--device cpu|cuda]
@@ -241,6 +244,91 @@ def swap_section(model: CausalLM, threads: int, swaps: int = 5) -> None:
           f"(median), {1e3 * max(swap_gaps):.2f} ms (max); pause = {1e3 * (median(swap_gaps) - median(gaps)):.2f} ms")
 
 
+def rollout_prompts(model_name: str, count: int) -> list[list[int]]:
+    """``count`` prompts of the built-in tasks (reasoning, QA and agent in turn), chat-rendered for the model."""
+    import random
+
+    from forge.builtin import TINY_DIR, is_builtin
+    from forge.tasks import DOMAINS, make_task
+    from forge.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_dir(TINY_DIR if is_builtin(model_name) else model_name)
+    rng = random.Random(0)
+    tasks = [make_task(DOMAINS[i % len(DOMAINS)], rng, f"bench-{i}") for i in range(count)]
+    return [tokenizer.apply_chat_template(t.messages, t.tools, add_generation_prompt=True) for t in tasks]
+
+
+def measure_rollout(side: str, model_name: str, device: str, threads: int, batch: int, count: int,
+                    new_tokens: int) -> tuple[float, float]:
+    """(answer tokens/s, mean answer length) of one side over the rollout workload, in a fresh process."""
+    prompts = rollout_prompts(model_name, count)
+    if side == "transformers":
+        import transformers
+
+        if threads:
+            torch.set_num_threads(threads)
+        transformers.logging.set_verbosity_error()
+        model = load(model_name)
+        eos = list(model.config.eos_token_ids)
+        with tempfile.TemporaryDirectory() as directory:
+            model.save_pretrained(directory)
+            reference = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        reference = reference.to(device).eval()
+        hf_seconds(reference, 2, 32, 4)                        # warm-up
+        started, produced = time.perf_counter(), 0
+        for first in range(0, count, batch):
+            group = prompts[first:first + batch]
+            width = max(map(len, group))
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in group], device=device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=device)
+            with torch.inference_mode():
+                out = reference.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=new_tokens,
+                                         eos_token_id=eos, pad_token_id=0, top_k=0, top_p=1.0)
+            for row in out[:, width:].tolist():
+                ends = [i for i, token in enumerate(row) if token in eos]
+                produced += ends[0] + 1 if ends else len(row)
+        elapsed = time.perf_counter() - started
+        return produced / elapsed, produced / count
+    threads = reserve_cpu_threads(threads)
+    model = load(model_name).to(device).eval()
+    engine = TorchEngine(model, EngineConfig(kv_cache_bytes=256 * 2**20, speculative=False, threads=threads,
+                                             max_num_seqs=batch))
+    try:
+        engine_seconds(model, 2, 32, 4, speculative=False, threads=threads)     # warm-up (kernel build)
+        started = time.perf_counter()
+        streams = [engine.submit(GenerationRequest("", p, SamplingParams(temperature=1.0, max_tokens=new_tokens,
+                                                                          seed=i)))
+                   for i, p in enumerate(prompts)]
+        produced = sum(len(c.token_ids) for stream in streams for c in stream)
+        elapsed = time.perf_counter() - started
+    finally:
+        engine.close()
+    return produced / elapsed, produced / count
+
+
+def rollout_section(model_name: str, device: str, threads: int, batch: int, count: int, new_tokens: int,
+                    repeats: int) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    print(f"\n## Rollout workload: {count} prompts of the built-in tasks, sampled (T = 1) until end of sequence or "
+          f"{new_tokens} tokens, {batch} at a time; answer tokens/s, medians of {repeats} (each run in a fresh "
+          "process)")
+    print("| side | answer tokens/s | mean answer tokens |")
+    print("| --- | ---: | ---: |")
+    rates = {}
+    for side in ("engine", "transformers"):
+        runs = []
+        for _ in range(repeats):
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                runs.append(pool.submit(measure_rollout, side, model_name, device, threads, batch, count,
+                                        new_tokens).result())
+        rates[side] = median([r[0] for r in runs])
+        name = "forge engine (continuous batching)" if side == "engine" else "transformers generate (static batches)"
+        print(f"| {name} | {rates[side]:,.0f} | {median([r[1] for r in runs]):.1f} |", flush=True)
+    print(f"engine / transformers: {rates['engine'] / rates['transformers']:.2f}x")
+
+
 @click.command()
 @click.option("--model", default="tiny", show_default=True)
 @click.option("--batches", default="1,8,32,64", show_default=True)
@@ -251,10 +339,13 @@ def swap_section(model: CausalLM, threads: int, swaps: int = 5) -> None:
 @click.option("--threads", default=0, help="torch threads (0 = all cores)")
 @click.option("--context-lens", default="32,1024", show_default=True,
               help="Prompt lengths of the decode-attention section (batch 32).")
-@click.option("--sections", default="decode,context,prefix,speculative,swap", show_default=True)
+@click.option("--sections", default="decode,context,prefix,speculative,swap,rollout", show_default=True)
+@click.option("--rollout-batch", default=32, show_default=True, help="Rollout section: sequences decoded at once.")
+@click.option("--rollout-prompts", "rollout_count", default=192, show_default=True,
+              help="Rollout section: prompts in all.")
 @click.option("--device", default="cpu", show_default=True, help="torch device of the model: cpu, cuda, cuda:1")
 def main(model: str, batches: str, new_tokens: int, prompt_len: int, repeats: int, distill_steps: int, threads: int,
-         context_lens: str, sections: str, device: str) -> None:
+         context_lens: str, sections: str, rollout_batch: int, rollout_count: int, device: str) -> None:
     threads = reserve_cpu_threads(threads)        # the engines' loops get them; this thread stays single-threaded
     policy = load(model).to(device).eval()
     chosen = set(sections.split(","))
@@ -271,6 +362,8 @@ def main(model: str, batches: str, new_tokens: int, prompt_len: int, repeats: in
         speculative_section(policy.eval(), new_tokens, repeats, threads)
     if "swap" in chosen:
         swap_section(policy, threads)
+    if "rollout" in chosen:
+        rollout_section(model, device, threads, rollout_batch, rollout_count, new_tokens, repeats)
 
 
 if __name__ == "__main__":
