@@ -311,9 +311,10 @@ def rollout_section(model_name: str, device: str, threads: int, batch: int, coun
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    print(f"\n## Rollout workload: {count} prompts of the built-in tasks, sampled (T = 1) until end of sequence or "
-          f"{new_tokens} tokens, {batch} at a time; answer tokens/s, medians of {repeats} (each run in a fresh "
-          "process)")
+    lengths = [len(p) for p in rollout_prompts(model_name, count)]
+    print(f"\n## Rollout workload: {count} prompts of the built-in tasks ({statistics.mean(lengths):.0f} tokens on "
+          f"average, {min(lengths)}-{max(lengths)}), sampled (T = 1) until end of sequence or {new_tokens} tokens, "
+          f"{batch} at a time; answer tokens/s, medians of {repeats} (each run in a fresh process)")
     print("| side | answer tokens/s | mean answer tokens |")
     print("| --- | ---: | ---: |")
     rates = {}
