@@ -49,10 +49,10 @@ class EngineSpec:
     initial_version: int = 0
     weights_fetch: str | None = None        # subscribe to the learner's weights here, inside the core
     weights_announce: str | None = None
-    l3_cache: str | None = None             # KV events (always) and the L3 cache (with an address) in the core
+    l3_cache: str | None = None             # the L3 cache's servers, joined from the core (implies kv_events)
     l3_fetch: str = "auto"
     l3_api_key: str | None = field(default=None, repr=False)
-    kv_events: bool = False
+    kv_events: bool = False                 # keep a KV event log for routers (EngineProcess.kv_events)
     log_level: str = "INFO"
 
 
@@ -113,6 +113,7 @@ class EngineCore:
         self._send_lock = threading.Lock()
         self.spec = EngineSpec()
         self.engine: TorchEngine | None = None
+        self.outbox: _Outbox | None = None
         self.connector = None
         self.subscriber = None
 
