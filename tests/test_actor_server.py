@@ -127,14 +127,20 @@ def test_stats_and_health(actor):
     assert report.host.gpu_available or report.host.gpu_unavailable_reason
 
 
+def start_long_stream(stub, max_tokens: int):
+    """A stream of ``max_tokens`` tokens, read up to its first message (so the engine is running it)."""
+    stream = stub.Generate(actor_pb2.GenerateRequest(
+        prompt_ids=[1], sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+    next(stream)
+    return stream
+
+
 def test_a_full_queue_answers_resource_exhausted(tmp_path):
     service = start_actor(tmp_path, "--max-batch", "1", "--max-waiting", "0")
     try:
         with grpc.insecure_channel(service.address) as channel:
             stub = actor_pb2_grpc.ActorStub(channel)
-            busy = stub.Generate(actor_pb2.GenerateRequest(
-                prompt_ids=[1], sampling=common_pb2.SamplingParams(max_tokens=1500, ignore_eos=True)))
-            next(busy)
+            busy = start_long_stream(stub, 1500)
             with pytest.raises(grpc.RpcError) as err:
                 generate(stub, [2], max_tokens=2)
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue is full" in err.value.details()
@@ -148,9 +154,7 @@ def test_an_actor_whose_engine_process_dies_stops_with_an_error(tmp_path):
     try:
         with grpc.insecure_channel(service.address) as channel:
             stub = actor_pb2_grpc.ActorStub(channel)
-            busy = stub.Generate(actor_pb2.GenerateRequest(
-                prompt_ids=[1], sampling=common_pb2.SamplingParams(max_tokens=5000, ignore_eos=True)))
-            next(busy)
+            busy = start_long_stream(stub, 5000)
             core = int(stub.Stats(common_pb2.StatsRequest()).gauges["engine_pid"])
             os.kill(core, signal.SIGKILL)
             last = list(busy)[-1]

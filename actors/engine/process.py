@@ -194,7 +194,8 @@ class EngineProcess(Backend):
         try:
             ok, value = future.result(timeout=self.call_timeout_s)
         except TimeoutError:
-            raise RuntimeError(f"the engine process did not answer {method!r} within {self.call_timeout_s:.0f} s") from None
+            raise RuntimeError(f"the engine process did not answer {method!r} within "
+                               f"{self.call_timeout_s:.0f} s") from None
         finally:
             self._calls.pop(call_id, None)
         if not ok:
