@@ -111,5 +111,10 @@ class Backend(ABC):
     def stats(self) -> dict[str, float]:
         """Named figures for telemetry (tokens_per_s, running, waiting, kv_used_frac, …)."""
 
+    @property
+    def failed(self) -> bool:
+        """The backend can serve no more (its engine process died, say): a server should stop and be restarted."""
+        return False
+
     @abstractmethod
     def close(self) -> None: ...

@@ -80,6 +80,20 @@ def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
     return KVConnector(engine, client, fetch=fetch)
 
 
+def weight_subscriber(backend, fetch: str, announce: str):
+    """Follow the learner's weight versions into ``backend``; a version it refuses (wrong tensors, stale) is logged
+    and the current one keeps serving."""
+    from forge.weights import WeightSubscriber
+
+    def apply(version: int, tensors: dict) -> None:
+        try:
+            backend.load_weights(version, tensors)
+        except ValueError as exc:
+            log.error("weight version %d refused: %s", version, exc)
+
+    return WeightSubscriber(fetch, announce, on_version=apply)
+
+
 @click.command("actor", context_settings=CONTEXT_SETTINGS)
 @config_option
 @click.option("--model", default="tiny", show_default=True,
@@ -208,15 +222,7 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
         connector = kv_connector(engine, l3_cache, l3_fetch, l3_api_key)
         events = connector.events, connector.describe
     if weights_fetch and not (backend == "torch" and engine_process):     # the engine core subscribes itself
-        from forge.weights import WeightSubscriber
-
-        def apply(version: int, tensors: dict) -> None:
-            try:
-                engine.load_weights(version, tensors)
-            except ValueError as exc:       # wrong shapes or stale: keep serving the current version
-                log.error("weight version %d refused: %s", version, exc)
-
-        subscriber = WeightSubscriber(weights_fetch, weights_announce, on_version=apply)
+        subscriber = weight_subscriber(engine, weights_fetch, weights_announce)
     if weights_fetch:
         log.info("waiting for the learner's first weight version on %s", weights_fetch)
         deadline = time.monotonic() + first_version_timeout
@@ -248,7 +254,7 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
     server = GrpcServer(bindings, options)
     servers.append(server)
     engine_gone = click.ClickException("the engine process exited; the actor stopped (see the log above)")
-    if getattr(engine, "failed", False):
+    if engine.failed:
         stop()
         raise engine_gone
     servicer.instance = name or f"actor-{server.port}"
@@ -261,5 +267,5 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
             write_ready_file(ready_file, address=server.address, instance=servicer.instance)
 
     server.run_until_signal(on_stop=stop, on_ready=ready)
-    if getattr(engine, "failed", False):
+    if engine.failed:
         raise engine_gone

@@ -47,7 +47,7 @@ def engine_seconds(model: CausalLM, batch: int, prompt_len: int, new_tokens: int
     engine = TorchEngine(model, EngineConfig(kv_cache_bytes=256 * 2**20, **config))
     try:
         params = [SamplingParams(temperature=1.0, seed=i, max_tokens=new_tokens, ignore_eos=True) for i in range(batch)]
-        prompts = [[(7 * i + j) % 1000 + 1 for j in range(prompt_len)] for i in range(batch)]
+        prompts = [prompt_ids(i, prompt_len) for i in range(batch)]
         started = time.perf_counter()
         streams = [engine.submit(GenerationRequest("", p, s)) for p, s in zip(prompts, params, strict=True)]
         produced = sum(len(c.token_ids) for stream in streams for c in stream)
@@ -57,9 +57,29 @@ def engine_seconds(model: CausalLM, batch: int, prompt_len: int, new_tokens: int
         engine.close()
 
 
+def prompt_ids(index: int, length: int) -> list[int]:
+    """The benchmarks' synthetic prompt number ``index`` (distinct per index, no shared prefix)."""
+    return [(7 * index + j) % 1000 + 1 for j in range(length)]
+
+
+def hf_reference(model_name: str, device: str, threads: int):
+    """transformers' Qwen3 on the same checkpoint, on ``device``, warmed up (first calls pay one-off costs)."""
+    import transformers
+
+    if threads:
+        torch.set_num_threads(threads)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory() as directory:
+        load(model_name).save_pretrained(directory)
+        reference = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    reference = reference.to(device).eval()
+    hf_seconds(reference, 2, 32, 4)
+    return reference
+
+
 def hf_seconds(reference, batch: int, prompt_len: int, new_tokens: int) -> float:
-    prompts = torch.tensor([[(7 * i + j) % 1000 + 1 for j in range(prompt_len)] for i in range(batch)],
-                           device=reference.device)
+    prompts = torch.tensor([prompt_ids(i, prompt_len) for i in range(batch)], device=reference.device)
     started = time.perf_counter()
     with torch.inference_mode():
         output = reference.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
@@ -81,17 +101,7 @@ def measure_decode(side: str, model_name: str, device: str, threads: int, batch:
     Plain: all tokens over all the time, prefill included. ``decode_only``: the difference between a run of
     ``new_tokens`` and one of a quarter as many, which leaves out the prefill (long prompts' cost)."""
     if side == "transformers":
-        import transformers
-
-        if threads:
-            torch.set_num_threads(threads)
-        transformers.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-        with tempfile.TemporaryDirectory() as directory:
-            load(model_name).save_pretrained(directory)
-            reference = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
-        reference = reference.to(device).eval()
-        hf_seconds(reference, 2, 32, 4)                        # warm-up: first calls pay one-off costs
+        reference = hf_reference(model_name, device, threads)
         seconds = functools.partial(hf_seconds, reference, batch, prompt_len)
         return median([_rate(seconds, batch, new_tokens, decode_only) for _ in range(repeats)])
     threads = reserve_cpu_threads(threads)
@@ -263,18 +273,8 @@ def measure_rollout(side: str, model_name: str, device: str, threads: int, batch
     """(answer tokens/s, mean answer length) of one side over the rollout workload, in a fresh process."""
     prompts = rollout_prompts(model_name, count)
     if side == "transformers":
-        import transformers
-
-        if threads:
-            torch.set_num_threads(threads)
-        transformers.logging.set_verbosity_error()
-        model = load(model_name)
-        eos = list(model.config.eos_token_ids)
-        with tempfile.TemporaryDirectory() as directory:
-            model.save_pretrained(directory)
-            reference = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
-        reference = reference.to(device).eval()
-        hf_seconds(reference, 2, 32, 4)                        # warm-up
+        reference = hf_reference(model_name, device, threads)
+        eos = list(load(model_name).config.eos_token_ids)
         started, produced = time.perf_counter(), 0
         for first in range(0, count, batch):
             group = prompts[first:first + batch]

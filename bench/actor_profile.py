@@ -19,7 +19,7 @@ import time
 
 import click
 import torch
-from actor_decode import load
+from actor_decode import load, prompt_ids
 
 from forge.actors.backend import GenerationRequest
 from forge.actors.engine.engine import EngineConfig, TorchEngine
@@ -48,7 +48,7 @@ def main(model: str, batch: int, new_tokens: int, threads: int) -> None:
 
     engine._step = profiled_step
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=new_tokens, ignore_eos=True) for i in range(batch)]
-    prompts = [[(7 * i + j) % 1000 + 1 for j in range(32)] for i in range(batch)]
+    prompts = [prompt_ids(i, 32) for i in range(batch)]
     started = time.perf_counter()
     streams = [engine.submit(GenerationRequest("", p, s)) for p, s in zip(prompts, params, strict=True)]
     produced = sum(len(c.token_ids) for stream in streams for c in stream)
@@ -85,7 +85,7 @@ def step_split(model_name: str, batch: int, new_tokens: int, threads: int,
     never reaches the compiled one), decoding the same batch alternately, after a warm-up that compiles the
     graph."""
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=new_tokens, ignore_eos=True) for i in range(batch)]
-    prompts = [[(7 * i + j) % 1000 + 1 for j in range(32)] for i in range(batch)]
+    prompts = [prompt_ids(i, 32) for i in range(batch)]
     engines, times, rates = {}, {}, {}
     for mode in ("eager", "graph mode"):
         engine = TorchEngine(load(model_name), EngineConfig(kv_cache_bytes=256 * 2**20, speculative=False,

@@ -12,6 +12,7 @@ Usage: python bench/actor_stream.py [--batches 8,32,64] [--new-tokens 128] [--re
 from __future__ import annotations
 
 import multiprocessing
+import os
 import statistics
 import tempfile
 import threading
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import click
 import grpc
+from actor_decode import prompt_ids
 
 from forge.launch import ServiceProcess
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
@@ -41,7 +43,7 @@ def engine_alone(batches: list[int], new_tokens: int, repeats: int, threads: int
 
     def run(batch: int, tokens: int) -> tuple[float, float]:
         started = time.perf_counter()
-        streams = [engine.submit(GenerationRequest("", [(7 * i + j) % 1000 + 1 for j in range(32)], SamplingParams(
+        streams = [engine.submit(GenerationRequest("", prompt_ids(i, 32), SamplingParams(
             temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=i))) for i in range(batch)]
         chunks = [list(stream) for stream in streams]
         elapsed = time.perf_counter() - started
@@ -73,11 +75,27 @@ def serve_and_measure(run_dir: Path, config: str, batches: list[int], new_tokens
             generate_all(stub, 2, 8)                                    # warm-up
             results = {}
             for batch in batches:
+                before, started = cpu_seconds(actor.proc.pid), time.perf_counter()
                 runs = [generate_all(stub, batch, new_tokens) for _ in range(repeats)]
+                wall, after = time.perf_counter() - started, cpu_seconds(actor.proc.pid)
                 results[batch] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
+                CPU_SHARES[(config, batch)] = ((after[0] - before[0]) / wall, (after[1] - before[1]) / wall)
             return results
     finally:
         actor.stop()
+
+
+CPU_SHARES: dict[tuple[str, int], tuple[float, float]] = {}     # (config, batch) -> server, core CPU s per wall s
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds used so far by process ``pid`` and by its children (the engine core), from /proc (Linux)."""
+    def used(process: int) -> float:
+        fields = Path(f"/proc/{process}/stat").read_text().rsplit(") ", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return used(pid), sum(used(int(child)) for child in children)
 
 
 def generate_all(stub: actor_pb2_grpc.ActorStub, batch: int, new_tokens: int) -> tuple[float, float]:
@@ -86,7 +104,7 @@ def generate_all(stub: actor_pb2_grpc.ActorStub, batch: int, new_tokens: int) ->
 
     def one(index: int) -> None:
         request = actor_pb2.GenerateRequest(
-            prompt_ids=[(7 * index + j) % 1000 + 1 for j in range(32)],
+            prompt_ids=prompt_ids(index, 32),
             sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=index))
         for chunk in stub.Generate(request, timeout=300):
             tokens[index] += len(chunk.token_ids)
@@ -142,6 +160,13 @@ def main(batches: str, new_tokens: int, repeats: int, configs: str, threads: int
         ratios = [f"{results[c][batch][0] / base:.2f}x" for c in settings[1:]]
         ratios += [f"{results[c][batch][0] / engine:.2f}" for c in settings]
         print(f"| {batch} | " + " | ".join(cells + ratios) + " |", flush=True)
+    print("\nCPU seconds per wall second over each batch's runs (server process / engine core; 1.0 = one core busy):")
+    print("| batch | " + " | ".join(name(c) for c in settings) + " |")
+    print("| ---: |" + " ---: |" * len(settings))
+    for batch in sizes:
+        shares = [CPU_SHARES[(c, batch)] for c in settings]
+        print(f"| {batch} | " + " | ".join(f"{server:.2f} / {core:.2f}" if core else f"{server:.2f}"
+                                          for server, core in shares) + " |")
 
 
 if __name__ == "__main__":

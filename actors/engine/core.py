@@ -148,15 +148,9 @@ class EngineCore:
 
             self.connector = kv_connector(engine, spec.l3_cache, spec.l3_fetch, spec.l3_api_key)
         if spec.weights_fetch:
-            from forge.weights import WeightSubscriber
+            from forge.actors.cli import weight_subscriber
 
-            def apply(version: int, tensors: dict) -> None:
-                try:
-                    engine.load_weights(version, tensors)
-                except ValueError as exc:       # wrong shapes or stale: keep serving the current version
-                    log.error("weight version %d refused: %s", version, exc)
-
-            self.subscriber = WeightSubscriber(spec.weights_fetch, spec.weights_announce, on_version=apply)
+            self.subscriber = weight_subscriber(engine, spec.weights_fetch, spec.weights_announce)
         shapes = {name: tuple(t.shape) for name, t in engine.model.state_dict().items()}
         self.send(("ready", CoreInfo(engine.limits(), shapes, engine.weight_version, engine.config.model_id,
                                      os.getpid())))

@@ -96,6 +96,15 @@ class RequestLimits:
         return min(params.max_tokens or room, room), stops
 
 
+def check_weights(version: int, state_dict: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Raise ValueError unless ``state_dict`` holds exactly the model's tensors (``shapes``), each of its shape."""
+    problems = [n for n in shapes if n not in state_dict or tuple(state_dict[n].shape) != tuple(shapes[n])]
+    if problems or len(state_dict) != len(shapes):
+        extra = sorted(set(state_dict) - set(shapes))
+        raise ValueError(f"weight version {version} does not fit the model: mismatched {problems[:5]}, "
+                         f"unexpected {extra[:5]}")
+
+
 def reserve_cpu_threads(threads: int = 0) -> int:
     """Leave the process's torch CPU threads to the engine's loop: make the calling thread single-threaded and
     return the count for ``EngineConfig.threads`` (``threads``, or what the caller had). Call it before any torch
@@ -202,13 +211,11 @@ class TorchEngine(Backend):
         return True
 
     def load_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
-        expected = self.model.state_dict()
-        problems = [n for n in expected if n not in state_dict or state_dict[n].shape != expected[n].shape]
-        if problems or len(state_dict) != len(expected):
-            extra = sorted(set(state_dict) - set(expected))
+        try:
+            check_weights(version, state_dict, {n: t.shape for n, t in self.model.state_dict().items()})
+        except ValueError:
             self._counters["weight_rejections"] += 1
-            raise ValueError(f"weight version {version} does not fit the model: mismatched {problems[:5]}, "
-                             f"unexpected {extra[:5]}")
+            raise
         with self._lock:
             # Compared with the newest accepted version, not the applied one: the loop may have taken a newer
             # version off the queue without having applied it yet.

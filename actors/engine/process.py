@@ -39,6 +39,7 @@ from forge.actors.backend import (
     TokenChunk,
 )
 from forge.actors.engine.core import CoreInfo, EngineSpec
+from forge.actors.engine.engine import check_weights
 from forge.v1 import router_pb2
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class EngineProcess(Backend):
 
     @property
     def failed(self) -> bool:
-        """The core exited without being closed."""
+        """The core exited without being closed: nothing more will be served."""
         return self._failed
 
     def submit(self, request: GenerationRequest) -> RequestStream:
@@ -148,12 +149,7 @@ class EngineProcess(Backend):
         core the weight endpoints instead (``EngineSpec.weights_fetch``), so that it subscribes itself."""
         from safetensors.torch import save
 
-        expected = self.info.weight_shapes
-        problems = [n for n in expected if n not in state_dict or tuple(state_dict[n].shape) != expected[n]]
-        if problems or len(state_dict) != len(expected):
-            extra = sorted(set(state_dict) - set(expected))
-            raise ValueError(f"weight version {version} does not fit the model: mismatched {problems[:5]}, "
-                             f"unexpected {extra[:5]}")
+        check_weights(version, state_dict, self.info.weight_shapes)
         with self._lock:
             if version <= self._accepted_version:
                 raise ValueError(f"weight version {version} is not newer than {self._accepted_version}")
