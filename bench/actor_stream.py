@@ -3,7 +3,8 @@ actor settings side by side: the engine loop in a thread of the server (``--in-p
 own (the default), and one message per token (``--stream-interval 1``) or fewer, larger ones (0 = adaptive, the
 default). Each message costs a handler thread tens of microseconds under the server's GIL, which an in-process
 engine loop needs too, so at large batches the message rate, not the model, can bound such a server. The same
-requests straight into a ``TorchEngine`` (no server, in a fresh process) show what a server could reach.
+requests straight into a ``TorchEngine`` (no server, in a fresh process) show what a server could reach, and the
+actors' CPU time (server process and engine core, from /proc) shows where it goes.
 
 Usage: python bench/actor_stream.py [--batches 8,32,64] [--new-tokens 128] [--repeats 3]
                                     [--configs thread:1,thread:0,process:1,process:0]
