@@ -7,12 +7,17 @@ report its figures. The gRPC actor server is written against this interface only
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import queue
 import threading
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import ClassVar
 
 import torch
 
@@ -60,18 +65,23 @@ class TokenChunk:
 
 
 class RequestStream:
-    """The consumer side of one request: iterate to receive chunks until the finishing one."""
+    """The consumer side of one request: iterate (``for`` or ``async for``) to receive chunks until the finishing
+    one. The producer is the backend's thread."""
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self._chunks: queue.SimpleQueue[TokenChunk] = queue.SimpleQueue()
         self._drained = False
+        self._wake: Callable[[], None] | None = None      # set while an asyncio consumer waits
         self.finished = threading.Event()
 
     def put(self, chunk: TokenChunk) -> None:
         self._chunks.put(chunk)
         if chunk.finish_reason is not None:
             self.finished.set()
+        wake = self._wake
+        if wake is not None:
+            wake()
 
     def get(self, timeout: float | None = None) -> TokenChunk:
         chunk = self._chunks.get(timeout=timeout)
@@ -84,6 +94,95 @@ class RequestStream:
             chunk = self._chunks.get()
             self._drained = chunk.finish_reason is not None
             yield chunk
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        """Chunks until the finishing one, awaited on the running event loop without a thread per stream."""
+        ready = asyncio.Event()
+        self._wake = functools.partial(_LoopWaker.of(asyncio.get_running_loop()).wake, ready)
+        try:
+            while not self._drained:
+                try:
+                    chunk = self._chunks.get_nowait()
+                except queue.Empty:
+                    ready.clear()
+                    if self._chunks.empty():     # a put after this schedules ready.set(): no wake-up is lost
+                        await ready.wait()
+                    continue
+                self._drained = chunk.finish_reason is not None
+                yield chunk
+        finally:
+            self._wake = None
+
+
+_held = threading.local()
+
+
+@contextlib.contextmanager
+def batched_wakeups() -> Iterator[None]:
+    """Chunks this thread puts inside the block wake their asyncio consumers together at its end: one engine step's
+    chunks for many streams cost one wake-up of the server's loop, not a handoff of the interpreter lock per
+    stream."""
+    if getattr(_held, "wakers", None) is not None:       # nested: the outer block flushes
+        yield
+        return
+    _held.wakers = held = set()
+    try:
+        yield
+    finally:
+        _held.wakers = None
+        for waker in held:
+            waker.flush()
+
+
+class _LoopWaker:
+    """Sets asyncio events of one loop from other threads; wakes coalesce while a callback is pending or while the
+    putting thread is inside ``batched_wakeups``."""
+
+    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker]] = \
+        weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[asyncio.Event] = []
+        self._scheduled = False
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _LoopWaker:
+        """The loop's waker (call on the loop's thread)."""
+        waker = cls._by_loop.get(loop)
+        if waker is None:
+            waker = cls._by_loop[loop] = cls(loop)
+        return waker
+
+    def wake(self, event: asyncio.Event) -> None:
+        held = getattr(_held, "wakers", None)
+        with self._lock:
+            self._pending.append(event)
+            if self._scheduled:
+                return
+            if held is not None:
+                held.add(self)
+                return
+            self._scheduled = True
+        self._schedule()
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._scheduled or not self._pending:
+                return
+            self._scheduled = True
+        self._schedule()
+
+    def _schedule(self) -> None:
+        with contextlib.suppress(RuntimeError):      # the loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._set_pending)
+
+    def _set_pending(self) -> None:
+        with self._lock:
+            pending, self._pending, self._scheduled = self._pending, [], False
+        for event in pending:
+            event.set()
 
 
 class Backend(ABC):

@@ -173,7 +173,7 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
 
     from forge.actors.server import ActorServicer
     from forge.rpc import ServerOptions, ServiceBinding
-    from forge.rpc.server import GrpcServer
+    from forge.rpc.aio_server import AioGrpcServer
     from forge.v1 import actor_pb2, actor_pb2_grpc
 
     if backend == "torch":
@@ -251,7 +251,7 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
         event_source = KVEventSourceServicer(*events)
         bindings.append(ServiceBinding.of(router_pb2_grpc.add_KVEventSourceServicer_to_server, event_source,
                                           router_pb2, "KVEventSource"))
-    server = GrpcServer(bindings, options)
+    server = AioGrpcServer(bindings, options)
     servers.append(server)
     engine_gone = click.ClickException("the engine process exited; the actor stopped (see the log above)")
     if engine.failed:

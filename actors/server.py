@@ -1,8 +1,10 @@
-"""The gRPC Actor service over any backend: server-streaming Generate, Abort and Stats.
+"""The gRPC Actor service over any backend: server-streaming Generate, Abort and Stats, for a ``grpc.aio`` server.
 
-Requests are validated before they are queued; bad ones get INVALID_ARGUMENT with the reason, a full queue gets
-RESOURCE_EXHAUSTED. A client that goes away (cancel, deadline, dropped connection) aborts its request, which frees
-its KV blocks.
+Generate is a coroutine: every open stream waits on the server's one event loop, so their number is bounded by the
+backend's queue, not by a thread pool, and a step's chunks for many streams cost one wake-up. Abort and Stats are
+plain functions (a backend may block on them), run in the server's thread pool. Requests are validated before they
+are queued; bad ones get INVALID_ARGUMENT with the reason, a full queue gets RESOURCE_EXHAUSTED. A client that goes
+away (cancel, deadline, dropped connection) aborts its request, which frees its KV blocks.
 """
 
 from __future__ import annotations
@@ -70,24 +72,24 @@ class ActorServicer(actor_pb2_grpc.ActorServicer):
         self.labels = {"backend": backend.name, **(labels or {})}
         self.started = time.time()
 
-    def Generate(self, request: actor_pb2.GenerateRequest, context: grpc.ServicerContext):
+    async def Generate(self, request: actor_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         try:
             params = sampling_from_proto(request.sampling)
             stream = self.backend.submit(GenerationRequest(request.request_id, list(request.prompt_ids), params,
                                                            request.session_id, request.stream_interval))
         except (InvalidRequest, SamplingError) as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Overloaded as exc:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         request_id = stream.request_id
 
-        def on_done() -> None:
+        def on_done(_context: object) -> None:
             if not stream.finished.is_set():
                 self.backend.abort(request_id)
 
-        context.add_callback(on_done)
+        context.add_done_callback(on_done)
         first = True
-        for chunk in stream:
+        async for chunk in stream:
             yield chunk_to_proto(request_id, chunk, self.instance, first)
             first = False
 

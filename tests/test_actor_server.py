@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import grpc
 import pytest
@@ -125,6 +126,34 @@ def test_stats_and_health(actor):
         assert key in report.gauges
     assert report.host.cpu_count >= 1 and report.host.memory_total_bytes > 0
     assert report.host.gpu_available or report.host.gpu_unavailable_reason
+
+
+def wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_more_open_streams_than_server_threads_are_all_admitted_and_stats_still_answer(actor):
+    """100 streams open at once (the threaded server had 64 threads: the rest, Stats and health included, queued
+    behind them)."""
+    with grpc.insecure_channel(actor.address) as channel:
+        stub = actor_pb2_grpc.ActorStub(channel)
+        sampling = common_pb2.SamplingParams(max_tokens=1000, ignore_eos=True)
+        streams = [stub.Generate(actor_pb2.GenerateRequest(prompt_ids=[1, i % 50 + 2], sampling=sampling))
+                   for i in range(100)]
+
+        def gauges() -> dict[str, float]:
+            return stub.Stats(common_pb2.StatsRequest(), timeout=10).gauges
+
+        wait_for(lambda: gauges()["running"] + gauges()["waiting"] == 100)
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        for stream in streams:
+            stream.cancel()
+        wait_for(lambda: gauges()["running"] + gauges()["waiting"] == 0)
+        assert gauges()["kv_used_frac"] == 0
 
 
 def start_long_stream(stub, max_tokens: int):

@@ -24,6 +24,7 @@ from forge.actors.backend import (
     Overloaded,
     RequestStream,
     TokenChunk,
+    batched_wakeups,
 )
 from forge.actors.engine.block_manager import BlockManager
 from forge.actors.engine.paged_attention import PagedKVCache
@@ -312,7 +313,8 @@ class TorchEngine(Backend):
                 self._apply_weights(*weights)
             if self.scheduler.has_work:
                 try:
-                    self._step()
+                    with batched_wakeups():         # the step's chunks wake an asyncio server once
+                        self._step()
                 except Exception as exc:  # a failed step must not kill the engine: fail its requests instead
                     log.exception("engine step failed")
                     for seq in [*self.scheduler.running]:

@@ -37,6 +37,7 @@ from forge.actors.backend import (
     Overloaded,
     RequestStream,
     TokenChunk,
+    batched_wakeups,
 )
 from forge.actors.engine.core import CoreInfo, EngineSpec
 from forge.actors.engine.engine import check_weights
@@ -238,14 +239,15 @@ class EngineProcess(Backend):
         if kind == "out":
             _, chunks, self._version = message
             streams = self._streams
-            for request_id, chunk in chunks:
-                stream = streams.get(request_id)
-                if stream is None:
-                    continue
-                if chunk.finish_reason is not None:
-                    with self._lock:
-                        streams.pop(request_id, None)
-                stream.put(chunk)
+            with batched_wakeups():
+                for request_id, chunk in chunks:
+                    stream = streams.get(request_id)
+                    if stream is None:
+                        continue
+                    if chunk.finish_reason is not None:
+                        with self._lock:
+                            streams.pop(request_id, None)
+                    stream.put(chunk)
         elif kind == "reply":
             _, call_id, ok, value = message
             future = self._calls.get(call_id)

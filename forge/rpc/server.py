@@ -47,8 +47,14 @@ class ServerOptions:
     api_keys: Sequence[str] = ()               # when set, every call but health checks needs one
 
 
-def _address(host: str, port: int) -> str:
+def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def channel_options(options: ServerOptions) -> list[tuple[str, int]]:
+    return [("grpc.max_receive_message_length", options.max_message_bytes),
+            ("grpc.max_send_message_length", options.max_message_bytes),
+            ("grpc.so_reuseport", 0)]
 
 
 class GrpcServer:
@@ -61,26 +67,21 @@ class GrpcServer:
         chain = list(interceptors)
         if self.options.api_keys:
             chain.insert(0, ApiKeyInterceptor(self.options.api_keys, exempt=(HEALTH_SERVICE,)))
-        message_limit = self.options.max_message_bytes
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc"),
-            interceptors=chain,
-            options=[("grpc.max_receive_message_length", message_limit),
-                     ("grpc.max_send_message_length", message_limit),
-                     ("grpc.so_reuseport", 0)],
-        )
+            interceptors=chain, options=channel_options(self.options))
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         for service in self.services:
             service.register(self.server)
         names = [s.name for s in self.services]
         reflection.enable_server_reflection((*names, HEALTH_SERVICE, reflection.SERVICE_NAME), self.server)
-        address = _address(self.options.host, self.options.port)
+        address = format_address(self.options.host, self.options.port)
         try:
             self.port = self.server.add_insecure_port(address)
         except RuntimeError as exc:   # grpc reports a failed bind this way
             raise OSError(f"cannot bind gRPC server to {address} (address in use or not local)") from exc
-        self.address = _address(self.options.host, self.port)
+        self.address = format_address(self.options.host, self.port)
         self._started = False
         self._stopped = threading.Event()
 

@@ -1,0 +1,123 @@
+"""A gRPC server on ``grpc.aio`` for services whose calls mostly wait, such as many long token streams: one event
+loop serves every stream, where the threaded server spends a pool thread per open call (so at most ``max_workers``
+calls run, and the rest, health checks included, queue behind them) and two thread handoffs per message.
+
+It keeps ``GrpcServer``'s behaviour and interface (health, reflection, loopback by default, API keys, graceful stop,
+``run_until_signal``) and runs its event loop in a thread of its own, so the code around it stays synchronous.
+Handlers written as coroutines run on the loop; handlers written as plain functions (a blocking ``Stats``, say) run
+in a pool of ``max_workers`` threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Coroutine, Iterable, Sequence
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from forge.rpc.auth import AioApiKeyInterceptor
+from forge.rpc.server import HEALTH_SERVICE, GrpcServer, ServerOptions, ServiceBinding, channel_options, format_address
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class AioGrpcServer(GrpcServer):
+    """A running ``grpc.aio`` server; ``port`` is the bound port (useful with port 0)."""
+
+    def __init__(self, services: Iterable[ServiceBinding], options: ServerOptions | None = None,
+                 interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
+        self.options = options or ServerOptions()
+        self.services = list(services)
+        self._started = False
+        self._stopped = threading.Event()
+        self._terminated = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-aio", daemon=True)
+        self._thread.start()
+        try:
+            self.port = self._run(self._build(list(interceptors)))
+        except BaseException:
+            self._close_loop()
+            raise
+        self.address = format_address(self.options.host, self.port)
+
+    async def _build(self, interceptors: list[grpc.aio.ServerInterceptor]) -> int:
+        if self.options.api_keys:
+            interceptors.insert(0, AioApiKeyInterceptor(self.options.api_keys, exempt=(HEALTH_SERVICE,)))
+        self._pool = futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc")
+        self.server = grpc.aio.server(migration_thread_pool=self._pool, interceptors=interceptors,
+                                      options=channel_options(self.options))
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        for service in self.services:
+            service.register(self.server)
+        names = [s.name for s in self.services]
+        reflection.enable_server_reflection((*names, HEALTH_SERVICE, reflection.SERVICE_NAME), self.server)
+        address = format_address(self.options.host, self.options.port)
+        try:
+            return self.server.add_insecure_port(address)
+        except RuntimeError as exc:   # grpc reports a failed bind this way
+            raise OSError(f"cannot bind gRPC server to {address} (address in use or not local)") from exc
+
+    def start(self) -> AioGrpcServer:
+        if self._started:
+            return self
+        self._started = True
+        self._run(self._start())
+        log.info("serving %s on %s (asyncio)", ", ".join(s.name for s in self.services) or "health", self.address)
+        return self
+
+    async def _start(self) -> None:
+        await self.server.start()
+        serving = health_pb2.HealthCheckResponse.SERVING
+        for name in ("", *(s.name for s in self.services)):
+            await self.health.set(name, serving)
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Report NOT_SERVING, let in-flight calls finish for up to ``grace_s`` seconds, then stop (calls still open
+        are cancelled, which runs their handlers' cleanup)."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        grace = self.options.grace_s if grace_s is None else grace_s
+        try:
+            if self._started:
+                self._run(self._stop(grace))
+        finally:
+            self._close_loop()
+            self._terminated.set()
+        log.info("stopped serving on %s", self.address)
+
+    async def _stop(self, grace_s: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server stops; True when ``timeout`` passed first (``grpc.Server``'s convention)."""
+        return not self._terminated.wait(timeout)
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            coroutine.close()
+            raise RuntimeError("AioGrpcServer's blocking methods cannot be called from its own event loop")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            self._loop.close()
+        self._pool_shutdown()
+
+    def _pool_shutdown(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
