@@ -1,10 +1,11 @@
 """Decode tokens/s of a real ``forge-actor`` process over gRPC, with B concurrent Generate streams, for several
 actor settings side by side: the engine loop in a thread of the server (``--in-process``) or in a process of its
 own (the default), and one message per token (``--stream-interval 1``) or fewer, larger ones (0 = adaptive, the
-default). Each message costs a handler thread tens of microseconds under the server's GIL, which an in-process
-engine loop needs too, so at large batches the message rate, not the model, can bound such a server. The same
+default). Each message costs the server ~0.1 ms of CPU under its GIL, which an in-process engine loop needs too, so
+at large batches the message rate, not the model, can bound such a server. The same
 requests straight into a ``TorchEngine`` (no server, in a fresh process) show what a server could reach, and the
-actors' CPU time (server process and engine core, from /proc) shows where it goes.
+actors' CPU time (server process and engine core, from /proc) shows where it goes, and the server's CPU per streamed
+message what the gRPC side costs.
 
 Usage: python bench/actor_stream.py [--batches 8,32,64] [--new-tokens 128] [--repeats 3]
                                     [--configs thread:1,thread:0,process:1,process:0]
@@ -81,12 +82,14 @@ def serve_and_measure(run_dir: Path, config: str, batches: list[int], new_tokens
                 wall, after = time.perf_counter() - started, cpu_seconds(actor.proc.pid)
                 results[batch] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
                 CPU_SHARES[(config, batch)] = ((after[0] - before[0]) / wall, (after[1] - before[1]) / wall)
+                SERVER_CPU_PER_MESSAGE[(config, batch)] = (after[0] - before[0]) / sum(r[1] * batch for r in runs)
             return results
     finally:
         actor.stop()
 
 
 CPU_SHARES: dict[tuple[str, int], tuple[float, float]] = {}     # (config, batch) -> server, core CPU s per wall s
+SERVER_CPU_PER_MESSAGE: dict[tuple[str, int], float] = {}       # (config, batch) -> server CPU s per message sent
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
@@ -168,6 +171,14 @@ def main(batches: str, new_tokens: int, repeats: int, configs: str, threads: int
         shares = [CPU_SHARES[(c, batch)] for c in settings]
         print(f"| {batch} | " + " | ".join(f"{server:.2f} / {core:.2f}" if core else f"{server:.2f}"
                                           for server, core in shares) + " |")
+    separate = [c for c in settings if c.startswith("process")]
+    if separate:
+        print("\nServer process CPU per streamed message, engine core apart (µs; the gRPC server's cost):")
+        print("| batch | " + " | ".join(name(c) for c in separate) + " |")
+        print("| ---: |" + " ---: |" * len(separate))
+        for batch in sizes:
+            print(f"| {batch} | " + " | ".join(f"{SERVER_CPU_PER_MESSAGE[(c, batch)] * 1e6:.0f}" for c in separate)
+                  + " |")
 
 
 if __name__ == "__main__":

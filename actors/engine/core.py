@@ -1,6 +1,6 @@
 """The engine core: the torch engine in a process of its own, driven by an ``EngineProcess`` front over ZeroMQ.
 
-A gRPC server's handler threads hold the GIL for every message they build and send, and the engine's loop needs
+A gRPC server holds the GIL for every message it builds and sends, and the engine's loop needs
 the same GIL between its torch ops; at 32 concurrent streams the server delivered two thirds of what its engine
 decodes in process. Here the loop has a process (and an interpreter) to itself, as in vLLM's engine core, and the
 front keeps only the requests' streams.

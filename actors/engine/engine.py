@@ -372,7 +372,7 @@ class TorchEngine(Backend):
             self.connector.after_step(work, elapsed)
 
     def _stream_interval(self) -> int:
-        """Tokens per streamed message. Every message costs its consumer (a gRPC handler thread) 0.1-0.2 ms of CPU,
+        """Tokens per streamed message. Every message costs its consumer (the gRPC server) ~0.1 ms of CPU,
         under the GIL this loop needs too when the server runs it in process, so adaptively (0) a message carries
         running // MESSAGES_PER_STEP tokens (at least 1): a message per token below 8 running requests, then 4 to 7
         a step."""

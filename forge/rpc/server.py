@@ -41,7 +41,7 @@ class ServiceBinding:
 class ServerOptions:
     host: str = LOOPBACK
     port: int = 0                              # 0 = any free port
-    max_workers: int = 64
+    max_workers: int = 64                      # threads for calls (asyncio server: for plain-function handlers)
     max_message_bytes: int = 256 * 1024 * 1024
     grace_s: float = 5.0                       # how long in-flight calls may finish on stop
     api_keys: Sequence[str] = ()               # when set, every call but health checks needs one
