@@ -15,21 +15,21 @@ import logging
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
 from concurrent import futures
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from forge.rpc.auth import AioApiKeyInterceptor
-from forge.rpc.server import HEALTH_SERVICE, GrpcServer, ServerOptions, ServiceBinding, channel_options, format_address
+from forge.rpc.server import HEALTH_SERVICE, ServerBase, ServerOptions, ServiceBinding, channel_options, format_address
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-class AioGrpcServer(GrpcServer):
+class AioGrpcServer(ServerBase):
     """A running ``grpc.aio`` server; ``port`` is the bound port (useful with port 0)."""
 
     def __init__(self, services: Iterable[ServiceBinding], options: ServerOptions | None = None,
@@ -67,7 +67,7 @@ class AioGrpcServer(GrpcServer):
         except RuntimeError as exc:   # grpc reports a failed bind this way
             raise OSError(f"cannot bind gRPC server to {address} (address in use or not local)") from exc
 
-    def start(self) -> AioGrpcServer:
+    def start(self) -> Self:
         if self._started:
             return self
         self._started = True
@@ -101,7 +101,6 @@ class AioGrpcServer(GrpcServer):
         await self.server.stop(grace_s)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the server stops; True when ``timeout`` passed first (``grpc.Server``'s convention)."""
         return not self._terminated.wait(timeout)
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:

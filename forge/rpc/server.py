@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
+from typing import Self
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -57,7 +59,45 @@ def channel_options(options: ServerOptions) -> list[tuple[str, int]]:
             ("grpc.so_reuseport", 0)]
 
 
-class GrpcServer:
+class ServerBase(ABC):
+    """A Forge gRPC server (threaded or asyncio): ``port`` and ``address`` once bound, and around its own ``start``
+    and ``stop``, serving until a signal and use as a context manager."""
+
+    port: int
+    address: str
+    _stopped: threading.Event                  # set once stop has begun
+
+    @abstractmethod
+    def start(self) -> Self: ...
+
+    @abstractmethod
+    def stop(self, grace_s: float | None = None) -> None:
+        """Report NOT_SERVING, let in-flight calls finish for up to ``grace_s`` seconds, then stop."""
+
+    @abstractmethod
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server stops; True when ``timeout`` passed first (``grpc.Server``'s convention)."""
+
+    def run_until_signal(self, on_stop: Callable[[], None] | None = None,
+                         on_ready: Callable[[], None] | None = None) -> None:
+        """Serve until SIGTERM or SIGINT (main thread only), then stop gracefully and call ``on_stop``.
+        ``on_ready`` runs once the server is serving and the signal handlers are in place."""
+
+        def stop() -> None:
+            self.stop()
+            if on_stop:
+                on_stop()
+
+        run_until_signal(self.start, stop, on_ready, stopped=self._stopped)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(0)
+
+
+class GrpcServer(ServerBase):
     """A running gRPC server; ``port`` is the bound port (useful with port 0)."""
 
     def __init__(self, services: Iterable[ServiceBinding], options: ServerOptions | None = None,
@@ -85,7 +125,7 @@ class GrpcServer:
         self._started = False
         self._stopped = threading.Event()
 
-    def start(self) -> GrpcServer:
+    def start(self) -> Self:
         if self._started:
             return self
         self._started = True
@@ -97,7 +137,6 @@ class GrpcServer:
         return self
 
     def stop(self, grace_s: float | None = None) -> None:
-        """Report NOT_SERVING, let in-flight calls finish for up to ``grace_s`` seconds, then stop."""
         if self._stopped.is_set():
             return
         self._stopped.set()
@@ -107,24 +146,6 @@ class GrpcServer:
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.server.wait_for_termination(timeout)
-
-    def run_until_signal(self, on_stop: Callable[[], None] | None = None,
-                         on_ready: Callable[[], None] | None = None) -> None:
-        """Serve until SIGTERM or SIGINT (main thread only), then stop gracefully and call ``on_stop``.
-        ``on_ready`` runs once the server is serving and the signal handlers are in place."""
-
-        def stop() -> None:
-            self.stop()
-            if on_stop:
-                on_stop()
-
-        run_until_signal(self.start, stop, on_ready, stopped=self._stopped)
-
-    def __enter__(self) -> GrpcServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop(0)
 
 
 def run_until_signal(start: Callable[[], object], stop: Callable[[], None],
