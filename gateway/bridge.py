@@ -1,16 +1,14 @@
-"""The gateway's event loop in its own thread, and the way threads (gRPC handlers) run coroutines and async
-streams on it: results, exceptions and cancellation cross over intact."""
+"""The gateway's event loop in its own thread (both front ends, the actor streams and the sessions run on it), and
+the way other threads (start-up, shutdown, tests) run coroutines on it: results and exceptions cross over intact."""
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-_END = object()
 
 
 class LoopThread:
@@ -27,9 +25,6 @@ class LoopThread:
         """Run ``coro`` on the loop and wait for its result (from another thread)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def stream(self, make: Callable[[], AsyncIterator[T]]) -> LoopStream[T]:
-        return LoopStream(self.loop, make)
-
     def stop(self, timeout: float = 10.0) -> None:
         if self.loop.is_closed():
             return
@@ -37,40 +32,3 @@ class LoopThread:
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self.loop.close()
-
-
-class LoopStream(Iterator[T]):
-    """Iterate, from a thread, an async iterator that runs on the loop; ``cancel()`` stops it."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, make: Callable[[], AsyncIterator[T]]) -> None:
-        self._items: queue.SimpleQueue = queue.SimpleQueue()
-        self._future = asyncio.run_coroutine_threadsafe(self._pump(make), loop)
-
-    async def _pump(self, make: Callable[[], AsyncIterator[T]]) -> None:
-        source = make()
-        try:
-            async for item in source:
-                self._items.put((item, None))
-        except asyncio.CancelledError:
-            self._items.put((_END, None))
-            raise
-        except BaseException as exc:
-            self._items.put((_END, exc))
-            return
-        finally:
-            close = getattr(source, "aclose", None)
-            if close is not None:
-                await close()
-        self._items.put((_END, None))
-
-    def __next__(self) -> T:
-        item, error = self._items.get()
-        if item is _END:
-            self._items.put((_END, error))
-            if error is not None:
-                raise error
-            raise StopIteration
-        return item
-
-    def cancel(self) -> None:
-        self._future.cancel()

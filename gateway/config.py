@@ -32,7 +32,6 @@ class GatewayConfig:
     health_interval_s: float = 2.0              # actor health checks
     shutdown_grace_s: float = 30.0              # in-flight calls may finish for this long on SIGTERM
     tito_max_calls: int = 64                    # earlier calls of a session kept for splicing
-    grpc_workers: int = 512                     # gRPC handler threads (each open stream holds one)
 
     def expiry_every_s(self) -> float:
         if self.expiry_interval_s is not None:

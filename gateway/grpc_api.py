@@ -1,5 +1,6 @@
 """The gRPC front end (forge.v1.Gateway) for white-box agents: sessions, streaming Chat, token-level Generate,
-process rewards and Stats. Handlers run on gRPC's thread pool and hand the work to the gateway's event loop.
+process rewards and Stats. Handlers are coroutines on the gateway's event loop (a ``grpc.aio`` server on that
+loop), beside the HTTP front end and the actor streams: an open call holds no thread.
 
 With API keys configured, a per-session key is accepted for Chat, Generate, AddReward and EndSession of its own
 session only; everything else needs a global key."""
@@ -8,18 +9,17 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
-from forge.gateway.bridge import LoopThread
 from forge.gateway.calls import ChatResult
 from forge.gateway.errors import BadRequest, Forbidden, GatewayError
 from forge.gateway.keys import KeyRing
 from forge.gateway.messages import chat_call_from_proto, check_sampling
 from forge.gateway.service import Gateway
-from forge.rpc.auth import ApiKeyInterceptor, key_from_metadata
+from forge.rpc.auth import AioApiKeyInterceptor, key_from_metadata
 from forge.rpc.server import HEALTH_SERVICE
 from forge.v1 import gateway_pb2, gateway_pb2_grpc, pool_pb2
 
@@ -30,42 +30,43 @@ SESSION_METHODS = frozenset(f"/{SERVICE}/{m}" for m in ("Chat", "Generate", "Add
 CALL_INDEX_KEY = "forge-call-index"
 
 
-def key_interceptor(keys: KeyRing) -> ApiKeyInterceptor:
+def key_interceptor(keys: KeyRing) -> AioApiKeyInterceptor:
     def session_key(key: str, method: str) -> bool:
         return method in SESSION_METHODS and keys.session_of(key) is not None
 
-    return ApiKeyInterceptor(keys.global_keys, exempt=(HEALTH_SERVICE,), extra_check=session_key)
+    return AioApiKeyInterceptor(keys.global_keys, exempt=(HEALTH_SERVICE,), extra_check=session_key)
 
 
-def _abort(context: grpc.ServicerContext, gateway: Gateway, error: Exception, method: str) -> None:
+async def _abort(context: grpc.aio.ServicerContext, gateway: Gateway, error: Exception, method: str) -> None:
     if isinstance(error, GatewayError):
         gateway.metrics.count("client_errors" if error.status < 500 else "errors")
-        context.abort(error.grpc_code, error.message)
+        await context.abort(error.grpc_code, error.message)
     gateway.metrics.count("errors")
     log.error("Gateway.%s failed", method, exc_info=error)
-    context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {type(error).__name__}: {error}")
+    await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {type(error).__name__}: {error}")
 
 
 def _unary(method: Callable) -> Callable:
     @functools.wraps(method)
-    def run(self: GatewayServicer, request: Any, context: grpc.ServicerContext) -> Any:
+    async def run(self: GatewayServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.gateway.metrics.count("grpc_requests")
         try:
-            return method(self, request, context)
+            return await method(self, request, context)
         except Exception as exc:
-            _abort(context, self.gateway, exc, method.__name__)
+            await _abort(context, self.gateway, exc, method.__name__)
 
     return run
 
 
 def _streaming(method: Callable) -> Callable:
     @functools.wraps(method)
-    def run(self: GatewayServicer, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    async def run(self: GatewayServicer, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         self.gateway.metrics.count("grpc_requests")
         try:
-            yield from method(self, request, context)
+            async for item in method(self, request, context):
+                yield item
         except Exception as exc:
-            _abort(context, self.gateway, exc, method.__name__)
+            await _abort(context, self.gateway, exc, method.__name__)
 
     return run
 
@@ -87,11 +88,10 @@ def chat_chunk(event: Any) -> gateway_pb2.ChatChunk:
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, gateway: Gateway, loop: LoopThread) -> None:
+    def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.loop = loop
 
-    def _session_id(self, requested: str, context: grpc.ServicerContext) -> str:
+    def _session_id(self, requested: str, context: grpc.aio.ServicerContext) -> str:
         """The session a call is for: the requested one, checked against a per-session key if that is what
         admitted the call; or the key's own session."""
         keys = self.gateway.keys
@@ -105,62 +105,46 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return session_id
 
     @_unary
-    def StartSession(self, request, context):
+    async def StartSession(self, request, context):
         open_request = pool_pb2.OpenSessionRequest(task_id=request.task_id, domain=request.domain,
                                                    group_id=request.group_id, group_size=request.group_size,
                                                    metadata=request.metadata)
-        record, key, url = self.loop.run(self.gateway.start_session(open_request, request.issue_api_key))
+        record, key, url = await self.gateway.start_session(open_request, request.issue_api_key)
         return gateway_pb2.StartSessionResponse(session=record, api_key=key or "", base_url=url)
 
     @_unary
-    def EndSession(self, request, context):
+    async def EndSession(self, request, context):
         close = pool_pb2.CloseSessionRequest(session_id=self._session_id(request.session_id, context),
                                              failed=request.failed, failure_reason=request.failure_reason,
                                              outcome_rewards=request.outcome_rewards, metrics=request.metrics)
-        return self.loop.run(self.gateway.end_session(close))
+        return await self.gateway.end_session(close)
 
     @_unary
-    def AddReward(self, request, context):
+    async def AddReward(self, request, context):
         session_id = self._session_id(request.session_id, context)
-        self.loop.run(self.gateway.add_reward(session_id, request.call_index, request.reward))
+        await self.gateway.add_reward(session_id, request.call_index, request.reward)
         return gateway_pb2.AddRewardResponse()
 
     @_unary
-    def Stats(self, request, context):
-        async def report():
-            return self.gateway.report()
-
-        return self.loop.run(report())
+    async def Stats(self, request, context):
+        return self.gateway.report()
 
     @_streaming
-    def Chat(self, request, context):
+    async def Chat(self, request, context):
         session_id = self._session_id(request.session_id, context)
         call = chat_call_from_proto(request, self.gateway.model.vocab_size)
         runner = self.gateway.runner
-
-        async def run():
-            text = runner.render(call)
-            state = await self.gateway.sessions.resolve(session_id)
-            async for event in runner.chat(state, call, text):
-                yield chat_chunk(event)
-
-        stream = self.loop.stream(run)
-        context.add_callback(stream.cancel)
-        yield from stream
+        text = runner.render(call)
+        state = await self.gateway.sessions.resolve(session_id)
+        async for event in runner.chat(state, call, text):
+            yield chat_chunk(event)
 
     @_streaming
-    def Generate(self, request, context):
+    async def Generate(self, request, context):
         session_id = self._session_id(request.session_id, context)
         sampling = check_sampling(request.sampling, self.gateway.model.vocab_size)
-
-        async def run():
-            state = await self.gateway.sessions.resolve(session_id)
-            async for item in self.gateway.runner.generate(state, request.prompt_ids, sampling):
-                yield item
-
-        stream = self.loop.stream(run)
-        context.add_callback(stream.cancel)
-        for chunk, index in stream:
+        state = await self.gateway.sessions.resolve(session_id)
+        async for chunk, index in self.gateway.runner.generate(state, request.prompt_ids, sampling):
             if index is not None:
                 context.set_trailing_metadata(((CALL_INDEX_KEY, str(index)),))
             yield chunk

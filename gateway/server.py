@@ -1,5 +1,5 @@
-"""A gateway process: the pool, the event loop (HTTP server, actor streams, sessions) in a thread of its own,
-the gRPC server on gRPC's thread pool, and a graceful stop: both servers stop accepting at once, in-flight calls
+"""A gateway process: the pool, and one event loop in a thread of its own that serves both front ends (HTTP and
+gRPC) and runs the actor streams and sessions; a graceful stop: both servers stop accepting at once, in-flight calls
 finish (bounded by the grace period), then the pool is closed."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from forge.gateway.grpc_api import GatewayServicer, key_interceptor
 from forge.gateway.http.app import HttpFrontEnd
 from forge.gateway.modelinfo import ModelInfo
 from forge.gateway.service import Gateway
-from forge.rpc import GrpcServer, ServerOptions, ServiceBinding
+from forge.rpc import ServerOptions, ServiceBinding
+from forge.rpc.aio_server import AioGrpcServer
 from forge.rpc.server import run_until_signal
 from forge.v1 import gateway_pb2, gateway_pb2_grpc, pool_pb2
 
@@ -59,10 +60,9 @@ class GatewayServer:
             self.gateway.http_url = self.loop.run(self.http.start(config.host, config.http_port))
             interceptors = [key_interceptor(self.gateway.keys)] if self.gateway.keys.required else []
             binding = ServiceBinding.of(gateway_pb2_grpc.add_GatewayServicer_to_server,
-                                        GatewayServicer(self.gateway, self.loop), gateway_pb2, "Gateway")
-            options = ServerOptions(host=config.host, port=config.grpc_port, max_workers=config.grpc_workers,
-                                    grace_s=config.shutdown_grace_s)
-            self.grpc = GrpcServer([binding], options, interceptors)
+                                        GatewayServicer(self.gateway), gateway_pb2, "Gateway")
+            options = ServerOptions(host=config.host, port=config.grpc_port, grace_s=config.shutdown_grace_s)
+            self.grpc = AioGrpcServer([binding], options, interceptors, loop=self.loop.loop)
         except BaseException:
             self._close_rest()
             raise

@@ -4,6 +4,7 @@ global keys and per-session keys, over HTTP and gRPC."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import grpc
 import httpx
@@ -216,3 +217,33 @@ def test_a_cancelled_chat_stops_the_generation_and_records_nothing(gateway):
         assert gauges["in_flight"] == 0 and gauges["calls"] == before["calls"]
     with PoolReader(gateway.pool_path) as reader:
         assert reader.get_session(session_id).session.num_calls == 0
+
+
+def threads_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads thread counts from /proc (Linux)")
+def test_open_grpc_calls_hold_no_gateway_thread(gateway):
+    """80 Chat streams opened at once: the gateway serves them on its event loop, with no thread per call (the
+    threaded gRPC server it had held one of its pool's threads for each). The random model's context bounds the
+    streams' length, so the check counts what is open when the threads are counted."""
+    pid = gateway.proc.pid
+    with grpc.insecure_channel(gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        session_id = stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30).session.session_id
+        before = threads_of(pid)
+        sampling = common_pb2.SamplingParams(max_tokens=1500, ignore_eos=True)
+        calls = [stub.Chat(gateway_pb2.ChatRequest(session_id=session_id, messages=[user(f"go {i}")],
+                                                   sampling=sampling), timeout=120) for i in range(80)]
+        for call in calls:
+            next(call)                      # every stream is open and streaming
+        during = threads_of(pid)
+        open_calls = stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges["in_flight"]
+        for call in calls:
+            call.cancel()
+        deadline = time.monotonic() + 60
+        while stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges["in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert open_calls >= 40 and during - before < 20, (open_calls, before, during)

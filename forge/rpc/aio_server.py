@@ -3,9 +3,10 @@ loop serves every stream, where the threaded server spends a pool thread per ope
 calls run, and the rest, health checks included, queue behind them) and two thread handoffs per message.
 
 It keeps ``GrpcServer``'s behaviour and interface (health, reflection, loopback by default, API keys, graceful stop,
-``run_until_signal``) and runs its event loop in a thread of its own, so the code around it stays synchronous.
-Handlers written as coroutines run on the loop; handlers written as plain functions (a blocking ``Stats``, say) run
-in a pool of ``max_workers`` threads.
+``run_until_signal``) and runs its event loop in a thread of its own, so the code around it stays synchronous, or
+on a loop the caller already runs in a thread (the gateway's, so that its handlers share the loop with the rest of
+its work). Handlers written as coroutines run on the loop; handlers written as plain functions (a blocking
+``Stats``, say) run in a pool of ``max_workers`` threads.
 """
 
 from __future__ import annotations
@@ -33,15 +34,20 @@ class AioGrpcServer(ServerBase):
     """A running ``grpc.aio`` server; ``port`` is the bound port (useful with port 0)."""
 
     def __init__(self, services: Iterable[ServiceBinding], options: ServerOptions | None = None,
-                 interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
+                 interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``loop``: an event loop already running in another thread, to serve on (it stays the caller's)."""
         self.options = options or ServerOptions()
         self.services = list(services)
         self._started = False
         self._stopped = threading.Event()
         self._terminated = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-aio", daemon=True)
-        self._thread.start()
+        self._own_loop = loop is None
+        self._loop = loop or asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        if self._own_loop:
+            self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-aio", daemon=True)
+            self._thread.start()
         try:
             self.port = self._run(self._build(list(interceptors)))
         except BaseException:
@@ -104,16 +110,21 @@ class AioGrpcServer(ServerBase):
         return not self._terminated.wait(timeout)
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        if threading.current_thread() is self._thread:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
             coroutine.close()
             raise RuntimeError("AioGrpcServer's blocking methods cannot be called from its own event loop")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def _close_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-        if not self._thread.is_alive():
-            self._loop.close()
+        if self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+            if not self._thread.is_alive():
+                self._loop.close()
         self._pool_shutdown()
 
     def _pool_shutdown(self) -> None:
