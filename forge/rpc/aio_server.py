@@ -42,16 +42,16 @@ class AioGrpcServer(ServerBase):
         self._started = False
         self._stopped = threading.Event()
         self._terminated = threading.Event()
-        self._own_loop = loop is None
+        self._pool: futures.ThreadPoolExecutor | None = None
         self._loop = loop or asyncio.new_event_loop()
-        self._thread: threading.Thread | None = None
-        if self._own_loop:
+        self._thread: threading.Thread | None = None        # the loop's, when the server runs its own
+        if loop is None:
             self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-aio", daemon=True)
             self._thread.start()
         try:
             self.port = self._run(self._build(list(interceptors)))
         except BaseException:
-            self._close_loop()
+            self._release()
             raise
         self.address = format_address(self.options.host, self.port)
 
@@ -98,7 +98,7 @@ class AioGrpcServer(ServerBase):
             if self._started:
                 self._run(self._stop(grace))
         finally:
-            self._close_loop()
+            self._release()
             self._terminated.set()
         log.info("stopped serving on %s", self.address)
 
@@ -119,15 +119,12 @@ class AioGrpcServer(ServerBase):
             raise RuntimeError("AioGrpcServer's blocking methods cannot be called from its own event loop")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
-    def _close_loop(self) -> None:
+    def _release(self) -> None:
+        """Stop the loop if it is the server's own, and the thread pool."""
         if self._thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
             if not self._thread.is_alive():
                 self._loop.close()
-        self._pool_shutdown()
-
-    def _pool_shutdown(self) -> None:
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
