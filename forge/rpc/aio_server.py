@@ -19,11 +19,18 @@ from concurrent import futures
 from typing import Any, Self, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health, health_pb2
 
 from forge.rpc.auth import AioApiKeyInterceptor
-from forge.rpc.server import HEALTH_SERVICE, ServerBase, ServerOptions, ServiceBinding, channel_options, format_address
+from forge.rpc.server import (
+    HEALTH_SERVICE,
+    ServerBase,
+    ServerOptions,
+    ServiceBinding,
+    channel_options,
+    format_address,
+    register_and_bind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +69,7 @@ class AioGrpcServer(ServerBase):
         self.server = grpc.aio.server(migration_thread_pool=self._pool, interceptors=interceptors,
                                       options=channel_options(self.options))
         self.health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        for service in self.services:
-            service.register(self.server)
-        names = [s.name for s in self.services]
-        reflection.enable_server_reflection((*names, HEALTH_SERVICE, reflection.SERVICE_NAME), self.server)
-        address = format_address(self.options.host, self.options.port)
-        try:
-            return self.server.add_insecure_port(address)
-        except RuntimeError as exc:   # grpc reports a failed bind this way
-            raise OSError(f"cannot bind gRPC server to {address} (address in use or not local)") from exc
+        return register_and_bind(self.server, self.services, self.health, self.options)
 
     def start(self) -> Self:
         if self._started:

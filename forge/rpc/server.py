@@ -59,6 +59,21 @@ def channel_options(options: ServerOptions) -> list[tuple[str, int]]:
             ("grpc.so_reuseport", 0)]
 
 
+def register_and_bind(server: grpc.Server | grpc.aio.Server, services: list[ServiceBinding], health_servicer: object,
+                      options: ServerOptions) -> int:
+    """Add the services, health and reflection to ``server`` and bind it; returns the port (OSError if taken)."""
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for service in services:
+        service.register(server)
+    names = [s.name for s in services]
+    reflection.enable_server_reflection((*names, HEALTH_SERVICE, reflection.SERVICE_NAME), server)
+    address = format_address(options.host, options.port)
+    try:
+        return server.add_insecure_port(address)
+    except RuntimeError as exc:   # grpc reports a failed bind this way
+        raise OSError(f"cannot bind gRPC server to {address} (address in use or not local)") from exc
+
+
 class ServerBase(ABC):
     """A Forge gRPC server (threaded or asyncio): ``port`` and ``address`` once bound, and around its own ``start``
     and ``stop``, serving until a signal and use as a context manager."""
@@ -111,16 +126,7 @@ class GrpcServer(ServerBase):
             futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc"),
             interceptors=chain, options=channel_options(self.options))
         self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        for service in self.services:
-            service.register(self.server)
-        names = [s.name for s in self.services]
-        reflection.enable_server_reflection((*names, HEALTH_SERVICE, reflection.SERVICE_NAME), self.server)
-        address = format_address(self.options.host, self.options.port)
-        try:
-            self.port = self.server.add_insecure_port(address)
-        except RuntimeError as exc:   # grpc reports a failed bind this way
-            raise OSError(f"cannot bind gRPC server to {address} (address in use or not local)") from exc
+        self.port = register_and_bind(self.server, self.services, self.health, self.options)
         self.address = format_address(self.options.host, self.port)
         self._started = False
         self._stopped = threading.Event()
