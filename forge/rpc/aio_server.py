@@ -48,6 +48,7 @@ class AioGrpcServer(ServerBase):
         self.services = list(services)
         self._started = False
         self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
         self._terminated = threading.Event()
         self._pool: futures.ThreadPoolExecutor | None = None
         self._loop = loop or asyncio.new_event_loop()
@@ -88,9 +89,8 @@ class AioGrpcServer(ServerBase):
     def stop(self, grace_s: float | None = None) -> None:
         """Report NOT_SERVING, let in-flight calls finish for up to ``grace_s`` seconds, then stop (calls still open
         are cancelled, which runs their handlers' cleanup)."""
-        if self._stopped.is_set():
+        if not self._begin_stop():
             return
-        self._stopped.set()
         grace = self.options.grace_s if grace_s is None else grace_s
         try:
             if self._started:

@@ -81,6 +81,15 @@ class ServerBase(ABC):
     port: int
     address: str
     _stopped: threading.Event                  # set once stop has begun
+    _stop_lock: threading.Lock
+
+    def _begin_stop(self) -> bool:
+        """True for the one caller that goes on to stop the server (a signal and a failing backend may race)."""
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return False
+            self._stopped.set()
+            return True
 
     @abstractmethod
     def start(self) -> Self: ...
@@ -130,6 +139,7 @@ class GrpcServer(ServerBase):
         self.address = format_address(self.options.host, self.port)
         self._started = False
         self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
 
     def start(self) -> Self:
         if self._started:
@@ -143,9 +153,8 @@ class GrpcServer(ServerBase):
         return self
 
     def stop(self, grace_s: float | None = None) -> None:
-        if self._stopped.is_set():
+        if not self._begin_stop():
             return
-        self._stopped.set()
         self.health.enter_graceful_shutdown()
         self.server.stop(self.options.grace_s if grace_s is None else grace_s).wait()
         log.info("stopped serving on %s", self.address)
