@@ -269,8 +269,9 @@ def rollout_prompts(model_name: str, count: int) -> list[list[int]]:
 
 
 def measure_rollout(side: str, model_name: str, device: str, threads: int, batch: int, count: int,
-                    new_tokens: int) -> tuple[float, float]:
-    """(answer tokens/s, mean answer length) of one side over the rollout workload, in a fresh process."""
+                    new_tokens: int) -> tuple[float, float, float]:
+    """(answer tokens/s, mean answer length, MTP acceptance) of one side over the rollout workload, in a fresh
+    process; side = engine, engine+mtp (speculative decoding with the checkpoint's MTP head) or transformers."""
     prompts = rollout_prompts(model_name, count)
     if side == "transformers":
         reference = hf_reference(model_name, device, threads)
@@ -288,10 +289,11 @@ def measure_rollout(side: str, model_name: str, device: str, threads: int, batch
                 ends = [i for i, token in enumerate(row) if token in eos]
                 produced += ends[0] + 1 if ends else len(row)
         elapsed = time.perf_counter() - started
-        return produced / elapsed, produced / count
+        return produced / elapsed, produced / count, 0.0
     threads = reserve_cpu_threads(threads)
     model = load(model_name).to(device).eval()
-    engine = TorchEngine(model, EngineConfig(kv_cache_bytes=256 * 2**20, speculative=False, threads=threads,
+    speculative = side == "engine+mtp"
+    engine = TorchEngine(model, EngineConfig(kv_cache_bytes=256 * 2**20, speculative=speculative, threads=threads,
                                              max_num_seqs=batch))
     try:
         engine_seconds(model, 2, 32, 4, speculative=False, threads=threads)     # warm-up (kernel build)
@@ -301,9 +303,10 @@ def measure_rollout(side: str, model_name: str, device: str, threads: int, batch
                    for i, p in enumerate(prompts)]
         produced = sum(len(c.token_ids) for stream in streams for c in stream)
         elapsed = time.perf_counter() - started
+        acceptance = engine.stats()["spec_acceptance"]
     finally:
         engine.close()
-    return produced / elapsed, produced / count
+    return produced / elapsed, produced / count, acceptance
 
 
 def rollout_section(model_name: str, device: str, threads: int, batch: int, count: int, new_tokens: int,
@@ -317,17 +320,20 @@ def rollout_section(model_name: str, device: str, threads: int, batch: int, coun
           f"{batch} at a time; answer tokens/s, medians of {repeats} (each run in a fresh process)")
     print("| side | answer tokens/s | mean answer tokens |")
     print("| --- | ---: | ---: |")
-    rates = {}
-    for side in ("engine", "transformers"):
+    rates, acceptance = {}, 0.0
+    names = {"engine": "forge engine (continuous batching)", "engine+mtp": "forge engine + MTP speculation",
+             "transformers": "transformers generate (static batches)"}
+    for side in names:
         runs = []
         for _ in range(repeats):
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                 runs.append(pool.submit(measure_rollout, side, model_name, device, threads, batch, count,
                                         new_tokens).result())
         rates[side] = median([r[0] for r in runs])
-        name = "forge engine (continuous batching)" if side == "engine" else "transformers generate (static batches)"
-        print(f"| {name} | {rates[side]:,.0f} | {median([r[1] for r in runs]):.1f} |", flush=True)
-    print(f"engine / transformers: {rates['engine'] / rates['transformers']:.2f}x")
+        acceptance = acceptance or median([r[2] for r in runs])
+        print(f"| {names[side]} | {rates[side]:,.0f} | {median([r[1] for r in runs]):.1f} |", flush=True)
+    print(f"engine / transformers: {rates['engine'] / rates['transformers']:.2f}x; MTP speculation / engine: "
+          f"{rates['engine+mtp'] / rates['engine']:.2f}x at acceptance {acceptance:.1%}")
 
 
 @click.command()
