@@ -30,7 +30,8 @@ from forge.launch import ServiceProcess
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 
-def engine_alone(batches: list[int], new_tokens: int, repeats: int, threads: int) -> dict[int, tuple[float, float]]:
+def engine_alone(batches: list[int], new_tokens: int, repeats: int, threads: int,
+                 max_batch: int) -> dict[int, tuple[float, float]]:
     """The same requests straight into a TorchEngine (no server): what the servers could reach. Run in a fresh
     process (see main)."""
     from forge.actors.backend import GenerationRequest
@@ -41,7 +42,7 @@ def engine_alone(batches: list[int], new_tokens: int, repeats: int, threads: int
     threads = reserve_cpu_threads(threads)
     model, model_id = load_policy("tiny", "cpu", "float32")
     engine = TorchEngine(model, EngineConfig(kv_cache_bytes=256 * 2**20, speculative=False, threads=threads,
-                                             model_id=model_id))
+                                             model_id=model_id, max_num_seqs=max_batch))
 
     def run(batch: int, tokens: int) -> tuple[float, float]:
         started = time.perf_counter()
@@ -63,12 +64,13 @@ def engine_alone(batches: list[int], new_tokens: int, repeats: int, threads: int
 
 
 def serve_and_measure(run_dir: Path, config: str, batches: list[int], new_tokens: int, repeats: int,
-                      threads: int) -> dict[int, tuple[float, float]]:
+                      threads: int, max_batch: int) -> dict[int, tuple[float, float]]:
     """Median tokens/s and messages per request at each batch size, against one actor started for ``config``
     (ENGINE:INTERVAL)."""
     engine, interval = config.split(":")
     actor = ServiceProcess(f"actor-{engine}-{interval}", "forge-actor", [
         "--model", "tiny", "--port", "0", "--threads", str(threads), "--no-speculative", "--kv-cache-mb", "256",
+        "--max-batch", str(max_batch),
         "--stream-interval", interval, "--engine-process" if engine == "process" else "--in-process"], run_dir,
         timeout_s=120)
     try:
@@ -82,6 +84,8 @@ def serve_and_measure(run_dir: Path, config: str, batches: list[int], new_tokens
                 wall, after = time.perf_counter() - started, cpu_seconds(actor.proc.pid)
                 results[batch] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
                 CPU_SHARES[(config, batch)] = ((after[0] - before[0]) / wall, (after[1] - before[1]) / wall)
+                FIRST_TOKEN_S[(config, batch)] = (statistics.median(r[2] for r in runs),
+                                                  statistics.median(r[3] for r in runs))
                 SERVER_CPU_PER_MESSAGE[(config, batch)] = (after[0] - before[0]) / sum(r[1] * batch for r in runs)
             return results
     finally:
@@ -90,6 +94,7 @@ def serve_and_measure(run_dir: Path, config: str, batches: list[int], new_tokens
 
 CPU_SHARES: dict[tuple[str, int], tuple[float, float]] = {}     # (config, batch) -> server, core CPU s per wall s
 SERVER_CPU_PER_MESSAGE: dict[tuple[str, int], float] = {}       # (config, batch) -> server CPU s per message sent
+FIRST_TOKEN_S: dict[tuple[str, int], tuple[float, float]] = {}  # (config, batch) -> median, slowest time to 1st token
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
@@ -102,15 +107,18 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return used(pid), sum(used(int(child)) for child in children)
 
 
-def generate_all(stub: actor_pb2_grpc.ActorStub, batch: int, new_tokens: int) -> tuple[float, float]:
-    """``batch`` concurrent streams of ``new_tokens`` sampled tokens each: (tokens/s, messages per request)."""
-    tokens, messages = [0] * batch, [0] * batch
+def generate_all(stub: actor_pb2_grpc.ActorStub, batch: int, new_tokens: int) -> tuple[float, float, float, float]:
+    """``batch`` concurrent streams of ``new_tokens`` sampled tokens each: (tokens/s, messages per request, median
+    and slowest time to first token in seconds)."""
+    tokens, messages, first = [0] * batch, [0] * batch, [0.0] * batch
 
     def one(index: int) -> None:
         request = actor_pb2.GenerateRequest(
             prompt_ids=prompt_ids(index, 32),
             sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=index))
         for chunk in stub.Generate(request, timeout=300):
+            if not tokens[index] and chunk.token_ids:
+                first[index] = time.perf_counter() - started
             tokens[index] += len(chunk.token_ids)
             messages[index] += 1
 
@@ -123,7 +131,7 @@ def generate_all(stub: actor_pb2_grpc.ActorStub, batch: int, new_tokens: int) ->
     elapsed = time.perf_counter() - started
     if sum(tokens) != batch * new_tokens:
         raise RuntimeError(f"expected {batch * new_tokens} tokens, got {sum(tokens)}")
-    return sum(tokens) / elapsed, sum(messages) / batch
+    return sum(tokens) / elapsed, sum(messages) / batch, statistics.median(first), max(first)
 
 
 @click.command()
@@ -134,7 +142,9 @@ def generate_all(stub: actor_pb2_grpc.ActorStub, batch: int, new_tokens: int) ->
               help="ENGINE:INTERVAL pairs, ENGINE = thread (--in-process) or process (the engine core), INTERVAL = "
                    "--stream-interval (0 = adaptive); the first is the baseline of the ratios.")
 @click.option("--threads", default=1, show_default=True, help="torch threads of each actor's engine loop")
-def main(batches: str, new_tokens: int, repeats: int, configs: str, threads: int) -> None:
+@click.option("--max-batch", default=64, show_default=True,
+              help="Sequences each engine decodes together (forge-actor --max-batch); batches beyond it queue.")
+def main(batches: str, new_tokens: int, repeats: int, configs: str, threads: int, max_batch: int) -> None:
     sizes = [int(b) for b in batches.split(",")]
     settings = configs.split(",")
     for config in settings:
@@ -142,10 +152,11 @@ def main(batches: str, new_tokens: int, repeats: int, configs: str, threads: int
         if engine not in ("thread", "process") or not interval.isdigit():
             raise click.BadParameter(f"{config!r} is not ENGINE:INTERVAL (thread:1, process:0, ...)")
     with tempfile.TemporaryDirectory() as directory:
-        results = {config: serve_and_measure(Path(directory), config, sizes, new_tokens, repeats, threads)
+        results = {config: serve_and_measure(Path(directory), config, sizes, new_tokens, repeats, threads,
+                                                     max_batch)
                    for config in settings}
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        alone = pool.submit(engine_alone, sizes, new_tokens, repeats, threads).result()
+        alone = pool.submit(engine_alone, sizes, new_tokens, repeats, threads, max_batch).result()
 
     def name(config: str) -> str:
         engine, interval = config.split(":")
@@ -171,6 +182,12 @@ def main(batches: str, new_tokens: int, repeats: int, configs: str, threads: int
         shares = [CPU_SHARES[(c, batch)] for c in settings]
         print(f"| {batch} | " + " | ".join(f"{server:.2f} / {core:.2f}" if core else f"{server:.2f}"
                                           for server, core in shares) + " |")
+    print("\nTime to first token over the batch's streams, ms (median / slowest; medians of the runs):")
+    print("| batch | " + " | ".join(name(c) for c in settings) + " |")
+    print("| ---: |" + " ---: |" * len(settings))
+    for batch in sizes:
+        print(f"| {batch} | " + " | ".join(f"{FIRST_TOKEN_S[(c, batch)][0] * 1e3:,.0f} / "
+                                          f"{FIRST_TOKEN_S[(c, batch)][1] * 1e3:,.0f}" for c in settings) + " |")
     separate = [c for c in settings if c.startswith("process")]
     if separate:
         print("\nServer process CPU per streamed message, engine core apart (µs; the gRPC server's cost):")
