@@ -320,7 +320,7 @@ def rollout_section(model_name: str, device: str, threads: int, batch: int, coun
           f"{batch} at a time; answer tokens/s, medians of {repeats} (each run in a fresh process)")
     print("| side | answer tokens/s | mean answer tokens |")
     print("| --- | ---: | ---: |")
-    rates, acceptance = {}, 0.0
+    rates, acceptances = {}, {}
     names = {"engine": "forge engine (continuous batching)", "engine+mtp": "forge engine + MTP speculation",
              "transformers": "transformers generate (static batches)"}
     for side in names:
@@ -330,10 +330,10 @@ def rollout_section(model_name: str, device: str, threads: int, batch: int, coun
                 runs.append(pool.submit(measure_rollout, side, model_name, device, threads, batch, count,
                                         new_tokens).result())
         rates[side] = median([r[0] for r in runs])
-        acceptance = acceptance or median([r[2] for r in runs])
+        acceptances[side] = median([r[2] for r in runs])
         print(f"| {names[side]} | {rates[side]:,.0f} | {median([r[1] for r in runs]):.1f} |", flush=True)
     print(f"engine / transformers: {rates['engine'] / rates['transformers']:.2f}x; MTP speculation / engine: "
-          f"{rates['engine+mtp'] / rates['engine']:.2f}x at acceptance {acceptance:.1%}")
+          f"{rates['engine+mtp'] / rates['engine']:.2f}x at acceptance {acceptances['engine+mtp']:.1%}")
 
 
 @click.command()

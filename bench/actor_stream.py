@@ -2,13 +2,12 @@
 actor settings side by side: the engine loop in a thread of the server (``--in-process``) or in a process of its
 own (the default), and one message per token (``--stream-interval 1``) or fewer, larger ones (0 = adaptive, the
 default). Each message costs the server ~0.1 ms of CPU under its GIL, which an in-process engine loop needs too, so
-at large batches the message rate, not the model, can bound such a server. The same
-requests straight into a ``TorchEngine`` (no server, in a fresh process) show what a server could reach, and the
-actors' CPU time (server process and engine core, from /proc) shows where it goes, and the server's CPU per streamed
-message what the gRPC side costs.
+at large batches the message rate, not the model, can bound such a server. The same requests straight into a
+``TorchEngine`` (no server, in a fresh process) show what a server could reach. Also printed: the actors' CPU time
+(server process and engine core, from /proc), the server's CPU per streamed message, and the time to first token.
 
 Usage: python bench/actor_stream.py [--batches 8,32,64] [--new-tokens 128] [--repeats 3]
-                                    [--configs thread:1,thread:0,process:1,process:0]
+                                    [--configs thread:1,thread:0,process:1,process:0] [--max-batch 64]
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -63,10 +63,22 @@ def engine_alone(batches: list[int], new_tokens: int, repeats: int, threads: int
         engine.close()
 
 
+@dataclass
+class Served:
+    """One actor setting at one batch size: medians over the runs, and the actor's CPU over all of them."""
+
+    tokens_per_s: float
+    messages: float                 # per request
+    first_token_s: float            # median over the batch's streams
+    slowest_first_token_s: float
+    server_cpu: float               # CPU seconds per wall second: the server process
+    core_cpu: float                 # ... and the engine core (0 with the engine in process)
+    server_cpu_per_message: float   # seconds
+
+
 def serve_and_measure(run_dir: Path, config: str, batches: list[int], new_tokens: int, repeats: int,
-                      threads: int, max_batch: int) -> dict[int, tuple[float, float]]:
-    """Median tokens/s and messages per request at each batch size, against one actor started for ``config``
-    (ENGINE:INTERVAL)."""
+                      threads: int, max_batch: int) -> dict[int, Served]:
+    """Each batch size's figures against one actor started for ``config`` (ENGINE:INTERVAL)."""
     engine, interval = config.split(":")
     actor = ServiceProcess(f"actor-{engine}-{interval}", "forge-actor", [
         "--model", "tiny", "--port", "0", "--threads", str(threads), "--no-speculative", "--kv-cache-mb", "256",
@@ -82,19 +94,13 @@ def serve_and_measure(run_dir: Path, config: str, batches: list[int], new_tokens
                 before, started = cpu_seconds(actor.proc.pid), time.perf_counter()
                 runs = [generate_all(stub, batch, new_tokens) for _ in range(repeats)]
                 wall, after = time.perf_counter() - started, cpu_seconds(actor.proc.pid)
-                results[batch] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
-                CPU_SHARES[(config, batch)] = ((after[0] - before[0]) / wall, (after[1] - before[1]) / wall)
-                FIRST_TOKEN_S[(config, batch)] = (statistics.median(r[2] for r in runs),
-                                                  statistics.median(r[3] for r in runs))
-                SERVER_CPU_PER_MESSAGE[(config, batch)] = (after[0] - before[0]) / sum(r[1] * batch for r in runs)
+                medians = [statistics.median(figures) for figures in zip(*runs, strict=True)]
+                server, core = after[0] - before[0], after[1] - before[1]
+                results[batch] = Served(*medians, server / wall, core / wall,
+                                        server / sum(r[1] * batch for r in runs))
             return results
     finally:
         actor.stop()
-
-
-CPU_SHARES: dict[tuple[str, int], tuple[float, float]] = {}     # (config, batch) -> server, core CPU s per wall s
-SERVER_CPU_PER_MESSAGE: dict[tuple[str, int], float] = {}       # (config, batch) -> server CPU s per message sent
-FIRST_TOKEN_S: dict[tuple[str, int], tuple[float, float]] = {}  # (config, batch) -> median, slowest time to 1st token
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
@@ -152,8 +158,7 @@ def main(batches: str, new_tokens: int, repeats: int, configs: str, threads: int
         if engine not in ("thread", "process") or not interval.isdigit():
             raise click.BadParameter(f"{config!r} is not ENGINE:INTERVAL (thread:1, process:0, ...)")
     with tempfile.TemporaryDirectory() as directory:
-        results = {config: serve_and_measure(Path(directory), config, sizes, new_tokens, repeats, threads,
-                                                     max_batch)
+        results = {config: serve_and_measure(Path(directory), config, sizes, new_tokens, repeats, threads, max_batch)
                    for config in settings}
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         alone = pool.submit(engine_alone, sizes, new_tokens, repeats, threads, max_batch).result()
@@ -164,38 +169,37 @@ def main(batches: str, new_tokens: int, repeats: int, configs: str, threads: int
 
     base_name = name(settings[0])
     print(f"\n## forge-actor over gRPC: tokens/s (messages per request), {new_tokens} new tokens, medians of {repeats}")
-    print("| batch | " + " | ".join(name(c) for c in settings) + " | engine alone, adaptive | " +
-          " | ".join(f"{name(c)} / {base_name}" for c in settings[1:]) + " | " +
-          " | ".join(f"{name(c)} / engine alone" for c in settings) + " |")
-    print("| ---: |" + " ---: |" * (3 * len(settings)))
-    for batch in sizes:
-        base, engine = results[settings[0]][batch][0], alone[batch][0]
-        cells = [f"{results[c][batch][0]:,.0f} ({results[c][batch][1]:.0f})" for c in settings]
-        cells.append(f"{engine:,.0f} ({alone[batch][1]:.0f})")
-        ratios = [f"{results[c][batch][0] / base:.2f}x" for c in settings[1:]]
-        ratios += [f"{results[c][batch][0] / engine:.2f}" for c in settings]
-        print(f"| {batch} | " + " | ".join(cells + ratios) + " |", flush=True)
+    columns = [*map(name, settings), "engine alone, adaptive", *(f"{name(c)} / {base_name}" for c in settings[1:]),
+               *(f"{name(c)} / engine alone" for c in settings)]
+
+    def row(batch: int) -> list[str]:
+        served, (engine, engine_messages) = [results[c][batch] for c in settings], alone[batch]
+        return [*(f"{s.tokens_per_s:,.0f} ({s.messages:.0f})" for s in served), f"{engine:,.0f} ({engine_messages:.0f})",
+                *(f"{s.tokens_per_s / served[0].tokens_per_s:.2f}x" for s in served[1:]),
+                *(f"{s.tokens_per_s / engine:.2f}" for s in served)]
+
+    print_table(columns, {batch: row(batch) for batch in sizes})
     print("\nCPU seconds per wall second over each batch's runs (server process / engine core; 1.0 = one core busy):")
-    print("| batch | " + " | ".join(name(c) for c in settings) + " |")
-    print("| ---: |" + " ---: |" * len(settings))
-    for batch in sizes:
-        shares = [CPU_SHARES[(c, batch)] for c in settings]
-        print(f"| {batch} | " + " | ".join(f"{server:.2f} / {core:.2f}" if core else f"{server:.2f}"
-                                          for server, core in shares) + " |")
+    print_table(list(map(name, settings)), {batch: [
+        f"{s.server_cpu:.2f} / {s.core_cpu:.2f}" if s.core_cpu else f"{s.server_cpu:.2f}"
+        for s in (results[c][batch] for c in settings)] for batch in sizes})
     print("\nTime to first token over the batch's streams, ms (median / slowest; medians of the runs):")
-    print("| batch | " + " | ".join(name(c) for c in settings) + " |")
-    print("| ---: |" + " ---: |" * len(settings))
-    for batch in sizes:
-        print(f"| {batch} | " + " | ".join(f"{FIRST_TOKEN_S[(c, batch)][0] * 1e3:,.0f} / "
-                                          f"{FIRST_TOKEN_S[(c, batch)][1] * 1e3:,.0f}" for c in settings) + " |")
+    print_table(list(map(name, settings)), {batch: [
+        f"{s.first_token_s * 1e3:,.0f} / {s.slowest_first_token_s * 1e3:,.0f}"
+        for s in (results[c][batch] for c in settings)] for batch in sizes})
     separate = [c for c in settings if c.startswith("process")]
     if separate:
         print("\nServer process CPU per streamed message, engine core apart (µs; the gRPC server's cost):")
-        print("| batch | " + " | ".join(name(c) for c in separate) + " |")
-        print("| ---: |" + " ---: |" * len(separate))
-        for batch in sizes:
-            print(f"| {batch} | " + " | ".join(f"{SERVER_CPU_PER_MESSAGE[(c, batch)] * 1e6:.0f}" for c in separate)
-                  + " |")
+        print_table(list(map(name, separate)), {batch: [f"{results[c][batch].server_cpu_per_message * 1e6:.0f}"
+                                                        for c in separate] for batch in sizes})
+
+
+def print_table(columns: list[str], rows: dict[int, list[str]]) -> None:
+    """A markdown table with a batch column first."""
+    print("| batch | " + " | ".join(columns) + " |")
+    print("| ---: |" + " ---: |" * len(columns))
+    for batch, cells in rows.items():
+        print(f"| {batch} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -63,10 +63,12 @@ def put_all(streams: list[RequestStream]) -> None:
     with batched_wakeups():
         for stream in streams:
             stream.put(TokenChunk(token_ids=[1]))
+            time.sleep(0.002)           # the loop runs meanwhile: a wake-up not held back would reach it now
 
 
 def test_the_wake_ups_of_a_batch_are_coalesced():
-    """One step's chunks for 50 waiting streams, put inside ``batched_wakeups``, schedule one loop callback."""
+    """One step's chunks for 50 waiting streams, put inside ``batched_wakeups``, schedule one loop callback, however
+    long the step takes between its puts."""
     streams = [RequestStream(f"r{i}") for i in range(50)]
     scheduled = 0
 

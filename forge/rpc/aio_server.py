@@ -23,7 +23,6 @@ from grpc_health.v1 import health, health_pb2
 
 from forge.rpc.auth import AioApiKeyInterceptor
 from forge.rpc.server import (
-    HEALTH_SERVICE,
     ServerBase,
     ServerOptions,
     ServiceBinding,
@@ -44,11 +43,7 @@ class AioGrpcServer(ServerBase):
                  interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         """``loop``: an event loop already running in another thread, to serve on (it stays the caller's)."""
-        self.options = options or ServerOptions()
-        self.services = list(services)
-        self._started = False
-        self._stopped = threading.Event()
-        self._stop_lock = threading.Lock()
+        super().__init__(services, options)
         self._terminated = threading.Event()
         self._pool: futures.ThreadPoolExecutor | None = None
         self._loop = loop or asyncio.new_event_loop()
@@ -57,17 +52,16 @@ class AioGrpcServer(ServerBase):
             self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-aio", daemon=True)
             self._thread.start()
         try:
-            self.port = self._run(self._build(list(interceptors)))
+            self.port = self._run(self._build(interceptors))
         except BaseException:
             self._release()
             raise
         self.address = format_address(self.options.host, self.port)
 
-    async def _build(self, interceptors: list[grpc.aio.ServerInterceptor]) -> int:
-        if self.options.api_keys:
-            interceptors.insert(0, AioApiKeyInterceptor(self.options.api_keys, exempt=(HEALTH_SERVICE,)))
+    async def _build(self, interceptors: Sequence[grpc.aio.ServerInterceptor]) -> int:
         self._pool = futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc")
-        self.server = grpc.aio.server(migration_thread_pool=self._pool, interceptors=interceptors,
+        self.server = grpc.aio.server(migration_thread_pool=self._pool,
+                                      interceptors=self._interceptors(interceptors, AioApiKeyInterceptor),
                                       options=channel_options(self.options))
         self.health = health.aio.HealthServicer()
         return register_and_bind(self.server, self.services, self.health, self.options)
@@ -77,14 +71,12 @@ class AioGrpcServer(ServerBase):
             return self
         self._started = True
         self._run(self._start())
-        log.info("serving %s on %s (asyncio)", ", ".join(s.name for s in self.services) or "health", self.address)
         return self
 
     async def _start(self) -> None:
         await self.server.start()
-        serving = health_pb2.HealthCheckResponse.SERVING
-        for name in ("", *(s.name for s in self.services)):
-            await self.health.set(name, serving)
+        for name in self._serving():
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     def stop(self, grace_s: float | None = None) -> None:
         """Report NOT_SERVING, let in-flight calls finish for up to ``grace_s`` seconds, then stop (calls still open

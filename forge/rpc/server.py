@@ -80,8 +80,25 @@ class ServerBase(ABC):
 
     port: int
     address: str
-    _stopped: threading.Event                  # set once stop has begun
-    _stop_lock: threading.Lock
+
+    def __init__(self, services: Iterable[ServiceBinding], options: ServerOptions | None) -> None:
+        self.options = options or ServerOptions()
+        self.services = list(services)
+        self._started = False
+        self._stopped = threading.Event()          # set once stop has begun
+        self._stop_lock = threading.Lock()
+
+    def _interceptors(self, given: Sequence, api_key_interceptor: type) -> list:
+        """``given`` behind the API-key check of ``options.api_keys`` (health checks exempt), if any."""
+        chain = list(given)
+        if self.options.api_keys:
+            chain.insert(0, api_key_interceptor(self.options.api_keys, exempt=(HEALTH_SERVICE,)))
+        return chain
+
+    def _serving(self) -> tuple[str, ...]:
+        """The names health reports SERVING once started ("" is the server as a whole); logs that it serves."""
+        log.info("serving %s on %s", ", ".join(s.name for s in self.services) or "health", self.address)
+        return ("", *(s.name for s in self.services))
 
     def _begin_stop(self) -> bool:
         """True for the one caller that goes on to stop the server (a signal and a failing backend may race)."""
@@ -126,30 +143,21 @@ class GrpcServer(ServerBase):
 
     def __init__(self, services: Iterable[ServiceBinding], options: ServerOptions | None = None,
                  interceptors: Sequence[grpc.ServerInterceptor] = ()) -> None:
-        self.options = options or ServerOptions()
-        self.services = list(services)
-        chain = list(interceptors)
-        if self.options.api_keys:
-            chain.insert(0, ApiKeyInterceptor(self.options.api_keys, exempt=(HEALTH_SERVICE,)))
+        super().__init__(services, options)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc"),
-            interceptors=chain, options=channel_options(self.options))
+            interceptors=self._interceptors(interceptors, ApiKeyInterceptor), options=channel_options(self.options))
         self.health = health.HealthServicer()
         self.port = register_and_bind(self.server, self.services, self.health, self.options)
         self.address = format_address(self.options.host, self.port)
-        self._started = False
-        self._stopped = threading.Event()
-        self._stop_lock = threading.Lock()
 
     def start(self) -> Self:
         if self._started:
             return self
         self._started = True
         self.server.start()
-        serving = health_pb2.HealthCheckResponse.SERVING
-        for name in ("", *(s.name for s in self.services)):
-            self.health.set(name, serving)
-        log.info("serving %s on %s", ", ".join(s.name for s in self.services) or "health", self.address)
+        for name in self._serving():
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self
 
     def stop(self, grace_s: float | None = None) -> None:
