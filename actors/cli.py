@@ -8,90 +8,11 @@ from pathlib import Path
 
 import click
 
-from forge.cache.client import FETCH_POLICIES
+from forge.actors.parts import kv_connector, load_policy, model_id_of, trtllm_backend, weight_subscriber
+from forge.cache.client import FETCH_POLICIES, parse_addresses
 from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, setup_logging, write_ready_file
 
 log = logging.getLogger("forge.actor")
-
-
-def model_id_of(model: str) -> str:
-    """The id ``--model`` serves under (KV salts, stats); raises BadParameter when it names no checkpoint."""
-    from forge.builtin import TINY_NAME, is_builtin
-
-    if is_builtin(model):
-        return TINY_NAME
-    path = Path(model)
-    if not (path / "config.json").exists():
-        raise click.BadParameter(f"{model} is not a checkpoint directory (no config.json) nor 'tiny'",
-                                 param_hint="--model")
-    return str(path.resolve())
-
-
-def load_policy(model: str, device: str, dtype: str):
-    """The model for ``--model``: a checkpoint directory, or 'tiny' (its shipped weights, else a fresh init)."""
-    import torch
-
-    from forge.builtin import TINY_DIR, is_builtin, tiny_model
-    from forge.model import CausalLM
-
-    torch_dtype = getattr(torch, dtype)
-    model_id = model_id_of(model)
-    if is_builtin(model):
-        if any(TINY_DIR.glob("*.safetensors")):
-            return CausalLM.from_pretrained(TINY_DIR, dtype=torch_dtype, device=device), model_id
-        log.warning("the built-in tiny model has no trained weights in this installation: using a fresh init")
-        return tiny_model(seed=0).to(device=device, dtype=torch_dtype), model_id
-    return CausalLM.from_pretrained(Path(model), dtype=torch_dtype, device=device), model_id
-
-
-def trtllm_backend(model: str, max_waiting: int):
-    """The TensorRT-LLM backend over a checkpoint directory (the tiny model is written out first if needed)."""
-    import tempfile
-
-    from forge.actors.trtllm import TrtllmBackend
-    from forge.builtin import TINY_DIR, TINY_NAME, is_builtin, write_tiny_checkpoint
-    from forge.model import ModelConfig
-
-    directory = TINY_DIR if is_builtin(model) else Path(model)
-    if is_builtin(model) and not any(TINY_DIR.glob("*.safetensors")):
-        directory = write_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="forge-tiny-")))
-    config = ModelConfig.from_file(directory)
-    try:
-        backend = TrtllmBackend(str(directory), config.vocab_size, config.max_position_embeddings,
-                                config.eos_token_ids, max_waiting=max_waiting)
-    except RuntimeError as exc:
-        raise click.ClickException(str(exc)) from exc
-    return backend, TINY_NAME if is_builtin(model) else str(directory.resolve())
-
-
-def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
-    """The torch engine's KV connector: KV events for routers always, the L3 cache with ``--l3-cache``."""
-    from forge.actors.engine.l3 import KVConnector
-
-    client = None
-    if l3_cache:
-        from forge.cache.client import CacheClient
-
-        try:
-            client = CacheClient(l3_cache, api_key=api_key)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--l3-cache") from exc
-        log.info("L3 KV cache on %s (fetch: %s)", ", ".join(client.servers), fetch)
-    return KVConnector(engine, client, fetch=fetch)
-
-
-def weight_subscriber(backend, fetch: str, announce: str):
-    """Follow the learner's weight versions into ``backend``; a version it refuses (wrong tensors, stale) is logged
-    and the current one keeps serving."""
-    from forge.weights import WeightSubscriber
-
-    def apply(version: int, tensors: dict) -> None:
-        try:
-            backend.load_weights(version, tensors)
-        except ValueError as exc:
-            log.error("weight version %d refused: %s", version, exc)
-
-    return WeightSubscriber(fetch, announce, on_version=apply)
 
 
 @click.command("actor", context_settings=CONTEXT_SETTINGS)
@@ -167,8 +88,13 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
     setup_logging(log_level)
     if (weights_fetch is None) != (weights_announce is None):
         raise click.UsageError("--weights-fetch and --weights-announce go together")
-    if l3_cache and backend != "torch":
-        raise click.UsageError("--l3-cache needs the torch backend")
+    if l3_cache is not None:
+        if backend != "torch":
+            raise click.UsageError("--l3-cache needs the torch backend")
+        try:
+            parse_addresses(l3_cache)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--l3-cache") from exc
     import torch
 
     from forge.actors.server import ActorServicer
@@ -189,11 +115,17 @@ def actor(model: str, backend: str, host: str, port: int, name: str | None, devi
 
         raise click.ClickException(backend_unavailable(backend))
     if backend == "trtllm":
-        engine, model_id = trtllm_backend(model, max_waiting)
+        try:
+            engine, model_id = trtllm_backend(model, max_waiting)
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from exc
     else:
         from forge.actors.engine.engine import EngineConfig, TorchEngine
 
-        model_id = model_id_of(model)
+        try:
+            model_id = model_id_of(model)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--model") from exc
         config = EngineConfig(kv_cache_bytes=kv_cache_mb * 2**20, block_size=block_size, max_num_seqs=max_batch,
                               max_num_batched_tokens=max_batched_tokens, max_waiting=max_waiting,
                               speculative=speculative, prefix_caching=prefix_caching,

@@ -68,3 +68,21 @@ def test_model_commands_report_bad_paths(tmp_path):
     result = subprocess.run([script("forge"), "model", "info", str(tmp_path)], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 1 and "not a model directory" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["forge-actor", "--in-process", "--port", "0", "--model"],
+                                     ["forge-actor", "--port", "0", "--model"],
+                                     ["forge", "model", "eval"]])
+def test_a_model_that_is_no_checkpoint_is_a_usage_error(tmp_path, command):
+    result = subprocess.run([script(command[0]), *command[1:], str(tmp_path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert f"{tmp_path} is not a checkpoint directory (no config.json) nor 'tiny'" in result.stderr
+
+
+@pytest.mark.parametrize("mode", ["--in-process", "--engine-process"])
+def test_an_empty_l3_server_list_is_a_usage_error(mode):
+    result = subprocess.run([script("forge-actor"), mode, "--port", "0", "--l3-cache", ","],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Invalid value for --l3-cache" in result.stderr, result.stderr
+    assert "no cache server addresses given" in result.stderr

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 class EngineSpec:
     """Everything the core needs to build its engine: the model, the engine's configuration and its links."""
 
-    model: str = "tiny"                     # a checkpoint directory or 'tiny' (see forge.actors.cli.load_policy)
+    model: str = "tiny"                     # a checkpoint directory or 'tiny' (see forge.actors.parts.load_policy)
     device: str = "cpu"
     dtype: str = "float32"
     config: EngineConfig = field(default_factory=EngineConfig)
@@ -132,7 +132,7 @@ class EngineCore:
         return spec
 
     def build(self) -> None:
-        from forge.actors.cli import load_policy
+        from forge.actors.parts import load_policy
 
         spec = self.spec
         threads = reserve_cpu_threads(spec.config.threads)     # before any torch work (see reserve_cpu_threads)
@@ -144,11 +144,11 @@ class EngineCore:
         engine.after_pass = outbox.flush
         self.engine, self.outbox = engine, outbox
         if spec.kv_events or spec.l3_cache:
-            from forge.actors.cli import kv_connector
+            from forge.actors.parts import kv_connector
 
             self.connector = kv_connector(engine, spec.l3_cache, spec.l3_fetch, spec.l3_api_key)
         if spec.weights_fetch:
-            from forge.actors.cli import weight_subscriber
+            from forge.actors.parts import weight_subscriber
 
             self.subscriber = weight_subscriber(engine, spec.weights_fetch, spec.weights_announce)
         shapes = {name: tuple(t.shape) for name, t in engine.model.state_dict().items()}

@@ -107,8 +107,8 @@ def eval_command(model: str, domains: str, size: int, max_tokens: int, temperatu
     """Held-out reward of MODEL on the built-in tasks (in-process engine, nothing recorded)."""
     import asyncio
 
-    from forge.actors.cli import load_policy
     from forge.actors.engine.engine import EngineConfig, TorchEngine, reserve_cpu_threads
+    from forge.actors.parts import load_policy
     from forge.builtin import TINY_DIR, is_builtin
     from forge.rollout.evaluate import evaluate_with
     from forge.rollout.llm import EngineChat
@@ -119,7 +119,10 @@ def eval_command(model: str, domains: str, size: int, max_tokens: int, temperatu
     if set(chosen) - set(DOMAINS):
         raise click.BadParameter(f"domains must be among {', '.join(DOMAINS)}", param_hint="--domains")
     threads = reserve_cpu_threads()
-    policy, model_id = load_policy(model, "cpu", "float32")
+    try:
+        policy, model_id = load_policy(model, "cpu", "float32")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="MODEL") from exc
     tokenizer = Tokenizer.from_dir(TINY_DIR if is_builtin(model) else model)
     engine = TorchEngine(policy, EngineConfig(kv_cache_bytes=64 * 2**20, model_id=model_id, threads=threads))
     try:
