@@ -2,7 +2,8 @@
 
 1. decode tokens/s at batch 1, 8, 32, 64: the embedded torch engine (eager, and in graph mode: its decode step
    compiled by torch.compile, compile time left out) against transformers' ``generate`` on the same checkpoint
-   (sampling, same prompt and output lengths);
+   (sampling, same prompt and output lengths), beside the ceiling of any fp32 engine on these cores: the step's
+   matrix multiplications alone;
    and decode at batch 32 with short and long contexts, with the compiled C attention kernel and with torch's
    gather + SDPA path, against transformers;
 2. prefill time saved by prefix reuse for 8 rollouts of one long prompt (prefix caching on against off);
@@ -100,6 +101,9 @@ def measure_decode(side: str, model_name: str, device: str, threads: int, batch:
 
     Plain: all tokens over all the time, prefill included. ``decode_only``: the difference between a run of
     ``new_tokens`` and one of a quarter as many, which leaves out the prefill (long prompts' cost)."""
+    if side == "matmuls":
+        torch.set_num_threads(threads)
+        return batch / matmul_floor(load(model_name).to(device), batch)
     if side == "transformers":
         reference = hf_reference(model_name, device, threads)
         seconds = functools.partial(hf_seconds, reference, batch, prompt_len)
@@ -111,6 +115,27 @@ def measure_decode(side: str, model_name: str, device: str, threads: int, batch:
     engine_seconds(model, 2, 32, 4, **config)                   # warm-up (and graph mode's one compile)
     seconds = functools.partial(engine_seconds, model, batch, prompt_len, **config)
     return median([_rate(seconds, batch, new_tokens, decode_only) for _ in range(repeats)])
+
+
+def matmul_floor(model, batch: int, repeats: int = 200) -> float:
+    """Median seconds of one decode step's matrix multiplications (every projection of every layer and the output
+    head) on ``batch`` rows, issued back to back: the floor under any implementation of the step."""
+    weights = [m.weight for name, m in model.named_modules()       # an untied lm_head is among them
+               if isinstance(m, torch.nn.Linear) and not name.startswith("mtp.")]
+    if model.lm_head is None:
+        weights.append(model.output_weight)                         # tied: the embedding matrix
+    inputs = [torch.randn(batch, w.shape[1], device=w.device, dtype=w.dtype) for w in weights]
+    sync = torch.cuda.synchronize if weights[0].is_cuda else lambda: None
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            sync()
+            started = time.perf_counter()
+            for x, w in zip(inputs, weights, strict=True):
+                torch.nn.functional.linear(x, w)
+            sync()
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def _rate(seconds, batch: int, new_tokens: int, decode_only: bool) -> float:
@@ -135,15 +160,18 @@ def run_sides(sides: tuple[str, ...], *args, **kwargs) -> dict[str, float]:
 def decode_section(model_name: str, device: str, threads: int, batches: list[int], new_tokens: int,
                    repeats: int) -> None:
     print(f"\n## Decode tokens/s (sampling, 32-token prompts, {new_tokens} new tokens; each side in a fresh process)")
-    print("| batch | forge engine | engine, graph mode | forge + MTP speculation | transformers generate | engine / "
-          "transformers | graph mode / transformers |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("*matmuls alone*: the step's matrix multiplications with nothing else (``matmul_floor``) as tokens/s, the "
+          "ceiling of any fp32 engine on these cores; its ratio to transformers bounds every engine's.")
+    print("| batch | forge engine | engine, graph mode | forge + MTP speculation | transformers generate | matmuls alone "
+          "| engine / transformers | graph mode / transformers | matmuls alone / transformers |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for batch in batches:
-        rates = run_sides(("engine", "graph", "speculative", "transformers"), model_name, device, threads, batch,
-                          new_tokens, repeats)
+        rates = run_sides(("engine", "graph", "speculative", "transformers", "matmuls"), model_name, device, threads,
+                          batch, new_tokens, repeats)
         ours, graph, spec, theirs = rates["engine"], rates["graph"], rates["speculative"], rates["transformers"]
-        print(f"| {batch} | {ours:,.0f} | {graph:,.0f} | {spec:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x | "
-              f"{graph / theirs:.2f}x |", flush=True)
+        ceiling = rates["matmuls"]
+        print(f"| {batch} | {ours:,.0f} | {graph:,.0f} | {spec:,.0f} | {theirs:,.0f} | {ceiling:,.0f} | "
+              f"{ours / theirs:.2f}x | {graph / theirs:.2f}x | {ceiling / theirs:.2f}x |", flush=True)
 
 
 def context_section(model_name: str, device: str, threads: int, prompt_lens: list[int], new_tokens: int,

@@ -19,7 +19,7 @@ import time
 
 import click
 import torch
-from actor_decode import load, prompt_ids
+from actor_decode import load, matmul_floor, prompt_ids
 
 from forge.actors.backend import GenerationRequest
 from forge.actors.engine.engine import EngineConfig, TorchEngine
@@ -127,24 +127,6 @@ def _time_calls(owner, name: str, samples: list[float]) -> None:
             samples.append(time.thread_time() - started)
 
     setattr(owner, name, timed)
-
-
-def matmul_floor(model, batch: int, repeats: int = 200) -> float:
-    """Median seconds of one decode step's matrix multiplications (every projection of every layer and the output
-    head) on ``batch`` rows, issued back to back: the floor under any implementation of the step."""
-    weights = [m.weight for name, m in model.named_modules()       # an untied lm_head is among them
-               if isinstance(m, torch.nn.Linear) and not name.startswith("mtp.")]
-    if model.lm_head is None:
-        weights.append(model.output_weight)                         # tied: the embedding matrix
-    inputs = [torch.randn(batch, w.shape[1]) for w in weights]
-    times = []
-    with torch.inference_mode():
-        for _ in range(repeats):
-            started = time.perf_counter()
-            for x, w in zip(inputs, weights, strict=True):
-                torch.nn.functional.linear(x, w)
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 if __name__ == "__main__":

@@ -200,7 +200,8 @@ def limits(samples: list[Sample], batches: list, config: ModelConfig) -> tuple[f
 
 def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.device) -> Row:
     rng = random.Random(groups * 1000 + turns)
-    samples = agent_batch(rng, groups, turns, args["system"], model.config.vocab_size)
+    samples = agent_batch(rng, groups, turns, args["system"], model.config.vocab_size, completion=args["completion"],
+                          tool=args["tool"])
     budget = args["budget"]
     trie = build_trie([s.tokens for s in samples])
     batches = pack_trees(samples, budget, device, trie=trie)
@@ -225,6 +226,16 @@ def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.
                linear_s, stride, tree_s, pack_s, linear_s / tree_s, linear_peak / 2**20, tree_peak / 2**20)
 
 
+def token_range(text: str) -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected MIN,MAX, got {text!r}") from None
+    if not 1 <= low < high:
+        raise click.BadParameter(f"expected 1 <= MIN < MAX, got {text!r}")
+    return low, high
+
+
 HEADER = ("  G turns samples  sample tok  trie tok  packed | limit packed  attn  work | linear s   tree s  pack s | "
           "speedup  /limit  /work | lin MiB  tree MiB")
 
@@ -245,6 +256,10 @@ def print_row(row: Row) -> None:
 @click.option("--groups", default="4,8,16", show_default=True, help="rollouts per task (G)")
 @click.option("--turns", default="1,8,32", show_default=True, help="calls per session")
 @click.option("--system", default=4096, show_default=True, help="tokens of the shared system prompt")
+@click.option("--completion", default="32,128", show_default=True, callback=lambda _c, _p, v: token_range(v),
+              help="completion tokens per call, MIN,MAX (MAX excluded)")
+@click.option("--tool", default="16,96", show_default=True, callback=lambda _c, _p, v: token_range(v),
+              help="tool-output tokens after each call, MIN,MAX (MAX excluded)")
 @click.option("--budget", default=16384, show_default=True, help="tokens per micro-batch, both paths")
 @click.option("--repeats", default=2, show_default=True, help="timed repeats (the minimum is reported)")
 @click.option("--linear-sample", default=0, help="time every K-th linear micro-batch (0 = automatic)")
@@ -256,7 +271,8 @@ def print_row(row: Row) -> None:
 @click.option("--threads", default=1, show_default=True,
               help="torch CPU threads (0 = torch's default); one keeps timings stable on a shared machine")
 @click.option("--json", "json_path", default=None, help="also write the rows to this file")
-def main(quick: bool, model_name: str, groups: str, turns: str, system: int, budget: int, repeats: int,
+def main(quick: bool, model_name: str, groups: str, turns: str, system: int, completion: tuple[int, int],
+         tool: tuple[int, int], budget: int, repeats: int,
          linear_sample: int, linear_cap: int, impl: str, memory: bool, device: str, threads: int,
          json_path: str | None) -> None:
     target = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
@@ -265,11 +281,12 @@ def main(quick: bool, model_name: str, groups: str, turns: str, system: int, bud
     if threads and target.type == "cpu":
         torch.set_num_threads(threads)
     model = load(model_name, str(target))
-    args = {"system": system, "budget": budget, "repeats": repeats, "linear_sample": linear_sample,
-            "linear_cap": linear_cap, "impl": impl, "memory": memory}
+    args = {"system": system, "completion": completion, "tool": tool, "budget": budget, "repeats": repeats,
+            "linear_sample": linear_sample, "linear_cap": linear_cap, "impl": impl, "memory": memory}
     print(f"model {model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters), device "
           f"{target}, torch {torch.__version__}, {torch.get_num_threads()} threads, system prompt {system}, "
-          f"budget {budget} tokens, tree attention {impl}")
+          f"completions {completion[0]}-{completion[1] - 1}, tool outputs {tool[0]}-{tool[1] - 1}, budget {budget} "
+          f"tokens, tree attention {impl}")
     print(HEADER)
     rows = []
     for g in (int(x) for x in groups.split(",")):
