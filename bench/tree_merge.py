@@ -16,7 +16,8 @@ above --linear-cap sample tokens) every K-th micro-batch (they are sorted by len
 scaled by the number of micro-batches over the number timed; the table marks such rows with ~.
 
 Usage: python bench/tree_merge.py [--quick] [--model tiny|medium|wide|DIR] [--groups 4,8,16] [--turns 1,8,32]
-       [--system 4096] [--budget 16384] [--repeats 2] [--device auto] [--json FILE]
+       [--system 4096] [--completion 32,128] [--tool 16,96] [--budget 16384] [--repeats 2] [--device auto]
+       [--json FILE]
 """
 
 from __future__ import annotations
