@@ -227,7 +227,8 @@ def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.
                linear_s, stride, tree_s, pack_s, linear_s / tree_s, linear_peak / 2**20, tree_peak / 2**20)
 
 
-def token_range(text: str) -> tuple[int, int]:
+def token_range(_context: click.Context, _param: click.Parameter, text: str) -> tuple[int, int]:
+    """A MIN,MAX option's value."""
     try:
         low, high = (int(x) for x in text.split(","))
     except ValueError:
@@ -257,9 +258,9 @@ def print_row(row: Row) -> None:
 @click.option("--groups", default="4,8,16", show_default=True, help="rollouts per task (G)")
 @click.option("--turns", default="1,8,32", show_default=True, help="calls per session")
 @click.option("--system", default=4096, show_default=True, help="tokens of the shared system prompt")
-@click.option("--completion", default="32,128", show_default=True, callback=lambda _c, _p, v: token_range(v),
+@click.option("--completion", default="32,128", show_default=True, callback=token_range,
               help="completion tokens per call, MIN,MAX (MAX excluded)")
-@click.option("--tool", default="16,96", show_default=True, callback=lambda _c, _p, v: token_range(v),
+@click.option("--tool", default="16,96", show_default=True, callback=token_range,
               help="tool-output tokens after each call, MIN,MAX (MAX excluded)")
 @click.option("--budget", default=16384, show_default=True, help="tokens per micro-batch, both paths")
 @click.option("--repeats", default=2, show_default=True, help="timed repeats (the minimum is reported)")
