@@ -6,7 +6,8 @@ A batch is G rollouts of one task (a long system prompt shared by all, a task pr
 their history (context management: system prompt + summary + the last turn), which branches the tree.
 
 Figures per configuration: sample tokens and trie tokens (their ratio is the limit of the speed-up), tokens packed
-(trie tokens plus ancestors duplicated as context when the trie is cut to fit the budget), the attention work ratio
+(the nodes the tree path computes: the trie's with the step's stem, which computes the context the cut sequences
+share once; with --no-stem, trie tokens plus the ancestors each sequence recomputes as context), the attention work ratio
 (Σ over samples of L(L+1)/2 against Σ over packed nodes of depth + 1: the limit for the attention part alone), the
 measured times, the speed-up and its share of the limit, and peak memory of both paths (torch.cuda on a GPU; on CPU
 the peak of live tensor bytes from the profiler's allocation events).
@@ -16,8 +17,8 @@ above --linear-cap sample tokens) every K-th micro-batch (they are sorted by len
 scaled by the number of micro-batches over the number timed; the table marks such rows with ~.
 
 Usage: python bench/tree_merge.py [--quick] [--model tiny|medium|wide|DIR] [--groups 4,8,16] [--turns 1,8,32]
-       [--system 4096] [--completion 32,128] [--tool 16,96] [--budget 16384] [--repeats 2] [--device auto]
-       [--json FILE]
+       [--system 4096] [--completion 32,128] [--tool 16,96] [--budget 16384] [--repeats 2] [--no-stem]
+       [--device auto] [--json FILE]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 from forge.learner.losses import LossConfig, policy_loss
 from forge.learner.policy import policy_forward
 from forge.learner.samples import Sample, make_micro_batch, micro_batches
-from forge.learner.tree import build_trie, pack_trees, tree_policy_forward
+from forge.learner.tree import TreeStep, build_trie, pack_step, stem_forward, tree_policy_forward
 from forge.model import CausalLM, ModelConfig
 
 MEDIUM = ModelConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
@@ -157,19 +158,24 @@ class Step:
         synchronize(self.device)
         return time.perf_counter() - started
 
-    def tree(self, budget: int) -> tuple[float, float]:
+    def tree(self, budget: int, share: bool) -> tuple[float, float]:
         """(seconds for the whole step including packing, seconds of packing)."""
         self.model.zero_grad(set_to_none=True)
         synchronize(self.device)
         started = time.perf_counter()
-        batches = pack_trees(self.samples, budget, self.device)
+        step = pack_step(self.samples, budget, self.device, share=share)
         packed = time.perf_counter()
-        self.tree_batches(batches)
+        self.tree_step(step)
         return time.perf_counter() - started, packed - started
 
-    def tree_batches(self, batches: list) -> None:
-        for batch in batches:
-            self._backward(tree_policy_forward(self.model, batch, self.loss.mtp_top_k, impl=self.impl), batch)
+    def tree_step(self, step: TreeStep) -> None:
+        """The stem's forward, every tree's forward and backward, then the stem's backward (the trainer's order)."""
+        stem = None if step.stem is None else stem_forward(self.model, step.stem, self.loss.mtp_top_k, self.impl)
+        for batch in step.batches:
+            out = tree_policy_forward(self.model, batch, self.loss.mtp_top_k, impl=self.impl, stem=stem)
+            self._backward(out, batch)
+        if stem is not None:
+            stem.backward()
         synchronize(self.device)
 
 
@@ -185,17 +191,18 @@ def work_model(config: ModelConfig) -> tuple[float, float, float]:
     return float(per_token), float(4 * heads * head_dim * layers), float(per_row)
 
 
-def limits(samples: list[Sample], batches: list, config: ModelConfig) -> tuple[float, float]:
+def limits(samples: list[Sample], step: TreeStep, config: ModelConfig) -> tuple[float, float]:
     """(attention-work ratio, total-work ratio) of linear over tree: Σ L(L+1)/2 pairs against Σ (depth + 1) over
-    packed nodes; then with the per-token work (tokens against packed nodes) and the output head (a row per
-    completion token against a row per distinct predicting node) added."""
+    the nodes the tree path computes; then with the per-token work (tokens against computed nodes) and the output
+    head (a row per completion token against a row per distinct predicting node) added."""
     per_token, per_pair, per_row = work_model(config)
     linear_pairs = sum(len(s.tokens) * (len(s.tokens) + 1) / 2 for s in samples)
-    tree_pairs = sum(float((b.position_ids + 1).sum()) for b in batches)
+    passes = [b.position_ids for b in step.batches] + ([step.stem.position_ids] if step.stem else [])
+    tree_pairs = sum(float((depths + 1).sum()) for depths in passes)
     linear = (per_token * sum(len(s.tokens) for s in samples) + per_pair * linear_pairs
               + per_row * sum(s.num_completion for s in samples))
-    tree = (per_token * sum(b.num_nodes for b in batches) + per_pair * tree_pairs
-            + per_row * sum(b.logit_nodes.numel() for b in batches))
+    tree = (per_token * step.num_nodes + per_pair * tree_pairs
+            + per_row * sum(b.logit_nodes.numel() for b in step.batches))
     return linear_pairs / tree_pairs, linear / tree
 
 
@@ -205,23 +212,24 @@ def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.
                           tool=args["tool"])
     budget = args["budget"]
     trie = build_trie([s.tokens for s in samples])
-    batches = pack_trees(samples, budget, device, trie=trie)
+    tree_step = pack_step(samples, budget, device, trie=trie, share=args["stem"])
+    batches = tree_step.batches
     linear_groups = list(micro_batches(samples, budget))
     stride = args["linear_sample"] or max(1, math.ceil(trie.num_sample_tokens / args["linear_cap"]))
     timed = linear_groups[::stride]
     step = Step(model, samples, LossConfig(mtp_top_k=32), device, args["impl"])
-    step.tree_batches(batches[:1])                # warm-up (allocator, kernels, compilation)
+    step.tree_step(TreeStep(tree_step.stem, batches[:1]))    # warm-up (allocator, kernels, compilation)
     step.linear(linear_groups[:1])
-    tree_s, pack_s = min(step.tree(budget) for _ in range(args["repeats"]))
+    tree_s, pack_s = min(step.tree(budget, args["stem"]) for _ in range(args["repeats"]))
     linear_s = min(step.linear(timed) for _ in range(args["repeats"])) * len(linear_groups) / len(timed)
     tree_peak = linear_peak = math.nan
-    if args["memory"]:        # batches run one after another: the step's peak is its largest batch's
+    if args["memory"]:        # passes run one after another: the step's peak is its largest batch's (with the stem)
         largest = max(batches, key=lambda b: b.num_nodes)
-        tree_peak = peak_bytes(lambda: step.tree_batches([largest]), device)
+        tree_peak = peak_bytes(lambda: step.tree_step(TreeStep(tree_step.stem, [largest])), device)
         widest = max(linear_groups, key=lambda g: len(g) * max(len(s.tokens) for s in g))
         linear_peak = peak_bytes(lambda: step.linear([widest]), device)
-    packed = sum(b.num_nodes for b in batches)
-    attention_limit, work_limit = limits(samples, batches, model.config)
+    packed = tree_step.num_nodes
+    attention_limit, work_limit = limits(samples, tree_step, model.config)
     return Row(groups, turns, len(samples), trie.num_sample_tokens, trie.num_nodes, packed, len(batches),
                len(linear_groups), trie.compression, trie.num_sample_tokens / packed, attention_limit, work_limit,
                linear_s, stride, tree_s, pack_s, linear_s / tree_s, linear_peak / 2**20, tree_peak / 2**20)
@@ -268,6 +276,9 @@ def print_row(row: Row) -> None:
 @click.option("--linear-cap", default=300_000, show_default=True,
               help="sample tokens above which the linear path is sampled automatically")
 @click.option("--impl", default="auto", show_default=True, help="tree attention: auto, flex, segments, gather or dense")
+@click.option("--stem/--no-stem", default=True, show_default=True,
+              help="compute the context the packed sequences share once (the step's stem); --no-stem: each "
+                   "sequence recomputes it")
 @click.option("--memory/--no-memory", default=True, show_default=True, help="measure peak memory")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", default=1, show_default=True,
@@ -275,7 +286,7 @@ def print_row(row: Row) -> None:
 @click.option("--json", "json_path", default=None, help="also write the rows to this file")
 def main(quick: bool, model_name: str, groups: str, turns: str, system: int, completion: tuple[int, int],
          tool: tuple[int, int], budget: int, repeats: int,
-         linear_sample: int, linear_cap: int, impl: str, memory: bool, device: str, threads: int,
+         linear_sample: int, linear_cap: int, impl: str, stem: bool, memory: bool, device: str, threads: int,
          json_path: str | None) -> None:
     target = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     if quick:
@@ -284,11 +295,12 @@ def main(quick: bool, model_name: str, groups: str, turns: str, system: int, com
         torch.set_num_threads(threads)
     model = load(model_name, str(target))
     args = {"system": system, "completion": completion, "tool": tool, "budget": budget, "repeats": repeats,
-            "linear_sample": linear_sample, "linear_cap": linear_cap, "impl": impl, "memory": memory}
+            "linear_sample": linear_sample, "linear_cap": linear_cap, "impl": impl, "memory": memory,
+            "stem": stem}
     print(f"model {model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters), device "
           f"{target}, torch {torch.__version__}, {torch.get_num_threads()} threads, system prompt {system}, "
           f"completions {completion[0]}-{completion[1] - 1}, tool outputs {tool[0]}-{tool[1] - 1}, budget {budget} "
-          f"tokens, tree attention {impl}")
+          f"tokens, tree attention {impl}, {'stem' if stem else 'no stem'}")
     print(HEADER)
     rows = []
     for g in (int(x) for x in groups.split(",")):

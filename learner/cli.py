@@ -110,6 +110,9 @@ def _initial_model(model: str, resume_dir: Path | None, seed: int):
 @click.option("--tree/--no-tree", default=True, show_default=True,
               help="Merge the batch's shared prefixes into packed tries and train them once (exact); "
                    "--no-tree trains sample by sample.")
+@click.option("--tree-stem/--no-tree-stem", default=True, show_default=True,
+              help="With --tree: compute the context several packed trees of a step share once (its activations "
+                   "are held for the step); --no-tree-stem recomputes it in every tree.")
 @click.option("--max-steps", default=0, show_default=True, type=click.IntRange(0), help="0 = until stopped.")
 @click.option("--checkpoint-every", default=10, show_default=True, type=click.IntRange(1))
 @click.option("--keep-checkpoints", default=3, show_default=True, type=click.IntRange(1))
@@ -129,7 +132,7 @@ def learner(model: str, pool_path: Path | None, pool_address: str | None, pool_a
             eps_low: float, eps_high: float, clip_eps: float, alpha: float, beta: float, gamma: float, baseline: str,
             normalize: str, failure_reward: float, speed_on: str, speed_domains: str, mtp_weight: float, mtp_top_k: int, token_norm: str, mode: str, window: float,
             batch_groups: int, min_groups: int, max_wait: float, max_staleness: int, staleness_policy: str,
-            warmup_steps: int, micro_batch_tokens: int, tree: bool, max_steps: int, checkpoint_every: int, keep_checkpoints: int,
+            warmup_steps: int, micro_batch_tokens: int, tree: bool, tree_stem: bool, max_steps: int, checkpoint_every: int, keep_checkpoints: int,
             publish_every: int, device: str, seed: int, nproc: int, host: str, port: int, ready_file: Path | None,
             log_level: str) -> None:
     """Train the policy with CISPO (or PPO-clip, GRPO) on windowed-FIFO batches from the pool, checkpoint with the
@@ -165,7 +168,7 @@ def learner(model: str, pool_path: Path | None, pool_address: str | None, pool_a
                                 tuple(d.strip() for d in speed_domains.split(",") if d.strip())),
                    WindowConfig(mode, window, batch_groups, min(min_groups, batch_groups), max_wait),
                    TrainerConfig(lr=lr, warmup_steps=warmup_steps, micro_batch_tokens=micro_batch_tokens, tree=tree,
-                                 max_steps=max_steps,
+                                 tree_stem=tree_stem, max_steps=max_steps,
                                  checkpoint_every=checkpoint_every, publish_every=publish_every,
                                  max_staleness=max_staleness, staleness_policy=staleness_policy, seed=seed))
     except ValueError as exc:

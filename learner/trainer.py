@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from forge.learner.checkpoint import Checkpointer, set_rng_state
@@ -21,7 +22,16 @@ from forge.learner.parallel import Distributed, full_state_dict, split_for_ranks
 from forge.learner.policy import policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
-from forge.learner.tree import build_trie, pack_trees, rank_spans, tree_policy_forward
+from forge.learner.tree import (
+    Stem,
+    StemState,
+    build_trie,
+    make_stem,
+    pack_step,
+    rank_spans,
+    stem_forward,
+    tree_policy_forward,
+)
 from forge.learner.window import Batch, PoolSource, WindowConfig, WindowedFifo
 from forge.model.qwen3 import CausalLM
 from forge.v1 import pool_pb2
@@ -37,6 +47,7 @@ class TrainerConfig:
     grad_clip: float = 1.0
     micro_batch_tokens: int = 8192     # token budget of one micro-batch (of one packed tree with ``tree``)
     tree: bool = True                   # merge shared prefixes into packed tries (False: sample by sample)
+    tree_stem: bool = True              # compute the context several packed trees share once per step
     max_steps: int = 0                  # 0 = until stopped
     checkpoint_every: int = 10
     publish_every: int = 1
@@ -148,16 +159,21 @@ class Trainer:
         total_tokens = max(1.0, float(sum(s.num_completion for s in samples)))
         total_samples = max(1.0, float(len(samples)))
         total_mtp = max(1.0, float(sum(s.num_completion - (s.prompt_len == 1) for s in samples)))
-        micros, packed_tokens = self._micro_batches(samples)
+        micros, stem, packed_tokens = self._micro_batches(samples)
 
         self.model.train()
         policy_sum = mtp_sum = 0.0
         figures: list[dict[str, float]] = []
         mtp_k = self.loss.mtp_top_k if self.loss.mtp_weight > 0 else 0
-        forward = tree_policy_forward if self.config.tree else policy_forward
+        state: StemState | None = None
+        if stem is not None:
+            state = stem_forward(self.model, stem, mtp_k)
         for micro in micros:
             real = micro.samples[0].position >= 0
-            out = forward(self.model, micro, mtp_k)
+            if self.config.tree:
+                out = tree_policy_forward(self.model, micro, mtp_k, stem=state)
+            else:
+                out = policy_forward(self.model, micro, mtp_k)
             mask = torch.ones_like(out.logprobs)
             policy = policy_loss(self.loss, out.logprobs, micro.old_logprobs, micro.advantages, mask,
                                  micro.sample_index, total_tokens, total_samples)
@@ -170,6 +186,8 @@ class Trainer:
                                | {"count": float(micro.num_tokens)})
             # FSDP averages gradients over ranks: scale back to their sum (the losses use global counts).
             (loss * (self.dist.world_size if real else 0.0)).backward()
+        if state is not None:
+            state.backward()        # the stem's share, summed over the trees that borrowed from it
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
@@ -183,7 +201,8 @@ class Trainer:
         self.state.pool_seq = batch.seq
         record = self._record(batch, rewards, samples, staleness, figures, grad_norm, train_s,
                               policy_sum=self.dist.sum(policy_sum), mtp_sum=self.dist.sum(mtp_sum),
-                              packed_tokens=int(self.dist.sum(float(packed_tokens))))
+                              packed_tokens=int(self.dist.sum(float(packed_tokens))),
+                              stem_tokens=int(self.dist.sum(float(stem.num_nodes if stem is not None else 0))))
         self.last = record
         if self.metrics is not None and self.dist.is_main:
             self.metrics.write(record)      # before the checkpoint: a redone step rewrites its record
@@ -199,15 +218,20 @@ class Trainer:
         warmup = self.config.warmup_steps
         return self.config.lr * (min(1.0, (self.state.step + 1) / warmup) if warmup else 1.0)
 
-    def _micro_batches(self, samples: list[Sample]) -> tuple[list[Any], int]:
+    def _micro_batches(self, samples: list[Sample]) -> tuple[list[Any], Stem | None, int]:
         """This rank's micro-batches (packed trees, or padded linear batches), padded with zero-weight dummies to
-        the same count on every rank, and the number of real tokens the model runs over."""
+        the same count on every rank; the trees' stem (a one-token dummy where another rank has a stem and this
+        one has none, so every rank runs the same passes); and the number of real tokens the model runs over."""
         world, budget, device = self.dist.world_size, self.config.micro_batch_tokens, self.dist.device
+        stem = None
         if self.config.tree:        # one trie per step: split into rank spans of its sorted samples, then packed
             trie = build_trie([s.tokens for s in samples])
             span = rank_spans(trie, world)[self.dist.rank]
-            micros: list[Any] = pack_trees(samples, budget, device, trie, span)
-            packed = sum(m.num_nodes for m in micros)
+            step = pack_step(samples, budget, device, trie, span, share=self.config.tree_stem)
+            micros: list[Any] = step.batches
+            stem, packed = step.stem, step.num_nodes
+            if self.dist.max(int(stem is not None)) and stem is None:      # the collective runs on every rank
+                stem = make_stem(build_trie([[0]]), np.zeros(1, dtype=np.int64), device)
         else:
             local = [samples[i] for i in split_for_ranks([len(s.tokens) for s in samples], world)[self.dist.rank]]
             micros = [make_micro_batch(group, device) for group in micro_batches(local, budget)]
@@ -215,9 +239,9 @@ class Trainer:
         missing = self.dist.max(len(micros)) - len(micros)
         if missing:
             dummy = [_dummy_sample()]
-            micros += [pack_trees(dummy, budget, device)[0] if self.config.tree else make_micro_batch(dummy, device)
-                       ] * missing
-        return micros, packed
+            micros += [pack_step(dummy, budget, device).batches[0] if self.config.tree
+                       else make_micro_batch(dummy, device)] * missing
+        return micros, stem, packed
 
     def _publish(self) -> None:
         state = full_state_dict(self.model, self.dist)
@@ -249,7 +273,7 @@ class Trainer:
 
     def _record(self, batch: Batch, rewards: list, samples: list[Sample], staleness: list[int],
                 figures: list[dict[str, float]], grad_norm: torch.Tensor, train_s: float, policy_sum: float,
-                mtp_sum: float, packed_tokens: int) -> dict[str, Any]:
+                mtp_sum: float, packed_tokens: int, stem_tokens: int) -> dict[str, Any]:
         tokens = sum(s.num_completion for s in samples)
         sample_tokens = sum(len(s.tokens) for s in samples)
         by_domain: dict[str, list[float]] = defaultdict(list)
@@ -275,7 +299,7 @@ class Trainer:
             "taken_at": batch.taken_at,     # (head, window) when each entry was taken
             "ratio_mean": weighted("ratio_mean"), "clip_frac": weighted("clip_frac"),
             "approx_kl": weighted("approx_kl"),
-            "sample_tokens": sample_tokens, "packed_tokens": packed_tokens,
+            "sample_tokens": sample_tokens, "packed_tokens": packed_tokens, "stem_tokens": stem_tokens,
             "tree_compression": sample_tokens / max(1, packed_tokens),
         }
         for domain, values in by_domain.items():

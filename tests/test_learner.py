@@ -186,6 +186,7 @@ def test_tree_and_sample_by_sample_steps_give_the_same_parameters(tmp_path):
     assert tree_record["loss"] == pytest.approx(linear_record["loss"], abs=1e-5)
     assert tree_record["sample_tokens"] == linear_record["sample_tokens"] == linear_record["packed_tokens"]
     assert tree_record["tree_compression"] > 1.5        # group rollouts share prompts, calls extend each other
+    assert tree_record["stem_tokens"] > 0               # several trees, their shared context computed once
     assert tree_grads.keys() == linear_grads.keys() and len(linear_grads) > 10
     for name, grad in linear_grads.items():             # gradients, not Adam's scale-free first update
         torch.testing.assert_close(tree_grads[name], grad, atol=1e-6, rtol=1e-4)
@@ -212,6 +213,7 @@ def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path):
         results[nproc] = torch.load(out)
     one, two = results[1], results[2]
     assert one["tokens"] == two["tokens"] == 4 * 3 * 2 * 9
+    assert one["stem_tokens"] > 0 and two["stem_tokens"] > 0      # the trees of a step share a stem on each rank
     assert one["loss"] == pytest.approx(two["loss"], abs=1e-5)
     assert one["grads"].keys() == two["grads"].keys() and len(one["grads"]) > 10
     for name, grad in one["grads"].items():       # gradients, which Adam's scale-free first update would hide

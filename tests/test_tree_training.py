@@ -18,7 +18,7 @@ from forge.learner.losses import LossConfig, policy_loss
 from forge.learner.policy import policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
-from forge.learner.tree import build_trie, pack_trees, rank_spans, tree_policy_forward
+from forge.learner.tree import build_trie, pack_step, pack_trees, rank_spans, stem_forward, tree_policy_forward
 from forge.model import CausalLM, ModelConfig
 from forge.model.generate import generate
 from forge.model.sampling import SamplingParams
@@ -105,21 +105,28 @@ def random_masks(rng: random.Random, samples: list[Sample]) -> dict[int, torch.T
 
 
 def run(model: CausalLM, samples: list[Sample], config: LossConfig, masks: dict[int, torch.Tensor], tree: bool,
-        budget: int, impl: str = "segments", head_chunk: int = 2**26) -> tuple[float, dict[str, torch.Tensor]]:
+        budget: int, impl: str = "segments", head_chunk: int = 2**26,
+        share: bool = True) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and gradients (on the CPU) of one step, the trainer's way: global normalisers, one backward per
-    micro-batch, on the model's device."""
+    micro-batch (then the stem's, when the trees share one), on the model's device."""
     device = model.output_weight.device
     total_tokens = float(sum(s.num_completion for s in samples))
     total_samples = float(len(samples))
     total_mtp = float(sum(s.num_completion - (s.prompt_len == 1) for s in samples))
-    batches = (pack_trees(samples, budget, device) if tree
-               else [make_micro_batch(g, device) for g in micro_batches(samples, budget)])
     model.zero_grad(set_to_none=True)
+    stem = None
+    if tree:
+        step = pack_step(samples, budget, device, share=share)
+        batches = step.batches
+        if step.stem is not None:
+            stem = stem_forward(model, step.stem, config.mtp_top_k, impl=impl, block_size=16)
+    else:
+        batches = [make_micro_batch(g, device) for g in micro_batches(samples, budget)]
     total = 0.0
     for batch in batches:
         if tree:
             out = tree_policy_forward(model, batch, config.mtp_top_k, impl=impl, block_size=16,
-                                      head_chunk=head_chunk)
+                                      head_chunk=head_chunk, stem=stem)
         else:
             out = policy_forward(model, batch, config.mtp_top_k)
         mask = torch.cat([masks[id(s)] for s in batch.samples]).to(device)
@@ -128,13 +135,16 @@ def run(model: CausalLM, samples: list[Sample], config: LossConfig, masks: dict[
         loss = loss + config.mtp_weight * out.mtp_kl.sum() / total_mtp
         loss.backward()
         total += float(loss.detach())
+    if stem is not None:
+        stem.backward()
     return total, {name: p.grad.to("cpu", copy=True) for name, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_same_step(model, samples, config, masks, budget, impl="segments", linear_budget=4096, head_chunk=2**26):
+def assert_same_step(model, samples, config, masks, budget, impl="segments", linear_budget=4096, head_chunk=2**26,
+                     share=True):
     linear_loss, linear_grads = run(model, samples, config, masks, tree=False, budget=linear_budget)
     tree_loss, tree_grads = run(model, samples, config, masks, tree=True, budget=budget, impl=impl,
-                                head_chunk=head_chunk)
+                                head_chunk=head_chunk, share=share)
     assert tree_loss == pytest.approx(linear_loss, rel=1e-5, abs=1e-6)
     assert tree_grads.keys() == linear_grads.keys() == {n for n, p in model.named_parameters() if p.requires_grad}
     for name, grad in linear_grads.items():
@@ -145,16 +155,22 @@ def assert_same_step(model, samples, config, masks, budget, impl="segments", lin
 @pytest.mark.parametrize("kind", ["cispo", "ppo", "grpo", "cispo-per-sequence"])
 @pytest.mark.parametrize("budget", [4096, 40])
 @pytest.mark.parametrize("seed", range(3))
-def test_tree_step_equals_sample_by_sample(model, kind, budget, seed):
+@pytest.mark.parametrize("share", [True, False], ids=["stem", "recompute"])
+def test_tree_step_equals_sample_by_sample(model, kind, budget, seed, share):
     rng = random.Random(seed + 100)
     samples = seeded_batch(model, seed)
     kind, _, per = kind.partition("-per-")
     config = LossConfig(kind=kind, eps_high=0.3, clip_eps=0.2, mtp_weight=0.5, mtp_top_k=5,
                         token_norm="sequence" if per else "token")
-    batches = pack_trees(samples, budget)
-    assert (len(batches) == 1) == (budget == 4096)
-    assert sum(b.num_nodes for b in batches) < sum(len(s.tokens) for s in samples)
-    assert_same_step(model, samples, config, random_masks(rng, samples), budget, linear_budget=budget * 2)
+    step = pack_step(samples, budget, share=share)
+    assert (len(step.batches) == 1) == (budget == 4096)
+    assert (step.stem is not None) == (share and budget == 40)
+    assert step.num_nodes < sum(len(s.tokens) for s in samples)
+    if step.stem is not None:       # every node computed once: the stem's and the trees' own nodes are the trie's
+        assert step.num_nodes == build_trie([s.tokens for s in samples]).num_nodes
+        assert step.num_nodes < sum(b.num_nodes for b in pack_trees(samples, budget))
+    assert_same_step(model, samples, config, random_masks(rng, samples), budget, linear_budget=budget * 2,
+                     share=share)
 
 
 @pytest.mark.parametrize("impl", ["auto", "dense", "gather", "segments"])
@@ -298,3 +314,30 @@ def test_chunk_bounds_equal_a_device_search(model):
         assert batch.row_first.tolist() == torch.searchsorted(batch.sampling_rows, nodes).tolist()
         rows = torch.arange(batch.sampling_rows.numel() + 1)
         assert batch.term_first.tolist() == torch.searchsorted(batch.term_sampling_row.sort().values, rows).tolist()
+
+
+def test_a_tree_whose_slots_are_all_borrowed(model):
+    """A short sample packed alone whose every node is context of later trees: its tree computes nothing, and its
+    terms are read from the stem."""
+    rng = random.Random(9)
+    prefix = [rng.randrange(VOCAB) for _ in range(10)]
+    plain = (1.0, 0, 1.0)
+    short = make_sample(rng, prefix, 4, setting=plain)
+    longer = [make_sample(rng, prefix + [rng.randrange(VOCAB) for _ in range(20)], 12, setting=plain)
+              for _ in range(2)]
+    samples = [longer[0], short, longer[1]]
+    step = pack_step(samples, 20)
+    assert step.stem is not None and step.stem.num_nodes == 10
+    assert [b.num_nodes for b in step.batches] == [0, 20, 20]
+    config = LossConfig(kind="cispo", mtp_weight=0.4, mtp_top_k=5)
+    assert_same_step(model, samples, config, random_masks(rng, samples), budget=20)
+
+
+def test_stem_state_is_required_and_matches_the_mtp_setting(model):
+    samples = seeded_batch(model, 0)
+    step = pack_step(samples, 40)
+    borrowing = next(b for b in step.batches if b.borrowed is not None)
+    with pytest.raises(ValueError, match="borrows"):
+        tree_policy_forward(model, borrowing, mtp_top_k=4)
+    with pytest.raises(ValueError, match="MTP"):
+        tree_policy_forward(model, borrowing, mtp_top_k=4, stem=stem_forward(model, step.stem, mtp_top_k=0))

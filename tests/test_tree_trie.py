@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from forge.learner.samples import Sample
-from forge.learner.tree import TreeAttention, build_trie, flex, pack_trees, plan_runs
+from forge.learner.tree import BorrowedKeys, TreeAttention, build_trie, flex, pack_trees, plan_runs
 from forge.learner.tree.flex import FLEX_BLOCK
 from forge.model.attention import ancestor_mask
 
@@ -205,3 +205,81 @@ def test_compiled_flex_kernel_follows_the_block_mask():
         expected = TreeAttention(end, impl="dense").attend(0, q, k, v, 0.25)
         got = TreeAttention(end, impl="flex").attend(0, q, k, v, 0.25)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("mtp", [False, True])
+def test_borrowed_slots_attend_as_if_computed(seed, mtp):
+    """A tree whose slots are partly borrowed (queries for the rest only; keys and values of the borrowed slots read
+    from rows of a larger stem tensor): every implementation gives the computed rows of full-tree attention, and
+    the gradients of q, of the tree's own keys and values and of the stem's rows."""
+    rng = random.Random(seed + 40)
+    parents = session_tree(rng, 300) if seed % 2 else random_tree(rng, 300, chain=0.9)
+    size = len(parents)
+    end = tree_end(parents)
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+    key_ok = torch.tensor(depths) > 0 if mtp else None
+    borrowed = sorted(set(range(rng.randrange(20, 120))) | set(rng.sample(range(size), 60)))
+    computed = torch.tensor([i for i in range(size) if i not in set(borrowed)])
+    borrowed_t = torch.tensor(borrowed)
+    order = torch.empty(size, dtype=torch.long)
+    order[computed] = torch.arange(computed.numel())
+    order[borrowed_t] = computed.numel() + torch.arange(len(borrowed))
+    stem_size = len(borrowed) + 50
+    stem_rows = torch.randperm(stem_size, generator=torch.Generator().manual_seed(seed))[:len(borrowed)]
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 4, size, 8, generator=generator)
+    k = torch.randn(1, 2, size, 8, generator=generator)
+    v = torch.randn(1, 2, size, 8, generator=generator)
+    weights = torch.randn(1, 4, computed.numel(), 8, generator=generator)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    mask = TreeAttention(end, key_ok, impl="dense").dense_mask()
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        *full, attn_mask=mask, scale=0.3, enable_gqa=True)[:, :, computed]
+    ref_q, ref_k, ref_v = torch.autograd.grad((reference * weights).sum(), full)
+
+    def inputs():
+        stem_k = torch.randn(1, 2, stem_size, 8, generator=generator)
+        stem_v = torch.randn(1, 2, stem_size, 8, generator=generator)
+        stem_k[:, :, stem_rows], stem_v[:, :, stem_rows] = k[:, :, borrowed_t], v[:, :, borrowed_t]
+        own = [t[:, :, computed].clone().requires_grad_() for t in (q, k, v)]
+        stem = [stem_k.requires_grad_(), stem_v.requires_grad_()]
+        return own, stem
+
+    for impl, block_size in [("dense", 256), ("segments", 16), ("segments", 64), ("gather", 16), ("gather", 1000)]:
+        own, stem = inputs()
+        borrow = BorrowedKeys({3: (stem[0], stem[1])}, stem_rows, order)
+        attention = TreeAttention(end, key_ok, impl=impl, block_size=block_size, queries=computed, borrow=borrow)
+        out = attention.attend(3, *own, 0.3)
+        torch.testing.assert_close(out, reference, atol=1e-5, rtol=0, msg=impl)
+        gq, gk, gv, gsk, gsv = torch.autograd.grad((out * weights).sum(), (*own, *stem))
+        torch.testing.assert_close(gq, ref_q[:, :, computed], atol=1e-5, rtol=0)
+        torch.testing.assert_close(gk, ref_k[:, :, computed], atol=1e-5, rtol=0)
+        torch.testing.assert_close(gv, ref_v[:, :, computed], atol=1e-5, rtol=0)
+        torch.testing.assert_close(gsk[:, :, stem_rows], ref_k[:, :, borrowed_t], atol=1e-5, rtol=0)
+        torch.testing.assert_close(gsv[:, :, stem_rows], ref_v[:, :, borrowed_t], atol=1e-5, rtol=0)
+        unused = torch.ones(stem_size, dtype=torch.bool)
+        unused[stem_rows] = False
+        assert not gsk[:, :, unused].any() and not gsv[:, :, unused].any()
+    own, stem = inputs()
+    eager = TreeAttention(end, key_ok, impl="flex", compile_flex=False, queries=computed,
+                          borrow=BorrowedKeys({0: (stem[0], stem[1])}, stem_rows, order))
+    with torch.no_grad():
+        torch.testing.assert_close(eager.attend(0, *own, 0.3), reference, atol=1e-5, rtol=0)
+    # Blocks of borrowed rows only are skipped but for their diagonal; every visible pair lies in a listed block.
+    block_mask = flex.block_mask(end, key_ok, computed)
+    dense_blocks = block_mask.to_dense()[0, 0].bool()
+    padded = dense_blocks.shape[0] * FLEX_BLOCK
+    visible = torch.zeros(padded, padded, dtype=torch.bool)
+    visible[computed, :size] = mask[computed]
+    visible |= torch.eye(padded, dtype=torch.bool)
+    per_block = visible.view(padded // FLEX_BLOCK, FLEX_BLOCK, padded // FLEX_BLOCK, FLEX_BLOCK)
+    assert not (per_block.any(-1).any(1) & ~dense_blocks).any()
+    full_blocks = torch.zeros_like(dense_blocks)
+    for row in range(dense_blocks.shape[0]):
+        count = int(block_mask.full_kv_num_blocks[0, 0, row])
+        full_blocks[row, block_mask.full_kv_indices[0, 0, row, :count].long()] = True
+    assert (per_block.all(-1).all(1) | ~full_blocks).all()

@@ -75,7 +75,7 @@ class SelfAttention(nn.Module):
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = rope
         out = attention.attend(self.layer, rotate(q, cos, sin), rotate(k, cos, sin), v, self.scale)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 
 
 class SwiGLU(nn.Module):

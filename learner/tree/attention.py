@@ -8,9 +8,15 @@ itself (``forge.learner.tree.mask``). It picks one of four exact implementations
 - ``dense``: one [T, T] mask (small trees, and the reference in tests).
 
 "auto" takes flex on CUDA, segments on CPU (gather where either is missing), dense below ``dense_below`` tokens.
+
+A tree that borrows slots from the step's stem computes queries for its own slots only (``queries``) and takes the
+borrowed slots' keys and values from the stem's (``BorrowedKeys``); a stem's pass keeps each layer's keys and values
+(``record``) for the trees to borrow.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,33 +37,70 @@ def choose(device: torch.device, length: int, dense_below: int = 512) -> str:
     return "segments" if device.type == "cpu" and segments.available() else "gather"
 
 
+@dataclass
+class BorrowedKeys:
+    """Where a tree's borrowed slots find their keys and values: rows ``stem_rows`` of the stem's recorded
+    ``keys`` (per layer, [1, Hkv, C, D] each); ``order`` puts cat(computed, borrowed) back in slot order."""
+
+    keys: dict[int, tuple[Tensor, Tensor]]
+    stem_rows: Tensor
+    order: Tensor
+
+    def complete(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if layer not in self.keys:
+            raise ValueError(f"the stem recorded no keys for layer {layer}")
+        stem_k, stem_v = self.keys[layer]
+        k = torch.cat([k, stem_k.index_select(2, self.stem_rows)], dim=2).index_select(2, self.order)
+        v = torch.cat([v, stem_v.index_select(2, self.stem_rows)], dim=2).index_select(2, self.order)
+        return k, v
+
+
 class TreeAttention(AttentionBackend):
-    """Ancestor-or-self attention over one packed tree (a batch of one row). ``end`` [T] gives each node's subtree
-    end in pre-order; ``key_ok`` [T] (optional) marks the nodes other tokens may attend to. The plan (masks, runs)
-    is built on the first layer and shared by the others."""
+    """Ancestor-or-self attention over one packed tree (a batch of one row). ``end`` [L] gives each slot's subtree
+    end in pre-order; ``key_ok`` [L] (optional) marks the slots other tokens may attend to; ``queries`` (optional,
+    increasing) are the slots the queries belong to, when not all (the rest are borrowed through ``borrow``).
+    ``record`` keeps each layer's keys and values in ``recorded``. The plan (masks, runs) is built on the first
+    layer and shared by the others."""
 
     def __init__(self, end: Tensor, key_ok: Tensor | None = None, impl: str = "auto", block_size: int = 256,
-                 dense_below: int = 512, compile_flex: bool = True) -> None:
+                 dense_below: int = 512, compile_flex: bool = True, queries: Tensor | None = None,
+                 borrow: BorrowedKeys | None = None, record: bool = False) -> None:
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+        if (queries is None) != (borrow is None):
+            raise ValueError("a tree with borrowed slots needs both its query slots and the borrowed keys")
         self.impl = choose(end.device, end.numel(), dense_below) if impl == "auto" else impl
         self.end = end.long()
         self.key_ok = None if key_ok is None else key_ok.bool()
+        self.queries = None if queries is None else queries.long()
+        self.borrow = borrow
         self.block_size = block_size
         self.compile_flex = compile_flex
+        self.recorded: dict[int, tuple[Tensor, Tensor]] | None = {} if record else None
         self.plan = None
 
     @property
     def length(self) -> int:
         return self.end.numel()
 
+    @property
+    def num_queries(self) -> int:
+        return self.length if self.queries is None else self.queries.numel()
+
     def dense_mask(self) -> Tensor:
+        """[queries, L] bool: the keys each query sees."""
         nodes = torch.arange(self.length, device=self.end.device)
-        return allowed(nodes, nodes, self.end, self.key_ok)
+        return allowed(nodes if self.queries is None else self.queries, nodes, self.end, self.key_ok)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-        if q.shape[0] != 1 or q.shape[2] != self.length:
-            raise ValueError(f"tree attention takes one row of {self.length} tokens, got q {tuple(q.shape)}")
+        if q.shape[0] != 1 or q.shape[2] != self.num_queries:
+            raise ValueError(f"tree attention takes one row of {self.num_queries} queries, got q {tuple(q.shape)}")
+        if self.recorded is not None:
+            self.recorded[layer] = (k, v)
+        if self.borrow is not None:
+            k, v = self.borrow.complete(layer, k, v)
+        if self.num_queries == 0:
+            return q.new_zeros(q.shape)
         if self.impl == "dense":
             if self.plan is None:
                 self.plan = self.dense_mask()
@@ -65,12 +108,13 @@ class TreeAttention(AttentionBackend):
                                                   enable_gqa=q.shape[1] != k.shape[1])
         if self.impl == "flex":
             if self.plan is None:
-                self.plan = flex.block_mask(self.end, self.key_ok)
-            return flex.attend_flex(self.plan, q, k, v, scale, self.compile_flex)
+                self.plan = flex.block_mask(self.end, self.key_ok, self.queries)
+            return flex.attend_flex(self.plan, q, k, v, scale, self.compile_flex, self.queries)
         if self.impl == "segments":
             if self.plan is None:
-                self.plan = segments.plan_segments(self.end, self.key_ok, self.block_size, q.dtype)
+                self.plan = segments.plan_segments(self.end, self.key_ok, self.block_size, q.dtype,
+                                                   queries=self.queries)
             return segments.attend_segments(self.plan, q, k, v, scale)
         if self.plan is None:
-            self.plan = gather.plan_gather(self.end, self.key_ok, self.block_size, q.dtype)
+            self.plan = gather.plan_gather(self.end, self.key_ok, self.block_size, q.dtype, self.queries)
         return gather.attend_gather(self.plan, q, k, v, scale)

@@ -3,7 +3,10 @@ the tree's block structure rather than by evaluating the predicate on every pair
 128 keys, the keys of a block are seen by the query range [key block start, max end of its keys), so a pair of
 blocks is skipped when the ranges miss, and runs unmasked when every key is an ancestor of every query (all keys
 before the first query and every key's subtree reaching past the last). In torch 2.13 flex attention has no
-backward on CPU; the compiled kernel runs forward on CPU too, which is how the tests check the block structure."""
+backward on CPU; the compiled kernel runs forward on CPU too, which is how the tests check the block structure.
+
+With ``queries`` (the other slots borrowed from the step's stem), the kernel runs over every slot, the borrowed
+slots' queries zero and seen by themselves only (one diagonal block of work each), and returns the query rows."""
 
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ def flex_available(device: torch.device) -> bool:
     return True
 
 
-def _structure(end: Tensor, key_ok: Tensor, padded: int) -> tuple[Tensor, Tensor]:
+def _structure(end: Tensor, key_ok: Tensor, query_ok: Tensor, padded: int) -> tuple[Tensor, Tensor]:
     """Per (query block, key block): partially visible (mask needed), and wholly visible."""
     count = padded // FLEX_BLOCK
     starts = torch.arange(count, device=end.device) * FLEX_BLOCK
@@ -35,9 +38,11 @@ def _structure(end: Tensor, key_ok: Tensor, padded: int) -> tuple[Tensor, Tensor
     max_end, min_end = ends.max(-1).values, ends.min(-1).values
     q_start, q_stop = starts.unsqueeze(1), stops.unsqueeze(1)
     k_start, k_stop = starts.unsqueeze(0), stops.unsqueeze(0)
-    any_ = (k_start < q_stop) & (max_end.unsqueeze(0) > q_start)
+    asking = query_ok.view(count, FLEX_BLOCK)
+    diagonal = torch.eye(count, dtype=torch.bool, device=end.device)
+    any_ = (k_start < q_stop) & (max_end.unsqueeze(0) > q_start) & (asking.any(-1).unsqueeze(1) | diagonal)
     full = (k_stop - 1 <= q_start) & (min_end.unsqueeze(0) >= q_stop)
-    full &= key_ok.view(count, FLEX_BLOCK).all(-1).unsqueeze(0)
+    full &= key_ok.view(count, FLEX_BLOCK).all(-1).unsqueeze(0) & asking.all(-1).unsqueeze(1)
     return any_ & ~full, full
 
 
@@ -54,9 +59,10 @@ def padded_length(length: int) -> int:
     return FLEX_BLOCK << max(0, blocks - 1).bit_length()
 
 
-def block_mask(end: Tensor, key_ok: Tensor | None):
+def block_mask(end: Tensor, key_ok: Tensor | None, queries: Tensor | None = None):
     """The BlockMask of a tree, padded to ``padded_length`` tokens (padding: roots seen by themselves). ``key_ok``
-    is always a tensor, so the main and MTP attention share one compiled kernel per padded length."""
+    and the query slots are always tensors, so the main and MTP attention share one compiled kernel per padded
+    length."""
     from torch.nn.attention.flex_attention import BlockMask
 
     length = end.numel()
@@ -65,10 +71,15 @@ def block_mask(end: Tensor, key_ok: Tensor | None):
     end = torch.cat([end, extra + 1])
     base = key_ok if key_ok is not None else torch.ones(length, dtype=torch.bool, device=end.device)
     key_ok = torch.cat([base, torch.zeros(padded - length, dtype=torch.bool, device=end.device)])
-    partial, full = _structure(end, key_ok, padded)
+    query_ok = torch.zeros(padded, dtype=torch.bool, device=end.device)
+    query_ok[:length] = True
+    if queries is not None:
+        query_ok[:length] = False
+        query_ok[queries] = True
+    partial, full = _structure(end, key_ok, query_ok, padded)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx) & (q_idx < end[kv_idx]) & (key_ok[kv_idx] | (kv_idx == q_idx))
+        return (kv_idx <= q_idx) & (q_idx < end[kv_idx]) & ((key_ok[kv_idx] & query_ok[q_idx]) | (kv_idx == q_idx))
 
     counts, indices = _indices(partial)
     full_counts, full_indices = _indices(full)
@@ -76,10 +87,14 @@ def block_mask(end: Tensor, key_ok: Tensor | None):
                                     mask_mod=mask_mod, seq_lengths=(padded, padded))
 
 
-def attend_flex(mask, q: Tensor, k: Tensor, v: Tensor, scale: float, compile: bool = True) -> Tensor:
+def attend_flex(mask, q: Tensor, k: Tensor, v: Tensor, scale: float, compile: bool = True,
+                queries: Tensor | None = None) -> Tensor:
     global _compiled
     from torch.nn.attention.flex_attention import flex_attention
 
+    if queries is not None:
+        full = q.new_zeros(q.shape[0], q.shape[1], k.shape[2], q.shape[3])
+        return attend_flex(mask, full.index_copy(2, queries, q), k, v, scale, compile)[:, :, queries]
     length = q.shape[2]
     padded = mask.seq_lengths[0]
     if padded > length:

@@ -10,6 +10,10 @@ there.
 A tree batch reads far more terms per token than a linear micro-batch (its prompts are shared), so the output head
 runs over row chunks of at most ``head_chunk`` logits, each under activation checkpointing: only one chunk's
 [rows, vocab] tensors are alive at a time.
+
+A tree that borrows slots from the step's stem runs the model over its own slots only; the borrowed slots' keys,
+values, hidden states and drafts are read from the stem's ``StemState``, so its terms are read exactly as if the
+tree had computed them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from forge.learner.losses import mtp_topk_kl
 from forge.learner.policy import PolicyOutput
 from forge.learner.tree.packing import TreeBatch
+from forge.learner.tree.stem import StemState
 from forge.model.qwen3 import CausalLM
 from forge.model.sampling import batched_sampling_logprobs
 
@@ -41,18 +46,38 @@ def _read(model: CausalLM, hidden: Tensor, draft: Tensor | None, select: Tensor 
     return token_logprobs, mtp_topk_kl(logits, model.mtp_logits(draft, detach_head=True), mtp_top_k)
 
 
+def _all_slots(batch: TreeBatch, computed: Tensor, stem: Tensor | None) -> Tensor:
+    """Rows per slot: the computed ones, and the borrowed ones from the stem's rows."""
+    if batch.borrowed is None:
+        return computed
+    assert stem is not None
+    return torch.cat([computed, stem[batch.borrowed.stem_rows]]).index_select(0, batch.borrowed.order)
+
+
 def tree_policy_forward(model: CausalLM, batch: TreeBatch, mtp_top_k: int = 0, impl: str = "auto",
-                        block_size: int = 256, head_chunk: int = 2**26) -> PolicyOutput:
+                        block_size: int = 256, head_chunk: int = 2**26,
+                        stem: StemState | None = None) -> PolicyOutput:
     """``logprobs`` [N] and ``mtp_kl`` [M] in the order of ``batch``'s terms (``batch.mtp_terms`` for the draft),
-    equal to ``policy_forward(model, make_micro_batch(batch.samples), mtp_top_k)``."""
-    hidden = model(batch.input_ids, batch.position_ids, batch.attention(impl, block_size))[0]
+    equal to ``policy_forward(model, make_micro_batch(batch.samples), mtp_top_k)``. A batch that borrows from the
+    step's stem needs its ``stem_forward`` state."""
+    if batch.borrowed is not None and stem is None:
+        raise ValueError("this tree borrows slots from the step's stem: pass stem=stem_forward(model, step.stem)")
+    use_mtp = mtp_top_k > 0 and len(model.mtp) > 0
+    if batch.borrowed is not None and use_mtp and stem.draft is None:
+        raise ValueError("the stem ran without the MTP layer: run stem_forward with the same mtp_top_k")
+    keys = None if stem is None else stem.keys
+    own = model(batch.input_ids, batch.position_ids, batch.attention(impl, block_size, keys))[0]
+    hidden = _all_slots(batch, own, None if stem is None else stem.hidden)
     draft = None
-    if mtp_top_k > 0 and len(model.mtp):
-        slots = torch.arange(batch.num_nodes, device=hidden.device)
+    if use_mtp:
+        slots = (torch.arange(batch.num_nodes, device=own.device) if batch.borrowed is None
+                 else batch.borrowed.computed)
         source = torch.where(batch.parent >= 0, batch.parent, slots)
         positions = (batch.position_ids - 1).clamp(min=0)
-        draft = model.mtp_forward(hidden[source].unsqueeze(0), batch.input_ids, position_ids=positions,
-                                  attention=batch.mtp_attention(impl, block_size), detach_trunk=True)[0]
+        attention = batch.mtp_attention(impl, block_size, None if stem is None else stem.mtp_keys)
+        own_draft = model.mtp_forward(hidden[source].unsqueeze(0), batch.input_ids, position_ids=positions,
+                                      attention=attention, detach_trunk=True)[0]
+        draft = _all_slots(batch, own_draft, None if stem is None else stem.draft)
     nodes = batch.logit_nodes
     count = nodes.numel()
     identity = batch.sampling_rows.numel() == count       # one sampling setting per node: no row gather

@@ -1,7 +1,9 @@
 """Tree attention with public ``scaled_dot_product_attention`` only (the fallback on any device): each block of
 queries [s, e) attends to the strict ancestors of s plus the nodes of [s, e) (an ancestor a < s of a query q >= s
 has s in its subtree), gathered once per layer, under an additive mask shared by every layer. Memory grows with
-(number of blocks × depth): prefer ``segments`` on CPU and ``flex`` on GPU."""
+(number of blocks × depth): prefer ``segments`` on CPU and ``flex`` on GPU. With ``queries`` (the other slots
+borrowed from the step's stem), blocks are ``size`` consecutive queries [s, ..., e − 1] and see the strict ancestors
+of s plus the slots [s, e)."""
 
 from __future__ import annotations
 
@@ -22,17 +24,18 @@ class GatherPlan:
     masks: list[Tensor]         # additive [block length, key count] each
 
 
-def plan_gather(end: Tensor, key_ok: Tensor | None, size: int, dtype: torch.dtype) -> GatherPlan:
-    length = end.numel()
-    nodes = torch.arange(length, device=end.device)
-    starts = torch.arange(0, length, size, device=end.device)
-    ancestors = strict_ancestors(end, key_ok, starts)
+def plan_gather(end: Tensor, key_ok: Tensor | None, size: int, dtype: torch.dtype,
+                queries: Tensor | None = None) -> GatherPlan:
+    nodes = torch.arange(end.numel(), device=end.device)
+    queries = nodes if queries is None else queries
+    firsts = queries[::size]
+    ancestors = strict_ancestors(end, key_ok, firsts)
     keys, masks = [], []
-    for row, start in enumerate(starts.tolist()):
-        local = nodes[start:start + size]
-        block_keys = torch.cat([ancestors[row].nonzero().squeeze(-1), local])
+    for row, block in enumerate(queries.split(size)):
+        first, last = int(block[0]), int(block[-1])
+        block_keys = torch.cat([ancestors[row].nonzero().squeeze(-1), nodes[first:last + 1]])
         keys.append(block_keys)
-        masks.append(additive(allowed(local, block_keys, end, key_ok), dtype))
+        masks.append(additive(allowed(block, block_keys, end, key_ok), dtype))
     return GatherPlan(size, torch.cat(keys), [k.numel() for k in keys], masks)
 
 

@@ -6,6 +6,10 @@ context. Every sample therefore lies whole in one sequence, and every loss term 
 sequence of its sample); a node duplicated as context carries gradient only for the terms read there, so the
 summed gradient equals the sample-by-sample one. A single sample longer than the budget gets a sequence of its
 own, as in ``micro_batches``.
+
+With ``share`` (``pack_step``), the nodes that several sequences of a step would each recompute (the union of the
+duplicated contexts) form the step's ``Stem``: it runs once, and every sequence borrows its keys, values and hidden
+states from it instead of recomputing them (``forge.learner.tree.stem``), so the step computes every trie node once.
 """
 
 from __future__ import annotations
@@ -19,8 +23,41 @@ import torch
 from torch import Tensor
 
 from forge.learner.samples import Sample
-from forge.learner.tree.attention import TreeAttention
+from forge.learner.tree.attention import BorrowedKeys, TreeAttention
 from forge.learner.tree.trie import Trie, build_trie
+
+
+@dataclass
+class Borrowed:
+    """The slots of a packed tree whose nodes belong to the step's stem: not computed in the tree's pass, their
+    keys, values and hidden states are the stem's rows ``stem_rows``."""
+
+    computed: Tensor            # [T] slots the tree's pass computes, increasing
+    slots: Tensor               # [B] slots taken from the stem, increasing
+    stem_rows: Tensor           # [B] the stem row of each borrowed slot
+    order: Tensor               # [T + B] per slot, its row in cat(computed rows, borrowed rows)
+
+
+@dataclass
+class Stem:
+    """The nodes that several sequences of a step share (the union of their duplicated contexts, hence closed under
+    ancestors), in pre-order, run once per step (``forge.learner.tree.stem.stem_forward``)."""
+
+    nodes: np.ndarray           # host [C] trie nodes, increasing
+    input_ids: Tensor           # [1, C]
+    position_ids: Tensor        # [1, C] depths
+    parent: Tensor              # [C] parent row (-1 for a root)
+    end: Tensor                 # [C] subtree end within the stem
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def attention(self, impl: str = "auto", block_size: int = 256) -> TreeAttention:
+        return TreeAttention(self.end, impl=impl, block_size=block_size, record=True)
+
+    def mtp_attention(self, impl: str = "auto", block_size: int = 256) -> TreeAttention:
+        return TreeAttention(self.end, key_ok=self.position_ids[0] > 0, impl=impl, block_size=block_size, record=True)
 
 
 @dataclass
@@ -28,10 +65,11 @@ class TreeBatch:
     """One packed tree and, per completion token of its samples (in ``make_micro_batch(samples)`` order), what the
     losses need. A term is read at the node whose logits predict it (the node of the token before it)."""
 
-    input_ids: Tensor           # [1, T] node tokens in pre-order
-    position_ids: Tensor        # [1, T] node depths
-    parent: Tensor              # [T] parent node (-1 for a root)
-    end: Tensor                 # [T] subtree end: node j is an ancestor-or-self of i iff j <= i < end[j]
+    input_ids: Tensor           # [1, T] tokens of the computed nodes, in pre-order
+    position_ids: Tensor        # [1, T] their depths
+    parent: Tensor              # [T] their parent's slot (-1 for a root)
+    end: Tensor                 # [L] per slot, its subtree end: slot j is an ancestor-or-self of i iff j <= i < end[j]
+    depth: Tensor               # [L] per slot, its depth (L = T + borrowed slots)
     logit_nodes: Tensor         # [U] distinct nodes whose logits some term reads
     sampling_rows: Tensor       # [R] row of ``logit_nodes`` of each distinct (node, sampling parameters)
     row_temperature: Tensor     # [R]
@@ -52,6 +90,7 @@ class TreeBatch:
     truncates: tuple[bool, bool]   # host: whether any row samples with top-k, whether any with top-p < 1
     samples: list[Sample]
     num_sample_tokens: int      # tokens of the samples, each counted once per sample
+    borrowed: Borrowed | None = None   # slots taken from the step's stem (None: every slot is computed)
 
     @property
     def num_tokens(self) -> int:
@@ -59,16 +98,28 @@ class TreeBatch:
 
     @property
     def num_nodes(self) -> int:
+        """Nodes this tree's pass computes (borrowed slots excluded)."""
         return int(self.input_ids.shape[1])
 
-    def attention(self, impl: str = "auto", block_size: int = 256) -> TreeAttention:
-        """The main model's attention: ancestors and self."""
-        return TreeAttention(self.end, impl=impl, block_size=block_size)
+    def attention(self, impl: str = "auto", block_size: int = 256,
+                  stem_keys: dict[int, tuple[Tensor, Tensor]] | None = None) -> TreeAttention:
+        """The main model's attention: ancestors and self (borrowed slots' keys from ``stem_keys``)."""
+        return TreeAttention(self.end, impl=impl, block_size=block_size, **self._borrowing(stem_keys))
 
-    def mtp_attention(self, impl: str = "auto", block_size: int = 256) -> TreeAttention:
+    def mtp_attention(self, impl: str = "auto", block_size: int = 256,
+                      stem_keys: dict[int, tuple[Tensor, Tensor]] | None = None) -> TreeAttention:
         """The MTP layer's attention over edges (parent → node, stored at the node): the edges on the node's root
         path, so root slots (no edge) are seen by nobody but themselves."""
-        return TreeAttention(self.end, key_ok=self.position_ids[0] > 0, impl=impl, block_size=block_size)
+        return TreeAttention(self.end, key_ok=self.depth > 0, impl=impl, block_size=block_size,
+                             **self._borrowing(stem_keys))
+
+    def _borrowing(self, stem_keys: dict[int, tuple[Tensor, Tensor]] | None) -> dict:
+        if self.borrowed is None:
+            return {}
+        if stem_keys is None:
+            raise ValueError("this tree borrows slots from the step's stem: pass the stem's keys")
+        return {"queries": self.borrowed.computed,
+                "borrow": BorrowedKeys(stem_keys, self.borrowed.stem_rows, self.borrowed.order)}
 
 
 def plan_runs(trie: Trie, token_budget: int, span: tuple[int, int] | None = None) -> list[tuple[int, int]]:
@@ -114,9 +165,45 @@ def _offsets(groups: np.ndarray, count: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(np.bincount(groups, minlength=count))]).astype(np.int64)
 
 
+def shared_context(trie: Trie, runs: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Trie nodes that more than one of ``runs`` needs: the union of the contexts the later runs share with earlier
+    ones (each a root path, so the union is closed under ancestors), increasing."""
+    contexts = [trie.paths[trie.order[first]][: int(trie.lcp[first])] for first, _ in runs[1:]]
+    return np.unique(np.concatenate(contexts)) if contexts else np.zeros(0, dtype=np.int64)
+
+
+def _tensor(values, device: torch.device | str, dtype=torch.long) -> Tensor:
+    return torch.as_tensor(np.asarray(values), dtype=dtype).to(device)
+
+
+def make_stem(trie: Trie, nodes: np.ndarray, device: torch.device | str = "cpu") -> Stem:
+    """The stem of ``nodes`` (increasing, closed under ancestors)."""
+    parent = trie.parent[nodes]
+    return Stem(nodes=nodes, input_ids=_tensor(trie.tokens[nodes], device).unsqueeze(0),
+                position_ids=_tensor(trie.depth[nodes], device).unsqueeze(0),
+                parent=_tensor(np.where(parent >= 0, _local(nodes, np.maximum(parent, 0)), -1), device),
+                end=_tensor(_local(nodes, trie.end[nodes]), device))
+
+
+def _borrowed(nodes: np.ndarray, stem_nodes: np.ndarray, device: torch.device | str) -> Borrowed | None:
+    rows = np.minimum(_local(stem_nodes, nodes), max(0, stem_nodes.size - 1))
+    taken = (stem_nodes[rows] == nodes) if stem_nodes.size else np.zeros(nodes.size, dtype=bool)
+    if not taken.any():
+        return None
+    computed, slots = np.flatnonzero(~taken), np.flatnonzero(taken)
+    order = np.empty(nodes.size, dtype=np.int64)
+    order[computed] = np.arange(computed.size)
+    order[slots] = computed.size + np.arange(slots.size)
+    return Borrowed(computed=_tensor(computed, device), slots=_tensor(slots, device),
+                    stem_rows=_tensor(rows[slots], device), order=_tensor(order, device))
+
+
 def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int,
-                    device: torch.device | str = "cpu") -> TreeBatch:
+                    device: torch.device | str = "cpu", stem_nodes: np.ndarray | None = None) -> TreeBatch:
+    """The packed tree of sorted samples [first, last); slots whose node is in ``stem_nodes`` are borrowed."""
     nodes = _run_nodes(trie, first, last)
+    borrowed = None if stem_nodes is None else _borrowed(nodes, stem_nodes, device)
+    computed = np.arange(nodes.size) if borrowed is None else borrowed.computed.cpu().numpy()
     parent = trie.parent[nodes]
     local_parent = np.where(parent >= 0, _local(nodes, np.maximum(parent, 0)), -1)
     local_end = _local(nodes, trie.end[nodes])
@@ -152,11 +239,12 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
     depth = trie.depth[nodes]
 
     def tensor(values, dtype=torch.long) -> Tensor:
-        return torch.as_tensor(np.asarray(values), dtype=dtype).to(device)
+        return _tensor(values, device, dtype)
 
     return TreeBatch(
-        input_ids=tensor(trie.tokens[nodes]).unsqueeze(0), position_ids=tensor(depth).unsqueeze(0),
-        parent=tensor(local_parent), end=tensor(local_end), logit_nodes=tensor(logit_nodes),
+        input_ids=tensor(trie.tokens[nodes[computed]]).unsqueeze(0), position_ids=tensor(depth[computed]).unsqueeze(0),
+        parent=tensor(local_parent[computed]), end=tensor(local_end), depth=tensor(depth),
+        logit_nodes=tensor(logit_nodes),
         sampling_rows=tensor(sampling_rows), row_temperature=tensor(row_setting[:, 0], torch.float32),
         row_top_k=tensor(row_setting[:, 1]), row_top_p=tensor(row_setting[:, 2], torch.float32),
         term_logit_row=tensor(term_logit_row), term_sampling_row=tensor(term_sampling_row),
@@ -166,15 +254,29 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
         mtp_terms=tensor(np.flatnonzero(depth[term_local] >= 1)),
         row_first=_offsets(sampling_rows, logit_nodes.size), term_first=_offsets(term_sampling_row, keys.size),
         truncates=(bool((row_setting[:, 1] > 0).any()), bool((row_setting[:, 2] < 1.0).any())), samples=batch_samples,
-        num_sample_tokens=sum(len(s.tokens) for s in batch_samples))
+        num_sample_tokens=sum(len(s.tokens) for s in batch_samples), borrowed=borrowed)
 
 
-def pack_trees(samples: Sequence[Sample], token_budget: int, device: torch.device | str = "cpu",
-               trie: Trie | None = None, span: tuple[int, int] | None = None) -> list[TreeBatch]:
-    """The batches of one training step: ``samples`` merged into one trie (``trie`` if given, built from all of
-    ``samples``), packed under ``token_budget`` nodes per sequence (the tree counterpart of ``micro_batches`` +
+@dataclass
+class TreeStep:
+    """The packed trees of one training step, and the stem they borrow from (None: nothing shared)."""
+
+    stem: Stem | None
+    batches: list[TreeBatch]
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes the step computes: the stem's and every tree's own."""
+        return (self.stem.num_nodes if self.stem else 0) + sum(b.num_nodes for b in self.batches)
+
+
+def pack_step(samples: Sequence[Sample], token_budget: int, device: torch.device | str = "cpu",
+              trie: Trie | None = None, span: tuple[int, int] | None = None, share: bool = True) -> TreeStep:
+    """The packed trees of one training step: ``samples`` merged into one trie (``trie`` if given, built from all of
+    ``samples``), packed under ``token_budget`` slots per sequence (the tree counterpart of ``micro_batches`` +
     ``make_micro_batch``). ``span``: only the sorted samples [a, b) of the trie (one rank's share, see
-    ``rank_spans``)."""
+    ``rank_spans``). With ``share``, the context several sequences need is computed once, in the step's stem (when
+    it fits the budget); without, each sequence recomputes it."""
     for sample in samples:
         if sample.prompt_len < 1:
             raise ValueError("every sample needs a prompt of at least one token")
@@ -182,7 +284,18 @@ def pack_trees(samples: Sequence[Sample], token_budget: int, device: torch.devic
         raise ValueError("token_budget must be positive")
     if trie is None:
         trie = build_trie([s.tokens for s in samples])
-    return [make_tree_batch(trie, samples, a, b, device) for a, b in plan_runs(trie, token_budget, span)]
+    runs = plan_runs(trie, token_budget, span)
+    stem_nodes = shared_context(trie, runs) if share else np.zeros(0, dtype=np.int64)
+    if not 0 < stem_nodes.size <= token_budget:
+        return TreeStep(None, [make_tree_batch(trie, samples, a, b, device) for a, b in runs])
+    return TreeStep(make_stem(trie, stem_nodes, device),
+                    [make_tree_batch(trie, samples, a, b, device, stem_nodes) for a, b in runs])
+
+
+def pack_trees(samples: Sequence[Sample], token_budget: int, device: torch.device | str = "cpu",
+               trie: Trie | None = None, span: tuple[int, int] | None = None) -> list[TreeBatch]:
+    """``pack_step`` without a stem: every sequence recomputes the context it shares with others."""
+    return pack_step(samples, token_budget, device, trie, span, share=False).batches
 
 
 def rank_spans(trie: Trie, world_size: int) -> list[tuple[int, int]]:

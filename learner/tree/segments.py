@@ -9,6 +9,9 @@ causally; otherwise the remaining ancestors and the block's nodes are gathered u
 results are merged through their log-sum-exp; backward runs the kernel's backward on each part with the merged
 output and log-sum-exp, which gives each part's exact share of the gradient.
 
+With ``queries`` (a tree whose other slots are borrowed from the step's stem) a block's queries are the query slots
+in [s, e), which are consecutive rows of q; keys are slots, as without.
+
 Needs ``aten::_scaled_dot_product_flash_attention_for_cpu`` (torch >= 2.3); ``available()`` says whether it is
 there.
 """
@@ -47,9 +50,11 @@ class Part:
 
 @dataclass
 class Block:
-    start: int
+    start: int                  # slots [start, stop)
     stop: int
     parts: list[Part]
+    row_start: int              # their queries: rows [row_start, row_stop) of q
+    row_stop: int
 
 
 def _runs(indices: Tensor) -> list[tuple[int, int]]:
@@ -79,14 +84,20 @@ def _boundaries(end: Tensor, size: int) -> list[int]:
 
 
 def plan_segments(end: Tensor, key_ok: Tensor | None, size: int, dtype: torch.dtype,
-                  min_run: int = 64) -> list[Block]:
+                  min_run: int = 64, queries: Tensor | None = None) -> list[Block]:
     length = end.numel()
     nodes = torch.arange(length, device=end.device)
     starts = _boundaries(end, size)
     stops = [*starts[1:], length]
+    row_bounds = [*starts, length]
+    if queries is not None:
+        row_bounds = torch.searchsorted(queries, torch.tensor(row_bounds, device=end.device)).tolist()
     ancestors = strict_ancestors(end, key_ok, torch.tensor(starts, device=end.device))
     blocks = []
     for row, (start, stop) in enumerate(zip(starts, stops, strict=True)):
+        row_start, row_stop = row_bounds[row], row_bounds[row + 1]
+        if row_start == row_stop:
+            continue                    # every slot of the block is borrowed: nothing to compute
         shared = ancestors[row] & (end >= stop)
         runs = [(a, b) for a, b in _runs(shared.nonzero().squeeze(-1)) if b - a >= min_run]
         parts = [Part(a, b) for a, b in runs]
@@ -95,15 +106,16 @@ def plan_segments(end: Tensor, key_ok: Tensor | None, size: int, dtype: torch.dt
             rest[a:b] = False           # short runs are gathered with the rest: one kernel call, not many
         rest = rest.nonzero().squeeze(-1)
         local = nodes[start:stop]
-        chain = bool((end[start:stop - 1] > local[1:]).all())
+        asked = local if queries is None else queries[row_start:row_stop]
+        chain = bool((end[start:stop - 1] > local[1:]).all()) and row_stop - row_start == stop - start
         if key_ok is not None:
             chain &= bool(key_ok[start:stop].all()) or stop - start == 1
         if chain and rest.numel() == 0:
             parts.append(Part(start, stop, causal=True))
         else:
             keys = torch.cat([rest, local])
-            parts.append(Part(0, 0, keys=keys, mask=additive(allowed(local, keys, end, key_ok), dtype)))
-        blocks.append(Block(start, stop, parts))
+            parts.append(Part(0, 0, keys=keys, mask=additive(allowed(asked, keys, end, key_ok), dtype)))
+        blocks.append(Block(start, stop, parts, row_start, row_stop))
     return blocks
 
 
@@ -120,7 +132,8 @@ class _SegmentAttention(torch.autograd.Function):
         out = q.new_empty(q.shape)
         lse = q.new_empty(q.shape[:3], dtype=torch.float32)
         for block in blocks:
-            qb = q[:, :, block.start:block.stop]
+            rows = slice(block.row_start, block.row_stop)
+            qb = q[:, :, rows]
             acc = total = None
             for part in block.parts:
                 kb, vb = _keys(part, k, v)
@@ -132,8 +145,8 @@ class _SegmentAttention(torch.autograd.Function):
                 merged = torch.logaddexp(total, m)
                 acc = acc * (total - merged).exp().unsqueeze(-1) + o * (m - merged).exp().unsqueeze(-1)
                 total = merged
-            out[:, :, block.start:block.stop] = acc
-            lse[:, :, block.start:block.stop] = total
+            out[:, :, rows] = acc
+            lse[:, :, rows] = total
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.blocks, ctx.scale = blocks, scale
         return out
@@ -147,7 +160,7 @@ class _SegmentAttention(torch.autograd.Function):
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         for block in ctx.blocks:
-            span = slice(block.start, block.stop)
+            span = slice(block.row_start, block.row_stop)
             qb, gb, ob, lb = q[:, :, span], grad[:, :, span], out[:, :, span], lse[:, :, span]
             for part in block.parts:
                 kb, vb = _keys(part, k, v)

@@ -31,7 +31,8 @@ def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int) -> No
     record = trainer.step()
     state = full_state_dict(model, distributed)
     if distributed.is_main:
-        torch.save({"state": state, "grads": grads, "loss": record["loss"], "tokens": record["tokens"]}, out)
+        torch.save({"state": state, "grads": grads, "loss": record["loss"], "tokens": record["tokens"],
+                    "stem_tokens": record["stem_tokens"]}, out)
         pool.close()
     distributed.close()
 
