@@ -89,7 +89,7 @@ class Row:
     samples: int
     sample_tokens: int
     trie_tokens: int
-    packed_tokens: int          # trie tokens + ancestors duplicated as context across tree batches
+    packed_tokens: int          # nodes computed: trie tokens (+ ancestors each batch recomputes, without a stem)
     tree_batches: int
     linear_batches: int
     limit: float                # sample tokens / trie tokens
@@ -100,6 +100,8 @@ class Row:
     linear_sampled: int         # 1: every micro-batch timed; K: every K-th, scaled
     tree_s: float
     pack_s: float
+    recompute_s: float          # the tree path without the stem (each batch recomputes its context); = tree_s
+                                # where the step has no stem
     speedup: float
     linear_peak_mib: float
     tree_peak_mib: float
@@ -221,6 +223,9 @@ def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.
     step.tree_step(TreeStep(tree_step.stem, batches[:1]))    # warm-up (allocator, kernels, compilation)
     step.linear(linear_groups[:1])
     tree_s, pack_s = min(step.tree(budget, args["stem"]) for _ in range(args["repeats"]))
+    recompute_s = tree_s
+    if tree_step.stem is not None:
+        recompute_s = min(step.tree(budget, False)[0] for _ in range(args["repeats"]))
     linear_s = min(step.linear(timed) for _ in range(args["repeats"])) * len(linear_groups) / len(timed)
     tree_peak = linear_peak = math.nan
     if args["memory"]:        # passes run one after another: the step's peak is its largest batch's (with the stem)
@@ -232,7 +237,7 @@ def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.
     attention_limit, work_limit = limits(samples, tree_step, model.config)
     return Row(groups, turns, len(samples), trie.num_sample_tokens, trie.num_nodes, packed, len(batches),
                len(linear_groups), trie.compression, trie.num_sample_tokens / packed, attention_limit, work_limit,
-               linear_s, stride, tree_s, pack_s, linear_s / tree_s, linear_peak / 2**20, tree_peak / 2**20)
+               linear_s, stride, tree_s, pack_s, recompute_s, linear_s / tree_s, linear_peak / 2**20, tree_peak / 2**20)
 
 
 def token_range(_context: click.Context, _param: click.Parameter, text: str) -> tuple[int, int]:
@@ -247,7 +252,7 @@ def token_range(_context: click.Context, _param: click.Parameter, text: str) -> 
 
 
 HEADER = ("  G turns samples  sample tok  trie tok  packed | limit packed  attn  work | linear s   tree s  pack s | "
-          "speedup  /limit  /work | lin MiB  tree MiB")
+          "speedup  /limit  /work | no-stem s  speedup | lin MiB  tree MiB")
 
 
 def print_row(row: Row) -> None:
@@ -256,6 +261,7 @@ def print_row(row: Row) -> None:
           f"{row.packed_tokens:>7,} | {row.limit:>5.1f} {row.packed_limit:>6.1f} {row.attention_limit:>5.1f} "
           f"{row.work_limit:>5.1f} | {sampled}{row.linear_s:>7.2f} {row.tree_s:>8.2f} {row.pack_s:>7.2f} | "
           f"{row.speedup:>6.1f}x {row.speedup / row.limit:>6.2f} {row.speedup / row.work_limit:>6.2f} | "
+          f"{row.recompute_s:>9.2f} {row.linear_s / row.recompute_s:>7.1f}x | "
           f"{row.linear_peak_mib:>7.0f} {row.tree_peak_mib:>9.0f}", flush=True)
 
 
