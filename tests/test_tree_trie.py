@@ -205,6 +205,20 @@ def test_compiled_flex_kernel_follows_the_block_mask():
         expected = TreeAttention(end, impl="dense").attend(0, q, k, v, 0.25)
         got = TreeAttention(end, impl="flex").attend(0, q, k, v, 0.25)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    # Borrowed slots (here every third slot and the first 150, read from the full keys as the stem): the compiled
+    # kernel skips the blocks of borrowed rows but for their diagonal, and gives the computed rows.
+    taken = torch.zeros(len(parents), dtype=torch.bool)
+    taken[:150] = True
+    taken[::3] = True
+    computed, borrowed = (~taken).nonzero().squeeze(-1), taken.nonzero().squeeze(-1)
+    order = torch.empty(len(parents), dtype=torch.long)
+    order[computed] = torch.arange(computed.numel())
+    order[borrowed] = computed.numel() + torch.arange(borrowed.numel())
+    attention = TreeAttention(end, impl="flex", queries=computed,
+                              borrow=BorrowedKeys({0: (k, v)}, borrowed, order))
+    with torch.no_grad():
+        got = attention.attend(0, q[:, :, computed], k[:, :, computed], v[:, :, computed], 0.25)
+    torch.testing.assert_close(got, expected[:, :, computed], atol=1e-5, rtol=0)
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
