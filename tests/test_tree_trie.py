@@ -128,6 +128,25 @@ def tree_end(parents: list[int]) -> torch.Tensor:
     return torch.tensor(end)
 
 
+def assert_block_structure(block_mask, pairs: torch.Tensor) -> None:
+    """The compiled kernel trusts the block structure: every visible pair (``pairs`` among the tree's slots, plus
+    every slot with itself, padding included) must lie in a listed block, and a block listed as full must be wholly
+    visible."""
+    dense_blocks = block_mask.to_dense()[0, 0].bool()
+    padded = dense_blocks.shape[0] * FLEX_BLOCK
+    size = pairs.shape[0]
+    visible = torch.zeros(padded, padded, dtype=torch.bool)
+    visible[:size, :size] = pairs
+    visible |= torch.eye(padded, dtype=torch.bool)
+    per_block = visible.view(padded // FLEX_BLOCK, FLEX_BLOCK, padded // FLEX_BLOCK, FLEX_BLOCK)
+    assert not (per_block.any(-1).any(1) & ~dense_blocks).any()
+    full_blocks = torch.zeros_like(dense_blocks)
+    for row in range(dense_blocks.shape[0]):
+        count = int(block_mask.full_kv_num_blocks[0, 0, row])
+        full_blocks[row, block_mask.full_kv_indices[0, 0, row, :count].long()] = True
+    assert (per_block.all(-1).all(1) | ~full_blocks).all()
+
+
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("mtp", [False, True])
@@ -164,21 +183,7 @@ def test_tree_attention_implementations_equal_the_ancestor_mask(seed, mtp):
     eager = TreeAttention(end, key_ok, impl="flex", compile_flex=False)
     with torch.no_grad():     # torch 2.13 has no flex backward on CPU; eager flex checks the mask_mod
         torch.testing.assert_close(eager.attend(0, q, k, v, 0.3), reference, atol=1e-5, rtol=0)
-    # The compiled kernel trusts the block structure: every visible pair must lie in a listed block, and a block
-    # listed as full must be wholly visible.
-    block_mask = flex.block_mask(end, key_ok)
-    dense_blocks = block_mask.to_dense()[0, 0].bool()
-    padded = dense_blocks.shape[0] * FLEX_BLOCK
-    visible = torch.zeros(padded, padded, dtype=torch.bool)
-    visible[:size, :size] = expected
-    visible[size:, size:] |= torch.eye(padded - size, dtype=torch.bool)
-    per_block = visible.view(padded // FLEX_BLOCK, FLEX_BLOCK, padded // FLEX_BLOCK, FLEX_BLOCK)
-    assert not (per_block.any(-1).any(1) & ~dense_blocks).any()
-    full_blocks = torch.zeros_like(dense_blocks)
-    for row in range(dense_blocks.shape[0]):
-        count = int(block_mask.full_kv_num_blocks[0, 0, row])
-        full_blocks[row, block_mask.full_kv_indices[0, 0, row, :count].long()] = True
-    assert (per_block.all(-1).all(1) | ~full_blocks).all()
+    assert_block_structure(flex.block_mask(end, key_ok), expected)
 
 
 def test_flex_lengths_fall_in_few_compiled_shapes():
@@ -284,16 +289,6 @@ def test_borrowed_slots_attend_as_if_computed(seed, mtp):
     with torch.no_grad():
         torch.testing.assert_close(eager.attend(0, *own, 0.3), reference, atol=1e-5, rtol=0)
     # Blocks of borrowed rows only are skipped but for their diagonal; every visible pair lies in a listed block.
-    block_mask = flex.block_mask(end, key_ok, computed)
-    dense_blocks = block_mask.to_dense()[0, 0].bool()
-    padded = dense_blocks.shape[0] * FLEX_BLOCK
-    visible = torch.zeros(padded, padded, dtype=torch.bool)
-    visible[computed, :size] = mask[computed]
-    visible |= torch.eye(padded, dtype=torch.bool)
-    per_block = visible.view(padded // FLEX_BLOCK, FLEX_BLOCK, padded // FLEX_BLOCK, FLEX_BLOCK)
-    assert not (per_block.any(-1).any(1) & ~dense_blocks).any()
-    full_blocks = torch.zeros_like(dense_blocks)
-    for row in range(dense_blocks.shape[0]):
-        count = int(block_mask.full_kv_num_blocks[0, 0, row])
-        full_blocks[row, block_mask.full_kv_indices[0, 0, row, :count].long()] = True
-    assert (per_block.all(-1).all(1) | ~full_blocks).all()
+    pairs = torch.zeros(size, size, dtype=torch.bool)
+    pairs[computed] = mask[computed]
+    assert_block_structure(flex.block_mask(end, key_ok, computed), pairs)
