@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from forge.learner.losses import mtp_topk_kl
 from forge.learner.policy import PolicyOutput
-from forge.learner.tree.packing import TreeBatch
+from forge.learner.tree.packing import TreeBatch, mtp_edges
 from forge.learner.tree.stem import StemState
 from forge.model.qwen3 import CausalLM
 from forge.model.sampling import batched_sampling_logprobs
@@ -72,8 +72,7 @@ def tree_policy_forward(model: CausalLM, batch: TreeBatch, mtp_top_k: int = 0, i
     if use_mtp:
         slots = (torch.arange(batch.num_nodes, device=own.device) if batch.borrowed is None
                  else batch.borrowed.computed)
-        source = torch.where(batch.parent >= 0, batch.parent, slots)
-        positions = (batch.position_ids - 1).clamp(min=0)
+        source, positions = mtp_edges(batch.parent, slots, batch.position_ids)
         attention = batch.mtp_attention(impl, block_size, None if stem is None else stem.mtp_keys)
         own_draft = model.mtp_forward(hidden[source].unsqueeze(0), batch.input_ids, position_ids=positions,
                                       attention=attention, detach_trunk=True)[0]

@@ -172,6 +172,12 @@ def shared_context(trie: Trie, runs: Sequence[tuple[int, int]]) -> np.ndarray:
     return np.unique(np.concatenate(contexts)) if contexts else np.zeros(0, dtype=np.int64)
 
 
+def mtp_edges(parent: Tensor, slots: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """The MTP layer's input rows and positions over edges: slot c holds edge parent(c) → c, so it takes its
+    parent's hidden state (a root, which has no edge, its own) at position depth(c) − 1."""
+    return torch.where(parent >= 0, parent, slots), (position_ids - 1).clamp(min=0)
+
+
 def _tensor(values, device: torch.device | str, dtype=torch.long) -> Tensor:
     return torch.as_tensor(np.asarray(values), dtype=dtype).to(device)
 
@@ -185,25 +191,26 @@ def make_stem(trie: Trie, nodes: np.ndarray, device: torch.device | str = "cpu")
                 end=_tensor(_local(nodes, trie.end[nodes]), device))
 
 
-def _borrowed(nodes: np.ndarray, stem_nodes: np.ndarray, device: torch.device | str) -> Borrowed | None:
+def _borrowed(nodes: np.ndarray, stem_nodes: np.ndarray,
+              device: torch.device | str) -> tuple[Borrowed | None, np.ndarray]:
+    """The borrowed slots of a sequence of ``nodes``, and (on the host) the slots it computes."""
     rows = np.minimum(_local(stem_nodes, nodes), max(0, stem_nodes.size - 1))
     taken = (stem_nodes[rows] == nodes) if stem_nodes.size else np.zeros(nodes.size, dtype=bool)
-    if not taken.any():
-        return None
     computed, slots = np.flatnonzero(~taken), np.flatnonzero(taken)
+    if not slots.size:
+        return None, computed
     order = np.empty(nodes.size, dtype=np.int64)
     order[computed] = np.arange(computed.size)
     order[slots] = computed.size + np.arange(slots.size)
     return Borrowed(computed=_tensor(computed, device), slots=_tensor(slots, device),
-                    stem_rows=_tensor(rows[slots], device), order=_tensor(order, device))
+                    stem_rows=_tensor(rows[slots], device), order=_tensor(order, device)), computed
 
 
 def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int,
                     device: torch.device | str = "cpu", stem_nodes: np.ndarray | None = None) -> TreeBatch:
     """The packed tree of sorted samples [first, last); slots whose node is in ``stem_nodes`` are borrowed."""
     nodes = _run_nodes(trie, first, last)
-    borrowed = None if stem_nodes is None else _borrowed(nodes, stem_nodes, device)
-    computed = np.arange(nodes.size) if borrowed is None else borrowed.computed.cpu().numpy()
+    borrowed, computed = (None, np.arange(nodes.size)) if stem_nodes is None else _borrowed(nodes, stem_nodes, device)
     parent = trie.parent[nodes]
     local_parent = np.where(parent >= 0, _local(nodes, np.maximum(parent, 0)), -1)
     local_end = _local(nodes, trie.end[nodes])

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from forge.learner.tree.packing import Stem
+from forge.learner.tree.packing import Stem, mtp_edges
 from forge.model.qwen3 import CausalLM
 
 
@@ -33,11 +33,10 @@ def _run(model: CausalLM, stem: Stem, mtp: bool, impl: str,
     recorded = [attention.recorded or {}]
     if mtp:
         rows = torch.arange(stem.num_nodes, device=hidden.device)
-        source = torch.where(stem.parent >= 0, stem.parent, rows)
+        source, positions = mtp_edges(stem.parent, rows, stem.position_ids)
         mtp_attention = stem.mtp_attention(impl, block_size)
-        outputs.append(model.mtp_forward(hidden[source].unsqueeze(0), stem.input_ids,
-                                         position_ids=(stem.position_ids - 1).clamp(min=0), attention=mtp_attention,
-                                         detach_trunk=True)[0])
+        outputs.append(model.mtp_forward(hidden[source].unsqueeze(0), stem.input_ids, position_ids=positions,
+                                         attention=mtp_attention, detach_trunk=True)[0])
         recorded.append(mtp_attention.recorded or {})
     for layers in recorded:
         for layer in sorted(layers):
@@ -70,9 +69,9 @@ class StemState:
     def backward(self) -> None:
         """Run the stem again with its graph and back-propagate the gradients the trees left on the leaves (zeros
         where none came, so that every rank runs the same collectives)."""
-        leaves = self.leaves
         if not self.hidden.requires_grad:
             return
+        leaves = self.leaves
         outputs, _ = _run(self.model, self.stem, self.draft is not None, self.impl, self.block_size)
         if len(outputs) != len(leaves):
             raise RuntimeError(f"the stem's second pass gave {len(outputs)} tensors, the first {len(leaves)}")
