@@ -83,13 +83,16 @@ def _split(run: tuple[int, int], forks: list[int]) -> list[tuple[int, int]]:
     return list(itertools.pairwise(cuts))
 
 
-def _boundaries(end: Tensor, size: int, chain_size: int) -> list[int]:
+def _forks(end: Tensor) -> Tensor:
+    """[T - 1] bool, entry i - 1 for node i: its parent i - 1 has another child."""
+    return end[1:] < end[:-1]
+
+
+def _boundaries(end: Tensor, size: int, chain_size: int, fork: Tensor) -> list[int]:
     """Block starts: where a branch starts or a fork ends a chain, once the block has ``size // 4`` tokens; within
     a chain every ``chain_size`` tokens, and every ``size`` tokens in a block that took in a branch."""
     length = end.numel()
-    nodes = torch.arange(1, length, device=end.device)
-    branch = end[:-1] <= nodes              # node i whose parent is not i - 1
-    fork = end[1:] < end[:-1]               # node i whose parent i - 1 has another child
+    branch = end[:-1] <= torch.arange(1, length, device=end.device)     # node i whose parent is not i - 1
     cuts = (branch | fork).nonzero().squeeze(-1).add(1).tolist()
     starts, current, crossed = [0], 0, False
     for node in [*cuts, length]:
@@ -112,12 +115,13 @@ def plan_segments(end: Tensor, key_ok: Tensor | None, size: int, dtype: torch.dt
                   min_run: int = 64, queries: Tensor | None = None, chain_size: int = CHAIN_SIZE) -> list[Part]:
     length = end.numel()
     nodes = torch.arange(length, device=end.device)
-    starts = _boundaries(end, size, max(size, chain_size))
+    fork = _forks(end)
+    starts = _boundaries(end, size, max(size, chain_size), fork)
     stops = [*starts[1:], length]
     row_bounds = [*starts, length]
     if queries is not None:
         row_bounds = torch.searchsorted(queries, torch.tensor(row_bounds, device=end.device)).tolist()
-    forks = (end[1:] < end[:-1]).nonzero().squeeze(-1).add(1).tolist()   # b: node b - 1 has another child
+    forks = fork.nonzero().squeeze(-1).add(1).tolist()
     ancestors = strict_ancestors(end, key_ok, torch.tensor(starts, device=end.device))
     shared_parts: dict[tuple[int, int], list[Part]] = {}
     parts = []
