@@ -13,8 +13,11 @@ measured times, the speed-up and its share of the limit, and peak memory of both
 the peak of live tensor bytes from the profiler's allocation events).
 
 The linear baseline of the largest configurations takes many minutes on a CPU: with --linear-sample K (automatic
-above --linear-cap sample tokens) every K-th micro-batch (they are sorted by length) is timed and the total is
-scaled by the number of micro-batches over the number timed; the table marks such rows with ~.
+above --linear-cap sample tokens) every K-th micro-batch (they are sorted by length) is timed, and the total is
+the timed seconds per modelled FLOP times the modelled FLOPs of all micro-batches, each as it runs (every row
+padded to the micro-batch's longest). A micro-batch's cost grows with the square of its length, so scaling by the
+count of micro-batches instead would follow whichever lengths the stride happens to hit (with the default lengths
+at G = 4 it would read 23 % low). The table marks such rows with ~.
 
 Usage: python bench/tree_merge.py [--quick] [--model tiny|medium|wide|DIR] [--groups 4,8,16] [--turns 1,8,32]
        [--system 4096] [--completion 32,128] [--tool 16,96] [--budget 16384] [--repeats 2] [--no-stem]
@@ -97,7 +100,8 @@ class Row:
     attention_limit: float      # attention pairs, linear / tree
     work_limit: float           # modelled FLOPs, linear / tree
     linear_s: float
-    linear_sampled: int         # 1: every micro-batch timed; K: every K-th, scaled
+    linear_sampled: int         # 1: every micro-batch timed; K: every K-th, scaled by modelled work
+    linear_batch_s: list[float]  # seconds of each timed micro-batch, longest first
     tree_s: float
     pack_s: float
     recompute_s: float          # the tree path without the stem (each batch recomputes its context); = tree_s
@@ -150,15 +154,18 @@ class Step:
             loss = loss + self.loss.mtp_weight * out.mtp_kl.sum() / self.total_mtp
         loss.backward()
 
-    def linear(self, groups: list[list[Sample]]) -> float:
+    def linear(self, groups: list[list[Sample]]) -> list[float]:
+        """Seconds of each micro-batch."""
         self.model.zero_grad(set_to_none=True)
-        synchronize(self.device)
-        started = time.perf_counter()
+        seconds = []
         for group in groups:
+            synchronize(self.device)
+            started = time.perf_counter()
             batch = make_micro_batch(group, self.device)
             self._backward(policy_forward(self.model, batch, self.loss.mtp_top_k), batch)
-        synchronize(self.device)
-        return time.perf_counter() - started
+            synchronize(self.device)
+            seconds.append(time.perf_counter() - started)
+        return seconds
 
     def tree(self, budget: int, share: bool) -> tuple[float, float]:
         """(seconds for the whole step including packing, seconds of packing)."""
@@ -191,6 +198,15 @@ def work_model(config: ModelConfig) -> tuple[float, float, float]:
     per_token = 2 * (layers * per_layer + config.num_nextn_predict_layers * 2 * hidden * hidden)
     per_row = 2 * hidden * config.vocab_size * (1 + config.num_nextn_predict_layers)
     return float(per_token), float(4 * heads * head_dim * layers), float(per_row)
+
+
+def linear_work(group: list[Sample], config: ModelConfig) -> float:
+    """Modelled FLOPs of one linear micro-batch as it runs: every row padded to the longest, causal attention over
+    each row, an output-head row per completion token."""
+    per_token, per_pair, per_row = work_model(config)
+    width = max(len(s.tokens) for s in group)
+    return (len(group) * (per_token * width + per_pair * width * (width + 1) / 2)
+            + per_row * sum(s.num_completion for s in group))
 
 
 def limits(samples: list[Sample], step: TreeStep, config: ModelConfig) -> tuple[float, float]:
@@ -226,7 +242,9 @@ def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.
     recompute_s = tree_s
     if tree_step.stem is not None:
         recompute_s = min(step.tree(budget, False)[0] for _ in range(args["repeats"]))
-    linear_s = min(step.linear(timed) for _ in range(args["repeats"])) * len(linear_groups) / len(timed)
+    linear_batch_s = min((step.linear(timed) for _ in range(args["repeats"])), key=sum)
+    work = [linear_work(g, model.config) for g in linear_groups]
+    linear_s = sum(linear_batch_s) * sum(work) / sum(work[::stride])
     tree_peak = linear_peak = math.nan
     if args["memory"]:        # passes run one after another: the step's peak is its largest batch's (with the stem)
         largest = max(batches, key=lambda b: b.num_nodes)
@@ -237,7 +255,8 @@ def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.
     attention_limit, work_limit = limits(samples, tree_step, model.config)
     return Row(groups, turns, len(samples), trie.num_sample_tokens, trie.num_nodes, packed, len(batches),
                len(linear_groups), trie.compression, trie.num_sample_tokens / packed, attention_limit, work_limit,
-               linear_s, stride, tree_s, pack_s, recompute_s, linear_s / tree_s, linear_peak / 2**20, tree_peak / 2**20)
+               linear_s, stride, linear_batch_s, tree_s, pack_s, recompute_s, linear_s / tree_s,
+               linear_peak / 2**20, tree_peak / 2**20)
 
 
 def token_range(_context: click.Context, _param: click.Parameter, text: str) -> tuple[int, int]:
@@ -256,7 +275,7 @@ HEADER = ("  G turns samples  sample tok  trie tok  packed | limit packed  attn 
 
 
 def print_row(row: Row) -> None:
-    sampled = "~" if row.linear_sampled > 1 else " "
+    sampled = "~" if len(row.linear_batch_s) < row.linear_batches else " "
     print(f"{row.groups:>3} {row.turns:>5} {row.samples:>7} {row.sample_tokens:>11,} {row.trie_tokens:>9,} "
           f"{row.packed_tokens:>7,} | {row.limit:>5.1f} {row.packed_limit:>6.1f} {row.attention_limit:>5.1f} "
           f"{row.work_limit:>5.1f} | {sampled}{row.linear_s:>7.2f} {row.tree_s:>8.2f} {row.pack_s:>7.2f} | "
