@@ -17,7 +17,8 @@ above --linear-cap sample tokens) every K-th micro-batch (they are sorted by len
 the timed seconds per modelled FLOP times the modelled FLOPs of all micro-batches, each as it runs (every row
 padded to the micro-batch's longest). A micro-batch's cost grows with the square of its length, so scaling by the
 count of micro-batches instead would follow whichever lengths the stride happens to hit (with the default lengths
-at G = 4 it would read 23 % low). The table marks such rows with ~.
+at G = 4 and every 14th timed it read 0.75 of the time measured in full, work scaling 0.97). The table marks such
+rows with ~.
 
 Usage: python bench/tree_merge.py [--quick] [--model tiny|medium|wide|DIR] [--groups 4,8,16] [--turns 1,8,32]
        [--system 4096] [--completion 32,128] [--tool 16,96] [--budget 16384] [--repeats 2] [--no-stem]
@@ -243,8 +244,10 @@ def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.
     if tree_step.stem is not None:
         recompute_s = min(step.tree(budget, False)[0] for _ in range(args["repeats"]))
     linear_batch_s = min((step.linear(timed) for _ in range(args["repeats"])), key=sum)
-    work = [linear_work(g, model.config) for g in linear_groups]
-    linear_s = sum(linear_batch_s) * sum(work) / sum(work[::stride])
+    def work(groups: list[list[Sample]]) -> float:
+        return sum(linear_work(g, model.config) for g in groups)
+
+    linear_s = sum(linear_batch_s) * work(linear_groups) / work(timed)
     tree_peak = linear_peak = math.nan
     if args["memory"]:        # passes run one after another: the step's peak is its largest batch's (with the stem)
         largest = max(batches, key=lambda b: b.num_nodes)
