@@ -18,7 +18,8 @@ the timed seconds per modelled FLOP times the modelled FLOPs of all micro-batche
 padded to the micro-batch's longest). A micro-batch's cost grows with the square of its length, so scaling by the
 count of micro-batches instead would follow whichever lengths the stride happens to hit (with the default lengths
 at G = 4 and every 14th timed it read 0.75 of the time measured in full, work scaling 0.97). The table marks such
-rows with ~.
+rows with ~. With --linear-sample 1 (every micro-batch timed) the bench prints what both estimators would have read
+at the stride --linear-cap gives.
 
 Usage: python bench/tree_merge.py [--quick] [--model tiny|medium|wide|DIR] [--groups 4,8,16] [--turns 1,8,32]
        [--system 4096] [--completion 32,128] [--tool 16,96] [--budget 16384] [--repeats 2] [--no-stem]
@@ -110,6 +111,7 @@ class Row:
     speedup: float
     linear_peak_mib: float
     tree_peak_mib: float
+    linear_check: str           # with every micro-batch timed: what sampling at the automatic stride would read
 
 
 def synchronize(device: torch.device) -> None:
@@ -201,13 +203,32 @@ def work_model(config: ModelConfig) -> tuple[float, float, float]:
     return float(per_token), float(4 * heads * head_dim * layers), float(per_row)
 
 
-def linear_work(group: list[Sample], config: ModelConfig) -> float:
-    """Modelled FLOPs of one linear micro-batch as it runs: every row padded to the longest, causal attention over
+def linear_work(groups: list[list[Sample]], config: ModelConfig) -> list[float]:
+    """Modelled FLOPs of each linear micro-batch as it runs: every row padded to the longest, causal attention over
     each row, an output-head row per completion token."""
     per_token, per_pair, per_row = work_model(config)
-    width = max(len(s.tokens) for s in group)
-    return (len(group) * (per_token * width + per_pair * width * (width + 1) / 2)
-            + per_row * sum(s.num_completion for s in group))
+    work = []
+    for group in groups:
+        width = max(len(s.tokens) for s in group)
+        work.append(len(group) * (per_token * width + per_pair * width * (width + 1) / 2)
+                    + per_row * sum(s.num_completion for s in group))
+    return work
+
+
+def estimator_check(seconds: list[float], work: list[float], stride: int) -> str:
+    """With every micro-batch timed: what a stride-``stride`` sample would have read, as a share of the measured
+    total, scaled by the count of micro-batches and by modelled work (from offset 0, as the bench samples, and the
+    range over all offsets)."""
+    total = sum(seconds)
+    by_count, by_work = [], []
+    for offset in range(min(stride, len(seconds))):
+        timed = seconds[offset::stride]
+        by_count.append(sum(timed) * len(seconds) / len(timed) / total)
+        by_work.append(sum(timed) * sum(work) / sum(work[offset::stride]) / total)
+    rates = [t / w * 1e12 for t, w in zip(seconds, work, strict=True)]
+    return (f"    timing every {stride}-th micro-batch would read, of the measured {total:.1f} s: count scaling "
+            f"{by_count[0]:.3f} ({min(by_count):.3f}-{max(by_count):.3f} over offsets), work scaling {by_work[0]:.3f} "
+            f"({min(by_work):.3f}-{max(by_work):.3f}); seconds per modelled TFLOP {min(rates):.1f}-{max(rates):.1f}")
 
 
 def limits(samples: list[Sample], step: TreeStep, config: ModelConfig) -> tuple[float, float]:
@@ -234,7 +255,8 @@ def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.
     tree_step = pack_step(samples, budget, device, trie=trie, share=args["stem"])
     batches = tree_step.batches
     linear_groups = list(micro_batches(samples, budget))
-    stride = args["linear_sample"] or max(1, math.ceil(trie.num_sample_tokens / args["linear_cap"]))
+    automatic = max(1, math.ceil(trie.num_sample_tokens / args["linear_cap"]))
+    stride = args["linear_sample"] or automatic
     timed = linear_groups[::stride]
     step = Step(model, samples, LossConfig(mtp_top_k=32), device, args["impl"])
     step.tree_step(TreeStep(tree_step.stem, batches[:1]))    # warm-up (allocator, kernels, compilation)
@@ -244,10 +266,9 @@ def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.
     if tree_step.stem is not None:
         recompute_s = min(step.tree(budget, False)[0] for _ in range(args["repeats"]))
     linear_batch_s = min((step.linear(timed) for _ in range(args["repeats"])), key=sum)
-    def work(groups: list[list[Sample]]) -> float:
-        return sum(linear_work(g, model.config) for g in groups)
-
-    linear_s = sum(linear_batch_s) * work(linear_groups) / work(timed)
+    work = linear_work(linear_groups, model.config)
+    linear_s = sum(linear_batch_s) * sum(work) / sum(work[::stride])
+    check = estimator_check(linear_batch_s, work, automatic) if stride == 1 < automatic < len(work) else ""
     tree_peak = linear_peak = math.nan
     if args["memory"]:        # passes run one after another: the step's peak is its largest batch's (with the stem)
         largest = max(batches, key=lambda b: b.num_nodes)
@@ -259,7 +280,7 @@ def measure(model: CausalLM, groups: int, turns: int, args: dict, device: torch.
     return Row(groups, turns, len(samples), trie.num_sample_tokens, trie.num_nodes, packed, len(batches),
                len(linear_groups), trie.compression, trie.num_sample_tokens / packed, attention_limit, work_limit,
                linear_s, stride, linear_batch_s, tree_s, pack_s, recompute_s, linear_s / tree_s,
-               linear_peak / 2**20, tree_peak / 2**20)
+               linear_peak / 2**20, tree_peak / 2**20, check)
 
 
 def token_range(_context: click.Context, _param: click.Parameter, text: str) -> tuple[int, int]:
@@ -285,6 +306,8 @@ def print_row(row: Row) -> None:
           f"{row.speedup:>6.1f}x {row.speedup / row.limit:>6.2f} {row.speedup / row.work_limit:>6.2f} | "
           f"{row.recompute_s:>9.2f} {row.linear_s / row.recompute_s:>7.1f}x | "
           f"{row.linear_peak_mib:>7.0f} {row.tree_peak_mib:>9.0f}", flush=True)
+    if row.linear_check:
+        print(row.linear_check, flush=True)
 
 
 @click.command()
