@@ -23,7 +23,7 @@ from pathlib import Path
 
 import lmdb
 
-from forge.gateway.pool import Pool
+from forge.pool import Pool
 from forge.v1 import common_pb2, pool_pb2
 
 

@@ -23,7 +23,7 @@ import statistics
 
 import click
 
-from forge.learner.window import WindowConfig
+from forge.pool.window import WindowConfig
 
 
 def simulate(config: WindowConfig, tasks: int, slots: int, batch: int, train_s: float, sigma: float,

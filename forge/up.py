@@ -151,7 +151,7 @@ def summary_table(config: UpConfig, live: RunState, driver) -> Table:
 
 async def run(config: UpConfig, console: Console) -> dict[str, Any]:
     from forge.builtin import tiny_tokenizer
-    from forge.gateway.pool import PoolReader
+    from forge.pool import PoolReader
     from forge.rollout.driver import DriverConfig, RolloutDriver
     from forge.tokenizer import Tokenizer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from forge.gateway.pool.errors import (
+from forge.pool import (
     ConflictError,
     InvalidRequestError,
     NotFoundError,

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from forge.gateway.errors import from_pool_error
-from forge.gateway.pool.errors import PoolError
+from forge.pool import PoolError
 from forge.v1 import pool_pb2
 
 log = logging.getLogger(__name__)

@@ -29,12 +29,12 @@ def open_pool(config: GatewayConfig) -> Any:
     if bool(config.pool_path) == bool(config.pool_address):
         raise ValueError("give exactly one of a pool path and a pool address")
     if config.pool_path:
-        from forge.gateway.pool import Pool
+        from forge.pool import Pool
 
         return Pool(config.pool_path)
     import grpc
 
-    from forge.gateway.pool import PoolClient
+    from forge.pool import PoolClient
 
     client = PoolClient(config.pool_address, api_key=config.pool_api_key)
     try:

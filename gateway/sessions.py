@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from forge.gateway.errors import BadRequest, Conflict, GatewayError, NotFound
 from forge.gateway.keys import KeyRing
 from forge.gateway.metrics import Metrics
-from forge.gateway.pool.errors import InvalidRequestError
-from forge.gateway.pool.sessions import SESSION_STATUS_NAMES, prepare_open
 from forge.gateway.poolio import AsyncPool
 from forge.gateway.tito import CallHistory
+from forge.pool import SESSION_STATUS_NAMES, InvalidRequestError, prepare_open
 from forge.v1 import pool_pb2
 
 log = logging.getLogger(__name__)

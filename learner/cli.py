@@ -31,10 +31,10 @@ def _relaunch_under_torchrun(nproc: int) -> None:
 
 def _open_pool(pool: Path | None, pool_address: str | None, api_key: str | None):
     if pool_address:
-        from forge.gateway.pool import PoolClient
+        from forge.pool import PoolClient
 
         return PoolClient(pool_address, api_key=api_key)
-    from forge.gateway.pool import Pool
+    from forge.pool import Pool
 
     return Pool(pool)
 
@@ -160,7 +160,7 @@ def learner(model: str, pool_path: Path | None, pool_address: str | None, pool_a
     from forge.learner.parallel import init_distributed, shard_model
     from forge.learner.rewards import RewardConfig
     from forge.learner.trainer import Trainer, TrainerConfig
-    from forge.learner.window import WindowConfig
+    from forge.pool import WindowConfig
 
     try:
         configs = (LossConfig(loss, eps_low, eps_high, clip_eps, mtp_weight, mtp_top_k, token_norm),

@@ -32,8 +32,8 @@ from forge.learner.tree import (
     stem_forward,
     tree_policy_forward,
 )
-from forge.learner.window import Batch, PoolSource, WindowConfig, WindowedFifo
 from forge.model.qwen3 import CausalLM
+from forge.pool import Batch, PoolSource, WindowConfig, WindowedFifo
 from forge.v1 import pool_pb2
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from forge.builtin import TINY_DIR
-from forge.gateway.pool import PoolReader
+from forge.pool import PoolReader
 from forge.up import UpConfig, report, run
 from forge.v1 import pool_pb2
 

@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from forge.assets import TINY_DIR
-from forge.gateway.pool import PoolReader
+from forge.pool import PoolReader
 from forge.rpc import connect
 from forge.tokenizer import Tokenizer
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc

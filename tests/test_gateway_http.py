@@ -16,7 +16,7 @@ import pytest
 
 from forge.assets import TINY_DIR
 from forge.gateway.calls import WHOLE_ANSWER
-from forge.gateway.pool import NotFoundError, PoolReader
+from forge.pool import NotFoundError, PoolReader
 from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, pool_pb2
 

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from forge.gateway.pool import PoolReader
+from forge.pool import PoolReader
 from forge.v1 import pool_pb2
 
 from helpers.gateway_fake_actor import serve_fake_actor

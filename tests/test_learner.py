@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from forge.actors.engine.engine import EngineConfig, TorchEngine
-from forge.gateway.pool import Pool
 from forge.learner.checkpoint import Checkpointer
 from forge.learner.losses import LossConfig
 from forge.learner.parallel import Distributed
@@ -24,9 +23,10 @@ from forge.learner.policy import recompute_logprobs
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import build_samples, make_micro_batch
 from forge.learner.trainer import Trainer, TrainerConfig
-from forge.learner.window import WindowConfig
 from forge.model import CausalLM, ModelConfig
 from forge.model.sampling import SamplingParams
+from forge.pool import Pool
+from forge.pool.window import WindowConfig
 
 from conftest import REPO, script
 from helpers.gradients import capture_gradients

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from forge.assets import TINY_DIR
-from forge.gateway.pool import Pool
-from forge.gateway.pool.cli import pool_group
+from forge.pool import Pool
+from forge.pool.cli import pool_group
 from forge.tokenizer import Tokenizer
 from forge.v1 import pool_pb2
 
@@ -87,7 +87,7 @@ def test_errors_are_clear(pool, tmp_path):
 
 
 def test_stats_from_another_process_while_the_pool_is_open(pool):
-    code = "from forge.gateway.pool.cli import pool_group; pool_group()"
+    code = "from forge.pool.cli import pool_group; pool_group()"
     result = subprocess.run([sys.executable, "-c", code, "stats", str(pool.path), "--json"], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr

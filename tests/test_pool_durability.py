@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.gateway.pool import Pool, PoolReader
+from forge.pool import Pool, PoolReader
 
 from helpers.pool_util import make_call, same_call
 
@@ -149,7 +149,7 @@ FULL_DISK = """
 import resource, signal, sys
 sys.path.insert(0, {helpers!r})
 from pool_util import make_call
-from forge.gateway.pool import Pool, PoolFullError
+from forge.pool import Pool, PoolFullError
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 pool = Pool({path!r}, map_size=1 << 20)
 sid = pool.open_session(session_id="s").session_id

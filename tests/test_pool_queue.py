@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from forge.gateway.pool import (
+from forge.pool import (
     ConflictError,
     CursorConflictError,
     InvalidRequestError,

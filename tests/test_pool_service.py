@@ -11,7 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from forge.gateway.pool import (
+from forge.pool import (
     ConflictError,
     CursorConflictError,
     InvalidRequestError,
@@ -111,7 +111,7 @@ def test_errors_are_status_codes_with_messages_and_the_same_exceptions_on_the_cl
 
 def test_a_standalone_server_process_with_an_api_key(tmp_path):
     path = tmp_path / "pool"
-    proc = subprocess.Popen([sys.executable, "-m", "forge.gateway.pool", "--path", str(path), "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "forge.pool", "--path", str(path), "--port", "0",
                              "--api-key", "sekret", "--map-size", "1MiB"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

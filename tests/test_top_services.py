@@ -27,11 +27,11 @@ from helpers.processes import start_actor
 
 
 class PoolProcess:
-    """``python -m forge.gateway.pool`` on ``port`` (0: any), its address read from its first line."""
+    """``python -m forge.pool`` on ``port`` (0: any), its address read from its first line."""
 
     def __init__(self, path: Path, port: int = 0, *args: str) -> None:
         self.log = (path.parent / f"{path.name}-{port}.log").open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "forge.gateway.pool", "--path", str(path), "--port",
+        self.proc = subprocess.Popen([sys.executable, "-m", "forge.pool", "--path", str(path), "--port",
                                       str(port), "--map-size", "16MiB", *args],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True)
         line = self.proc.stdout.readline()

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from forge.actors.engine.engine import EngineConfig, TorchEngine
-from forge.gateway.pool import Pool
 from forge.learner.losses import LossConfig, policy_loss
 from forge.learner.policy import policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
@@ -22,6 +21,7 @@ from forge.learner.tree import build_trie, pack_step, pack_trees, rank_spans, st
 from forge.model import CausalLM, ModelConfig
 from forge.model.generate import generate
 from forge.model.sampling import SamplingParams
+from forge.pool import Pool
 
 from helpers.rollouts import fill_pool
 from helpers.threads import one_thread  # noqa: F401  (autouse)

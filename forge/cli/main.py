@@ -10,8 +10,8 @@ from forge.cache.cli import cache
 from forge.cli.common import CONTEXT_SETTINGS, entry_point
 from forge.cli.model import model_group
 from forge.gateway.cli import gateway
-from forge.gateway.pool.cli import pool_group
 from forge.learner.cli import learner
+from forge.pool.cli import pool_group
 from forge.top.cli import plot, top
 from forge.up import up
 

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from forge.gateway.errors import BadRequest
-from forge.gateway.pool.sessions import SESSION_STATUS_NAMES
+from forge.pool import SESSION_STATUS_NAMES
 from forge.v1 import common_pb2, pool_pb2
 
 FINISH_NAMES = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length",

@@ -9,13 +9,13 @@ from pathlib import Path
 import torch
 from gradients import capture_gradients
 
-from forge.gateway.pool import Pool
 from forge.learner.losses import LossConfig
 from forge.learner.parallel import full_state_dict, init_distributed, shard_model
 from forge.learner.rewards import RewardConfig
 from forge.learner.trainer import Trainer, TrainerConfig
-from forge.learner.window import WindowConfig
 from forge.model import CausalLM
+from forge.pool import Pool
+from forge.pool.window import WindowConfig
 
 
 def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int) -> None:

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pool_util import make_call
 
-from forge.gateway.pool import Pool, PoolReader
+from forge.pool import Pool, PoolReader
 
 
 def append(path: str, threads: int, calls: int, map_size: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from forge.gateway.pool.layout import DATABASES
+from forge.pool.layout import DATABASES
 from forge.v1 import common_pb2, pool_pb2
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import lmdb
 
-from forge.gateway.pool import layout
-from forge.gateway.pool.errors import NotFoundError, PoolError, PoolFullError
-from forge.gateway.pool.layout import EntryState, PoolState
+from forge.pool import layout
+from forge.pool.errors import NotFoundError, PoolError, PoolFullError
+from forge.pool.layout import EntryState, PoolState
 from forge.v1 import pool_pb2
 
 log = logging.getLogger(__name__)

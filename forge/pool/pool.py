@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from forge.gateway.pool import fifo, sessions
-from forge.gateway.pool.config import PoolConfig
-from forge.gateway.pool.errors import PoolClosedError, PoolError
-from forge.gateway.pool.layout import EntryState, PoolState
-from forge.gateway.pool.store import Store, Txn, open_store
-from forge.gateway.pool.writer import GroupCommitWriter
+from forge.pool import fifo, sessions
+from forge.pool.config import PoolConfig
+from forge.pool.errors import PoolClosedError, PoolError
+from forge.pool.layout import EntryState, PoolState
+from forge.pool.store import Store, Txn, open_store
+from forge.pool.writer import GroupCommitWriter
 from forge.v1 import pool_pb2
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class Pool(PoolReader):
 
     Every write is applied by one writer thread that commits many requests per durable transaction (group commit)
     and returns only after the commit: an acknowledged call survives any crash. Bad requests raise a
-    :class:`~forge.gateway.pool.errors.InvalidRequestError` (a ``ValueError``) and change nothing."""
+    :class:`~forge.pool.errors.InvalidRequestError` (a ``ValueError``) and change nothing."""
 
     def __init__(self, path: str | os.PathLike, config: PoolConfig | None = None, **settings: Any) -> None:
         self.config = dataclasses.replace(config or PoolConfig(), **settings)

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from forge.gateway.pool.errors import error_for_status
+from forge.pool.errors import error_for_status
 from forge.rpc import connect
 from forge.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 

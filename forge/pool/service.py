@@ -11,8 +11,8 @@ from typing import Any
 
 import grpc
 
-from forge.gateway.pool.errors import PoolError, status_code
-from forge.gateway.pool.pool import Pool
+from forge.pool.errors import PoolError, status_code
+from forge.pool.pool import Pool
 from forge.rpc import GrpcServer, ServerOptions, ServiceBinding
 from forge.telemetry import stats_report
 from forge.v1 import pool_pb2, pool_pb2_grpc

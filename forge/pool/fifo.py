@@ -6,11 +6,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from forge.gateway.pool import layout
-from forge.gateway.pool.config import PoolConfig
-from forge.gateway.pool.errors import ConflictError, CursorConflictError, InvalidRequestError, NotFoundError
-from forge.gateway.pool.layout import COMPLETED, CONSUMED, FAILED, PENDING, ConsumeLog, EntryState, PoolState
-from forge.gateway.pool.store import Txn
+from forge.pool import layout
+from forge.pool.config import PoolConfig
+from forge.pool.errors import ConflictError, CursorConflictError, InvalidRequestError, NotFoundError
+from forge.pool.layout import COMPLETED, CONSUMED, FAILED, PENDING, ConsumeLog, EntryState, PoolState
+from forge.pool.store import Txn
 from forge.v1 import pool_pb2
 
 _COUNTER = {PENDING: "pending", COMPLETED: "completed", CONSUMED: "consumed", FAILED: "failed"}

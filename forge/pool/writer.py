@@ -17,9 +17,9 @@ from typing import Any
 
 import lmdb
 
-from forge.gateway.pool.errors import PoolClosedError, PoolError
-from forge.gateway.pool.layout import PoolState
-from forge.gateway.pool.store import Store, Txn, lmdb_failure
+from forge.pool.errors import PoolClosedError, PoolError
+from forge.pool.layout import PoolState
+from forge.pool.store import Store, Txn, lmdb_failure
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ import click
 from google.protobuf import json_format
 
 from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, setup_logging
-from forge.gateway.pool.errors import PoolError
-from forge.gateway.pool.fifo import STATUS_NAMES
-from forge.gateway.pool.layout import COMPLETED
-from forge.gateway.pool.sessions import SESSION_STATUS_NAMES
+from forge.pool.errors import PoolError
+from forge.pool.fifo import STATUS_NAMES
+from forge.pool.layout import COMPLETED
+from forge.pool.sessions import SESSION_STATUS_NAMES
 
 DEFAULT_PORT = 50057
 PATH_ARG = click.Path(exists=True, file_okay=False, path_type=Path)
@@ -39,7 +39,7 @@ class ByteSize(click.ParamType):
 
 
 def _open_reader(path: Path) -> Any:
-    from forge.gateway.pool.pool import PoolReader
+    from forge.pool.pool import PoolReader
 
     try:
         return PoolReader(path)
@@ -230,8 +230,8 @@ def serve_command(path: Path, host: str, port: int, map_size: int, max_map_size:
                   session_timeout: float | None, keep_consumed: int | None, keep_consumed_s: float | None,
                   min_completed: int, log_level: str) -> None:
     """Serve the pool at --path as the forge.v1.Pool gRPC service (with health and reflection) until SIGTERM."""
-    from forge.gateway.pool.pool import Pool
-    from forge.gateway.pool.service import serve_pool
+    from forge.pool.pool import Pool
+    from forge.pool.service import serve_pool
     from forge.rpc import ServerOptions
 
     setup_logging(log_level)

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from forge.gateway.pool import layout
-from forge.gateway.pool.errors import ConflictError, InvalidRequestError, NotFoundError
-from forge.gateway.pool.fifo import STATUS_NAMES, new_entry, settle
-from forge.gateway.pool.layout import COMPLETED, PENDING, PoolState
-from forge.gateway.pool.store import Txn
+from forge.pool import layout
+from forge.pool.errors import ConflictError, InvalidRequestError, NotFoundError
+from forge.pool.fifo import STATUS_NAMES, new_entry, settle
+from forge.pool.layout import COMPLETED, PENDING, PoolState
+from forge.pool.store import Txn
 from forge.v1 import pool_pb2
 
 OPEN = pool_pb2.SESSION_STATUS_OPEN

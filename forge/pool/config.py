@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from forge.gateway.pool.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
+from forge.pool.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
 
 
 @dataclass

@@ -1,7 +1,0 @@
-"""``python -m forge.gateway.pool``: serve a pool over gRPC (options: ``--help``; env ``FORGE_POOL_*``)."""
-
-from forge.cli.common import entry_point
-from forge.gateway.pool.cli import serve_command
-
-if __name__ == "__main__":
-    entry_point(serve_command, "pool")()
