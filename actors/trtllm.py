@@ -38,12 +38,6 @@ TRTLLM_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "canc
                  "abort": FinishReason.ABORT}
 
 
-def backend_unavailable(name: str) -> str:
-    if name == "vllm":
-        return "the vLLM backend is not built yet; use --backend torch (CPU or GPU) or --backend trtllm (GPU)"
-    return f"unknown backend {name!r}"
-
-
 def sampling_kwargs(params: SamplingParams, eos_token_ids: tuple[int, ...]) -> dict[str, Any]:
     """Our sampling parameters as TensorRT-LLM ``SamplingParams`` keyword arguments."""
     kwargs: dict[str, Any] = {

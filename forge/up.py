@@ -10,7 +10,7 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,38 +19,58 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from forge.cli.common import CONTEXT_SETTINGS, setup_logging
+from forge.cli.common import setup_logging
+from forge.cli.options import RUN_FILE, read_run_file, settings_command
 from forge.launch import ServiceProcess
+from forge.settings import Settings, SettingsError, log_level_setting, setting
 from forge.tasks import DOMAINS
 
 log = logging.getLogger("forge.up")
 
 
-@dataclass
-class UpConfig:
-    run_dir: Path
-    minutes: float = 10.0
-    actors: int = 1
-    group_size: int = 4
-    groups_in_flight: int = 6
-    batch_groups: int = 4
-    window: float = 0.3
-    lr: float = 2e-4
-    warmup_steps: int = 25
-    token_norm: str = "sequence"        # the learner's --token-norm: short answers weigh as much as long tool turns
-    advantage_norm: str = "domain"      # the learner's --normalize
-    speed_weight: float = 0.2           # β of the completion-time reward …
-    speed_domains: tuple[str, ...] = ("agent",)   # … paid where time is tool-call parallelism
-    max_tokens: int = 96                # per call; enough for three parallel tool calls, so truncation is rare
-    temperature: float = 1.0
-    eval_size: int = 48
-    eval_samples: int = 4               # sampled episodes per held-out task (at the training temperature)
-    blackbox_every: int = 6
-    domains: tuple[str, ...] = DOMAINS
-    model: str = "tiny"
-    seed: int = 0
-    cache: bool = True                  # start forge-cache and let the actors share KV blocks through it
-    cache_mb: int = 512
+@dataclass(frozen=True, kw_only=True)
+class UpConfig(Settings):
+    """``forge up``: the main job. Its learner, actor and cache values are the demo's tuning; a run file's
+    ``[learner]``, ``[actor]``, ``[gateway]`` and ``[cache]`` tables override them (forge up still wires the
+    addresses, ports and directories)."""
+
+    run_dir: Path | None = setting(None, path="dir", help="Where logs, the pool, checkpoints, metrics and plots go "
+                                                          "[default: runs/up-<time>].")
+    minutes: float = setting(10.0, min=0.1, help="How long to train.")
+    actors: int = setting(1, min=1, max=16, help="Actor processes.")
+    group_size: int = setting(4, min=1, max=64, help="Rollouts per task (G).")
+    groups_in_flight: int = setting(6, min=1, help="Task groups being rolled out at once.")
+    batch_groups: int = setting(4, min=1, help="Groups per learner step.")
+    window: float = setting(0.3, min=0, min_open=True, help="Windowed FIFO: count (>= 1) or fraction (< 1).")
+    lr: float = setting(2e-4, min=0, min_open=True, help="The learner's learning rate (AdamW).")
+    warmup_steps: int = setting(25, min=0, help="Learner steps of linear learning-rate warm-up.")
+    token_norm: str = setting("sequence", choices=("token", "sequence"),
+                              help="Policy loss averaged over the batch's tokens, or within each call then over calls "
+                                   "(short answers weigh as much as long tool turns).")
+    advantage_norm: str = setting("domain", choices=("none", "group", "domain"),
+                                  help="The learner's --normalize: advantages divided by their domain's spread.")
+    speed_weight: float = setting(0.2, help="The learner's --beta: weight of the completion-time reward.")
+    speed_domains: tuple[str, ...] = setting(("agent",), separator=",",
+                                             help="Domains the completion-time reward is paid in (where time is "
+                                                  "tool-call parallelism).")
+    max_tokens: int = setting(96, min=1, help="Tokens per model call (rollouts and evaluation); enough for three "
+                                              "parallel tool calls, so truncation is rare.")
+    temperature: float = setting(1.0, min=0.05, max=2.0,
+                                 help="Sampling temperature of the rollouts and of the sampled evaluation.")
+    eval_size: int = setting(48, min=1, max=64, help="Held-out tasks per domain.")
+    eval_samples: int = setting(4, min=1, help="Sampled episodes per held-out task (the greedy reading takes one).")
+    blackbox_every: int = setting(6, min=0, help="Every n-th single-turn group is played by the black-box "
+                                                 "OpenAI-client agent (0 = never).")
+    domains: tuple[str, ...] = setting(DOMAINS, separator=",", choices=DOMAINS, help="Task domains to train on.")
+    model: str = setting("tiny", help="'tiny' or a checkpoint directory.")
+    seed: int = setting(0, help="Seed of the learner, the actors and the rollouts.")
+    cache: bool = setting(True, help="Start forge-cache (the global L3 KV cache) and connect the actors to it.")
+    cache_mb: int = setting(512, min=16, help="forge-cache's capacity.")
+    log_level: str = log_level_setting("WARNING")
+
+    def check(self) -> None:
+        if not self.domains:
+            raise SettingsError("--domains names no domain")
 
 
 @dataclass
@@ -63,39 +83,65 @@ class RunState:
     gauges: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+def leaf_keys(table: dict[str, Any]) -> set[str]:
+    """The option names a run-file table sets, its group sub-tables' included (dashes read as underscores)."""
+    keys: set[str] = set()
+    for key, value in table.items():
+        keys |= leaf_keys(value) if isinstance(value, dict) else {key.replace("-", "_")}
+    return keys
+
+
+def service_args(wiring: dict[str, Any], tuning: dict[str, Any], run_file: Path | None, table: dict[str, Any]
+                 ) -> list[str]:
+    """A service's command line: the run file (when there is one), ``wiring`` always (addresses, ports,
+    directories: what makes the processes one system), and ``tuning`` (the demo's values) for what the file's
+    table leaves out. Values are option name (underscores) → value; a list repeats its option."""
+    args = ["--config", str(run_file)] if run_file else []
+    chosen = {**{k: v for k, v in tuning.items() if k not in leaf_keys(table)}, **wiring}
+    for name, value in chosen.items():
+        flag = "--" + name.replace("_", "-")
+        for item in value if isinstance(value, list) else [value]:
+            args += [flag, str(item)]
+    return args
+
+
 class System:
     """The service processes of one run, started in dependency order and stopped in reverse."""
 
-    def __init__(self, config: UpConfig) -> None:
+    def __init__(self, config: UpConfig, run_file: Path | None = None) -> None:
         self.config = config
+        self.run_file = run_file
+        self.tables = read_run_file(run_file) if run_file else {}
         self.services: list[ServiceProcess] = []
 
     def start(self) -> None:
         c, run = self.config, self.config.run_dir
-        l3: list[str] = []
+        l3: dict[str, Any] = {}
         if c.cache:
-            cache = self._start("cache", "forge-cache", ["--dir", str(run / "cache"), "--port", "0",
-                                                         "--capacity-mb", str(c.cache_mb)])
-            l3 = ["--l3-cache", cache.info["address"]]
-        learner = self._start("learner", "forge-learner", [
-            "--model", c.model, "--pool", str(run / "pool"), "--run-dir", str(run / "learner"),
-            "--weights-fetch", "tcp://127.0.0.1:*", "--weights-announce", "tcp://127.0.0.1:*",
-            "--batch-groups", str(c.batch_groups), "--window", str(c.window), "--lr", str(c.lr),
-            "--warmup-steps", str(c.warmup_steps), "--token-norm", c.token_norm, "--normalize", c.advantage_norm,
-            "--beta", str(c.speed_weight), "--speed-domains", ",".join(c.speed_domains),
-            "--max-wait", "10", "--checkpoint-every", "25", "--port", "0", "--seed", str(c.seed)],
-            env={"OMP_NUM_THREADS": "1"})
-        actors = [self._start(f"actor-{i}", "forge-actor", [
-            "--model", c.model, "--port", "0", "--name", f"actor-{i}", "--threads", "1", "--kv-cache-mb", "96",
-            "--weights-fetch", learner.info["weights_fetch"], "--weights-announce", learner.info["weights_announce"],
-            "--seed", str(c.seed + i), *l3]) for i in range(c.actors)]
-        self._start("gateway", "forge-gateway", [
-            "--model", c.model, *[arg for a in actors for arg in ("--actor", a.info["address"])],
-            "--pool", str(run / "pool"), "--grpc-port", "0", "--http-port", "0"])
+            cache = self._start("cache", "forge-cache", {"dir": run / "cache", "port": 0},
+                                {"capacity_mb": c.cache_mb})
+            l3 = {"l3_cache": cache.info["address"]}
+        learner = self._start("learner", "forge-learner", {
+            "pool": run / "pool", "run_dir": run / "learner", "weights_fetch": "tcp://127.0.0.1:*",
+            "weights_announce": "tcp://127.0.0.1:*", "port": 0}, {
+            "model": c.model, "batch_groups": c.batch_groups, "window": c.window, "lr": c.lr,
+            "warmup_steps": c.warmup_steps, "token_norm": c.token_norm, "normalize": c.advantage_norm,
+            "beta": c.speed_weight, "speed_domains": ",".join(c.speed_domains), "max_wait": 10,
+            "checkpoint_every": 25, "seed": c.seed}, env={"OMP_NUM_THREADS": "1"})
+        weights = {"weights_fetch": learner.info["weights_fetch"], "weights_announce": learner.info["weights_announce"]}
+        actors = [self._start(f"actor-{i}", "forge-actor", {"port": 0, "name": f"actor-{i}", **weights, **l3},
+                              {"model": c.model, "threads": 1, "kv_cache_mb": 96, "seed": c.seed + i})
+                  for i in range(c.actors)]
+        self._start("gateway", "forge-gateway", {
+            "actor": [a.info["address"] for a in actors], "pool": run / "pool", "grpc_port": 0, "http_port": 0},
+            {"model": c.model})
         services = [{"name": s.name, "kind": s.name.split("-")[0], **s.info} for s in self.services]
         (run / "services.json").write_text(json.dumps(services, indent=2))
 
-    def _start(self, name: str, command: str, args: list[str], env: dict[str, str] | None = None) -> ServiceProcess:
+    def _start(self, name: str, command: str, wiring: dict[str, Any], tuning: dict[str, Any],
+               env: dict[str, str] | None = None) -> ServiceProcess:
+        table = self.tables.get(command.removeprefix("forge-"), {})
+        args = service_args(wiring, tuning, self.run_file, table if isinstance(table, dict) else {})
         service = ServiceProcess(name, command, args, self.config.run_dir, env)
         self.services.append(service)
         return service
@@ -149,7 +195,7 @@ def summary_table(config: UpConfig, live: RunState, driver) -> Table:
     return table
 
 
-async def run(config: UpConfig, console: Console) -> dict[str, Any]:
+async def run(config: UpConfig, console: Console, run_file: Path | None = None) -> dict[str, Any]:
     from forge.builtin import tiny_tokenizer
     from forge.pool import PoolReader
     from forge.rollout.driver import DriverConfig, RolloutDriver
@@ -158,7 +204,7 @@ async def run(config: UpConfig, console: Console) -> dict[str, Any]:
     if (config.run_dir / "learner").is_dir():
         console.print(f"continuing the run in {config.run_dir}: the learner resumes from its latest checkpoint")
     config.run_dir.mkdir(parents=True, exist_ok=True)
-    system = System(config)
+    system = System(config, run_file)
     live = RunState()
     stop_polling = threading.Event()
     stop = asyncio.Event()
@@ -249,50 +295,17 @@ def report(result: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
-@click.command("up", context_settings=CONTEXT_SETTINGS)
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where logs, the pool, checkpoints, metrics and plots go [default: runs/up-<time>].")
-@click.option("--minutes", default=10.0, show_default=True, type=click.FloatRange(min=0.1),
-              help="How long to train.")
-@click.option("--actors", default=1, show_default=True, type=click.IntRange(1, 16))
-@click.option("--group-size", default=4, show_default=True, type=click.IntRange(1, 64),
-              help="Rollouts per task (G).")
-@click.option("--groups-in-flight", default=6, show_default=True, type=click.IntRange(1))
-@click.option("--batch-groups", default=4, show_default=True, type=click.IntRange(1), help="Groups per step.")
-@click.option("--window", default=0.3, show_default=True, help="Windowed FIFO: count (>= 1) or fraction (< 1).")
-@click.option("--lr", default=2e-4, show_default=True, help="The learner's learning rate (Adam).")
-@click.option("--warmup-steps", default=25, show_default=True, type=click.IntRange(0),
-              help="Learner steps of linear learning-rate warm-up.")
-@click.option("--token-norm", type=click.Choice(["token", "sequence"]), default="sequence", show_default=True,
-              help="Policy loss averaged over the batch's tokens, or within each call then over calls.")
-@click.option("--max-tokens", default=96, show_default=True, type=click.IntRange(1),
-              help="Tokens per model call (rollouts and evaluation).")
-@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(0.05, 2.0),
-              help="Sampling temperature of the rollouts and of the sampled evaluation.")
-@click.option("--eval-size", default=48, show_default=True, type=click.IntRange(1, 64), help="Held-out tasks per domain.")
-@click.option("--eval-samples", default=4, show_default=True, type=click.IntRange(1),
-              help="Sampled episodes per held-out task (the greedy reading takes one).")
-@click.option("--blackbox-every", default=6, show_default=True, type=click.IntRange(0),
-              help="Every n-th single-turn group is played by the black-box OpenAI-client agent (0 = never).")
-@click.option("--domains", default=",".join(DOMAINS), show_default=True)
-@click.option("--model", default="tiny", show_default=True, help="'tiny' or a checkpoint directory.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--cache/--no-cache", default=True, show_default=True,
-              help="Start forge-cache (the global L3 KV cache) and connect the actors to it.")
-@click.option("--cache-mb", default=512, show_default=True, type=click.IntRange(16), help="forge-cache's capacity.")
-@click.option("--log-level", default="WARNING", show_default=True)
-def up(run_dir: Path | None, domains: str, log_level: str, **options: Any) -> None:
+@settings_command("up", UpConfig)
+def up(config: UpConfig) -> None:
     """Run the whole system locally on the built-in tiny model and tasks: learner, actors and gateway as separate
     processes on loopback, white-box and black-box agents rolling out reasoning, QA and agent tasks, training with
-    CISPO; held-out evaluation at the start and the end. Ctrl-C stops early (cleanly)."""
-    setup_logging(log_level)
-    chosen = tuple(d.strip() for d in domains.split(",") if d.strip())
-    unknown = set(chosen) - set(DOMAINS)
-    if unknown:
-        raise click.BadParameter(f"unknown domains {sorted(unknown)} (have {', '.join(DOMAINS)})", param_hint="--domains")
-    run_dir = run_dir or Path("runs") / time.strftime("up-%Y%m%d-%H%M%S")
-    config = UpConfig(run_dir, domains=chosen, **options)
+    CISPO; held-out evaluation at the start and the end. With --config, the run file's service tables set the
+    services' own settings. Ctrl-C stops early (cleanly)."""
+    setup_logging(config.log_level)
+    if config.run_dir is None:
+        config = replace(config, run_dir=Path("runs") / time.strftime("up-%Y%m%d-%H%M%S"))
+    run_file = click.get_current_context().meta.get(RUN_FILE)
     console = Console()
-    result = asyncio.run(run(config, console))
+    result = asyncio.run(run(config, console, Path(run_file) if run_file else None))
     report(result, console)
-    console.print(f"run directory: {run_dir} (summary.json, curves.png, learner/metrics.jsonl, logs/)")
+    console.print(f"run directory: {config.run_dir} (summary.json, curves.png, learner/metrics.jsonl, logs/)")

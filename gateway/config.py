@@ -1,37 +1,69 @@
-"""Settings of a gateway process: model, actors, pool, listeners, keys, routing, sessions, limits."""
+"""Settings of a forge-gateway process: model, actors, pool, listeners, keys, routing, sessions, limits."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
+
+from forge.gateway.routing import DEFAULT_ROUTER, ROUTER_NAMES
+from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
 
 LOOPBACK = "127.0.0.1"
 
 
-@dataclass
-class GatewayConfig:
-    model: str = "tiny"                         # 'tiny' or a checkpoint directory (tokenizer, template, context)
-    model_name: str = "forge-tiny"              # the name served at /v1/models and echoed in responses
-    actors: list[str] = field(default_factory=list)     # host:port of each actor
-    actor_api_key: str | None = None
-    pool_path: str | None = None                # local LMDB pool, opened in this process
-    pool_address: str | None = None             # or a remote Pool service
-    pool_api_key: str | None = None
-    host: str = LOOPBACK
-    grpc_port: int = 50053                      # 0 = any free port
-    http_port: int = 8000                       # 0 = any free port
-    api_keys: tuple[str, ...] = ()              # when set, nothing but health is served without a key
-    session_key_secret: str | None = None       # HMAC secret of per-session keys (random per process if unset)
-    router: str = "cost-aware"                  # cost-aware | least-loaded | round-robin | cache-aware | kv-overlap
-    session_affinity: bool = True
-    session_timeout_s: float = 600.0            # open sessions idle this long are closed as failed
-    expiry_interval_s: float | None = None      # how often to expire (default: timeout / 4, at most 30 s)
-    max_body_bytes: int = 16 * 1024 * 1024
-    tool_parser: str = "hermes"
-    reasoning_parser: str = "think"
-    fail_sessions_on_call_error: bool = True    # EndSession records a session with a failed call as failed
-    health_interval_s: float = 2.0              # actor health checks
-    shutdown_grace_s: float = 30.0              # in-flight calls may finish for this long on SIGTERM
-    tito_max_calls: int = 64                    # earlier calls of a session kept for splicing
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig(Settings):
+    model: str = setting("tiny", help="Checkpoint directory (tokenizer, chat template, context length), or 'tiny'.")
+    model_name: str = setting("forge-tiny", help="The model name served at /v1/models and echoed in responses.")
+    actors: tuple[str, ...] = setting((), flag="actor", metavar="HOST:PORT",
+                                      help="An actor to route calls to (repeatable; at least one).")
+    actor_api_key: str | None = setting(None, env="FORGE_GATEWAY_ACTOR_API_KEY", secret=True,
+                                        help="API key the actors require.")
+    pool_path: str | None = setting(None, flag="pool", help="Data Pool directory (LMDB), opened in this process.")
+    pool_address: str | None = setting(None, metavar="HOST:PORT", help="Or a remote Pool service.")
+    pool_api_key: str | None = setting(None, env="FORGE_GATEWAY_POOL_API_KEY", secret=True,
+                                       help="API key of the remote Pool service.")
+    host: str = setting(LOOPBACK, help="Interface to bind (loopback by default).")
+    grpc_port: int = setting(50053, min=0, max=65535, help="gRPC port; 0 picks a free one (see --ready-file).")
+    http_port: int = setting(8000, min=0, max=65535, help="OpenAI-compatible HTTP port; 0 picks a free one.")
+    api_keys: tuple[str, ...] = setting((), flag="api-key", env="FORGE_GATEWAY_API_KEYS", secret=True,
+                                        help="Require this API key (repeatable); only health is served without one. "
+                                             "Per-session keys are accepted for their own session.")
+    session_key_secret: str | None = setting(None, env="FORGE_GATEWAY_SESSION_KEY_SECRET", secret=True,
+                                             help="Secret that signs per-session keys; keep it to keep keys valid "
+                                                  "across restarts [default: random per process].")
+    router: str = setting(DEFAULT_ROUTER, choices=ROUTER_NAMES,
+                          help="How calls are spread over actors: least estimated time to first token (cost-aware), "
+                               "best prefix match unless imbalanced (cache-aware), prefix overlap plus load "
+                               "(kv-overlap), fewest in-flight calls (least-loaded), or in turn (round-robin). See "
+                               "docs/cache.md.")
+    session_affinity: bool = setting(True, help="Keep a session on the actor that served it (prefix cache): while it "
+                                                "is healthy, or with the KV-aware routers while it is not overloaded.")
+    session_timeout_s: float = setting(600.0, flag="session-timeout", min=0.01,
+                                       help="Seconds without a call after which an open session is closed as "
+                                            "failed.")
+    expiry_interval_s: float | None = setting(None, flag="expiry-interval", min=0.01,
+                                              help="Seconds between looks for idle sessions [default: a quarter of "
+                                                   "--session-timeout, at most 30].")
+    max_body_bytes: int = setting(16 * 1024 * 1024, min=1024, help="Largest HTTP request body accepted (larger: 413).")
+    tool_parser: str = setting("hermes", choices=("hermes", "none"), help="Tool-call syntax parsed out of completions.")
+    reasoning_parser: str = setting("think", choices=("think", "none"),
+                                    help="Reasoning syntax parsed out of completions (<think>...</think>).")
+    fail_sessions_on_call_error: bool = setting(True, help="EndSession records a session as failed if one of its "
+                                                           "calls failed mid-stream.")
+    health_interval_s: float = setting(2.0, flag="health-interval", min=0.05,
+                                       help="Seconds between health checks of each actor.")
+    shutdown_grace_s: float = setting(30.0, flag="shutdown-grace", min=0,
+                                      help="Seconds in-flight calls may take to finish on SIGTERM.")
+    tito_max_calls: int = setting(64, min=1, help="Earlier calls of a session kept for token-in-token-out splicing.")
+    ready_file: Path | None = ready_file_setting("grpc_address, http_address, base_url, pid")
+    log_level: str = log_level_setting()
+
+    def check(self) -> None:
+        if not self.actors:
+            raise SettingsError("give at least one --actor HOST:PORT")
+        if (self.pool_path is None) == (self.pool_address is None):
+            raise SettingsError("give exactly one of --pool PATH and --pool-address HOST:PORT")
 
     def expiry_every_s(self) -> float:
         if self.expiry_interval_s is not None:

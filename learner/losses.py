@@ -22,26 +22,21 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from forge.settings import Settings, setting
 
-@dataclass(frozen=True)
-class LossConfig:
-    kind: str = "cispo"          # "cispo", "ppo" or "grpo"
-    eps_low: float = 1.0         # CISPO: 1.0 puts the lower bound at 0, i.e. none (ratios are positive)
-    eps_high: float = 1.0        # CISPO: importance weights are capped at 1 + eps_high
-    clip_eps: float = 0.2        # PPO-clip and GRPO
-    mtp_weight: float = 0.1      # weight of the MTP draft loss
-    mtp_top_k: int = 32          # the draft is distilled toward the main head's top-k distribution
-    token_norm: str = "token"    # CISPO and PPO: "token" (sum over the batch's tokens) or "sequence" (mean per sequence)
 
-    def __post_init__(self) -> None:
-        if self.kind not in ("cispo", "ppo", "grpo"):
-            raise ValueError(f"loss must be 'cispo', 'ppo' or 'grpo', got {self.kind!r}")
-        if self.token_norm not in ("token", "sequence"):
-            raise ValueError(f"token_norm must be 'token' or 'sequence', got {self.token_norm!r}")
-        if self.eps_low < 0 or self.eps_high < 0 or self.clip_eps <= 0:
-            raise ValueError("clipping epsilons must be non-negative (clip_eps positive)")
-        if self.mtp_weight < 0 or self.mtp_top_k < 1:
-            raise ValueError("mtp_weight must be >= 0 and mtp_top_k >= 1")
+@dataclass(frozen=True, kw_only=True)
+class LossConfig(Settings):
+    kind: str = setting("cispo", flag="loss", choices=("cispo", "ppo", "grpo"),
+                        help="Policy loss: CISPO (clipped IS weights, every token's gradient kept), PPO-clip or GRPO.")
+    eps_low: float = setting(1.0, min=0, help="CISPO: the IS weight's lower bound is 1 - eps_low (1: none).")
+    eps_high: float = setting(1.0, min=0, help="CISPO: the IS weight's upper bound is 1 + eps_high.")
+    clip_eps: float = setting(0.2, min=0, min_open=True, help="PPO-clip and GRPO clipping.")
+    mtp_weight: float = setting(0.1, min=0, help="Weight of the MTP draft's distillation loss.")
+    mtp_top_k: int = setting(32, min=1, help="The MTP draft is distilled toward the main head's top-k distribution.")
+    token_norm: str = setting("token", choices=("token", "sequence"),
+                              help="CISPO/PPO: average over the batch's tokens, or within each sequence then over "
+                                   "sequences.")
 
 
 def _cispo_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float, eps_high: float) -> Tensor:

@@ -30,32 +30,28 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from forge.settings import Settings, setting
 from forge.v1 import pool_pb2
 
 FAILED = pool_pb2.SESSION_STATUS_FAILED
 
 
-@dataclass(frozen=True)
-class RewardConfig:
-    alpha: float = 1.0               # weight of process rewards
-    beta: float = 0.0                # weight of the completion-time reward
-    gamma: float = 1.0               # discount of the reward-to-go over a session's calls
-    baseline: str = "group"          # "group" or "none"
-    normalize: str = "none"          # "none", "group" or "domain"
-    failure_reward: float = 0.0      # outcome of a failed (abandoned, errored) session
-    speed_on: str = "success"        # sessions the completion-time reward applies to: "success" or "all"
-    speed_domains: tuple[str, ...] = ()   # domains it applies to (empty: every domain)
-    eps: float = 1e-6
-
-    def __post_init__(self) -> None:
-        if self.baseline not in ("group", "none"):
-            raise ValueError(f"baseline must be 'group' or 'none', got {self.baseline!r}")
-        if self.normalize not in ("none", "group", "domain"):
-            raise ValueError(f"normalize must be 'none', 'group' or 'domain', got {self.normalize!r}")
-        if self.speed_on not in ("success", "all"):
-            raise ValueError(f"speed_on must be 'success' or 'all', got {self.speed_on!r}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+@dataclass(frozen=True, kw_only=True)
+class RewardConfig(Settings):
+    alpha: float = setting(1.0, help="Weight of process rewards.")
+    beta: float = setting(0.0, help="Weight of the completion-time reward.")
+    gamma: float = setting(1.0, min=0, max=1, help="Discount of the reward-to-go over a session's calls.")
+    baseline: str = setting("group", choices=("group", "none"), help="Advantage baseline: the group's mean or none.")
+    normalize: str = setting("none", choices=("none", "group", "domain"),
+                             help="Divide advantages by the standard deviation of their group or domain.")
+    failure_reward: float = setting(0.0, help="Outcome reward of a failed (abandoned, errored) session.")
+    speed_on: str = setting("success", choices=("success", "all"),
+                            help="Sessions the completion-time reward applies to: successful ones only, or every "
+                                 "finished one.")
+    speed_domains: tuple[str, ...] = setting((), separator=",",
+                                             help="Comma-separated domains the completion-time reward applies to "
+                                                  "(empty: all).")
+    eps: float = 1e-6                # guards the normalisation's division
 
 
 @dataclass

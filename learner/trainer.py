@@ -34,34 +34,32 @@ from forge.learner.tree import (
 )
 from forge.model.qwen3 import CausalLM
 from forge.pool import Batch, PoolSource, WindowConfig, WindowedFifo
+from forge.settings import Settings, setting
 from forge.v1 import pool_pb2
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class TrainerConfig:
-    lr: float = 1e-5
-    warmup_steps: int = 0               # linear learning-rate warm-up from lr / warmup_steps
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 8192     # token budget of one micro-batch (of one packed tree with ``tree``)
-    tree: bool = True                   # merge shared prefixes into packed tries (False: sample by sample)
-    tree_stem: bool = True              # compute the context several packed trees share once per step
-    max_steps: int = 0                  # 0 = until stopped
-    checkpoint_every: int = 10
-    publish_every: int = 1
-    max_staleness: int = 0              # 0 = no limit
-    staleness_policy: str = "drop"      # what to do with samples staler than max_staleness: "drop" or "keep"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.staleness_policy not in ("drop", "keep"):
-            raise ValueError(f"staleness_policy must be 'drop' or 'keep', got {self.staleness_policy!r}")
-        if self.warmup_steps < 0:
-            raise ValueError("warmup_steps must be >= 0")
-        if self.lr <= 0 or self.micro_batch_tokens < 1 or self.checkpoint_every < 1 or self.publish_every < 1:
-            raise ValueError("lr, micro_batch_tokens, checkpoint_every and publish_every must be positive")
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig(Settings):
+    lr: float = setting(1e-5, min=0, min_open=True, help="Learning rate (AdamW).")
+    warmup_steps: int = setting(0, min=0, help="Linear learning-rate warm-up over this many steps.")
+    weight_decay: float = setting(0.0, min=0, help="AdamW weight decay.")
+    grad_clip: float = setting(1.0, min=0, min_open=True, help="Clip the gradients' global norm to this.")
+    micro_batch_tokens: int = setting(8192, min=16, help="Token budget of one micro-batch (of one packed prefix tree "
+                                                         "with --tree).")
+    tree: bool = setting(True, help="Merge the batch's shared prefixes into packed tries and train them once (exact); "
+                                    "--no-tree trains sample by sample.")
+    tree_stem: bool = setting(True, help="With --tree: compute the context several packed trees of a step share once "
+                                         "(its activations are held for the step); --no-tree-stem recomputes it in "
+                                         "every tree.")
+    max_steps: int = setting(0, min=0, help="Stop after this many steps (0 = until stopped).")
+    checkpoint_every: int = setting(10, min=1, help="Steps between checkpoints.")
+    publish_every: int = setting(1, min=1, help="Steps between published weight versions.")
+    max_staleness: int = setting(0, min=0, help="Versions a sample may lag behind the learner (0 = no limit).")
+    staleness_policy: str = setting("drop", choices=("drop", "keep"),
+                                    help="What to do with samples staler than --max-staleness.")
+    seed: int = setting(0, help="Seed of the initial model (when fresh) and of the training step.")
 
 
 @dataclass

@@ -264,7 +264,7 @@ def test_weight_swap_applies_between_steps_and_stamps_versions(model):
 
 
 def test_weight_swap_can_abort_in_flight_requests(model):
-    engine = engine_for(model, abort_on_weight_swap=True)
+    engine = engine_for(model, on_weight_swap="abort")
     try:
         stream = engine.submit(GenerationRequest("", [1, 2], SamplingParams(max_tokens=400, ignore_eos=True)))
         stream.get(timeout=30)

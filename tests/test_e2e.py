@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")),
 
 @pytest.mark.timeout(900)
 def test_a_short_forge_up_run_learns(tmp_path):
-    config = UpConfig(tmp_path / "run", minutes=2.0, blackbox_every=3, domains=("reasoning", "qa", "agent"))
+    config = UpConfig(run_dir=tmp_path / "run", minutes=2.0, blackbox_every=3, domains=("reasoning", "qa", "agent"))
     console = Console(record=True, width=120)
     result = asyncio.run(run(config, console))
     report(result, console)

@@ -42,10 +42,12 @@ def test_streamed_outputs_become_chunks_of_new_tokens_only():
     assert stopped.finish_reason is FinishReason.STOP
 
 
-def test_vllm_backend_says_it_is_not_built():
+def test_a_backend_that_is_not_built_is_not_offered():
     result = subprocess.run([script("forge-actor"), "--backend", "vllm", "--port", "0"], capture_output=True,
                             text=True, timeout=120)
-    assert result.returncode != 0 and "not built yet" in result.stderr
+    assert result.returncode == 2 and "'vllm' is not one of 'torch', 'trtllm'" in result.stderr, result.stderr
+    shown = subprocess.run([script("forge-actor"), "--help"], capture_output=True, text=True, timeout=120).stdout
+    assert "[torch|trtllm]" in shown and "vllm" not in shown
 
 
 @pytest.mark.gpu

@@ -33,6 +33,7 @@ from forge.actors.engine.scheduler import Scheduler, SchedulerConfig
 from forge.actors.engine.sequence import Sequence, Status
 from forge.kvhash import kv_salt
 from forge.model.qwen3 import CausalLM
+from forge.settings import Settings, setting
 
 if TYPE_CHECKING:
     from forge.actors.engine.l3 import KVConnector
@@ -40,26 +41,44 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+MIB = 2**20
 MESSAGES_PER_STEP = 4          # adaptive streaming's target (EngineConfig.stream_interval = 0)
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    block_size: int = 16
-    kv_cache_bytes: int = 256 * 1024 * 1024     # KV budget; sets the number of blocks
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 4096
-    max_waiting: int = 1024                     # queued requests beyond this are refused (backpressure)
-    speculative: bool = True                    # draft with the MTP head when the checkpoint has one
-    prefix_caching: bool = True                 # reuse KV blocks of earlier requests with the same prefix
-    abort_on_weight_swap: bool = False          # else in-flight requests continue under the new version
-    seed: int = 0
-    name: str = "actor"
-    model_id: str = "model"
-    threads: int = 0                            # torch CPU threads of the loop; 0 = those of the building thread
-    cpu_kernels: bool = True                    # compiled C attention for decode steps on CPU (needs a C compiler)
-    stream_interval: int = 0                    # stream a request's tokens every N (0: adaptive, see _step)
-    compile_decode: bool = False                # torch.compile the decode step (seconds at its first step)
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig(Settings):
+    block_size: int = setting(16, min=1, max=1024, help="Tokens per KV block (also the prefix-reuse granularity).")
+    kv_cache_bytes: int = setting(256 * MIB, flag="kv-cache-mb", scale=MIB, min=1, unit="MiB",
+                                  help="Memory for the paged KV cache; sets the number of blocks.")
+    max_num_seqs: int = setting(64, flag="max-batch", min=1, help="Sequences decoded together at most.")
+    max_num_batched_tokens: int = setting(4096, flag="max-batched-tokens", min=16,
+                                          help="Prompt tokens in one prefill step (longer prompts are chunked).")
+    max_waiting: int = setting(1024, min=0, help="Queued requests beyond the running batch; more are refused with "
+                                                 "RESOURCE_EXHAUSTED.")
+    speculative: bool = setting(True, help="Draft with the checkpoint's MTP head and verify with the main model (when "
+                                           "it has one).")
+    prefix_caching: bool = setting(True, help="Reuse the KV blocks of earlier requests that share a prompt prefix.")
+    on_weight_swap: str = setting("continue", choices=("continue", "abort"),
+                                  help="What in-flight requests do when a new weight version arrives.")
+    seed: int = setting(0, help="Seed for requests that bring none.")
+    threads: int = setting(0, min=0, help="Torch CPU threads of the engine loop, which runs every step (0 = torch's "
+                                          "default, the cores).")
+    cpu_kernels: bool = setting(True, help="On CPU, decode attention with the compiled C kernel (built on first use; "
+                                           "needs a C compiler).")
+    stream_interval: int = setting(0, min=0, help="Stream each request's tokens in messages of N (its first token and "
+                                                  "its end are sent at once); 0 adapts N to the load: N = running "
+                                                  "requests // 4, so one message per token below 8 running requests, "
+                                                  "then 4 to 7 messages a step. Fewer messages leave more of the "
+                                                  "process to decoding when many streams are open.")
+    compile_decode: bool = setting(False, help="Graph mode: torch.compile the decode step (fuses its small ops; the "
+                                               "first decode steps pay the compile, seconds to a minute, cached on "
+                                               "disk by inductor).")
+    name: str = "actor"                         # set by the actor: its instance name
+    model_id: str = "model"                     # set by the actor: the id KV salts and stats name the model by
+
+    @property
+    def abort_on_weight_swap(self) -> bool:
+        return self.on_weight_swap == "abort"
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from forge.cli.common import CONTEXT_SETTINGS
+from forge.cli.common import CONTEXT_SETTINGS, config_option
 
 MODEL_HELP = "Checkpoint directory (HF layout: config.json + safetensors), or 'tiny' for the built-in model."
 
@@ -18,6 +18,7 @@ def model_group() -> None:
 
 
 @model_group.command("info")
+@config_option
 @click.argument("model", default="tiny")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def info(model: str, as_json: bool) -> None:
@@ -50,6 +51,7 @@ def info(model: str, as_json: bool) -> None:
 
 
 @model_group.command("init")
+@config_option
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--seed", default=0, show_default=True, help="Initialisation seed.")
 def init(out: Path, seed: int) -> None:
@@ -61,6 +63,7 @@ def init(out: Path, seed: int) -> None:
 
 
 @model_group.command("generate")
+@config_option
 @click.argument("model")
 @click.option("--prompt", required=True, help="User message; rendered with the model's chat template.")
 @click.option("--system", default=None, help="Optional system message.")
@@ -93,6 +96,7 @@ def generate_command(model: str, prompt: str, system: str | None, max_tokens: in
 
 
 @model_group.command("eval")
+@config_option
 @click.argument("model", default="tiny")
 @click.option("--domains", default="reasoning,qa,agent", show_default=True)
 @click.option("--size", default=48, show_default=True, type=click.IntRange(1, 64), help="Held-out tasks per domain.")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -14,30 +13,15 @@ from typing import Any
 import click
 from google.protobuf import json_format
 
-from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, setup_logging
+from forge.cli.common import CONTEXT_SETTINGS, config_option, setup_logging
+from forge.cli.options import settings_command
+from forge.pool.config import PoolServeConfig
 from forge.pool.errors import PoolError
 from forge.pool.fifo import STATUS_NAMES
 from forge.pool.layout import COMPLETED
 from forge.pool.sessions import SESSION_STATUS_NAMES
 
-DEFAULT_PORT = 50057
 PATH_ARG = click.Path(exists=True, file_okay=False, path_type=Path)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
-
-
-class ByteSize(click.ParamType):
-    name = "size"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
-        if not match or match.group(2).lower() not in _UNITS:
-            self.fail(f"{value!r} is not a size such as 65536, 64MiB or 1GiB", param, ctx)
-        return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
 def _open_reader(path: Path) -> Any:
     from forge.pool.pool import PoolReader
 
@@ -61,6 +45,7 @@ def pool_group() -> None:
 
 
 @pool_group.command("stats")
+@config_option
 @click.argument("path", type=PATH_ARG)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def stats_command(path: Path, as_json: bool) -> None:
@@ -85,6 +70,7 @@ def stats_command(path: Path, as_json: bool) -> None:
 
 
 @pool_group.command("entries")
+@config_option
 @click.argument("path", type=PATH_ARG)
 @click.option("--window", "-w", type=click.IntRange(1), default=None,
               help="Show the window [head, head + W - 1] and mark the entries a fetch with this window returns.")
@@ -143,6 +129,7 @@ def _shared_prefix(a: list[int], b: list[int]) -> int:
 
 
 @pool_group.command("show")
+@config_option
 @click.argument("path", type=PATH_ARG)
 @click.argument("session_id")
 @click.option("--model", default="tiny", show_default=True,
@@ -205,48 +192,29 @@ def common_finish_name(value: int) -> str:
         return str(value)
 
 
-@pool_group.command("serve", context_settings=CONTEXT_SETTINGS)
-@config_option
-@click.option("--path", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Pool directory (created if missing).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
-              help="Port to bind (0: any free port).")
-@click.option("--map-size", type=ByteSize(), default="1GiB", show_default=True,
-              help="Initial LMDB map size (it doubles when full), e.g. 64MiB.")
-@click.option("--max-map-size", type=ByteSize(), default="1TiB", show_default=True,
-              help="Largest map: beyond it appends fail with RESOURCE_EXHAUSTED.")
-@click.option("--api-key", multiple=True, help="Accept only calls with this key (repeatable; health checks exempt).")
-@click.option("--session-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Close sessions idle this many seconds as failed ('timeout').")
-@click.option("--keep-consumed", type=click.IntRange(0), default=None,
-              help="Keep the records of at most this many consumed entries (default: all).")
-@click.option("--keep-consumed-s", type=click.FloatRange(min=0), default=None,
-              help="Delete the records of entries consumed longer ago than this (seconds).")
-@click.option("--min-completed", type=click.IntRange(1), default=1, show_default=True,
-              help="A group with fewer completed sessions becomes a FAILED entry.")
-@log_level_option
-def serve_command(path: Path, host: str, port: int, map_size: int, max_map_size: int, api_key: tuple[str, ...],
-                  session_timeout: float | None, keep_consumed: int | None, keep_consumed_s: float | None,
-                  min_completed: int, log_level: str) -> None:
+@settings_command("serve", PoolServeConfig, table="pool")
+def serve_command(config: PoolServeConfig) -> None:
     """Serve the pool at --path as the forge.v1.Pool gRPC service (with health and reflection) until SIGTERM."""
     from forge.pool.pool import Pool
     from forge.pool.service import serve_pool
     from forge.rpc import ServerOptions
 
-    setup_logging(log_level)
+    setup_logging(config.log_level)
     try:
-        pool = Pool(path, map_size=map_size, max_map_size=max_map_size, session_timeout_s=session_timeout,
-                    keep_consumed=keep_consumed, keep_consumed_s=keep_consumed_s, min_completed=min_completed)
+        pool = Pool(config.path, config.storage)
     except (OSError, PoolError) as exc:
-        raise click.ClickException(f"cannot open the pool at {path}: {exc}") from exc
+        raise click.ClickException(f"cannot open the pool at {config.path}: {exc}") from exc
     try:
-        server = serve_pool(pool, ServerOptions(host=host, port=port, api_keys=api_key))
+        server = serve_pool(pool, ServerOptions(host=config.host, port=config.port, api_keys=config.api_keys))
     except OSError as exc:
         pool.close()
         raise click.ClickException(str(exc)) from exc
+
     def ready() -> None:
-        click.echo(f"serving the pool at {path} on {server.address}")
+        click.echo(f"serving the pool at {config.path} on {server.address}")
         sys.stdout.flush()
 
     server.run_until_signal(on_stop=pool.close, on_ready=ready)
+
+
+pool_group.add_command(serve_command)

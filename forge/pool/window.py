@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from forge.settings import Settings, SettingsError, setting
 from forge.v1 import pool_pb2
 
 
@@ -33,22 +34,22 @@ class PoolSource(Protocol):
     def rewind(self, seq: int) -> pool_pb2.Cursor: ...
 
 
-@dataclass(frozen=True)
-class WindowConfig:
-    mode: str = "windowed"            # "fifo", "windowed" or "greedy"
-    window: float = 0.3               # >= 1: entries; < 1: fraction of the entries in flight
-    batch_groups: int = 8             # entries (groups) per training step
-    min_groups: int = 1               # after max_wait_s, train on this many if that is all there is
-    max_wait_s: float = 30.0
-    poll_s: float = 0.05
+@dataclass(frozen=True, kw_only=True)
+class WindowConfig(Settings):
+    mode: str = setting("windowed", choices=("fifo", "windowed", "greedy"),
+                        help="fifo: W = 1; windowed: W = --window; greedy: W = all entries in flight.")
+    window: float = setting(0.3, min=0, min_open=True,
+                            help="W as a count (>= 1) or a fraction of the entries in flight (< 1).")
+    batch_groups: int = setting(8, min=1, help="Queue entries (groups of rollouts) per step.")
+    min_groups: int = setting(1, min=1, help="After --max-wait, train on this many entries if that is all there is "
+                                             "(at most --batch-groups).")
+    max_wait_s: float = setting(30.0, flag="max-wait", min=0, help="Seconds to wait for a full batch.")
+    poll_s: float = 0.05              # how often an unfinished batch looks at the pool again
 
-    def __post_init__(self) -> None:
-        if self.mode not in ("fifo", "windowed", "greedy"):
-            raise ValueError(f"mode must be 'fifo', 'windowed' or 'greedy', got {self.mode!r}")
-        if self.window <= 0:
-            raise ValueError(f"window must be positive, got {self.window}")
-        if self.batch_groups < 1 or not 1 <= self.min_groups <= self.batch_groups:
-            raise ValueError("need batch_groups >= 1 and 1 <= min_groups <= batch_groups")
+    def check(self) -> None:
+        if self.min_groups > self.batch_groups:
+            raise SettingsError(f"--min-groups ({self.min_groups}) must be at most --batch-groups "
+                                f"({self.batch_groups})")
 
     def size(self, in_flight: int) -> int:
         if self.mode == "fifo":

@@ -1,0 +1,61 @@
+"""Settings of a forge-actor process: the model and backend, the listener and its keys, the learner's weight
+stream, the L3 cache link, and the torch engine's own settings (``EngineConfig``) as a group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forge.actors.engine.engine import EngineConfig
+from forge.cache.client import FETCH_POLICIES, parse_addresses
+from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
+
+BACKENDS = ("torch", "trtllm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorConfig(Settings):
+    model: str = setting("tiny", help="Checkpoint directory in the Hugging Face layout, or 'tiny' for the built-in "
+                                      "model.")
+    backend: str = setting("torch", choices=BACKENDS,
+                           help="Inference backend: the embedded torch engine, or TensorRT-LLM (GPU, optional extra; "
+                                "see docs/backends.md).")
+    host: str = setting("127.0.0.1", help="Interface to bind (loopback by default).")
+    port: int = setting(50051, min=0, max=65535, help="gRPC port; 0 picks a free one (see --ready-file).")
+    name: str | None = setting(None, help="Instance name in stats and records [default: actor-PORT].")
+    device: str = setting("auto", help="cpu, cuda, cuda:N, or auto.")
+    dtype: str = setting("float32", choices=("float32", "bfloat16", "float16"), help="Weights' and KV's dtype.")
+    weights_fetch: str | None = setting(None, help="Subscribe to weight versions from the learner at this ZeroMQ "
+                                                   "endpoint (e.g. tcp://127.0.0.1:5701).")
+    weights_announce: str | None = setting(None, help="The learner's announcement endpoint (e.g. "
+                                                      "tcp://127.0.0.1:5702); needed with --weights-fetch.")
+    first_version_timeout: float = setting(300.0, min=0, help="With --weights-fetch: seconds to wait for the "
+                                                              "learner's first version before giving up.")
+    api_keys: tuple[str, ...] = setting((), flag="api-key", env="FORGE_ACTOR_API_KEYS", secret=True,
+                                        help="Require this API key on every call (repeatable).")
+    l3_cache: str | None = setting(None, metavar="ADDR[,ADDR...]",
+                                   help="forge-cache servers: publish computed KV blocks there and fetch missing "
+                                        "prompt blocks (torch).")
+    l3_fetch: str = setting("auto", choices=FETCH_POLICIES,
+                            help="With --l3-cache: fetch when estimated cheaper than recomputing (auto), whenever "
+                                 "held, or never.")
+    l3_api_key: str | None = setting(None, env="FORGE_ACTOR_L3_API_KEY", secret=True,
+                                     help="API key of the cache servers.")
+    engine_process: bool = setting(True, negative="in-process",
+                                   help="Run the torch engine's loop in a process of its own (the engine core), so "
+                                        "that the gRPC handlers of many streams do not share its interpreter lock; "
+                                        "--in-process runs it in a thread of the server.")
+    ready_file: Path | None = ready_file_setting("address, instance, pid")
+    log_level: str = log_level_setting()
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def check(self) -> None:
+        if (self.weights_fetch is None) != (self.weights_announce is None):
+            raise SettingsError("--weights-fetch and --weights-announce go together")
+        if self.l3_cache is not None:
+            if self.backend != "torch":
+                raise SettingsError("--l3-cache needs the torch backend")
+            try:
+                parse_addresses(self.l3_cache)
+            except ValueError as exc:
+                raise SettingsError(f"--l3-cache: {exc}") from exc

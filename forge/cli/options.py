@@ -1,0 +1,222 @@
+"""Click commands derived from settings dataclasses (``forge.settings``): one option per setting, with the field's
+default, help and bounds, its ``FORGE_<COMMAND>_<OPTION>`` environment variable, and ``--config FILE`` reading the
+command's table of a TOML run file. The command's function receives the built, validated settings.
+
+Where a value comes from, highest first: the command line, the environment, the run file, the default.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from forge.settings import Entry, SettingsError, build, entries, flatten
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+RUN_FILE = "forge.run_file"          # the click context's meta key holding the --config path
+SOURCE_NAMES = {ParameterSource.COMMANDLINE: "flag", ParameterSource.ENVIRONMENT: "environment",
+                ParameterSource.DEFAULT_MAP: "file", ParameterSource.DEFAULT: "default"}
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
+
+
+class ByteSize(click.ParamType):
+    """A size in bytes: 65536, 64MiB, 1GiB, ... (a setting's ``click_type=\"bytes\"``)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+        if not match or match.group(2).lower() not in _UNITS:
+            self.fail(f"{value!r} is not a size such as 65536, 64MiB or 1GiB", param, ctx)
+        return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+CLICK_TYPES: dict[str, click.ParamType] = {"bytes": ByteSize()}
+
+
+def read_run_file(path: str | Path) -> dict[str, Any]:
+    """A run file's tables; raises click.BadParameter for a file that cannot be read or parsed."""
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="--config") from exc
+
+
+def table_of(data: dict[str, Any], table: str, path: str | Path) -> dict[str, Any]:
+    """The command's table (dotted for nested names, e.g. ``pool.serve``); empty when the file has none."""
+    section: Any = data
+    for part in table.split("."):
+        section = section.get(part, {}) if isinstance(section, dict) else None
+    if not isinstance(section, dict):
+        raise click.BadParameter(f"{path}: [{table}] must be a table", param_hint="--config")
+    return section
+
+
+def _click_default(entry: Entry, value: Any) -> Any:
+    """A field value as the option takes it (scaled, joined)."""
+    if value is None:
+        return None
+    if entry.spec.scale != 1:
+        return value // entry.spec.scale if isinstance(value, int) else value / entry.spec.scale
+    if entry.kind is tuple and entry.spec.separator:
+        return entry.spec.separator.join(value)
+    return value
+
+
+def _file_value(entry: Entry, value: Any) -> Any:
+    """A run file's value as click's default map takes it."""
+    if entry.kind is tuple:
+        items = value if isinstance(value, list) else [value]
+        if entry.spec.separator:
+            return entry.spec.separator.join(str(v) for v in items)
+        return [str(v) for v in items]
+    return value
+
+
+def field_value(entry: Entry, value: Any) -> Any:
+    """An option's value as the field holds it."""
+    if value is None:
+        return None
+    if entry.spec.scale != 1:
+        return value * entry.spec.scale
+    if entry.kind is tuple:
+        if entry.spec.separator:
+            return tuple(v.strip() for v in value.split(entry.spec.separator) if v.strip())
+        return tuple(value)
+    return value
+
+
+def _param_type(entry: Entry) -> Any:
+    spec = entry.spec
+    if spec.click_type is not None:
+        return CLICK_TYPES[spec.click_type]
+    if spec.choices is not None and entry.kind in (str, tuple):
+        return click.Choice(spec.choices, case_sensitive=False)
+    if entry.kind is Path:
+        return click.Path(path_type=Path, file_okay=spec.path != "dir", dir_okay=spec.path != "file")
+    if entry.kind in (int, float) and (spec.min is not None or spec.max is not None):
+        low = None if spec.min is None else spec.min / spec.scale        # bounds in the option's units
+        high = None if spec.max is None else spec.max / spec.scale
+        if entry.kind is int:
+            return click.IntRange(min=None if low is None else math.ceil(low),
+                                  max=None if high is None else math.floor(high), min_open=spec.min_open)
+        return click.FloatRange(min=low, max=high, min_open=spec.min_open)
+    return {int: int, float: float}.get(entry.kind, str)
+
+
+def envvars_of(entry: Entry, table: str) -> list[str]:
+    """The environment variables an option reads: ``FORGE_<TABLE>_<OPTION>``, then the field's own, if any."""
+    derived = f"FORGE_{table.upper().replace('.', '_')}_{entry.name.upper()}"
+    return [derived, *([entry.spec.env] if entry.spec.env and entry.spec.env != derived else [])]
+
+
+def option_for(entry: Entry, table: str) -> click.Option:
+    spec = entry.spec
+    default = _click_default(entry, entry.default)
+    help_text = spec.help + (f" [unit: {spec.unit}]" if spec.unit else "")
+    common: dict[str, Any] = {"help": help_text, "envvar": envvars_of(entry, table), "metavar": spec.metavar,
+                              "show_default": default not in (None, (), "") and not spec.secret}
+    if entry.kind is bool:
+        off = spec.negative or f"no-{entry.name.replace('_', '-')}"
+        return click.Option([f"{entry.flag}/--{off}", entry.name], default=default, **common)
+    multiple = entry.kind is tuple and not spec.separator
+    if spec.choices is not None and entry.kind is tuple and spec.separator:
+        common["help"] += f" (each of {', '.join(spec.choices)})"
+    return click.Option([entry.flag, entry.name], type=_param_type(entry) if not (
+        entry.kind is tuple and spec.separator) else str, default=default, multiple=multiple, **common)
+
+
+def _table_name(ctx: click.Context) -> str:
+    """A plain command's table: its path below the program (``forge model info`` reads ``[model.info]``)."""
+    below = ctx.command_path.split()[1:]
+    return ".".join(below) if below else (ctx.info_name or "").removeprefix("forge-")
+
+
+def _load_run_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if not value:
+        return value
+    command = ctx.command
+    table = getattr(command, "settings_table", None) or _table_name(ctx)
+    section = table_of(read_run_file(value), table, value)
+    cls = getattr(command, "settings_class", None)
+    if cls is None:
+        defaults = {k.replace("-", "_"): v for k, v in section.items()}
+    else:
+        try:
+            flat = flatten(cls, section, f"{value} [{table}]")
+        except SettingsError as exc:
+            raise click.BadParameter(str(exc), param_hint="--config") from exc
+        by_name = {e.name: e for e in entries(cls)}
+        defaults = {name: _file_value(by_name[name], v) for name, v in flat.items()}
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    ctx.meta[RUN_FILE] = value
+    return value
+
+
+def config_option(func: Callable) -> Callable:
+    """``--config FILE``: option defaults from the command's table of a TOML run file."""
+    return click.option(
+        "--config", type=click.Path(exists=True, dir_okay=False), is_eager=True, expose_value=False,
+        callback=_load_run_file,
+        help="TOML run file: this command's settings come from its table (e.g. [actor] port = 50051), below flags "
+             "and environment variables. One file may hold every service's table.",
+    )(func)
+
+
+class SettingsCommand(click.Command):
+    """A command whose options are a settings class's fields (``settings_class``), read from the run file's
+    ``settings_table``."""
+
+    def __init__(self, name: str, settings_class: type, table: str, run: Callable[[Any], Any], **kwargs: Any):
+        self.settings_class = settings_class
+        self.settings_table = table
+        params = [option_for(e, table) for e in entries(settings_class)]
+        super().__init__(name, callback=self._invoke, params=params, **kwargs)
+        config_option(self)
+        self.params.insert(0, self.params.pop())
+        self._run = run
+
+    def settings_from(self, values: dict[str, Any]) -> Any:
+        """The built settings from click's parsed values; raises click.UsageError for one it refuses."""
+        by_name = {e.name: e for e in entries(self.settings_class)}
+        try:
+            return build(self.settings_class, {n: field_value(by_name[n], v) for n, v in values.items()
+                                               if n in by_name})
+        except SettingsError as exc:
+            raise click.UsageError(str(exc)) from exc
+
+    def _invoke(self, **values: Any) -> Any:
+        return self._run(self.settings_from(values))
+
+
+def settings_command(name: str, settings_class: type, *, table: str | None = None) -> Callable[[Callable], Any]:
+    """Decorate ``run(settings)`` into a click command named ``name`` whose options derive from ``settings_class``;
+    its docstring is the command's help."""
+
+    def decorate(run: Callable[[Any], Any]) -> SettingsCommand:
+        return SettingsCommand(name, settings_class, table or name, run, help=run.__doc__,
+                               context_settings=CONTEXT_SETTINGS)
+
+    return decorate
+
+
+def sources(command: SettingsCommand, args: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(values, source of each) that ``command`` would run with, given ``args`` and the environment."""
+    ctx = command.make_context(command.name, list(args))
+    with ctx:
+        values = dict(ctx.params)
+        where = {name: SOURCE_NAMES.get(ctx.get_parameter_source(name), "default") for name in values}
+    return values, where
+

@@ -1,0 +1,287 @@
+"""Settings declared once. A component owns its settings as a kw-only dataclass whose fields are made with
+``setting()``: the default, the help text and the bounds live in the field, and everything else is derived from
+it — the click option (``forge.cli.options``), the ``FORGE_<COMMAND>_<OPTION>`` environment variable, the key in
+the run file's TOML table, and the validation that runs whenever the dataclass is built, from the command line or
+from code.
+
+A field whose type is itself a settings dataclass is a group: its fields are options of the same command (the
+option names of one command are flat and unique), and in a run file they may be written flat in the command's
+table or in a sub-table named after the group (``[learner.loss]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import MISSING, dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+SETTING = "forge.setting"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How one field is offered to users (see ``setting`` for the meaning of each)."""
+
+    help: str
+    flag: str | None = None
+    choices: tuple[str, ...] | None = None
+    min: float | None = None
+    max: float | None = None
+    min_open: bool = False
+    env: str | None = None
+    secret: bool = False
+    separator: str | None = None
+    scale: int = 1
+    unit: str = ""
+    metavar: str | None = None
+    negative: str | None = None
+    click_type: str | None = None
+    path: str | None = None
+
+
+def setting(default: Any = MISSING, *, factory: Any = MISSING, help: str, flag: str | None = None,
+            choices: tuple[str, ...] | None = None, min: float | None = None, max: float | None = None,
+            min_open: bool = False, env: str | None = None, secret: bool = False, separator: str | None = None,
+            scale: int = 1, unit: str = "", metavar: str | None = None, negative: str | None = None,
+            click_type: str | None = None, path: str | None = None) -> Any:
+    """A settings field.
+
+    - ``help``: one sentence for ``--help``, ``forge config show`` and the docs.
+    - ``flag``: the option's name (without dashes) when it is not the field's name with dashes.
+    - ``choices``, ``min``/``max`` (``min_open``: strictly greater): checked on every build.
+    - ``env``: an environment variable read besides the derived ``FORGE_<COMMAND>_<OPTION>``.
+    - ``secret``: never shown (``forge config show`` prints ``***``) nor logged.
+    - ``separator``: a tuple field given as one string, e.g. ``"a,b"`` with ``","``; without one a tuple field is
+      a repeatable option.
+    - ``scale`` and ``unit``: the option is given in units of ``scale`` field units (``--kv-cache-mb`` sets bytes).
+    - ``negative``: the off switch of a boolean (default ``no-FLAG``).
+    - ``click_type``: how the option parses its text when the field's type does not say: ``"bytes"`` (64MiB).
+    - ``path``: ``"file"`` or ``"dir"`` for a ``Path`` field.
+    """
+    meta = {SETTING: Setting(help=help, flag=flag, choices=choices, min=min, max=max, min_open=min_open, env=env,
+                             secret=secret, separator=separator, scale=scale, unit=unit, metavar=metavar,
+                             negative=negative, click_type=click_type, path=path)}
+    if factory is not MISSING:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One setting of a settings tree: where it sits (``path`` of field names) and how it is offered."""
+
+    path: tuple[str, ...]
+    field: dataclasses.Field
+    spec: Setting
+    kind: type                          # the value's type once ``None`` is set aside: int, float, str, bool, Path, tuple
+    optional: bool                      # ``None`` is a valid value
+
+    @property
+    def name(self) -> str:
+        """The option's name with underscores: click's parameter name and the TOML key."""
+        return (self.spec.flag or self.field.name).replace("-", "_")
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def default(self) -> Any:
+        if self.field.default is not MISSING:
+            return self.field.default
+        if self.field.default_factory is not MISSING:
+            return self.field.default_factory()
+        return None
+
+    @property
+    def required(self) -> bool:
+        return self.field.default is MISSING and self.field.default_factory is MISSING
+
+
+class SettingsError(ValueError):
+    """A setting has a value it cannot take; the message names the option."""
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """(type, optional) for ``X`` or ``X | None``."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"a setting has one type (or that type or None), not {annotation}")
+        return args[0], True
+    return annotation, False
+
+
+def is_settings(cls: Any) -> bool:
+    return isinstance(cls, type) and dataclasses.is_dataclass(cls) and getattr(cls, "__settings__", False)
+
+
+@cache
+def entries(cls: type) -> tuple[Entry, ...]:
+    """Every setting of ``cls``, groups flattened in field order; option names are checked to be unique."""
+    found: list[Entry] = []
+
+    def walk(klass: type, path: tuple[str, ...]) -> None:
+        hints = typing.get_type_hints(klass)
+        for f in dataclasses.fields(klass):
+            kind, optional = _unwrap(hints[f.name])
+            if is_settings(kind):
+                walk(kind, (*path, f.name))
+                continue
+            spec = f.metadata.get(SETTING)
+            if spec is None:
+                continue                            # internal: set by the component, not by users
+            origin = typing.get_origin(kind) or kind
+            if origin not in (int, float, str, bool, Path, tuple):
+                raise TypeError(f"{klass.__name__}.{f.name}: unsupported setting type {kind}")
+            found.append(Entry((*path, f.name), f, spec, origin, optional))
+
+    walk(cls, ())
+    names = [e.name for e in found]
+    duplicates = {n for n in names if names.count(n) > 1}
+    if duplicates:
+        raise TypeError(f"{cls.__name__}: options named twice: {sorted(duplicates)}")
+    return tuple(found)
+
+
+def groups(cls: type) -> dict[str, type]:
+    """The nested groups of ``cls`` by field name (one level; their own groups are found through them)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: _unwrap(hints[f.name])[0] for f in dataclasses.fields(cls) if is_settings(_unwrap(hints[f.name])[0])}
+
+
+def check_value(entry: Entry, value: Any) -> None:
+    """Raise SettingsError unless ``value`` fits the entry's type, choices and bounds."""
+    spec, flag = entry.spec, entry.flag
+    if value is None:
+        if entry.optional:
+            return
+        raise SettingsError(f"{flag} needs a value")
+    kind = entry.kind
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is tuple:
+        ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+    elif kind is Path:
+        ok = isinstance(value, Path)
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        raise SettingsError(f"{flag} must be {kind.__name__}, got {value!r}")
+    if kind is float and not math.isfinite(value):
+        raise SettingsError(f"{flag} must be finite, got {value!r}")
+    items = value if kind is tuple else (value,)
+    if spec.choices is not None:
+        bad = [v for v in items if v not in spec.choices]
+        if bad:
+            raise SettingsError(f"{flag} must be one of {', '.join(spec.choices)}, got {bad[0]!r}")
+    if spec.secret and any(isinstance(v, str) and not v.strip() for v in items):
+        raise SettingsError(f"{flag} is empty: give a real value or leave the option out")
+    if kind in (int, float):
+        shown = value / spec.scale if spec.scale != 1 else value          # in the option's units
+        if spec.min is not None and (value < spec.min or (spec.min_open and value == spec.min)):
+            raise SettingsError(f"{flag} must be {'>' if spec.min_open else '>='} {spec.min / spec.scale:g}, "
+                                f"got {shown!r}")
+        if spec.max is not None and value > spec.max:
+            raise SettingsError(f"{flag} must be <= {spec.max / spec.scale:g}, got {shown!r}")
+
+
+class Settings:
+    """Base of every settings dataclass (declare them ``@dataclass(frozen=True, kw_only=True)``): builds are
+    validated field by field, then by ``check``. Not a dataclass itself, so that frozen and mutable ones share it."""
+
+    __settings__: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            spec = f.metadata.get(SETTING)
+            if spec is not None:
+                kind, optional = _unwrap(hints[f.name])
+                check_value(Entry((f.name,), f, spec, typing.get_origin(kind) or kind, optional),
+                            getattr(self, f.name))
+        self.check()
+
+    def check(self) -> None:
+        """Rules across fields; raise SettingsError naming the options."""
+
+
+def log_level_setting(default: str = "INFO") -> Any:
+    """The ``log_level`` field every service's settings have."""
+    return setting(default, help="Logging verbosity (logs go to stderr).", choices=LOG_LEVELS)
+
+
+def ready_file_setting(fields: str) -> Any:
+    """The ``ready_file`` field of a service's settings: where it announces itself once serving."""
+    return setting(None, help=f"Write {{{fields}}} as JSON here once serving.", path="file")
+
+
+def build(cls: type, values: Mapping[str, Any]) -> Any:
+    """An instance of ``cls`` from flat option values (option name with underscores → value); options not given
+    keep their defaults. Raises SettingsError (a ValueError) for a value it cannot take."""
+    unknown = set(values) - {e.name for e in entries(cls)}
+    if unknown:
+        raise SettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
+
+    def make(klass: type, path: tuple[str, ...]) -> Any:
+        kwargs: dict[str, Any] = {}
+        for name, group in groups(klass).items():
+            kwargs[name] = make(group, (*path, name))
+        for entry in entries(klass):
+            if len(entry.path) == 1 and entry.name in values:
+                kwargs[entry.field.name] = values[entry.name]
+        try:
+            return klass(**kwargs)
+        except TypeError as exc:                   # a required setting left out
+            missing = [e.flag for e in entries(klass) if e.required and e.field.name not in kwargs]
+            raise SettingsError(f"give {' and '.join(missing)}" if missing else str(exc)) from exc
+
+    return make(cls, ())
+
+
+def flatten(cls: type, table: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A run file's table as flat option values: dashes or underscores in keys, group sub-tables flattened.
+    Raises SettingsError for a key that is no setting of ``cls``, naming ``where`` (file and table)."""
+    known = {e.name for e in entries(cls)}
+    nested = groups_deep(cls)
+    flat: dict[str, Any] = {}
+
+    def walk(items: Mapping[str, Any], prefix: str) -> None:
+        for key, value in items.items():
+            name = key.replace("-", "_")
+            if isinstance(value, dict) and name in nested:
+                walk(value, f"{prefix}{name}.")
+            elif name in known:
+                flat[name] = value
+            else:
+                raise SettingsError(f"{where}: unknown setting {prefix}{key!s} (see forge config show)")
+
+    walk(table, "")
+    return flat
+
+
+def groups_deep(cls: type) -> set[str]:
+    names: set[str] = set()
+    for name, group in groups(cls).items():
+        names |= {name, *groups_deep(group)}
+    return names
+
+
+def iter_values(instance: Any) -> Iterator[tuple[Entry, Any]]:
+    """(entry, value) for every setting of a built settings tree."""
+    for entry in entries(type(instance)):
+        value = instance
+        for part in entry.path:
+            value = getattr(value, part)
+        yield entry, value

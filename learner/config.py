@@ -1,0 +1,46 @@
+"""Settings of a forge-learner process: the initial model, the pool it reads, the run directory, weight
+publishing, the Stats listener, and the groups owned by the training parts (trainer, loss, rewards, window)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forge.learner.losses import LossConfig
+from forge.learner.rewards import RewardConfig
+from forge.learner.trainer import TrainerConfig
+from forge.pool import WindowConfig
+from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerConfig(Settings):
+    model: str = setting("tiny", help="Initial policy: a checkpoint directory (HF layout) or 'tiny'. Ignored when "
+                                      "resuming.")
+    pool_path: Path | None = setting(None, flag="pool", path="dir",
+                                     help="Local pool directory (LMDB), opened in this process.")
+    pool_address: str | None = setting(None, metavar="HOST:PORT", help="A remote Pool service instead of --pool.")
+    pool_api_key: str | None = setting(None, env="FORGE_POOL_API_KEY", secret=True, help="API key of the remote pool.")
+    run_dir: Path = setting(Path("runs/learner"), path="dir", help="Checkpoints and metrics.jsonl go here.")
+    resume: bool = setting(True, help="Continue from the run directory's latest checkpoint when there is one.")
+    keep_checkpoints: int = setting(3, min=1, help="Checkpoints kept (the oldest are deleted).")
+    weights_fetch: str = setting("tcp://127.0.0.1:5701",
+                                 help="ZeroMQ endpoint actors fetch weight chunks from ('tcp://127.0.0.1:*' picks a "
+                                      "free port).")
+    weights_announce: str = setting("tcp://127.0.0.1:5702", help="ZeroMQ endpoint new weight versions are announced "
+                                                                 "on.")
+    publish: bool = setting(True, help="Stream weights to actors.")
+    device: str = setting("auto", help="cpu, cuda, cuda:N, or auto.")
+    nproc: int = setting(1, min=1, help="Data-parallel processes (FSDP2, relaunched under torchrun).")
+    host: str = setting("127.0.0.1", help="Interface of the Stats service.")
+    port: int = setting(0, min=0, max=65535, help="Port of the Stats service (0 = any free port).")
+    ready_file: Path | None = ready_file_setting("address, pid, weights_fetch, weights_announce")
+    log_level: str = log_level_setting()
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    window: WindowConfig = field(default_factory=WindowConfig)
+
+    def check(self) -> None:
+        if (self.pool_path is None) == (self.pool_address is None):
+            raise SettingsError("give exactly one of --pool and --pool-address")
