@@ -8,6 +8,7 @@ from forge import __version__
 from forge.actors.cli import actor
 from forge.cache.cli import cache
 from forge.cli.common import CONTEXT_SETTINGS, entry_point
+from forge.cli.config import config_group
 from forge.cli.model import model_group
 from forge.gateway.cli import gateway
 from forge.learner.cli import learner
@@ -23,11 +24,13 @@ def forge() -> None:
 
     Services run as separate processes: forge actor (generation), forge gateway (the agents' door, recording every
     call in the pool), forge learner (training), forge cache (the L3 KV cache). Options can also come from
-    FORGE_<COMMAND>_<OPTION> environment variables and from a TOML file given with --config.
+    FORGE_<COMMAND>_<OPTION> environment variables and from a TOML run file given with --config, whose tables
+    ([learner], [actor], [gateway], [cache], [pool], [up]) may describe a whole deployment; forge config show
+    COMMAND prints the settings a command would run with and where each came from.
     """
 
 
-for command in (up, learner, actor, gateway, cache, top, plot, model_group, pool_group):
+for command in (up, learner, actor, gateway, cache, top, plot, model_group, pool_group, config_group):
     forge.add_command(command)
 
 learner_entry = entry_point(learner, "learner")

@@ -1,0 +1,180 @@
+"""Settings declared once: every service's click options are its settings dataclasses' fields (same names,
+defaults and help), values come from flags, FORGE_<COMMAND>_<OPTION> variables, the run file and the defaults in
+that order, bad values are refused with the option's name from every source, and ``forge config show`` reports
+each setting's source."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from forge.cli.config import settings_commands
+from forge.cli.main import forge
+from forge.cli.options import _click_default, envvars_of, settings_command
+from forge.learner.config import LearnerConfig
+from forge.pool import WindowConfig
+from forge.settings import Settings, SettingsError, build, entries, setting
+from forge.up import leaf_keys, service_args
+
+from conftest import REPO, script
+
+COMMANDS = settings_commands()
+NOT_SETTINGS = {"config", "help"}
+
+
+@pytest.mark.parametrize("table", sorted(COMMANDS))
+def test_options_and_settings_fields_are_the_same(table):
+    command = COMMANDS[table]
+    options = {p.name: p for p in command.params if isinstance(p, click.Option) and p.name not in NOT_SETTINGS}
+    fields = {e.name: e for e in entries(command.settings_class)}
+    assert set(options) == set(fields), (f"only options: {sorted(set(options) - set(fields))}; "
+                                         f"only fields: {sorted(set(fields) - set(options))}")
+    for name, entry in fields.items():
+        option = options[name]
+        default = option.default if not option.multiple else tuple(option.default or ())
+        assert default == _click_default(entry, entry.default), name
+        assert option.help.startswith(entry.spec.help), name
+        assert option.envvar[0] == f"FORGE_{table.upper()}_{name.upper()}", name
+    assert any(p.name == "config" for p in command.params)
+
+
+def commands_of(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], click.Command]]:
+    found = []
+    for name, command in group.commands.items():
+        found.append(((*path, name), command))
+        if isinstance(command, click.Group):
+            found += commands_of(command, (*path, name))
+    return found
+
+
+def test_every_command_takes_a_run_file():
+    missing = [" ".join(path) for path, command in commands_of(forge)
+               if not isinstance(command, click.Group) and not any(p.name == "config" for p in command.params)
+               and path[0] != "config"]
+    assert missing == []
+
+
+def test_every_settings_field_has_help():
+    for command in COMMANDS.values():
+        for entry in entries(command.settings_class):
+            assert entry.spec.help.strip().endswith((".", ")", "]")), f"{command.name} {entry.flag}: {entry.spec.help!r}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Inner(Settings):
+    rate: float = setting(0.5, min=0, max=1, help="A fraction.")
+    names: tuple[str, ...] = setting(("a",), separator=",", choices=("a", "b", "c"), help="Some names.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Probe(Settings):
+    port: int = setting(1, min=0, max=65535, help="A port.")
+    size_bytes: int = setting(4 * 2**20, flag="size-mb", scale=2**20, min=2**20, help="A size.")
+    keys: tuple[str, ...] = setting((), flag="key", secret=True, help="Keys (repeatable).")
+    verbose: bool = setting(False, help="Say more.")
+    inner: Inner = dataclasses.field(default_factory=Inner)
+
+    def check(self) -> None:
+        if self.verbose and self.port == 0:
+            raise SettingsError("--verbose needs a fixed --port")
+
+
+@settings_command("probe", Probe)
+def probe(config: Probe) -> None:
+    """Print the built settings."""
+    click.echo(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def run_probe(*args: str, env: dict[str, str] | None = None):
+    result = CliRunner().invoke(probe, list(args), env=env)
+    return result.exit_code, (json.loads(result.output) if result.exit_code == 0 else result.output)
+
+
+def test_precedence_flag_over_environment_over_file_over_default(tmp_path):
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('[probe]\nport = 3\nsize-mb = 8\n\n[probe.inner]\nrate = 0.25\nnames = ["b", "c"]\n')
+    assert run_probe()[1]["port"] == 1
+    code, built = run_probe("--config", str(run_file))
+    assert code == 0 and built["port"] == 3 and built["size_bytes"] == 8 * 2**20
+    assert built["inner"] == {"rate": 0.25, "names": ["b", "c"]}
+    assert run_probe("--config", str(run_file), env={"FORGE_PROBE_PORT": "4"})[1]["port"] == 4
+    assert run_probe("--config", str(run_file), "--port", "5", env={"FORGE_PROBE_PORT": "4"})[1]["port"] == 5
+    assert run_probe("--key", "k1", "--key", "k2")[1]["keys"] == ["k1", "k2"]
+
+
+@pytest.mark.parametrize(("args", "file", "message"), [
+    (["--port", "70000"], "", "70000 is not in the range"),
+    (["--size-mb", "0"], "", "--size-mb"),
+    ([], "[probe]\nrate = 2.0\n", "--rate"),
+    ([], "[probe]\nnames = ['a', 'z']\n", "--names must be one of a, b, c, got 'z'"),
+    ([], "[probe]\nprot = 3\n", "unknown setting prot"),
+    ([], "[probe\n", "cannot read"),
+    (["--key", " "], "", "--key is empty"),
+    (["--verbose", "--port", "0"], "", "--verbose needs a fixed --port"),
+])
+def test_bad_values_are_refused_naming_the_option(tmp_path, args, file, message):
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(file)
+    code, output = run_probe(*args, *(["--config", str(run_file)] if file else []))
+    assert code == 2 and message in output, output
+
+
+def test_settings_built_in_code_are_validated_too():
+    with pytest.raises(SettingsError, match="--min-groups"):
+        WindowConfig(batch_groups=2, min_groups=3)
+    with pytest.raises(SettingsError, match="--lr must be > 0"):
+        build(LearnerConfig, {"pool": Path("p"), "lr": 0.0})
+    with pytest.raises(SettingsError, match="exactly one of --pool and --pool-address"):
+        LearnerConfig()
+    built = build(LearnerConfig, {"pool": Path("p"), "eps_high": 0.3, "weight_decay": 0.1, "grad_clip": 0.5})
+    assert (built.loss.eps_high, built.trainer.weight_decay, built.trainer.grad_clip) == (0.3, 0.1, 0.5)
+
+
+def test_config_show_lists_every_learner_setting_with_its_source(tmp_path):
+    env = {"FORGE_LEARNER_SEED": "7", "FORGE_LEARNER_POOL_API_KEY": "s3cret"}
+    result = subprocess.run([script("forge"), "config", "show", "learner", "--config", str(REPO / "examples/run.toml"),
+                             "--json"], capture_output=True, text=True, timeout=120, env={**_env(), **env})
+    report = json.loads(result.stdout)
+    rows = {row["name"]: row for row in report["settings"]}
+    assert set(rows) == {e.name for e in entries(LearnerConfig)}
+    assert rows["lr"]["source"] == "file" and rows["lr"]["value"] == 2e-4
+    assert rows["eps_high"]["source"] == "file"                   # from the [learner.loss] sub-table
+    assert rows["seed"]["source"] == "environment" and rows["seed"]["value"] == 7
+    assert rows["pool_api_key"]["value"] == "***" and "s3cret" not in result.stdout
+    assert rows["micro_batch_tokens"]["source"] == "file" and rows["max_steps"]["source"] == "default"
+    assert "exactly one of --pool and --pool-address" in report["error"] and result.returncode == 2
+
+
+def test_the_example_run_file_is_valid_for_every_service():
+    for table in COMMANDS:
+        args = ["--config", str(REPO / "examples/run.toml")]
+        result = subprocess.run([script("forge"), "config", "show", table, *args, "--json"], capture_output=True,
+                                text=True, timeout=120, env=_env())
+        report = json.loads(result.stdout)
+        assert any(row["source"] == "file" for row in report["settings"]), table
+
+
+def test_forge_up_gives_the_run_file_to_services_and_yields_to_its_tables(tmp_path):
+    table = {"lr": 1e-3, "loss": {"token_norm": "token"}}
+    assert leaf_keys(table) == {"lr", "token_norm"}
+    args = service_args({"port": 0, "actor": ["a:1", "b:2"]}, {"lr": 2e-4, "token_norm": "sequence", "seed": 3},
+                        tmp_path / "run.toml", table)
+    assert args == ["--config", str(tmp_path / "run.toml"), "--seed", "3", "--port", "0", "--actor", "a:1",
+                    "--actor", "b:2"]
+
+
+def test_derived_environment_names_follow_the_table():
+    entry = next(e for e in entries(COMMANDS["actor"].settings_class) if e.name == "api_key")
+    assert envvars_of(entry, "actor") == ["FORGE_ACTOR_API_KEY", "FORGE_ACTOR_API_KEYS"]
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
