@@ -1,1 +1,1 @@
-"""The Rollout Engine: actor servers and their inference backends (embedded torch engine, TensorRT-LLM, vLLM)."""
+"""The Rollout Engine: actor servers and their inference backends (embedded torch engine, TensorRT-LLM; no vLLM yet)."""

@@ -1,7 +1,7 @@
 """Decode tokens/s of a real ``forge-actor`` process over gRPC, with B concurrent Generate streams, for several
 actor settings side by side: the engine loop in a thread of the server (``--in-process``) or in a process of its
 own (the default), and one message per token (``--stream-interval 1``) or fewer, larger ones (0 = adaptive, the
-default). Each message costs the server ~0.1 ms of CPU under its GIL, which an in-process engine loop needs too, so
+default). Each message costs the server CPU time under its GIL, which an in-process engine loop needs too, so
 at large batches the message rate, not the model, can bound such a server. The same requests straight into a
 ``TorchEngine`` (no server, in a fresh process) show what a server could reach. Also printed: the actors' CPU time
 (server process and engine core, from /proc), the server's CPU per streamed message, and the time to first token.

@@ -16,8 +16,7 @@ The linear baseline of the largest configurations takes many minutes on a CPU: w
 above --linear-cap sample tokens) every K-th micro-batch (they are sorted by length) is timed, and the total is
 the timed seconds per modelled FLOP times the modelled FLOPs of all micro-batches, each as it runs (every row
 padded to the micro-batch's longest). A micro-batch's cost grows with the square of its length, so scaling by the
-count of micro-batches instead would follow whichever lengths the stride happens to hit (with the default lengths
-at G = 4 and every 14th timed it read 0.75 of the time measured in full, work scaling 0.97). The table marks such
+count of micro-batches instead would follow whichever lengths the stride happens to hit. The table marks such
 rows with ~. With --linear-sample 1 (every micro-batch timed) the bench prints what both estimators would have read
 at the stride --linear-cap gives.
 

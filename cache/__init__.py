@@ -1,4 +1,4 @@
-"""The global L3 KV cache and the fleet model behind the cost-aware router (issue #8).
+"""The global L3 KV cache and the fleet model behind the cost-aware router.
 
 - ``blocks``: a KV block (hash, metadata, payload), its checks and its chunks on the wire;
 - ``store``: blocks as files in a local or mounted directory, LRU eviction at capacity, kept across restarts;

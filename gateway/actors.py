@@ -63,7 +63,7 @@ class ActorSet:
             actor.stub = actor_pb2_grpc.ActorStub(actor.channel)
             actor.health = health_pb2_grpc.HealthStub(actor.channel)
         self._health_task = asyncio.create_task(self._watch_health(), name="actor-health")
-        if hasattr(self.router, "start"):                  # issue #8: KV-aware routers poll the actors' KV events
+        if hasattr(self.router, "start"):                  # KV-aware routers poll the actors' KV events
             await self.router.start(self.metadata)
 
     async def close(self) -> None:
@@ -149,7 +149,7 @@ class ActorCall:
             router = self.actors.router
             try:
                 async for chunk in stream:
-                    if not started and chunk.token_ids and hasattr(router, "on_first_token"):   # issue #8 feedback
+                    if not started and chunk.token_ids and hasattr(router, "on_first_token"):   # TTFT feedback
                         router.on_first_token(self.route, endpoint.address, time.monotonic() - sent)
                     if chunk.finish_reason in (ERROR, ABORT) and not self.aborted:
                         what = chunk.error or ("the actor aborted the call" if chunk.finish_reason == ABORT

@@ -1,4 +1,4 @@
-"""Routers that know where KV prefixes live (issue #8), behind the gateway's ``choose(request, exclude)``.
+"""Routers that know where KV prefixes live, behind the gateway's ``choose(request, exclude)``.
 
 Each actor's cached blocks come from its KV events (``forge.v1.KVEventSource``, polled every ``poll_interval_s``;
 see ``forge.cache.events``) plus the prompt blocks of calls just routed to it; the prompt's chain of block hashes is

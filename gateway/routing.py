@@ -115,12 +115,11 @@ class SessionAffinityRouter:
 
 
 ROUTERS = {"round-robin": RoundRobinRouter, "least-loaded": LeastLoadedRouter}
-# ---- issue #8: routers that know where KV prefixes live (forge.gateway.cost_router); they keep sessions near
+# Routers that know where KV prefixes live (forge.gateway.cost_router); they keep sessions near
 # their cache themselves (a preference, never an overload), so SessionAffinityRouter does not wrap them.
 KV_ROUTER_NAMES = ("cost-aware", "cache-aware", "kv-overlap")
 ROUTER_NAMES = (*KV_ROUTER_NAMES, *ROUTERS)
 DEFAULT_ROUTER = "cost-aware"
-# ---- end of issue #8
 
 
 def make_router(name: str, actors: Sequence[ActorView], session_affinity: bool) -> Router:

@@ -1,1 +1,1 @@
-"""The Train Engine: CISPO on windowed-FIFO batches from the pool, FSDP2, checkpoints, weight streaming (issue #5)."""
+"""The Train Engine: CISPO on windowed-FIFO batches from the pool, FSDP2, checkpoints, weight streaming."""

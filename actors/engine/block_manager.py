@@ -152,7 +152,7 @@ class BlockManager:
         seq.num_computed = 0
         seq.num_cached_blocks = 0
 
-    # ---- L3 cache hooks (actors/engine/l3.py, issue #8)
+    # ---- L3 cache hooks (actors/engine/l3.py)
     def touch(self, block_hash: bytes) -> None:
         """Mark a cached block that nobody holds as most recently used (evicted last)."""
         block_id = self.by_hash.get(block_hash)

@@ -179,7 +179,7 @@ class TorchEngine(Backend):
         self._counters = dict(steps=0, tokens=0, prompt_tokens=0, finished=0, drafts=0, drafts_accepted=0,
                               weight_swaps=0, weight_rejections=0, refused=0)
         self._recent: deque[tuple[float, int]] = deque()
-        self.connector: KVConnector | None = None   # KV events, speeds, L3 cache (l3.py attaches itself; issue #8)
+        self.connector: KVConnector | None = None   # KV events, speeds, L3 cache (l3.py attaches itself)
         self.stream_factory: Callable[[str], RequestStream] = RequestStream   # where a request's chunks go
         self.after_pass: Callable[[], None] | None = None    # run by the loop after each pass (the engine core's send)
         self._limits = self.limits()

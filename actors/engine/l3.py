@@ -1,4 +1,4 @@
-"""The torch engine's link to the shared KV world (issue #8): KV events for routers, online speed figures, and the
+"""The torch engine's link to the shared KV world: KV events for routers, online speed figures, and the
 L3 KV cache.
 
 - **Events and speeds.** After every step the blocks the engine registered and evicted go to a ``KVEventLog``

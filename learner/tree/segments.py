@@ -8,7 +8,7 @@ block needs are the strict ancestors of s plus nodes of [s, e).
 - *Shared runs.* Ancestors whose subtree reaches past e are seen by every query of the block. They form a root path:
   a few contiguous index runs, cut at forks. A run of at least ``min_run`` keys is attended to unmasked, as a view of
   the keys, and once for all the consecutive blocks below its fork: one kernel call over all their query rows. (The
-  CPU kernel runs ~1.4x faster per FLOP at 768 queries a call than at 256; a long system prompt is attended to in one
+  CPU kernel does more work per second the more query rows a call has; a long system prompt is attended to in one
   call for the whole tree.)
 - *The block itself.* A chain (every node the child of the one before) attends to its own nodes causally and to the
   short runs, gathered, unmasked. Any other block gathers the short runs and its own nodes under an explicit mask.
