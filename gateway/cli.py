@@ -9,9 +9,18 @@ from pathlib import Path
 import click
 
 from forge.cli.common import CONTEXT_SETTINGS, config_option, log_level_option, setup_logging, write_ready_file
-from forge.gateway.routing import DEFAULT_ROUTER, ROUTER_NAMES
+from forge.gateway.routing import DEFAULT_ROUTER, router_class
 
 log = logging.getLogger("forge.gateway")
+
+
+def _router_spec(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """--router: a built-in name or a dotted path to a Router subclass, resolved before anything is loaded."""
+    try:
+        router_class(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    return value
 
 
 @click.command("gateway", context_settings=CONTEXT_SETTINGS)
@@ -40,10 +49,12 @@ log = logging.getLogger("forge.gateway")
 @click.option("--session-key-secret", default=None, envvar="FORGE_GATEWAY_SESSION_KEY_SECRET",
               help="Secret that signs per-session keys; keep it to keep keys valid across restarts "
                    "[default: random per process].")
-@click.option("--router", type=click.Choice(ROUTER_NAMES), default=DEFAULT_ROUTER, show_default=True,
+@click.option("--router", type=str, default=DEFAULT_ROUTER, show_default=True, metavar="NAME|MODULE:CLASS",
+              callback=_router_spec,
               help="How calls are spread over actors: least estimated time to first token (cost-aware), best prefix "
                    "match unless imbalanced (cache-aware), prefix overlap plus load (kv-overlap), fewest in-flight "
-                   "calls (least-loaded), or in turn (round-robin). See docs/cache.md.")
+                   "calls (least-loaded), or in turn (round-robin); or your own Router subclass by dotted path "
+                   "(my_pkg.routers:MyRouter). See docs/gateway.md and docs/cache.md.")
 @click.option("--session-affinity/--no-session-affinity", default=True, show_default=True,
               help="Keep a session on the actor that served it (prefix cache): while it is healthy, or with the "
                    "KV-aware routers while it is not overloaded.")
