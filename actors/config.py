@@ -33,7 +33,7 @@ class ActorConfig(Settings):
                                                               "learner's first version before giving up.")
     api_keys: tuple[str, ...] = setting((), flag="api-key", env="FORGE_ACTOR_API_KEYS", secret=True,
                                         help="Require this API key on every call (repeatable).")
-    l3_cache: str | None = setting(None, metavar="ADDR[,ADDR...]",
+    l3_cache: str | None = setting(None, metavar="ADDR[,ADDR...]", validate=parse_addresses,
                                    help="forge-cache servers: publish computed KV blocks there and fetch missing "
                                         "prompt blocks (torch).")
     l3_fetch: str = setting("auto", choices=FETCH_POLICIES,
@@ -52,10 +52,5 @@ class ActorConfig(Settings):
     def check(self) -> None:
         if (self.weights_fetch is None) != (self.weights_announce is None):
             raise SettingsError("--weights-fetch and --weights-announce go together")
-        if self.l3_cache is not None:
-            if self.backend != "torch":
-                raise SettingsError("--l3-cache needs the torch backend")
-            try:
-                parse_addresses(self.l3_cache)
-            except ValueError as exc:
-                raise SettingsError(f"--l3-cache: {exc}") from exc
+        if self.l3_cache is not None and self.backend != "torch":
+            raise SettingsError("--l3-cache needs the torch backend")

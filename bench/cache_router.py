@@ -49,9 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-from forge.cache.fleet import Layout, leading
-from forge.gateway.cost_router import KV_ROUTERS
-from forge.gateway.routing import ActorEndpoint, RouteRequest, make_router
+from forge.gateway.routing import ActorEndpoint, KVRouter, RouteRequest, make_router, router_class
+from forge.gateway.routing.fleet import Layout, leading
 from forge.kvhash import block_hash, kv_salt
 from forge.v1 import router_pb2
 
@@ -415,8 +414,9 @@ class Simulation:
         speeds = [hw.speeds[i % len(hw.speeds)] for i in range(hw.actors)]
         self.actors = [SimActor(self, i, speeds[i]) for i in range(hw.actors)]
         self.by_address = {a.endpoint.address: a for a in self.actors}
-        if policy in KV_ROUTERS:
-            self.router = KV_ROUTERS[policy](self.actors, True, clock=lambda: self.now, prior_prefill_tps=hw.prefill_tps)
+        kind = router_class(policy)
+        if issubclass(kind, KVRouter):
+            self.router = kind(self.actors, True, clock=lambda: self.now, prior_prefill_tps=hw.prefill_tps)
         else:
             self.router = make_router(policy, self.actors, session_affinity=True)
         self.l3: OrderedDict[bytes, None] = OrderedDict()
@@ -482,14 +482,12 @@ class Simulation:
         tally.hit_tokens += min(call.cached * size, call.prompt_len - 1)
         tally.oracle_tokens += call.oracle_blocks * size
         tally.l3_tokens += min(call.fetched, call.cached) * size
-        if hasattr(self.router, "on_first_token"):
-            self.router.on_first_token(call.request, call.actor.endpoint.address, ttft)
+        self.router.on_first_token(call.request, call.actor.endpoint.address, ttft)
 
     def finish(self, call: SimCall) -> None:
         actor, session = call.actor, call.session
         actor.in_flight -= 1
-        if hasattr(self.router, "on_done"):
-            self.router.on_done(call.request, actor.endpoint.address)
+        self.router.on_done(call.request, actor.endpoint.address)
         done = session.chain.hashes[:(call.prompt_len + call.output_len - 1) // self.hw.block_size]
         actor.register(done[len(call.hashes):])
         self.oracle.update(done)

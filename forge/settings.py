@@ -15,7 +15,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, dataclass
 from functools import cache
 from pathlib import Path
@@ -44,13 +44,15 @@ class Setting:
     negative: str | None = None
     click_type: str | None = None
     path: str | None = None
+    validate: Callable[[Any], None] | None = None
 
 
 def setting(default: Any = MISSING, *, factory: Any = MISSING, help: str, flag: str | None = None,
             choices: tuple[str, ...] | None = None, min: float | None = None, max: float | None = None,
             min_open: bool = False, env: str | None = None, secret: bool = False, separator: str | None = None,
             scale: int = 1, unit: str = "", metavar: str | None = None, negative: str | None = None,
-            click_type: str | None = None, path: str | None = None) -> Any:
+            click_type: str | None = None, path: str | None = None,
+            validate: Callable[[Any], None] | None = None) -> Any:
     """A settings field.
 
     - ``help``: one sentence for ``--help``, ``forge config show`` and the docs.
@@ -64,10 +66,11 @@ def setting(default: Any = MISSING, *, factory: Any = MISSING, help: str, flag: 
     - ``negative``: the off switch of a boolean (default ``no-FLAG``).
     - ``click_type``: how the option parses its text when the field's type does not say: ``"bytes"`` (64MiB).
     - ``path``: ``"file"`` or ``"dir"`` for a ``Path`` field.
+    - ``validate``: a check of its own for a value (None aside), raising ValueError with the reason.
     """
     meta = {SETTING: Setting(help=help, flag=flag, choices=choices, min=min, max=max, min_open=min_open, env=env,
                              secret=secret, separator=separator, scale=scale, unit=unit, metavar=metavar,
-                             negative=negative, click_type=click_type, path=path)}
+                             negative=negative, click_type=click_type, path=path, validate=validate)}
     if factory is not MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -106,7 +109,13 @@ class Entry:
 
 
 class SettingsError(ValueError):
-    """A setting has a value it cannot take; the message names the option."""
+    """A setting has a value it cannot take. ``flag`` names the option when one option alone is at fault (then
+    ``reason`` is the message without it); the message always names the options."""
+
+    def __init__(self, reason: str, flag: str | None = None) -> None:
+        super().__init__(f"{flag}: {reason}" if flag else reason)
+        self.reason = reason
+        self.flag = flag
 
 
 def _unwrap(annotation: Any) -> tuple[Any, bool]:
@@ -163,7 +172,7 @@ def check_value(entry: Entry, value: Any) -> None:
     if value is None:
         if entry.optional:
             return
-        raise SettingsError(f"{flag} needs a value")
+        raise SettingsError("needs a value", flag)
     kind = entry.kind
     if kind is bool:
         ok = isinstance(value, bool)
@@ -178,23 +187,28 @@ def check_value(entry: Entry, value: Any) -> None:
     else:
         ok = isinstance(value, str)
     if not ok:
-        raise SettingsError(f"{flag} must be {kind.__name__}, got {value!r}")
+        raise SettingsError(f"must be {kind.__name__}, got {value!r}", flag)
     if kind is float and not math.isfinite(value):
-        raise SettingsError(f"{flag} must be finite, got {value!r}")
+        raise SettingsError(f"must be finite, got {value!r}", flag)
     items = value if kind is tuple else (value,)
     if spec.choices is not None:
         bad = [v for v in items if v not in spec.choices]
         if bad:
-            raise SettingsError(f"{flag} must be one of {', '.join(spec.choices)}, got {bad[0]!r}")
+            raise SettingsError(f"must be one of {', '.join(spec.choices)}, got {bad[0]!r}", flag)
     if spec.secret and any(isinstance(v, str) and not v.strip() for v in items):
-        raise SettingsError(f"{flag} is empty: give a real value or leave the option out")
+        raise SettingsError("an empty value is not allowed: give a real one or leave the option out", flag)
     if kind in (int, float):
         shown = value / spec.scale if spec.scale != 1 else value          # in the option's units
         if spec.min is not None and (value < spec.min or (spec.min_open and value == spec.min)):
-            raise SettingsError(f"{flag} must be {'>' if spec.min_open else '>='} {spec.min / spec.scale:g}, "
-                                f"got {shown!r}")
+            raise SettingsError(f"must be {'>' if spec.min_open else '>='} {spec.min / spec.scale:g}, got {shown!r}",
+                                flag)
         if spec.max is not None and value > spec.max:
-            raise SettingsError(f"{flag} must be <= {spec.max / spec.scale:g}, got {shown!r}")
+            raise SettingsError(f"must be <= {spec.max / spec.scale:g}, got {shown!r}", flag)
+    if spec.validate is not None:
+        try:
+            spec.validate(value)
+        except ValueError as exc:
+            raise SettingsError(str(exc), flag) from exc
 
 
 class Settings:

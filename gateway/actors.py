@@ -14,7 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from forge.gateway.errors import BadRequest, Unavailable, UpstreamFailed
-from forge.gateway.routing import ActorEndpoint, NoActorAvailable, RouteRequest, make_router
+from forge.gateway.routing import ActorEndpoint, NoActorAvailable, Router, RouteRequest, make_router
 from forge.rpc.auth import bearer_metadata
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
@@ -47,7 +47,7 @@ class ActorSet:
             raise ValueError("no actors: give at least one --actor host:port")
         self.actors = [ActorState(ActorEndpoint(a)) for a in dict.fromkeys(addresses)]
         self.by_address = {a.endpoint.address: a for a in self.actors}
-        self.router = make_router(router, self.actors, session_affinity)
+        self.router: Router = make_router(router, self.actors, session_affinity)
         self.router_name = router
         self.metadata = bearer_metadata(api_key)
         self.health_interval_s = health_interval_s
@@ -63,14 +63,12 @@ class ActorSet:
             actor.stub = actor_pb2_grpc.ActorStub(actor.channel)
             actor.health = health_pb2_grpc.HealthStub(actor.channel)
         self._health_task = asyncio.create_task(self._watch_health(), name="actor-health")
-        if hasattr(self.router, "start"):                  # KV-aware routers poll the actors' KV events
-            await self.router.start(self.metadata)
+        await self.router.start(self.metadata)
 
     async def close(self) -> None:
         if self._health_task:
             self._health_task.cancel()
-        if hasattr(self.router, "close"):
-            await self.router.close()
+        await self.router.close()
         for actor in self.actors:
             if actor.channel is not None:
                 await actor.channel.close(grace=None)
@@ -103,8 +101,7 @@ class ActorSet:
             figures[f"actor_healthy/{name}"] = float(a.healthy)
             figures[f"actor_calls/{name}"] = float(a.calls)
             figures[f"actor_failures/{name}"] = float(a.failures)
-        if hasattr(self.router, "gauges"):
-            figures.update(self.router.gauges())
+        figures.update(self.router.gauges())
         return figures
 
 
@@ -149,7 +146,7 @@ class ActorCall:
             router = self.actors.router
             try:
                 async for chunk in stream:
-                    if not started and chunk.token_ids and hasattr(router, "on_first_token"):   # TTFT feedback
+                    if not started and chunk.token_ids:
                         router.on_first_token(self.route, endpoint.address, time.monotonic() - sent)
                     if chunk.finish_reason in (ERROR, ABORT) and not self.aborted:
                         what = chunk.error or ("the actor aborted the call" if chunk.finish_reason == ABORT
@@ -186,8 +183,7 @@ class ActorCall:
                 raise
             finally:
                 actor.in_flight -= 1
-                if hasattr(router, "on_done"):
-                    router.on_done(self.route, endpoint.address)
+                router.on_done(self.route, endpoint.address)
                 if not stream.done():
                     stream.cancel()
 

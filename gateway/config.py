@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge.gateway.routing import DEFAULT_ROUTER, ROUTER_NAMES
+from forge.gateway.routing import DEFAULT_ROUTER, router_class
 from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
 
 LOOPBACK = "127.0.0.1"
@@ -32,11 +32,12 @@ class GatewayConfig(Settings):
     session_key_secret: str | None = setting(None, env="FORGE_GATEWAY_SESSION_KEY_SECRET", secret=True,
                                              help="Secret that signs per-session keys; keep it to keep keys valid "
                                                   "across restarts [default: random per process].")
-    router: str = setting(DEFAULT_ROUTER, choices=ROUTER_NAMES,
+    router: str = setting(DEFAULT_ROUTER, metavar="NAME|MODULE:CLASS", validate=router_class,
                           help="How calls are spread over actors: least estimated time to first token (cost-aware), "
                                "best prefix match unless imbalanced (cache-aware), prefix overlap plus load "
-                               "(kv-overlap), fewest in-flight calls (least-loaded), or in turn (round-robin). See "
-                               "docs/cache.md.")
+                               "(kv-overlap), fewest in-flight calls (least-loaded), or in turn (round-robin); or "
+                               "your own Router subclass by dotted path (my_pkg.routers:MyRouter). See "
+                               "docs/gateway.md and docs/cache.md.")
     session_affinity: bool = setting(True, help="Keep a session on the actor that served it (prefix cache): while it "
                                                 "is healthy, or with the KV-aware routers while it is not overloaded.")
     session_timeout_s: float = setting(600.0, flag="session-timeout", min=0.01,

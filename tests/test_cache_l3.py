@@ -225,7 +225,7 @@ def test_a_requests_blocks_are_hashed_once_for_the_prefix_and_l3_lookups_and_the
 
 
 def test_two_actor_processes_share_a_prompt_through_the_cache_under_the_routers_hashes(tmp_path, cache_server):
-    from forge.cache.fleet import Layout, prompt_hashes
+    from forge.gateway.routing.fleet import Layout, prompt_hashes
     from forge.rpc import connect
     from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, router_pb2, router_pb2_grpc
 

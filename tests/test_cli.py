@@ -84,4 +84,5 @@ def test_a_model_that_is_no_checkpoint_is_a_usage_error(tmp_path, command):
 def test_an_empty_l3_server_list_is_a_usage_error(mode):
     result = subprocess.run([script("forge-actor"), mode, "--port", "0", "--l3-cache", ","],
                             capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "--l3-cache: no cache server addresses given" in result.stderr, result.stderr
+    assert result.returncode == 2 and "Invalid value for '--l3-cache'" in result.stderr, result.stderr
+    assert "no cache server addresses given" in result.stderr

@@ -10,8 +10,7 @@ import time
 import grpc
 
 from forge.gateway.actors import ActorState
-from forge.gateway.cost_router import CostAwareRouter
-from forge.gateway.routing import ActorEndpoint, RouteRequest
+from forge.gateway.routing import ActorEndpoint, CostAwareRouter, RouteRequest
 from forge.rpc import ServiceBinding, connect, serve
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
 

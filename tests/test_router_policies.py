@@ -8,9 +8,17 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from forge.cache.fleet import Layout, Pending, prompt_hashes
-from forge.gateway.cost_router import CacheAwareRouter, CostAwareRouter, KVOverlapRouter, KVRouter
-from forge.gateway.routing import ActorEndpoint, LeastLoadedRouter, RouteRequest, make_router
+from forge.gateway.routing import (
+    ActorEndpoint,
+    CacheAwareRouter,
+    CostAwareRouter,
+    KVOverlapRouter,
+    KVRouter,
+    LeastLoadedRouter,
+    RouteRequest,
+    make_router,
+)
+from forge.gateway.routing.fleet import Layout, Pending, prompt_hashes
 from forge.v1 import router_pb2
 
 STORED, EVICTED = router_pb2.KVEvent.KIND_STORED, router_pb2.KVEvent.KIND_EVICTED

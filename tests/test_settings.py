@@ -112,10 +112,10 @@ def test_precedence_flag_over_environment_over_file_over_default(tmp_path):
     (["--port", "70000"], "", "70000 is not in the range"),
     (["--size-mb", "0"], "", "--size-mb"),
     ([], "[probe]\nrate = 2.0\n", "--rate"),
-    ([], "[probe]\nnames = ['a', 'z']\n", "--names must be one of a, b, c, got 'z'"),
+    ([], "[probe]\nnames = ['a', 'z']\n", "Invalid value for '--names': must be one of a, b, c, got 'z'"),
     ([], "[probe]\nprot = 3\n", "unknown setting prot"),
     ([], "[probe\n", "cannot read"),
-    (["--key", " "], "", "--key is empty"),
+    (["--key", " "], "", "Invalid value for '--key': an empty value is not allowed"),
     (["--verbose", "--port", "0"], "", "--verbose needs a fixed --port"),
 ])
 def test_bad_values_are_refused_naming_the_option(tmp_path, args, file, message):
@@ -128,7 +128,7 @@ def test_bad_values_are_refused_naming_the_option(tmp_path, args, file, message)
 def test_settings_built_in_code_are_validated_too():
     with pytest.raises(SettingsError, match="--min-groups"):
         WindowConfig(batch_groups=2, min_groups=3)
-    with pytest.raises(SettingsError, match="--lr must be > 0"):
+    with pytest.raises(SettingsError, match="--lr: must be > 0"):
         build(LearnerConfig, {"pool": Path("p"), "lr": 0.0})
     with pytest.raises(SettingsError, match="exactly one of --pool and --pool-address"):
         LearnerConfig()

@@ -195,6 +195,8 @@ class SettingsCommand(click.Command):
             return build(self.settings_class, {n: field_value(by_name[n], v) for n, v in values.items()
                                                if n in by_name})
         except SettingsError as exc:
+            if exc.flag:
+                raise click.BadParameter(exc.reason, param_hint=f"'{exc.flag}'") from exc
             raise click.UsageError(str(exc)) from exc
 
     def _invoke(self, **values: Any) -> Any:

@@ -22,10 +22,11 @@ def start_actor(directory: Path, name: str = "actor", *extra: str) -> Proc:
     return proc
 
 
-def start_gateway(directory: Path, actors: list[str], pool: Path, *extra: str, name: str = "gateway") -> Proc:
+def start_gateway(directory: Path, actors: list[str], pool: Path, *extra: str, name: str = "gateway",
+                  env: dict[str, str] | None = None) -> Proc:
     args = ["--pool", str(pool), "--grpc-port", "0", "--http-port", "0", "--shutdown-grace", "10",
             *[a for actor in actors for a in ("--actor", actor)], *extra]
-    proc = Proc(name, "forge-gateway", args, directory, timeout_s=120)
+    proc = Proc(name, "forge-gateway", args, directory, env=env, timeout_s=120)
     proc.grpc_address, proc.http, proc.base_url = (proc.info["grpc_address"], proc.info["http_address"],
                                                    proc.info["base_url"])
     return proc

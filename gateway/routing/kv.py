@@ -1,4 +1,5 @@
-"""Routers that know where KV prefixes live, behind the gateway's ``choose(request, exclude)``.
+"""The shared base of the routers that know where KV prefixes live: each actor's cached blocks, its speeds, and the
+estimated time to first token of a call there. Subclasses only pick among the estimated options.
 
 Each actor's cached blocks come from its KV events (``forge.v1.KVEventSource``, polled every ``poll_interval_s``;
 see ``forge.cache.events``) plus the prompt blocks of calls just routed to it; the prompt's chain of block hashes is
@@ -10,23 +11,13 @@ first token:
   + prefill of the tokens it would compute (prompt - cached prefix) / prefill throughput
   + migration of the blocks it would fetch from L3 (bytes / fetch bandwidth + a lookup)
 
-scaled by a per-actor calibration (EWMA of actual / estimated time to first token of its completed calls).
-
-Policies (``--router``):
-
-- ``cost-aware``: the least estimated time plus what the call costs later calls (``CostAwareRouter.score``: the
-  compute it adds, the session's expected further calls times the actor's measured wait and the chance a pause
-  outlasts its cache horizon, the live blocks it would evict); a new session's home stays within ``home_cap`` of
-  its share of live sessions; a session stays on its home actor, and the G rollouts of a group on the actor the
-  first one picked, while that actor is within ``prefer_slack`` of the best and not over its share cap (never an
-  overload: at most ``share_cap`` times the fair share of the calls in flight, or ``min_cap`` calls).
-- ``cache-aware`` (SGLang-style): the actor with the best prefix match if its match rate exceeds
-  ``match_threshold`` and the load is balanced (in-flight spread within both guards), else the least loaded.
-- ``kv-overlap`` (Dynamo-style): the least α · (prompt blocks to compute) + (blocks of calls in flight there).
+scaled by a per-actor calibration (EWMA of actual / estimated time to first token of its completed calls). The
+policies built on it: ``cost_aware``, ``cache_aware``, ``kv_overlap``.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import itertools
 import logging
@@ -38,9 +29,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from forge.cache.fleet import ActorModel, L3Model, Layout, Pending, Sample
 from forge.cache.meters import Ewma
-from forge.gateway.routing import ActorEndpoint, ActorView, RouteRequest, candidates
+from forge.gateway.routing.base import ActorEndpoint, ActorView, Router, RouteRequest, candidates
+from forge.gateway.routing.fleet import ActorModel, L3Model, Layout, Pending, Sample
 from forge.kvhash import block_hash, leading
 from forge.v1 import router_pb2, router_pb2_grpc
 
@@ -73,10 +64,12 @@ class Option:
         return self.view.in_flight
 
 
-class KVRouter:
-    """The shared machinery: actor models, KV event polling, prefix estimates, feedback. Subclasses pick."""
+class KVRouter(Router):
+    """The shared machinery: actor models, KV event polling, prefix estimates, feedback. Subclasses pick. They keep
+    a session near its cache themselves (a preference, never an overload), so the gateway does not wrap them."""
 
     name = "kv"
+    handles_session_affinity = True
     unsupported_retry_s = 30.0       # an actor that serves no KV events (UNIMPLEMENTED) is asked again after this
     failed_retry_s = 1.0             # and one whose poll failed otherwise after this
 
@@ -84,8 +77,7 @@ class KVRouter:
                  prior_prefill_tps: float = 2000.0, share_cap: float = 2.0, min_cap: int = 8,
                  prefer_slack: float = 0.25,
                  clock: Callable[[], float] = time.monotonic, max_remembered: int = 100_000) -> None:
-        self.actors = actors
-        self.session_affinity = session_affinity
+        super().__init__(actors, session_affinity)
         self.poll_interval_s = poll_interval_s
         self.share_cap = share_cap
         self.min_cap = min_cap
@@ -111,7 +103,7 @@ class KVRouter:
         self.session_lengths: Counter[int] = Counter()             # calls of each session forgotten so far
         self._started: dict[tuple[int, str], tuple[float, int]] = {}
         self._task: asyncio.Task | None = None
-        self._metadata: tuple = ()
+        self._metadata: tuple[tuple[str, str], ...] = ()
         self._stubs: dict[str, router_pb2_grpc.KVEventSourceStub] = {}
         self._retry_at: dict[str, float] = {}
 
@@ -126,8 +118,9 @@ class KVRouter:
         self._commit(request, chosen)
         return chosen.view.endpoint
 
+    @abc.abstractmethod
     def pick(self, request: RouteRequest, options: list[Option]) -> tuple[Option, str]:
-        raise NotImplementedError
+        """The option to take among the candidates' and a short reason (counted in ``router_decisions/REASON``)."""
 
     def forget(self, session_id: str) -> None:
         self.homes.pop(session_id, None)
@@ -197,8 +190,8 @@ class KVRouter:
         return by_layout[key]
 
     def _chain(self, request: RouteRequest, layout: Layout) -> list[bytes]:
-        """The prompt's reusable blocks' hashes (``forge.cache.fleet.prompt_hashes``); a session's next prompt
-        extends its last one, so only the new blocks are hashed."""
+        """The prompt's reusable blocks' hashes (``forge.gateway.routing.fleet.prompt_hashes``); a session's next
+        prompt extends its last one, so only the new blocks are hashed."""
         ids, size = array("i", request.prompt_ids), layout.block_size
         full = (len(ids) - 1) // size
         hashes: list[bytes] = []
@@ -314,7 +307,7 @@ class KVRouter:
         model.apply(answer, self.clock())
         self.l3.observe(answer)
 
-    async def start(self, metadata: tuple = ()) -> None:
+    async def start(self, metadata: tuple[tuple[str, str], ...] = ()) -> None:
         """Poll every actor's KV events on the running loop (actors need a ``channel``: an aio gRPC channel)."""
         self._metadata = metadata
         self._task = asyncio.create_task(self._poll_forever(), name="kv-events")
@@ -372,105 +365,6 @@ class KVRouter:
         return figures
 
 
-def _first(options: list[Option], key: Callable[[Option], float]) -> Option:
+def best_by(options: list[Option], key: Callable[[Option], float]) -> Option:
     """The minimum of ``key``; ties go to the fewest calls in flight, then round-robin."""
     return min(options, key=lambda o: (key(o), o.in_flight, o.order))
-
-
-class CostAwareRouter(KVRouter):
-    name = "cost-aware"
-
-    def __init__(self, actors: Sequence[ActorView], session_affinity: bool = True, *, work_weight: float = 0.25,
-                 evict_weight: float = 0.5, home_cap: float = 1.25, home_share: str = "kv", **kwargs) -> None:
-        super().__init__(actors, session_affinity, **kwargs)
-        self.work_weight = work_weight
-        self.evict_weight = evict_weight
-        self.home_cap = home_cap
-        self.home_share = home_share
-
-    def with_room(self, options: list[Option]) -> list[Option]:
-        """The actors that may become a new session's home: at most ``home_cap`` times their share of the live
-        sessions (shares in proportion to measured prefill speed), so homes, and the calls they bring, spread."""
-        total = sum(o.model.sessions for o in options) + 1
-        weights = [self.home_weight(o) for o in options]
-        whole = sum(weights)
-        room = [o for o, weight in zip(options, weights, strict=True)
-                if o.model.sessions + 1 <= max(self.min_cap, self.home_cap * total * weight / whole)]
-        return room or options
-
-    def home_weight(self, option: Option) -> float:
-        if self.home_share == "speed":
-            return option.model.prefill_tps.value
-        layout = option.model.layout
-        return float(layout.num_blocks) if layout and layout.num_blocks else 1.0
-
-    def score(self, option: Option, remaining: float, context_blocks: int) -> float:
-        """The estimated time to first token; what the session's ``remaining`` calls would meet there (the
-        actor's measured wait per call, and recomputing the session's context when a pause between calls outlasts
-        the actor's cache horizon); and what this call costs others: the compute it adds, and the recomputation
-        of live sessions' blocks its new blocks would evict."""
-        model = option.model
-        tps = max(model.prefill_tps.value, 1.0)
-        later = self.work_weight * option.compute_tokens + self.evict_weight * option.evicts * model.block_size
-        future = model.wait_s.value
-        lost = self.gaps.survival(model.horizon_s()) if remaining else 0.0
-        if lost:
-            per_block = model.block_size / tps
-            if model.layout is not None and model.layout.l3:
-                per_block = min(per_block, model.layout.block_bytes / max(model.fetch_bps.value, 1.0))
-            future += lost * context_blocks * per_block
-        return option.estimate_s + remaining * future + later / tps
-
-    def pick(self, request: RouteRequest, options: list[Option]) -> tuple[Option, str]:
-        remaining = self.remaining_calls(request.session_id)
-        size = options[0].model.block_size
-        context = (len(request.prompt_ids) + request.max_tokens) // size
-        new = request.session_id and request.session_id not in self.homes
-        best = _first(self.with_room(options) if new else options, lambda o: self.score(o, remaining, context))
-        group = self.preferred(self.groups, request.group_id, options, best)
-        if group is not None:
-            return group, "group"
-        home = self.preferred(self.homes, request.session_id if self.session_affinity else "", options, best)
-        if home is not None:
-            return home, "affinity"
-        return best, "cost"
-
-
-class CacheAwareRouter(KVRouter):
-    name = "cache-aware"
-
-    def __init__(self, actors: Sequence[ActorView], session_affinity: bool = True, *, match_threshold: float = 0.5,
-                 balance_abs: int = 4, balance_rel: float = 1.5, **kwargs) -> None:
-        super().__init__(actors, session_affinity, **kwargs)
-        self.match_threshold = match_threshold
-        self.balance_abs = balance_abs
-        self.balance_rel = balance_rel
-
-    def pick(self, request: RouteRequest, options: list[Option]) -> tuple[Option, str]:
-        loads = [o.in_flight for o in options]
-        imbalanced = max(loads) - min(loads) > self.balance_abs and max(loads) > self.balance_rel * min(loads)
-        if not imbalanced:
-            prompt = max(1, len(request.prompt_ids))
-            best = _first(options, lambda o: (-o.local * o.model.block_size, o.in_flight))
-            if best.local * best.model.block_size / prompt > self.match_threshold:
-                return best, "prefix"
-        return _first(options, lambda o: o.in_flight), "balance"
-
-
-class KVOverlapRouter(KVRouter):
-    name = "kv-overlap"
-
-    def __init__(self, actors: Sequence[ActorView], session_affinity: bool = True, *, alpha: float = 1.0,
-                 **kwargs) -> None:
-        super().__init__(actors, session_affinity, **kwargs)
-        self.alpha = alpha
-
-    def pick(self, request: RouteRequest, options: list[Option]) -> tuple[Option, str]:
-        def cost(o: Option) -> float:
-            to_compute = -(-len(request.prompt_ids) // o.model.block_size) - o.local
-            return self.alpha * to_compute + o.model.active_blocks
-
-        return _first(options, cost), "overlap"
-
-
-KV_ROUTERS: dict[str, type[KVRouter]] = {r.name: r for r in (CostAwareRouter, CacheAwareRouter, KVOverlapRouter)}

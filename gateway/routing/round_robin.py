@@ -1,0 +1,24 @@
+"""The round-robin router: each call goes to the next actor in turn, skipping those tried or unhealthy."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from forge.gateway.routing.base import ActorEndpoint, ActorView, NoActorAvailable, Router, RouteRequest, candidates
+
+
+class RoundRobinRouter(Router):
+    def __init__(self, actors: Sequence[ActorView], session_affinity: bool = True) -> None:
+        super().__init__(actors, session_affinity)
+        self._turn = itertools.count()
+
+    def choose(self, request: RouteRequest, exclude: set[str]) -> ActorEndpoint:
+        allowed = {id(a) for a in candidates(self.actors, exclude)}
+        start = next(self._turn)
+        n = len(self.actors)
+        for step in range(n):
+            actor = self.actors[(start + step) % n]
+            if id(actor) in allowed:
+                return actor.endpoint
+        raise NoActorAvailable("no actor left to try")  # pragma: no cover - candidates is never empty here
