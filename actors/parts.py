@@ -11,50 +11,38 @@ log = logging.getLogger("forge.actor")
 
 
 def model_id_of(model: str) -> str:
-    """The id ``model`` serves under (KV salts, stats); raises ValueError when it names no checkpoint."""
-    from forge.builtin import TINY_NAME, is_builtin
+    """The id ``model`` serves under (KV salts, stats); raises ModelNotFound (a ValueError) when it names no
+    model. Loads nothing."""
+    from forge.builtin import resolve_model
 
-    if is_builtin(model):
-        return TINY_NAME
-    path = Path(model)
-    if not (path / "config.json").exists():
-        raise ValueError(f"{model} is not a checkpoint directory (no config.json) nor 'tiny'")
-    return str(path.resolve())
+    return resolve_model(model).model_id
 
 
 def load_policy(model: str, device: str, dtype: str):
     """(model, id) for ``model``: a checkpoint directory, or 'tiny' (its shipped weights, else a fresh init)."""
-    import torch
+    from forge.builtin import load_model
 
-    from forge.builtin import TINY_DIR, is_builtin, tiny_model
-    from forge.model import CausalLM
-
-    torch_dtype = getattr(torch, dtype)
-    model_id = model_id_of(model)
-    if is_builtin(model):
-        if any(TINY_DIR.glob("*.safetensors")):
-            return CausalLM.from_pretrained(TINY_DIR, dtype=torch_dtype, device=device), model_id
-        log.warning("the built-in tiny model has no trained weights in this installation: using a fresh init")
-        return tiny_model(seed=0).to(device=device, dtype=torch_dtype), model_id
-    return CausalLM.from_pretrained(Path(model), dtype=torch_dtype, device=device), model_id
+    policy, ref = load_model(model, dtype=dtype, device=device)
+    return policy, ref.model_id
 
 
 def trtllm_backend(model: str, max_waiting: int):
     """(backend, id): TensorRT-LLM over a checkpoint directory (the tiny model is written out first if needed);
-    raises RuntimeError where TensorRT-LLM cannot run."""
+    raises ModelNotFound (a ValueError) for a bad reference, RuntimeError where TensorRT-LLM cannot run."""
     import tempfile
 
     from forge.actors.trtllm import TrtllmBackend
-    from forge.builtin import TINY_DIR, TINY_NAME, is_builtin, write_tiny_checkpoint
+    from forge.builtin import resolve_model, write_tiny_checkpoint
     from forge.model import ModelConfig
 
-    directory = TINY_DIR if is_builtin(model) else Path(model)
-    if is_builtin(model) and not any(TINY_DIR.glob("*.safetensors")):
+    ref = resolve_model(model)
+    directory = ref.directory
+    if ref.builtin and not ref.has_weights:
         directory = write_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="forge-tiny-")))
     config = ModelConfig.from_file(directory)
     backend = TrtllmBackend(str(directory), config.vocab_size, config.max_position_embeddings,
                             config.eos_token_ids, max_waiting=max_waiting)
-    return backend, TINY_NAME if is_builtin(model) else str(directory.resolve())
+    return backend, ref.model_id
 
 
 def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):

@@ -36,11 +36,20 @@ from forge.model.sampling import SamplingParams
 
 
 def load(model: str) -> CausalLM:
-    from forge.builtin import TINY_DIR, is_builtin, tiny_model
+    from forge.builtin import load_model
 
-    if is_builtin(model):
-        return CausalLM.from_pretrained(TINY_DIR) if any(TINY_DIR.glob("*.safetensors")) else tiny_model(0)
-    return CausalLM.from_pretrained(model)
+    return load_model(model)[0]
+
+
+def model_reference(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """--model checked up front: 'tiny' or a checkpoint directory (forge.builtin.resolve_model)."""
+    from forge.builtin import ModelNotFound, resolve_model
+
+    try:
+        resolve_model(value)
+    except ModelNotFound as exc:
+        raise click.BadParameter(str(exc)) from exc
+    return value
 
 
 def engine_seconds(model: CausalLM, batch: int, prompt_len: int, new_tokens: int, **config) -> float:
@@ -286,11 +295,10 @@ def rollout_prompts(model_name: str, count: int) -> list[list[int]]:
     """``count`` prompts of the built-in tasks (reasoning, QA and agent in turn), chat-rendered for the model."""
     import random
 
-    from forge.builtin import TINY_DIR, is_builtin
+    from forge.builtin import load_tokenizer
     from forge.tasks import DOMAINS, make_task
-    from forge.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_dir(TINY_DIR if is_builtin(model_name) else model_name)
+    tokenizer = load_tokenizer(model_name)
     rng = random.Random(0)
     tasks = [make_task(DOMAINS[i % len(DOMAINS)], rng, f"bench-{i}") for i in range(count)]
     return [tokenizer.apply_chat_template(t.messages, t.tools, add_generation_prompt=True) for t in tasks]
@@ -365,7 +373,7 @@ def rollout_section(model_name: str, device: str, threads: int, batch: int, coun
 
 
 @click.command()
-@click.option("--model", default="tiny", show_default=True)
+@click.option("--model", default="tiny", show_default=True, callback=model_reference)
 @click.option("--batches", default="1,8,32,64", show_default=True)
 @click.option("--new-tokens", default=128, show_default=True)
 @click.option("--prompt-len", default=1024, show_default=True, help="Prompt length of the prefix-reuse section.")

@@ -19,7 +19,7 @@ import time
 
 import click
 import torch
-from actor_decode import load, matmul_floor, prompt_ids
+from actor_decode import load, matmul_floor, model_reference, prompt_ids
 
 from forge.actors.backend import GenerationRequest
 from forge.actors.engine.engine import EngineConfig, TorchEngine
@@ -30,7 +30,7 @@ KERNELS = ("linear", "scaled_dot_product_attention", "index_select", "rms_norm",
 
 
 @click.command()
-@click.option("--model", default="tiny", show_default=True)
+@click.option("--model", default="tiny", show_default=True, callback=model_reference)
 @click.option("--batch", default=32, show_default=True)
 @click.option("--new-tokens", default=128, show_default=True)
 @click.option("--threads", default=1, show_default=True)

@@ -52,16 +52,27 @@ WIDE = ModelConfig(vocab_size=1024, hidden_size=1024, intermediate_size=2816, nu
 
 
 def load(name: str, device: str) -> CausalLM:
-    from forge.builtin import is_builtin, tiny_model
+    from forge.builtin import load_model
 
-    if is_builtin(name):
-        model = tiny_model(0)
-    elif name in ("medium", "wide"):
+    if name in ("medium", "wide"):
         model = CausalLM(MEDIUM if name == "medium" else WIDE)
         model.init_weights(seed=0)
     else:
-        model = CausalLM.from_pretrained(name)
+        model, _ = load_model(name)
     return model.to(device).train()
+
+
+def model_reference(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """--model checked up front: medium, wide, or what forge.builtin.resolve_model accepts."""
+    from forge.builtin import ModelNotFound, resolve_model
+
+    if value in ("medium", "wide"):
+        return value
+    try:
+        resolve_model(value)
+    except ModelNotFound as exc:
+        raise click.BadParameter(str(exc)) from exc
+    return value
 
 
 def agent_batch(rng: random.Random, group_size: int, turns: int, system_len: int, vocab: int,
@@ -311,7 +322,7 @@ def print_row(row: Row) -> None:
 
 @click.command()
 @click.option("--quick", is_flag=True, help="a small grid that runs in under a minute")
-@click.option("--model", "model_name", default="tiny", show_default=True,
+@click.option("--model", "model_name", default="tiny", show_default=True, callback=model_reference,
               help="tiny, medium, wide or a checkpoint dir")
 @click.option("--groups", default="4,8,16", show_default=True, help="rollouts per task (G)")
 @click.option("--turns", default="1,8,32", show_default=True, help="calls per session")

@@ -1,21 +1,117 @@
-"""The built-in tiny model: what ``--model tiny`` means everywhere (tokenizer, chat template, architecture)."""
+"""What ``--model tiny`` means everywhere, and how every command resolves a model reference.
+
+A model reference is ``tiny`` (or its id ``forge-tiny``), the built-in model shipped in forge/assets/tiny, or a
+checkpoint directory in the Hugging Face layout (a config.json, safetensors weights, the tokenizer files).
+``resolve_model`` is the one rule and ``ModelNotFound`` its one error; callers report that error their own way
+(a usage error in a CLI) with its message unchanged. Importing this module does not import torch, so the
+gateway can resolve references without it.
+"""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from forge.assets import TINY_DIR, TINY_NAME
-from forge.model import CausalLM, ModelConfig
 from forge.tokenizer import Tokenizer
 
-__all__ = ["TINY_DIR", "TINY_NAME", "is_builtin", "resolve_model_dir", "tiny_config", "tiny_model", "tiny_tokenizer"]
+if TYPE_CHECKING:
+    import torch
+
+    from forge.model import CausalLM, ModelConfig
+
+__all__ = [
+    "TINY_DIR",
+    "TINY_NAME",
+    "ModelNotFound",
+    "ModelRef",
+    "is_builtin",
+    "load_model",
+    "load_tokenizer",
+    "resolve_model",
+    "tiny_config",
+    "tiny_model",
+    "tiny_tokenizer",
+    "write_tiny_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+BUILTIN_NAMES = ("tiny", TINY_NAME)
 
 
-def is_builtin(name: str | Path) -> bool:
-    return str(name) in ("tiny", TINY_NAME)
+class ModelNotFound(ValueError):
+    """A model reference that is neither the built-in model nor a checkpoint directory."""
+
+    def __init__(self, reference: str | Path) -> None:
+        self.reference = reference
+        super().__init__(f"{reference} is neither 'tiny' (the built-in model) nor a checkpoint directory "
+                         f"(no config.json in it)")
+
+    def __reduce__(self) -> tuple[type[ModelNotFound], tuple[str | Path]]:
+        return type(self), (self.reference,)        # the default would rebuild it from the message
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A resolved model reference."""
+
+    reference: str | Path       # as given
+    directory: Path             # absolute; TINY_DIR for the built-in model
+    model_id: str               # what the model serves under (KV salts, stats): TINY_NAME or the absolute directory
+    builtin: bool
+
+    @property
+    def has_weights(self) -> bool:
+        return any(self.directory.glob("*.safetensors"))
+
+
+def is_builtin(reference: str | Path) -> bool:
+    return str(reference) in BUILTIN_NAMES
+
+
+def resolve_model(reference: str | Path | ModelRef) -> ModelRef:
+    """The model ``reference`` names: ``tiny``/``forge-tiny`` or a checkpoint directory (one with a config.json);
+    raises ModelNotFound otherwise. A ModelRef is returned as it is. Nothing is loaded."""
+    if isinstance(reference, ModelRef):
+        return reference
+    if is_builtin(reference):
+        return ModelRef(reference, TINY_DIR, TINY_NAME, builtin=True)
+    directory = Path(reference)
+    if not (directory / "config.json").is_file():
+        raise ModelNotFound(reference)
+    directory = directory.resolve()
+    return ModelRef(reference, directory, str(directory), builtin=False)
+
+
+def load_model(reference: str | Path | ModelRef, *, dtype: torch.dtype | str = "float32", device: str = "cpu",
+               seed: int = 0) -> tuple[CausalLM, ModelRef]:
+    """The model ``reference`` names with its weights, on ``device`` in ``dtype`` (a torch dtype or its name).
+    The built-in model without shipped weights is a fresh init from ``seed`` (with a warning). Raises
+    ModelNotFound for a bad reference, ValueError (CheckpointError, ModelConfigError) for a bad checkpoint."""
+    import torch
+
+    from forge.model import CausalLM
+
+    ref = resolve_model(reference)
+    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if ref.builtin and not ref.has_weights:
+        log.warning("the built-in tiny model has no trained weights in this installation: using a fresh init")
+        return tiny_model(seed).to(device=device, dtype=torch_dtype), ref
+    return CausalLM.from_pretrained(ref.directory, dtype=torch_dtype, device=device), ref
+
+
+def load_tokenizer(reference: str | Path | ModelRef) -> Tokenizer:
+    """The tokenizer (and chat template) of the model ``reference`` names; raises ModelNotFound for a bad
+    reference, TokenizerError (a ValueError) for a checkpoint without a usable tokenizer.json."""
+    return Tokenizer.from_dir(resolve_model(reference).directory)
 
 
 def tiny_config() -> ModelConfig:
+    from forge.model import ModelConfig
+
     return ModelConfig.from_file(TINY_DIR)
 
 
@@ -25,6 +121,8 @@ def tiny_tokenizer() -> Tokenizer:
 
 def tiny_model(seed: int = 0) -> CausalLM:
     """The tiny architecture, freshly initialised (deterministic for a seed)."""
+    from forge.model import CausalLM
+
     model = CausalLM(tiny_config())
     model.init_weights(seed=seed)
     return model
@@ -37,11 +135,3 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = 0) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         (directory / name).write_bytes((TINY_DIR / name).read_bytes())
     return directory
-
-
-def resolve_model_dir(name: str | Path) -> Path:
-    """A checkpoint directory for a model argument: a path, or ``tiny`` for the built-in model's directory."""
-    path = TINY_DIR if is_builtin(name) else Path(name)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"{path} is not a model directory (no config.json)")
-    return path

@@ -1,14 +1,14 @@
 """What the gateway needs of the served model: its tokenizer and chat template, its context length and the byte
-content of each token (for OpenAI logprobs). Loaded from a checkpoint directory (or 'tiny') without torch."""
+content of each token (for OpenAI logprobs). Loaded from a model reference (a checkpoint directory or 'tiny', see
+forge.builtin.resolve_model) without torch."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
-from forge.assets import TINY_DIR, TINY_NAME
+from forge.builtin import resolve_model
 from forge.tokenizer import Tokenizer
 
 
@@ -34,17 +34,18 @@ class ModelInfo:
 
     @classmethod
     def load(cls, model: str) -> ModelInfo:
-        builtin = model in ("tiny", TINY_NAME)
-        path = TINY_DIR if builtin else Path(model)
+        """Raises ModelNotFound (a ValueError) for a bad reference, FileNotFoundError for a checkpoint without a
+        tokenizer.json, ValueError for one without a context length."""
+        ref = resolve_model(model)
+        path = ref.directory
         if not (path / "tokenizer.json").exists():
-            raise FileNotFoundError(f"{model} is not a model directory with a tokenizer.json, nor 'tiny'")
+            raise FileNotFoundError(f"{model}: no tokenizer.json in {path} (the gateway needs the model's tokenizer)")
         tokenizer = Tokenizer.from_dir(path)
-        config_path = path / "config.json"
-        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        config = json.loads((path / "config.json").read_text())
         context = config.get("max_position_embeddings") or tokenizer.config.get("model_max_length")
         if not isinstance(context, int) or context <= 1:
             raise ValueError(f"{path}: no context length (max_position_embeddings in config.json)")
-        return cls(tokenizer, context, TINY_NAME if builtin else str(path.resolve()))
+        return cls(tokenizer, context, ref.model_id)
 
     @property
     def vocab_size(self) -> int:

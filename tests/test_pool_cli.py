@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from forge.assets import TINY_DIR
+from forge.builtin import ModelNotFound
 from forge.pool import Pool
 from forge.pool.cli import pool_group
 from forge.tokenizer import Tokenizer
@@ -83,6 +84,11 @@ def test_errors_are_clear(pool, tmp_path):
     result = run("stats", str(tmp_path / "empty"))
     assert result.exit_code == 1 and "not a pool" in result.output
     result = run("show", str(pool.path), "g0", "--model", str(tmp_path / "empty"))
+    assert result.exit_code == 2 and str(ModelNotFound(tmp_path / "empty")) in result.output
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text("{}")
+    result = run("show", str(pool.path), "g0", "--model", str(config_only))
     assert result.exit_code == 1 and "tokenizer" in result.output
 
 

@@ -4,12 +4,41 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from forge.cli.common import CONTEXT_SETTINGS, config_option
 
+if TYPE_CHECKING:
+    from forge.builtin import ModelRef
+    from forge.model import CausalLM
+    from forge.tokenizer import Tokenizer
+
 MODEL_HELP = "Checkpoint directory (HF layout: config.json + safetensors), or 'tiny' for the built-in model."
+
+
+def _resolve(model: str) -> ModelRef:
+    """MODEL resolved; a bad reference is a usage error with the resolver's message."""
+    from forge.builtin import ModelNotFound, resolve_model
+
+    try:
+        return resolve_model(model)
+    except ModelNotFound as exc:
+        raise click.BadParameter(str(exc), param_hint="MODEL") from exc
+
+
+def _load(model: str) -> tuple[CausalLM, Tokenizer, ModelRef]:
+    """MODEL's tokenizer and weights (CPU, float32); a checkpoint that cannot be loaded is an error (exit 1)."""
+    from forge.builtin import load_model, load_tokenizer
+
+    ref = _resolve(model)
+    try:
+        tokenizer = load_tokenizer(ref)
+        net, _ = load_model(ref)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return net, tokenizer, ref
 
 
 @click.group("model", context_settings=CONTEXT_SETTINGS)
@@ -25,20 +54,20 @@ def info(model: str, as_json: bool) -> None:
     """Show the architecture of MODEL (a checkpoint directory or 'tiny') and its parameter count."""
     import torch
 
-    from forge.builtin import resolve_model_dir
     from forge.model import CausalLM, ModelConfig
 
+    ref = _resolve(model)
+    directory = ref.directory
     try:
-        directory = resolve_model_dir(model)
         config = ModelConfig.from_file(directory)
-    except (FileNotFoundError, ValueError) as exc:
+    except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     with torch.device("meta"):
         net = CausalLM(config)
     mtp = sum(p.numel() for p in net.mtp.parameters())
     total = sum(p.numel() for p in net.parameters())
     report = {"path": str(directory), "parameters": total, "mtp_parameters": mtp,
-              "has_weights": any(directory.glob("*.safetensors")), **config.to_hf_dict()}
+              "has_weights": ref.has_weights, **config.to_hf_dict()}
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True))
         return
@@ -76,16 +105,10 @@ def init(out: Path, seed: int) -> None:
 def generate_command(model: str, prompt: str, system: str | None, max_tokens: int, temperature: float, top_p: float,
                      top_k: int, seed: int | None) -> None:
     """Chat once with MODEL using the plain reference decoder (no server), printing the reply and its tokens."""
-    from forge.model import CausalLM
     from forge.model.generate import generate
     from forge.model.sampling import SamplingParams
-    from forge.tokenizer import Tokenizer
 
-    try:
-        net = CausalLM.from_pretrained(model)
-        tokenizer = Tokenizer.from_dir(model)
-    except (FileNotFoundError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    net, tokenizer, _ = _load(model)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
@@ -112,23 +135,16 @@ def eval_command(model: str, domains: str, size: int, max_tokens: int, temperatu
     import asyncio
 
     from forge.actors.engine.engine import EngineConfig, TorchEngine, reserve_cpu_threads
-    from forge.actors.parts import load_policy
-    from forge.builtin import TINY_DIR, is_builtin
     from forge.rollout.evaluate import evaluate_with
     from forge.rollout.llm import EngineChat
     from forge.tasks import DOMAINS
-    from forge.tokenizer import Tokenizer
 
     chosen = tuple(d.strip() for d in domains.split(",") if d.strip())
     if set(chosen) - set(DOMAINS):
         raise click.BadParameter(f"domains must be among {', '.join(DOMAINS)}", param_hint="--domains")
     threads = reserve_cpu_threads()
-    try:
-        policy, model_id = load_policy(model, "cpu", "float32")
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="MODEL") from exc
-    tokenizer = Tokenizer.from_dir(TINY_DIR if is_builtin(model) else model)
-    engine = TorchEngine(policy, EngineConfig(kv_cache_bytes=64 * 2**20, model_id=model_id, threads=threads))
+    policy, tokenizer, ref = _load(model)
+    engine = TorchEngine(policy, EngineConfig(kv_cache_bytes=64 * 2**20, model_id=ref.model_id, threads=threads))
     try:
         scores = asyncio.run(evaluate_with(EngineChat(engine, tokenizer), chosen, size, max_tokens,
                                            temperature=temperature, samples=samples))

@@ -109,14 +109,14 @@ def entries_command(path: Path, window: int | None, start: int | None, limit: in
 
 
 def _tokenizer(model: str) -> Any:
-    from forge.assets import TINY_DIR, TINY_NAME
-    from forge.tokenizer import Tokenizer
+    from forge.builtin import ModelNotFound, load_tokenizer
 
-    directory = TINY_DIR if model in ("tiny", TINY_NAME) else Path(model)
     try:
-        return Tokenizer.from_dir(directory)
+        return load_tokenizer(model)
+    except ModelNotFound as exc:
+        raise click.BadParameter(str(exc), param_hint="--model") from exc
     except (OSError, ValueError) as exc:
-        raise click.ClickException(f"cannot load a tokenizer from {directory}: {exc}") from exc
+        raise click.ClickException(f"cannot load the tokenizer of {model}: {exc}") from exc
 
 
 def _shared_prefix(a: list[int], b: list[int]) -> int:
