@@ -43,7 +43,7 @@ def actor(config: ActorConfig) -> None:
     if backend == "trtllm":
         try:
             engine, model_id = trtllm_backend(model, config.engine.max_waiting)
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:
             raise click.ClickException(str(exc)) from exc
     else:
         from forge.actors.engine.engine import TorchEngine

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge.actors.engine.engine import EngineConfig
+from forge.builtin import resolve_model
 from forge.cache.client import FETCH_POLICIES, parse_addresses
 from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
 
@@ -15,7 +16,7 @@ BACKENDS = ("torch", "trtllm")
 
 @dataclass(frozen=True, kw_only=True)
 class ActorConfig(Settings):
-    model: str = setting("tiny", help="Checkpoint directory in the Hugging Face layout, or 'tiny' for the built-in "
+    model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory in the Hugging Face layout, or 'tiny' for the built-in "
                                       "model.")
     backend: str = setting("torch", choices=BACKENDS,
                            help="Inference backend: the embedded torch engine, or TensorRT-LLM (GPU, optional extra; "

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from forge.builtin import resolve_model
 from forge.cli.common import setup_logging
 from forge.cli.options import RUN_FILE, read_run_file, settings_command
 from forge.launch import ServiceProcess
@@ -62,7 +63,7 @@ class UpConfig(Settings):
     blackbox_every: int = setting(6, min=0, help="Every n-th single-turn group is played by the black-box "
                                                  "OpenAI-client agent (0 = never).")
     domains: tuple[str, ...] = setting(DOMAINS, separator=",", choices=DOMAINS, help="Task domains to train on.")
-    model: str = setting("tiny", help="'tiny' or a checkpoint directory.")
+    model: str = setting("tiny", validate=resolve_model, help="'tiny' or a checkpoint directory.")
     seed: int = setting(0, help="Seed of the learner, the actors and the rollouts.")
     cache: bool = setting(True, help="Start forge-cache (the global L3 KV cache) and connect the actors to it.")
     cache_mb: int = setting(512, min=16, help="forge-cache's capacity.")
@@ -196,10 +197,9 @@ def summary_table(config: UpConfig, live: RunState, driver) -> Table:
 
 
 async def run(config: UpConfig, console: Console, run_file: Path | None = None) -> dict[str, Any]:
-    from forge.builtin import tiny_tokenizer
+    from forge.builtin import load_tokenizer
     from forge.pool import PoolReader
     from forge.rollout.driver import DriverConfig, RolloutDriver
-    from forge.tokenizer import Tokenizer
 
     if (config.run_dir / "learner").is_dir():
         console.print(f"continuing the run in {config.run_dir}: the learner resumes from its latest checkpoint")
@@ -214,7 +214,7 @@ async def run(config: UpConfig, console: Console, run_file: Path | None = None) 
     try:
         with console.status("starting learner, actors and gateway …"):
             system.start()
-        tokenizer = tiny_tokenizer() if config.model == "tiny" else Tokenizer.from_dir(config.model)
+        tokenizer = load_tokenizer(config.model)
         actor = system.get("actor-0").info["address"]
         with console.status(f"held-out evaluation at the start ({config.eval_size} tasks per domain) …"):
             live.eval_start, live.eval_greedy_start = await evaluate_both(config, actor, tokenizer)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from forge.builtin import resolve_model
 from forge.gateway.routing import DEFAULT_ROUTER, router_class
 from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
 
@@ -13,7 +14,7 @@ LOOPBACK = "127.0.0.1"
 
 @dataclass(frozen=True, kw_only=True)
 class GatewayConfig(Settings):
-    model: str = setting("tiny", help="Checkpoint directory (tokenizer, chat template, context length), or 'tiny'.")
+    model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory (tokenizer, chat template, context length), or 'tiny'.")
     model_name: str = setting("forge-tiny", help="The model name served at /v1/models and echoed in responses.")
     actors: tuple[str, ...] = setting((), flag="actor", metavar="HOST:PORT",
                                       help="An actor to route calls to (repeatable; at least one).")

@@ -43,20 +43,11 @@ def _open_pool(config: LearnerConfig):
 
 
 def _initial_model(model: str, resume_dir: Path | None, seed: int):
-    from forge.builtin import TINY_DIR, is_builtin, tiny_model
-    from forge.model import CausalLM
+    """(policy, directory its tokenizer comes from): the checkpoint resumed from, else the initial policy."""
+    from forge.builtin import load_model
 
-    if resume_dir is not None:
-        return CausalLM.from_pretrained(resume_dir), resume_dir
-    if is_builtin(model):
-        if any(TINY_DIR.glob("*.safetensors")):
-            return CausalLM.from_pretrained(TINY_DIR), TINY_DIR
-        log.warning("the built-in tiny model has no trained weights in this installation: starting from a fresh init")
-        return tiny_model(seed), TINY_DIR
-    path = Path(model)
-    if not (path / "config.json").exists():
-        raise click.BadParameter(f"{model} is not a checkpoint directory nor 'tiny'", param_hint="--model")
-    return CausalLM.from_pretrained(path), path
+    policy, ref = load_model(resume_dir if resume_dir is not None else model, seed=seed)
+    return policy, ref.directory
 
 
 @settings_command("learner", LearnerConfig)

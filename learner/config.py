@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge.builtin import resolve_model
 from forge.learner.losses import LossConfig
 from forge.learner.rewards import RewardConfig
 from forge.learner.trainer import TrainerConfig
@@ -15,7 +16,7 @@ from forge.settings import Settings, SettingsError, log_level_setting, ready_fil
 
 @dataclass(frozen=True, kw_only=True)
 class LearnerConfig(Settings):
-    model: str = setting("tiny", help="Initial policy: a checkpoint directory (HF layout) or 'tiny'. Ignored when "
+    model: str = setting("tiny", validate=resolve_model, help="Initial policy: a checkpoint directory (HF layout) or 'tiny'. Ignored when "
                                       "resuming.")
     pool_path: Path | None = setting(None, flag="pool", path="dir",
                                      help="Local pool directory (LMDB), opened in this process.")
