@@ -1,6 +1,7 @@
 """The gRPC front end (forge.v1.Gateway) for white-box agents: sessions, streaming Chat, token-level Generate,
-process rewards and Stats. Handlers are coroutines on the gateway's event loop (a ``grpc.aio`` server on that
-loop), beside the HTTP front end and the actor streams: an open call holds no thread.
+process rewards and Stats, each translated to a call of the gateway and its result back. Handlers are coroutines on
+the gateway's event loop (a ``grpc.aio`` server on that loop), beside the HTTP front end and the actor streams: an
+open call holds no thread.
 
 With API keys configured, a per-session key is accepted for Chat, Generate, AddReward and EndSession of its own
 session only; everything else needs a global key."""
@@ -17,7 +18,7 @@ import grpc
 from forge.gateway.calls import ChatResult
 from forge.gateway.errors import BadRequest, Forbidden, GatewayError
 from forge.gateway.keys import KeyRing
-from forge.gateway.messages import chat_call_from_proto, check_sampling
+from forge.gateway.messages import chat_call_from_proto
 from forge.gateway.service import Gateway
 from forge.rpc.auth import AioApiKeyInterceptor, key_from_metadata
 from forge.rpc.server import HEALTH_SERVICE
@@ -133,18 +134,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def Chat(self, request, context):
         session_id = self._session_id(request.session_id, context)
         call = chat_call_from_proto(request, self.gateway.model.vocab_size)
-        runner = self.gateway.runner
-        text = runner.render(call)
-        state = await self.gateway.sessions.resolve(session_id)
-        async for event in runner.chat(state, call, text):
+        stream = await self.gateway.chat(call, session_id)
+        async for event in stream.events:
             yield chat_chunk(event)
 
     @_streaming
     async def Generate(self, request, context):
         session_id = self._session_id(request.session_id, context)
-        sampling = check_sampling(request.sampling, self.gateway.model.vocab_size)
-        state = await self.gateway.sessions.resolve(session_id)
-        async for chunk, index in self.gateway.runner.generate(state, request.prompt_ids, sampling):
+        stream = await self.gateway.generate(session_id, request.prompt_ids, request.sampling)
+        async for chunk, index in stream.events:
             if index is not None:
                 context.set_trailing_metadata(((CALL_INDEX_KEY, str(index)),))
             yield chunk

@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,34 +215,34 @@ class HttpFrontEnd:
         await self.gateway.add_reward(session_id, index, reward)
         return web.json_response({"session_id": session_id, "call_index": index, "reward": reward})
 
-    async def _session_for_call(self, request: web.Request):
-        auth: Auth = request["auth"]
-        in_url = request.match_info.get("sid")
-        if in_url and auth.session_id and in_url != auth.session_id:
-            raise Forbidden("this API key belongs to another session")
-        if not auth.is_global and not in_url:
-            return await self.gateway.sessions.resolve(auth.session_id)
-        session_id = in_url or auth.session_id or request.headers.get(SESSION_HEADER) or uuid.uuid4().hex
-        implicit = pool_pb2.OpenSessionRequest(**{name: request.headers[h] for h, name in HEADER_FIELDS.items()
-                                                  if h in request.headers})
+    @staticmethod
+    def _open_as(request: web.Request) -> pool_pb2.OpenSessionRequest | None:
+        """The fields of the session a call may open if it is unknown (X-Forge-* headers); None when a per-session
+        key confines the call and the path names no session: the key's session must exist."""
+        if "sid" not in request.match_info and not request["auth"].is_global:
+            return None
+        opening = pool_pb2.OpenSessionRequest(**{name: request.headers[h] for h, name in HEADER_FIELDS.items()
+                                                 if h in request.headers})
         size = request.headers.get("X-Forge-Group-Size", "")
         if size:
             if not size.isdigit():
                 raise BadRequest("X-Forge-Group-Size must be a non-negative integer")
-            implicit.group_size = int(size)
-        return await self.gateway.sessions.resolve(session_id, implicit)
+            opening.group_size = int(size)
+        return opening
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        runner = self.gateway.runner
         call, options = parse_chat_request(await self._json(request), self.gateway.model.vocab_size)
-        text = runner.render(call)
-        state = await self._session_for_call(request)
-        events = runner.chat(state, call, text, stream=options.stream)
-        headers = {"X-Forge-Session-Id": state.session_id}
+        auth: Auth = request["auth"]
+        in_url = request.match_info.get("sid")
+        if in_url and auth.session_id and in_url != auth.session_id:
+            raise Forbidden("this API key belongs to another session")
+        session_id = in_url or auth.session_id or request.headers.get(SESSION_HEADER)
+        chat = await self.gateway.chat(call, session_id, self._open_as(request), stream=options.stream)
+        headers = {SESSION_HEADER: chat.session_id}
         if options.stream:
-            return await self._stream(request, events, options, headers)
+            return await self._stream(request, chat.events, options, headers)
         result: ChatResult | None = None
-        async with contextlib.aclosing(events):
+        async with contextlib.aclosing(chat.events) as events:
             async for event in events:
                 if isinstance(event, ChatResult):
                     result = event
@@ -279,14 +278,14 @@ class HttpFrontEnd:
             if response is None:
                 raise
             self.gateway.metrics.count("errors" if exc.status >= 500 else "client_errors")
-            log.warning("streamed call of session %s failed after %.2f s: %s", headers["X-Forge-Session-Id"],
+            log.warning("streamed call of session %s failed after %.2f s: %s", headers[SESSION_HEADER],
                         time.monotonic() - started, exc.message)
             with contextlib.suppress(*DISCONNECTED):
                 await send(exc.to_json())
             return response
         except DISCONNECTED:
             self.gateway.metrics.count("client_disconnects")
-            log.debug("client of session %s went away mid-stream", headers["X-Forge-Session-Id"])
+            log.debug("client of session %s went away mid-stream", headers[SESSION_HEADER])
             return response
         with contextlib.suppress(*DISCONNECTED):
             await response.write_eof()
