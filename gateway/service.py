@@ -1,6 +1,6 @@
 """The gateway as one object that both front ends (gRPC and OpenAI HTTP) call: chat and generate, sessions, rewards,
 figures, and the background work (session expiry, actor health). A front end only translates its wire format to
-these calls and their results back. Lives on the gateway's event loop."""
+these calls and their results back; who may make a call is ``auth.py``'s. Lives on the gateway's event loop."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 from forge.gateway.actors import ActorSet
+from forge.gateway.auth import KeyPolicy
 from forge.gateway.calls import CallRunner, ChatDelta, ChatResult
 from forge.gateway.config import GatewayConfig
 from forge.gateway.errors import BadRequest, GatewayError
@@ -53,6 +54,7 @@ class Gateway:
         self.model = model
         self.metrics = Metrics()
         self.keys = KeyRing(config.api_keys, config.session_key_secret)
+        self.policy = KeyPolicy(self.keys)
         self.pool = AsyncPool(pool)
         self.actors = ActorSet(config.actors, config.router, config.session_affinity, config.actor_api_key,
                                config.health_interval_s)
