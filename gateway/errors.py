@@ -43,6 +43,13 @@ class Forbidden(GatewayError):
     status, error_type, grpc_code = 403, "permission_error", grpc.StatusCode.PERMISSION_DENIED
 
 
+class GlobalKeyRequired(Forbidden):
+    """A per-session key used for what needs a global key. gRPC refuses it before the call, as a key not valid
+    for the method, so its status there is UNAUTHENTICATED."""
+
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+
+
 class NotFound(GatewayError):
     status, error_type, grpc_code = 404, "not_found_error", grpc.StatusCode.NOT_FOUND
 

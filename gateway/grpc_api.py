@@ -1,9 +1,10 @@
 """The gRPC front end (forge.v1.Gateway) for white-box agents: sessions, streaming Chat, token-level Generate,
-process rewards and Stats. Handlers are coroutines on the gateway's event loop (a ``grpc.aio`` server on that
-loop), beside the HTTP front end and the actor streams: an open call holds no thread.
+process rewards and Stats, each translated to a call of the gateway and its result back. Handlers are coroutines on
+the gateway's event loop (a ``grpc.aio`` server on that loop), beside the HTTP front end and the actor streams: an
+open call holds no thread.
 
-With API keys configured, a per-session key is accepted for Chat, Generate, AddReward and EndSession of its own
-session only; everything else needs a global key."""
+API keys follow ``auth.py``: with keys configured, the interceptor refuses a call whose key the policy does not
+admit for its method, before the call is read; the handlers ask it about the session a call names."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from typing import Any
 
 import grpc
 
+from forge.gateway.auth import KeyPolicy, Operation
 from forge.gateway.calls import ChatResult
-from forge.gateway.errors import BadRequest, Forbidden, GatewayError
-from forge.gateway.keys import KeyRing
-from forge.gateway.messages import chat_call_from_proto, check_sampling
+from forge.gateway.errors import GatewayError
+from forge.gateway.messages import chat_call_from_proto
 from forge.gateway.service import Gateway
 from forge.rpc.auth import AioApiKeyInterceptor, key_from_metadata
 from forge.rpc.server import HEALTH_SERVICE
@@ -26,15 +27,24 @@ from forge.v1 import gateway_pb2, gateway_pb2_grpc, pool_pb2
 log = logging.getLogger(__name__)
 
 SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
-SESSION_METHODS = frozenset(f"/{SERVICE}/{m}" for m in ("Chat", "Generate", "AddReward", "EndSession"))
+OPERATIONS = {f"/{SERVICE}/{name}": operation for name, operation in (
+    ("StartSession", Operation.START_SESSION), ("EndSession", Operation.END_SESSION),
+    ("AddReward", Operation.ADD_REWARD), ("Chat", Operation.CHAT), ("Generate", Operation.GENERATE),
+    ("Stats", Operation.STATS))}
 CALL_INDEX_KEY = "forge-call-index"
 
 
-def key_interceptor(keys: KeyRing) -> AioApiKeyInterceptor:
-    def session_key(key: str, method: str) -> bool:
-        return method in SESSION_METHODS and keys.session_of(key) is not None
+def key_interceptor(policy: KeyPolicy) -> AioApiKeyInterceptor:
+    """Admits a call by the policy's decision for its method (reflection: any method not of the Gateway)."""
 
-    return AioApiKeyInterceptor(keys.global_keys, exempt=(HEALTH_SERVICE,), extra_check=session_key)
+    def admitted(key: str, method: str) -> bool:
+        try:
+            policy.check(key, OPERATIONS.get(method, Operation.REFLECTION))
+        except GatewayError:
+            return False
+        return True
+
+    return AioApiKeyInterceptor((), exempt=(HEALTH_SERVICE,), extra_check=admitted)
 
 
 async def _abort(context: grpc.aio.ServicerContext, gateway: Gateway, error: Exception, method: str) -> None:
@@ -91,18 +101,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
 
-    def _session_id(self, requested: str, context: grpc.aio.ServicerContext) -> str:
-        """The session a call is for: the requested one, checked against a per-session key if that is what
-        admitted the call; or the key's own session."""
-        keys = self.gateway.keys
+    def _session_id(self, context: grpc.aio.ServicerContext, operation: Operation, requested: str) -> str:
+        """The session a call acts on: the requested one, or its per-session key's ("" when neither)."""
         key = key_from_metadata(context.invocation_metadata())
-        owner = keys.session_of(key)
-        if keys.required and not keys.is_global(key) and requested and requested != owner:
-            raise Forbidden("this API key belongs to another session")
-        session_id = requested or owner
-        if not session_id:
-            raise BadRequest("session_id is required (StartSession gives one)", "session_id")
-        return session_id
+        return self.gateway.policy.check(key, operation, requested) or ""
 
     @_unary
     async def StartSession(self, request, context):
@@ -114,14 +116,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     @_unary
     async def EndSession(self, request, context):
-        close = pool_pb2.CloseSessionRequest(session_id=self._session_id(request.session_id, context),
-                                             failed=request.failed, failure_reason=request.failure_reason,
+        session_id = self._session_id(context, Operation.END_SESSION, request.session_id)
+        close = pool_pb2.CloseSessionRequest(session_id=session_id, failed=request.failed,
+                                             failure_reason=request.failure_reason,
                                              outcome_rewards=request.outcome_rewards, metrics=request.metrics)
         return await self.gateway.end_session(close)
 
     @_unary
     async def AddReward(self, request, context):
-        session_id = self._session_id(request.session_id, context)
+        session_id = self._session_id(context, Operation.ADD_REWARD, request.session_id)
         await self.gateway.add_reward(session_id, request.call_index, request.reward)
         return gateway_pb2.AddRewardResponse()
 
@@ -131,20 +134,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     @_streaming
     async def Chat(self, request, context):
-        session_id = self._session_id(request.session_id, context)
+        session_id = self._session_id(context, Operation.CHAT, request.session_id)
         call = chat_call_from_proto(request, self.gateway.model.vocab_size)
-        runner = self.gateway.runner
-        text = runner.render(call)
-        state = await self.gateway.sessions.resolve(session_id)
-        async for event in runner.chat(state, call, text):
+        stream = await self.gateway.chat(call, session_id)
+        async for event in stream.events:
             yield chat_chunk(event)
 
     @_streaming
     async def Generate(self, request, context):
-        session_id = self._session_id(request.session_id, context)
-        sampling = check_sampling(request.sampling, self.gateway.model.vocab_size)
-        state = await self.gateway.sessions.resolve(session_id)
-        async for chunk, index in self.gateway.runner.generate(state, request.prompt_ids, sampling):
+        session_id = self._session_id(context, Operation.GENERATE, request.session_id)
+        stream = await self.gateway.generate(session_id, request.prompt_ids, request.sampling)
+        async for chunk, index in stream.events:
             if index is not None:
                 context.set_trailing_metadata(((CALL_INDEX_KEY, str(index)),))
             yield chunk

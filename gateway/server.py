@@ -58,7 +58,7 @@ class GatewayServer:
         try:
             self.loop.run(self.gateway.start())
             self.gateway.http_url = self.loop.run(self.http.start(config.host, config.http_port))
-            interceptors = [key_interceptor(self.gateway.keys)] if self.gateway.keys.required else []
+            interceptors = [key_interceptor(self.gateway.policy)] if self.gateway.keys.required else []
             binding = ServiceBinding.of(gateway_pb2_grpc.add_GatewayServicer_to_server,
                                         GatewayServicer(self.gateway), gateway_pb2, "Gateway")
             options = ServerOptions(host=config.host, port=config.grpc_port, grace_s=config.shutdown_grace_s)

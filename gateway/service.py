@@ -1,5 +1,6 @@
-"""The gateway as one object that both front ends (gRPC and OpenAI HTTP) use: sessions, calls, rewards, figures,
-and the background work (session expiry, actor health). Lives on the gateway's event loop."""
+"""The gateway as one object that both front ends (gRPC and OpenAI HTTP) call: chat and generate, sessions, rewards,
+figures, and the background work (session expiry, actor health). A front end only translates its wire format to
+these calls and their results back; who may make a call is ``auth.py``'s. Lives on the gateway's event loop."""
 
 from __future__ import annotations
 
@@ -7,23 +8,44 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 from forge.gateway.actors import ActorSet
-from forge.gateway.calls import CallRunner
+from forge.gateway.auth import KeyPolicy
+from forge.gateway.calls import CallRunner, ChatDelta, ChatResult
 from forge.gateway.config import GatewayConfig
 from forge.gateway.errors import BadRequest, GatewayError
 from forge.gateway.keys import KeyRing
+from forge.gateway.messages import ChatCall, check_sampling
 from forge.gateway.metrics import Metrics
 from forge.gateway.modelinfo import ModelInfo
 from forge.gateway.parsing import CompletionParser
 from forge.gateway.poolio import AsyncPool
 from forge.gateway.sessions import SessionRegistry
 from forge.telemetry import stats_report
-from forge.v1 import common_pb2, pool_pb2
+from forge.v1 import actor_pb2, common_pb2, pool_pb2
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CallStream(Generic[T]):
+    """A call under way: its session (known before the first event) and its events."""
+
+    session_id: str
+    events: AsyncIterator[T]
+
+
+def _required(session_id: str | None) -> str:
+    if not session_id:
+        raise BadRequest("session_id is required (StartSession gives one)", "session_id")
+    return session_id
 
 
 class Gateway:
@@ -32,6 +54,7 @@ class Gateway:
         self.model = model
         self.metrics = Metrics()
         self.keys = KeyRing(config.api_keys, config.session_key_secret)
+        self.policy = KeyPolicy(self.keys)
         self.pool = AsyncPool(pool)
         self.actors = ActorSet(config.actors, config.router, config.session_affinity, config.actor_api_key,
                                config.health_interval_s)
@@ -70,22 +93,40 @@ class Gateway:
             return f"{self.http_url}/v1"
         return f"{self.http_url}/s/{quote(session_id, safe='')}/v1"
 
+    async def chat(self, call: ChatCall, session_id: str | None, open_as: pool_pb2.OpenSessionRequest | None = None,
+                   stream: bool = True) -> CallStream[ChatDelta | ChatResult]:
+        """Render ``call`` with the chat template and run it in session ``session_id``: deltas (with ``stream``),
+        then the result once the call is recorded. With ``open_as``, an unknown session is opened with its fields
+        at the call's first record, and no ``session_id`` means a new one-call session; without, it must exist."""
+        if open_as is None:
+            _required(session_id)
+        text = self.runner.render(call)
+        state = await self.sessions.resolve(session_id or uuid.uuid4().hex, open_as)
+        return CallStream(state.session_id, self.runner.chat(state, call, text, stream))
+
+    async def generate(self, session_id: str | None, prompt_ids: Sequence[int], sampling: common_pb2.SamplingParams
+                       ) -> CallStream[tuple[actor_pb2.GenerateChunk, int | None]]:
+        """Token-level generation in an existing session, recorded as a call: the actor's chunks, the last with
+        the call's index."""
+        session = _required(session_id)
+        checked = check_sampling(sampling, self.model.vocab_size)
+        state = await self.sessions.resolve(session)
+        return CallStream(state.session_id, self.runner.generate(state, prompt_ids, checked))
+
     async def start_session(self, request: pool_pb2.OpenSessionRequest, issue_key: bool
                             ) -> tuple[pool_pb2.SessionRecord, str | None, str]:
         record, key = await self.sessions.start(request, issue_key)
         return record, key, self.base_url(record.session_id)
 
     async def end_session(self, request: pool_pb2.CloseSessionRequest) -> pool_pb2.SessionRecord:
-        if not request.session_id:
-            raise BadRequest("session_id is empty", "session_id")
+        _required(request.session_id)
         for name, values in (("outcome_rewards", request.outcome_rewards), ("metrics", request.metrics)):
             if not all(math.isfinite(v) for v in values.values()):
                 raise BadRequest(f"{name} must be finite numbers", name)
         return await self.sessions.end(request)
 
     async def add_reward(self, session_id: str, call_index: int, reward: float) -> None:
-        if not session_id:
-            raise BadRequest("session_id is empty", "session_id")
+        _required(session_id)
         if not math.isfinite(reward):
             raise BadRequest("reward must be a finite number", "reward")
         await self.pool.add_process_reward(session_id, call_index, reward)

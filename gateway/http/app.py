@@ -11,22 +11,14 @@ import contextlib
 import json
 import logging
 import time
-import uuid
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from forge.gateway.auth import Operation
 from forge.gateway.calls import ChatResult
-from forge.gateway.errors import (
-    BadRequest,
-    Forbidden,
-    GatewayError,
-    MethodNotAllowed,
-    NotFound,
-    TooLarge,
-    Unauthorized,
-)
+from forge.gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, TooLarge
 from forge.gateway.http.openai import ChunkWriter, completion_json, parse_chat_request
 from forge.gateway.http.sessions_json import (
     close_request,
@@ -43,12 +35,7 @@ log = logging.getLogger(__name__)
 SESSION_HEADER = "X-Forge-Session-Id"
 HEADER_FIELDS = {"X-Forge-Task-Id": "task_id", "X-Forge-Domain": "domain", "X-Forge-Group-Id": "group_id"}
 DISCONNECTED = (ConnectionError,)          # ConnectionResetError included: the client went away
-
-
-@dataclass(frozen=True)
-class Auth:
-    is_global: bool                 # a global key (or no keys configured)
-    session_id: str | None          # the session a per-session key names
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def request_key(request: web.Request) -> str | None:
@@ -74,13 +61,13 @@ class HttpFrontEnd:
         app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._middleware])
         app.router.add_get("/health", self.health)
         for prefix in ("", "/s/{sid}"):
-            app.router.add_get(prefix + "/v1/models", self.models)
-            app.router.add_post(prefix + "/v1/chat/completions", self.chat_completions)
-        app.router.add_post("/v1/sessions", self.start_session)
-        app.router.add_get("/v1/sessions/{sid}", self.get_session)
-        app.router.add_post("/v1/sessions/{sid}/end", self.end_session)
-        app.router.add_post("/v1/sessions/{sid}/rewards", self.add_reward)
-        app.router.add_get("/v1/stats", self.stats)
+            app.router.add_get(prefix + "/v1/models", self._allowed(Operation.MODELS, self.models))
+            app.router.add_post(prefix + "/v1/chat/completions", self._allowed(Operation.CHAT, self.chat_completions))
+        app.router.add_post("/v1/sessions", self._allowed(Operation.START_SESSION, self.start_session))
+        app.router.add_get("/v1/sessions/{sid}", self._allowed(Operation.GET_SESSION, self.get_session))
+        app.router.add_post("/v1/sessions/{sid}/end", self._allowed(Operation.END_SESSION, self.end_session))
+        app.router.add_post("/v1/sessions/{sid}/rewards", self._allowed(Operation.ADD_REWARD, self.add_reward))
+        app.router.add_get("/v1/stats", self._allowed(Operation.STATS, self.stats))
         return app
 
     async def start(self, host: str, port: int) -> str:
@@ -106,7 +93,7 @@ class HttpFrontEnd:
         metrics.count("http_requests")
         try:
             if request.path != "/health":
-                request["auth"] = self._authenticate(request)
+                request["caller"] = self.gateway.policy.authenticate(request_key(request))
             return await handler(request)
         except GatewayError as exc:
             metrics.count("client_errors" if exc.status < 500 else "errors")
@@ -130,29 +117,16 @@ class HttpFrontEnd:
             return web.json_response({"error": {"message": "internal error", "type": "internal_error",
                                                 "param": None, "code": None}}, status=500)
 
-    def _authenticate(self, request: web.Request) -> Auth:
-        keys = self.gateway.keys
-        key = request_key(request)
-        owner = keys.session_of(key)
-        if not keys.required:
-            return Auth(True, owner)
-        if keys.is_global(key):
-            return Auth(True, None)
-        if owner is not None:
-            return Auth(False, owner)
-        raise Unauthorized("missing API key" if not key else "invalid API key",
-                           code="missing_api_key" if not key else "invalid_api_key")
+    def _allowed(self, operation: Operation, handler: Handler) -> Handler:
+        """``handler`` once the key policy allows the caller ``operation`` on the session in the path; it finds the
+        session the call acts on in ``request["session_id"]``."""
 
-    @staticmethod
-    def _own_session(request: web.Request, session_id: str) -> None:
-        auth: Auth = request["auth"]
-        if not auth.is_global and auth.session_id != session_id:
-            raise Forbidden("this API key belongs to another session")
+        async def allowed(request: web.Request) -> web.StreamResponse:
+            request["session_id"] = self.gateway.policy.authorize(request["caller"], operation,
+                                                                  request.match_info.get("sid"))
+            return await handler(request)
 
-    @staticmethod
-    def _global_only(request: web.Request) -> None:
-        if not request["auth"].is_global:
-            raise Forbidden("a per-session API key cannot do this")
+        return allowed
 
     async def _json(self, request: web.Request, required: bool = True) -> Any:
         if request.content_length is not None and request.content_length > self.max_body_bytes:
@@ -178,72 +152,61 @@ class HttpFrontEnd:
         return web.json_response({"status": "ok"})
 
     async def models(self, request: web.Request) -> web.Response:
-        if "sid" in request.match_info:
-            self._own_session(request, request.match_info["sid"])
         model = {"id": self.gateway.config.model_name, "object": "model", "created": int(self.gateway.started),
                  "owned_by": "forge", "max_model_len": self.gateway.model.context_length}
         return web.json_response({"object": "list", "data": [model]})
 
     async def stats(self, request: web.Request) -> web.Response:
-        self._global_only(request)
         report = self.gateway.report()
         return web.json_response({"service": report.service, "uptime_s": report.uptime_s,
                                   "gauges": dict(report.gauges), "labels": dict(report.labels)})
 
     async def start_session(self, request: web.Request) -> web.Response:
-        self._global_only(request)
         opening, issue_key = open_request(await self._json(request, required=False))
         record, key, url = await self.gateway.start_session(opening, issue_key)
         return web.json_response({"session": session_json(record), "api_key": key, "base_url": url})
 
     async def get_session(self, request: web.Request) -> web.Response:
-        session_id = request.match_info["sid"]
-        self._own_session(request, session_id)
+        session_id = request["session_id"]
         stored = await self.gateway.get_session(session_id)
         include_ids = request.query.get("include_ids", "").lower() in ("1", "true", "yes")
         return web.json_response(session_with_calls_json(stored, include_ids))
 
     async def end_session(self, request: web.Request) -> web.Response:
-        session_id = request.match_info["sid"]
-        self._own_session(request, session_id)
+        session_id = request["session_id"]
         record = await self.gateway.end_session(close_request(session_id, await self._json(request, False)))
         return web.json_response({"session": session_json(record)})
 
     async def add_reward(self, request: web.Request) -> web.Response:
-        session_id = request.match_info["sid"]
-        self._own_session(request, session_id)
+        session_id = request["session_id"]
         index, reward = reward_request(await self._json(request))
         await self.gateway.add_reward(session_id, index, reward)
         return web.json_response({"session_id": session_id, "call_index": index, "reward": reward})
 
-    async def _session_for_call(self, request: web.Request):
-        auth: Auth = request["auth"]
-        in_url = request.match_info.get("sid")
-        if in_url and auth.session_id and in_url != auth.session_id:
-            raise Forbidden("this API key belongs to another session")
-        if not auth.is_global and not in_url:
-            return await self.gateway.sessions.resolve(auth.session_id)
-        session_id = in_url or auth.session_id or request.headers.get(SESSION_HEADER) or uuid.uuid4().hex
-        implicit = pool_pb2.OpenSessionRequest(**{name: request.headers[h] for h, name in HEADER_FIELDS.items()
-                                                  if h in request.headers})
+    @staticmethod
+    def _open_as(request: web.Request) -> pool_pb2.OpenSessionRequest | None:
+        """The fields of the session a call may open if it is unknown (X-Forge-* headers); None when a per-session
+        key confines the call and the path names no session: the key's session must exist."""
+        if "sid" not in request.match_info and not request["caller"].privileged:
+            return None
+        opening = pool_pb2.OpenSessionRequest(**{name: request.headers[h] for h, name in HEADER_FIELDS.items()
+                                                 if h in request.headers})
         size = request.headers.get("X-Forge-Group-Size", "")
         if size:
             if not size.isdigit():
                 raise BadRequest("X-Forge-Group-Size must be a non-negative integer")
-            implicit.group_size = int(size)
-        return await self.gateway.sessions.resolve(session_id, implicit)
+            opening.group_size = int(size)
+        return opening
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        runner = self.gateway.runner
         call, options = parse_chat_request(await self._json(request), self.gateway.model.vocab_size)
-        text = runner.render(call)
-        state = await self._session_for_call(request)
-        events = runner.chat(state, call, text, stream=options.stream)
-        headers = {"X-Forge-Session-Id": state.session_id}
+        session_id = request["session_id"] or request.headers.get(SESSION_HEADER)
+        chat = await self.gateway.chat(call, session_id, self._open_as(request), stream=options.stream)
+        headers = {SESSION_HEADER: chat.session_id}
         if options.stream:
-            return await self._stream(request, events, options, headers)
+            return await self._stream(request, chat.events, options, headers)
         result: ChatResult | None = None
-        async with contextlib.aclosing(events):
+        async with contextlib.aclosing(chat.events) as events:
             async for event in events:
                 if isinstance(event, ChatResult):
                     result = event
@@ -279,14 +242,14 @@ class HttpFrontEnd:
             if response is None:
                 raise
             self.gateway.metrics.count("errors" if exc.status >= 500 else "client_errors")
-            log.warning("streamed call of session %s failed after %.2f s: %s", headers["X-Forge-Session-Id"],
+            log.warning("streamed call of session %s failed after %.2f s: %s", headers[SESSION_HEADER],
                         time.monotonic() - started, exc.message)
             with contextlib.suppress(*DISCONNECTED):
                 await send(exc.to_json())
             return response
         except DISCONNECTED:
             self.gateway.metrics.count("client_disconnects")
-            log.debug("client of session %s went away mid-stream", headers["X-Forge-Session-Id"])
+            log.debug("client of session %s went away mid-stream", headers[SESSION_HEADER])
             return response
         with contextlib.suppress(*DISCONNECTED):
             await response.write_eof()
