@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from dataclasses import dataclass
 
 import pytest
 
@@ -31,19 +30,9 @@ from conftest import REPO, script
 from helpers.custom_router import LastHealthyRouter
 from helpers.gateway_fake_actor import serve_fake_actor
 from helpers.gateway_procs import start_gateway
+from helpers.router_views import fleet
 
 SPEC = "helpers.custom_router:LastHealthyRouter"
-
-
-@dataclass
-class View:
-    endpoint: ActorEndpoint
-    healthy: bool = True
-    in_flight: int = 0
-
-
-def fleet(n: int = 3) -> list[View]:
-    return [View(ActorEndpoint(f"a{i}:1")) for i in range(n)]
 
 
 def test_router_class_resolves_built_in_names_and_dotted_paths():
@@ -165,12 +154,14 @@ def test_a_gateway_routes_every_call_through_a_router_named_by_dotted_path(tmp_p
     ("no_such_package.routers:MyRouter", "cannot import module 'no_such_package.routers'"),
 ])
 def test_the_gateway_refuses_a_spec_that_names_no_router_before_loading_anything(tmp_path, spec, reason):
-    pool = tmp_path / "pool"
-    result = subprocess.run([script("forge-gateway"), "--router", spec, "--model", str(tmp_path / "no-model"),
+    pool, model = tmp_path / "pool", tmp_path / "broken-model"
+    model.mkdir()
+    (model / "config.json").write_text("{ not json")      # a reference that resolves, but fails if it is loaded
+    result = subprocess.run([script("forge-gateway"), "--router", spec, "--model", str(model),
                              "--actor", "127.0.0.1:1", "--pool", str(pool)], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if "Error" in line]
     assert errors == [result.stderr.splitlines()[-1]], result.stderr         # one line, and nothing after it
     assert errors[0].startswith("Error: Invalid value for '--router': ") and reason in errors[0]
-    assert "no-model" not in result.stderr and not pool.exists()              # neither the model nor the pool
+    assert "json" not in result.stderr.lower() and not pool.exists()          # neither the model nor the pool
