@@ -15,8 +15,7 @@ from forge.gateway.keys import KeyRing
 from forge.rpc.auth import bearer_metadata
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from helpers.gateway_procs import start_actor, start_gateway
-from helpers.random_model import random_tiny
+from helpers.gateway_procs import random_actor, start_gateway
 
 GLOBAL_KEY = "auth-global-key"
 CHAT, GENERATE, ADD_REWARD, END_SESSION = Operation.CHAT, Operation.GENERATE, Operation.ADD_REWARD, Operation.END_SESSION
@@ -120,8 +119,7 @@ def test_every_operation_but_session_start_stats_and_reflection_is_open_to_a_ses
 
 @pytest.fixture(scope="module")
 def actor(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gateway-auth-actor")
-    proc = start_actor(directory, "actor", "--model", str(random_tiny(directory)))
+    proc = random_actor(tmp_path_factory.mktemp("gateway-auth-actor"))
     yield proc
     proc.stop()
 

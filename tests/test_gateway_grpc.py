@@ -18,8 +18,7 @@ from forge.rpc import connect
 from forge.tokenizer import Tokenizer
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from helpers.gateway_procs import start_actor, start_gateway
-from helpers.random_model import random_tiny
+from helpers.gateway_procs import random_actor, start_gateway
 
 TOK = Tokenizer.from_dir(TINY_DIR)
 GLOBAL_KEY = "gw-global-key-123"
@@ -27,8 +26,7 @@ GLOBAL_KEY = "gw-global-key-123"
 
 @pytest.fixture(scope="module")
 def actor(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gateway-grpc-actor")
-    proc = start_actor(directory, "actor", "--model", str(random_tiny(directory)))
+    proc = random_actor(tmp_path_factory.mktemp("gateway-grpc-actor"))
     yield proc
     proc.stop()
 

@@ -21,8 +21,7 @@ from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, pool_pb2
 
 from helpers.gateway_fake_actor import serve_fake_actor
-from helpers.gateway_procs import start_actor, start_gateway
-from helpers.random_model import random_tiny
+from helpers.gateway_procs import random_actor, start_gateway
 
 TOK = Tokenizer.from_dir(TINY_DIR)
 MAX_BODY = 64 * 1024
@@ -33,7 +32,7 @@ TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "loo
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     directory = tmp_path_factory.mktemp("gateway-http")
-    actor = start_actor(directory, "actor", "--model", str(random_tiny(directory)))
+    actor = random_actor(directory)
     gateway = start_gateway(directory, [actor.address], directory / "pool", "--max-body-bytes", str(MAX_BODY))
     reader = PoolReader(directory / "pool")
     yield actor, gateway, reader

@@ -4,12 +4,11 @@ weight versions move the router's picture of each actor's cache, and call timing
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 
 from forge.gateway.routing import (
-    ActorEndpoint,
     CacheAwareRouter,
     CostAwareRouter,
     KVOverlapRouter,
@@ -21,19 +20,10 @@ from forge.gateway.routing import (
 from forge.gateway.routing.fleet import Layout, Pending, prompt_hashes
 from forge.v1 import router_pb2
 
+from helpers.router_views import View, fleet
+
 STORED, EVICTED = router_pb2.KVEvent.KIND_STORED, router_pb2.KVEvent.KIND_EVICTED
 LAYOUT = Layout("m", 3, "mtp", 16, 40_960, 4096, 64, False)
-
-
-@dataclass
-class View:
-    endpoint: ActorEndpoint
-    healthy: bool = True
-    in_flight: int = 0
-
-
-def fleet(n: int = 3) -> list[View]:
-    return [View(ActorEndpoint(f"a{i}:1")) for i in range(n)]
 
 
 def layout_proto(layout: Layout) -> router_pb2.KVCacheLayout:

@@ -22,6 +22,13 @@ def start_actor(directory: Path, name: str = "actor", *extra: str) -> Proc:
     return proc
 
 
+def random_actor(directory: Path) -> Proc:
+    """An actor serving a random-weight copy of the tiny architecture written into ``directory``."""
+    from helpers.random_model import random_tiny
+
+    return start_actor(directory, "actor", "--model", str(random_tiny(directory)))
+
+
 def start_gateway(directory: Path, actors: list[str], pool: Path, *extra: str, name: str = "gateway",
                   env: dict[str, str] | None = None) -> Proc:
     args = ["--pool", str(pool), "--grpc-port", "0", "--http-port", "0", "--shutdown-grace", "10",
