@@ -111,7 +111,7 @@ class System:
 
     def __init__(self, config: UpConfig, run_file: Path | None = None) -> None:
         self.config = config
-        self.run_file = run_file
+        self.run_file = run_file.resolve() if run_file else None      # services may run elsewhere
         self.tables = read_run_file(run_file) if run_file else {}
         self.services: list[ServiceProcess] = []
 
