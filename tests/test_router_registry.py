@@ -47,7 +47,8 @@ def test_router_class_resolves_built_in_names_and_dotted_paths():
     ("random", "unknown router 'random': give one of cost-aware, cache-aware, kv-overlap, round-robin, least-loaded"),
     (":LastHealthyRouter", "unknown router"),
     ("helpers.custom_router:", "unknown router"),
-    ("no_such_package.routers:MyRouter", "cannot import module 'no_such_package.routers': No module named"),
+    ("no_such_package.routers:MyRouter",
+     "cannot import module 'no_such_package.routers': ModuleNotFoundError: No module named"),
     ("helpers.custom_router:Missing", "module 'helpers.custom_router' has no attribute 'Missing'"),
     ("helpers.custom_router.Missing", "module 'helpers.custom_router' has no attribute 'Missing'"),
     ("helpers.custom_router:NotARouter", "is not a subclass of forge.gateway.routing.Router"),
@@ -68,7 +69,7 @@ def test_a_module_that_fails_to_import_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(ValueError) as caught:
         router_class("broken_routers:Router")
     assert str(caught.value) == ("router 'broken_routers:Router': cannot import module 'broken_routers': "
-                                 "the router module broke")
+                                 "RuntimeError: the router module broke")
 
 
 def test_the_gateway_builds_a_router_by_the_constructor_contract():

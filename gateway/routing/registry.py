@@ -1,9 +1,9 @@
 """Which router ``--router`` names: a built-in one by name, or any ``Router`` subclass by dotted path
-(``package.module:ClassName`` or ``package.module.ClassName``); and the factory that builds it for the gateway."""
+(``package.module:ClassName`` or ``package.module.ClassName``) or file (``path/to/file.py:ClassName``); and the
+factory that builds it for the gateway."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Sequence
 
@@ -14,6 +14,7 @@ from forge.gateway.routing.kv_overlap import KVOverlapRouter
 from forge.gateway.routing.least_loaded import LeastLoadedRouter
 from forge.gateway.routing.round_robin import RoundRobinRouter
 from forge.gateway.routing.session_affinity import SessionAffinityRouter
+from forge.loading import PluginError, load_object
 
 ROUTERS: dict[str, type[Router]] = {
     "cost-aware": CostAwareRouter,
@@ -27,30 +28,28 @@ DEFAULT_ROUTER = "cost-aware"
 
 
 def router_class(spec: str) -> type[Router]:
-    """The router class ``spec`` names: a built-in name (``ROUTER_NAMES``) or a dotted path to a ``Router``
-    subclass. Raises ValueError, with a one-line reason, for anything else."""
+    """The router class ``spec`` names: a built-in name (``ROUTER_NAMES``) or a path to a ``Router`` subclass
+    (``package.module:ClassName``, ``package.module.ClassName`` or ``path/to/file.py:ClassName``, loaded by
+    ``forge.loading.load_object``). Raises ``PluginError`` (a ValueError), with a one-line reason, for anything
+    else."""
     if spec in ROUTERS:
         return ROUTERS[spec]
     if ":" in spec:
-        module_name, _, attribute = spec.partition(":")
+        module_name, _, attribute = spec.rpartition(":")
     else:
         module_name, _, attribute = spec.rpartition(".")
     if not module_name or not attribute:
-        raise ValueError(f"unknown router {spec!r}: give one of {', '.join(ROUTER_NAMES)}, or a dotted path to a "
-                         "Router subclass (package.module:ClassName)")
+        raise PluginError("unknown router", spec, f"give one of {', '.join(ROUTER_NAMES)}, or a dotted path to a "
+                                                  "Router subclass (package.module:ClassName)")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:            # whatever the import raised, the spec names nothing usable
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"router {spec!r}: cannot import module {module_name!r}: {reason}") from exc
-    found = getattr(module, attribute, None)
-    if found is None:
-        raise ValueError(f"router {spec!r}: module {module_name!r} has no attribute {attribute!r}")
+        found = load_object(f"{module_name}:{attribute}", what="router")
+    except PluginError as exc:                  # said of the spec as given, with or without its colon
+        raise PluginError("router", spec, exc.reason) from exc
     if not (isinstance(found, type) and issubclass(found, Router)):
-        raise ValueError(f"router {spec!r}: {found!r} is not a subclass of forge.gateway.routing.Router")
+        raise PluginError("router", spec, f"{found!r} is not a subclass of forge.gateway.routing.Router")
     if inspect.isabstract(found):
         missing = ", ".join(sorted(found.__abstractmethods__))
-        raise ValueError(f"router {spec!r}: {found.__qualname__} is abstract (it does not implement {missing})")
+        raise PluginError("router", spec, f"{found.__qualname__} is abstract (it does not implement {missing})")
     return found
 
 
