@@ -60,8 +60,8 @@ def setting(default: Any = MISSING, *, factory: Any = MISSING, help: str, flag: 
     - ``choices``, ``min``/``max`` (``min_open``: strictly greater): checked on every build.
     - ``env``: an environment variable read besides the derived ``FORGE_<COMMAND>_<OPTION>``.
     - ``secret``: never shown (``forge config show`` prints ``***``) nor logged.
-    - ``separator``: a tuple field given as one string, e.g. ``"a,b"`` with ``","``; without one a tuple field is
-      a repeatable option.
+    - ``separator``: a tuple field given as one string, e.g. ``"a,b"`` with ``","``, or a command line with
+      ``"shell"`` (split as a shell would); without one a tuple field is a repeatable option.
     - ``scale`` and ``unit``: the option is given in units of ``scale`` field units (``--kv-cache-mb`` sets bytes).
     - ``negative``: the off switch of a boolean (default ``no-FLAG``).
     - ``click_type``: how the option parses its text when the field's type does not say: ``"bytes"`` (64MiB).
@@ -265,23 +265,25 @@ def build(cls: type, values: Mapping[str, Any]) -> Any:
 
 
 def flatten(cls: type, table: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """A run file's table as flat option values: dashes or underscores in keys, group sub-tables flattened.
+    """A run file's table as flat option values. A key is an option name (dashes or underscores) anywhere, or, in
+    a group's sub-table, the name of one of that group's fields (``[up.agent] timeout_s`` for ``--agent-timeout``).
     Raises SettingsError for a key that is no setting of ``cls``, naming ``where`` (file and table)."""
     known = {e.name for e in entries(cls)}
-    nested = groups_deep(cls)
     flat: dict[str, Any] = {}
 
-    def walk(items: Mapping[str, Any], prefix: str) -> None:
+    def walk(klass: type, items: Mapping[str, Any], prefix: str) -> None:
+        nested = groups(klass)
+        own = {e.field.name: e.name for e in entries(klass) if len(e.path) == 1}
         for key, value in items.items():
             name = key.replace("-", "_")
             if isinstance(value, dict) and name in nested:
-                walk(value, f"{prefix}{name}.")
-            elif name in known:
-                flat[name] = value
+                walk(nested[name], value, f"{prefix}{name}.")
+            elif name in own or name in known:
+                flat[own.get(name, name)] = value
             else:
                 raise SettingsError(f"{where}: unknown setting {prefix}{key!s} (see forge config show)")
 
-    walk(table, "")
+    walk(cls, table, "")
     return flat
 
 

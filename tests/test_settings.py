@@ -178,3 +178,35 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+
+
+def test_forge_up_reads_the_shared_model_tasks_and_agent_tables(tmp_path):
+    run_file = REPO / "examples" / "blackbox" / "run.toml"
+    result = subprocess.run([script("forge"), "config", "show", "up", "--config", str(run_file), "--json"],
+                            capture_output=True, text=True, timeout=120, env=_env())
+    rows = {row["name"]: row for row in json.loads(result.stdout)["settings"]}
+    assert result.returncode == 0, result.stderr
+    assert rows["tasks"]["value"] == "tasks/train.jsonl" and rows["tasks"]["source"] == "file"
+    assert rows["agent_timeout"]["value"] == 120.0           # [agent] timeout_s: a group's field name as the key
+    assert rows["agent"]["value"] == "python agent.py" and rows["model"]["source"] == "file"
+    both = tmp_path / "both.toml"
+    both.write_text('[tasks]\ngroup_size = 2\n\n[up.tasks]\ngroup_size = 3\n')
+    result = subprocess.run([script("forge"), "config", "show", "up", "--config", str(both)], capture_output=True,
+                            text=True, timeout=120, env=_env())
+    assert result.returncode == 2 and "give [tasks] or [up.tasks], not both" in result.stderr
+
+
+def test_a_command_line_setting_is_split_as_a_shell_would():
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Program(Settings):
+        command: tuple[str, ...] = setting((), separator="shell", help="A command line.")
+
+    @settings_command("program", Program)
+    def program(config: Program) -> None:
+        """Print the argv."""
+        click.echo(json.dumps(config.command))
+
+    result = CliRunner().invoke(program, ["--command", "python 'my agent.py' --fast"])
+    assert json.loads(result.output) == ["python", "my agent.py", "--fast"]
+    result = CliRunner().invoke(program, ["--command", "python 'unclosed"])
+    assert result.exit_code == 2 and "cannot split" in result.output

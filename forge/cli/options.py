@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -71,7 +72,7 @@ def _click_default(entry: Entry, value: Any) -> Any:
     if entry.spec.scale != 1:
         return value // entry.spec.scale if isinstance(value, int) else value / entry.spec.scale
     if entry.kind is tuple and entry.spec.separator:
-        return entry.spec.separator.join(value)
+        return _join(entry.spec.separator, value)
     return value
 
 
@@ -80,9 +81,13 @@ def _file_value(entry: Entry, value: Any) -> Any:
     if entry.kind is tuple:
         items = value if isinstance(value, list) else [value]
         if entry.spec.separator:
-            return entry.spec.separator.join(str(v) for v in items)
+            return _join(entry.spec.separator, [str(v) for v in items])
         return [str(v) for v in items]
     return value
+
+
+def _join(separator: str, items: Any) -> str:
+    return shlex.join(items) if separator == "shell" else separator.join(items)
 
 
 def field_value(entry: Entry, value: Any) -> Any:
@@ -92,6 +97,11 @@ def field_value(entry: Entry, value: Any) -> Any:
     if entry.spec.scale != 1:
         return value * entry.spec.scale
     if entry.kind is tuple:
+        if entry.spec.separator == "shell":
+            try:
+                return tuple(shlex.split(value))
+            except ValueError as exc:
+                raise SettingsError(f"cannot split {value!r} as a command line: {exc}", entry.flag) from exc
         if entry.spec.separator:
             return tuple(v.strip() for v in value.split(entry.spec.separator) if v.strip())
         return tuple(value)
@@ -149,7 +159,14 @@ def _load_run_file(ctx: click.Context, _param: click.Parameter, value: str | Non
         return value
     command = ctx.command
     table = getattr(command, "settings_table", None) or _table_name(ctx)
-    section = table_of(read_run_file(value), table, value)
+    data = read_run_file(value)
+    section = table_of(data, table, value)
+    for shared in getattr(command, "shared_tables", ()):      # e.g. [tasks] read as forge up's tasks group
+        if shared in data:
+            if shared in section:
+                raise click.BadParameter(f"{value}: give [{shared}] or [{table}.{shared}], not both",
+                                         param_hint="--config")
+            section = {**section, shared: table_of(data, shared, value)}
     cls = getattr(command, "settings_class", None)
     if cls is None:
         defaults = {k.replace("-", "_"): v for k, v in section.items()}
@@ -179,9 +196,11 @@ class SettingsCommand(click.Command):
     """A command whose options are a settings class's fields (``settings_class``), read from the run file's
     ``settings_table``."""
 
-    def __init__(self, name: str, settings_class: type, table: str, run: Callable[[Any], Any], **kwargs: Any):
+    def __init__(self, name: str, settings_class: type, table: str, run: Callable[[Any], Any],
+                 shared_tables: tuple[str, ...] = (), **kwargs: Any):
         self.settings_class = settings_class
         self.settings_table = table
+        self.shared_tables = shared_tables
         params = [option_for(e, table) for e in entries(settings_class)]
         super().__init__(name, callback=self._invoke, params=params, **kwargs)
         config_option(self)
@@ -203,13 +222,15 @@ class SettingsCommand(click.Command):
         return self._run(self.settings_from(values))
 
 
-def settings_command(name: str, settings_class: type, *, table: str | None = None) -> Callable[[Callable], Any]:
+def settings_command(name: str, settings_class: type, *, table: str | None = None,
+                     shared_tables: tuple[str, ...] = ()) -> Callable[[Callable], Any]:
     """Decorate ``run(settings)`` into a click command named ``name`` whose options derive from ``settings_class``;
-    its docstring is the command's help."""
+    its docstring is the command's help. ``shared_tables`` are top-level tables of the run file that the command
+    reads as its groups of the same names (``[tasks]`` for forge up's ``tasks``)."""
 
     def decorate(run: Callable[[Any], Any]) -> SettingsCommand:
-        return SettingsCommand(name, settings_class, table or name, run, help=run.__doc__,
-                               context_settings=CONTEXT_SETTINGS)
+        return SettingsCommand(name, settings_class, table or name, run, shared_tables=shared_tables,
+                               help=run.__doc__, context_settings=CONTEXT_SETTINGS)
 
     return decorate
 
