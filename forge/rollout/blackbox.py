@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,6 +29,13 @@ STDOUT_LIMIT_BYTES = 1 << 20   # of a longer standard output only the end is kep
 KILL_GRACE_S = 2.0             # between SIGTERM and SIGKILL of the program's process group
 DRAIN_S = 5.0                  # how long to wait for the pipes to close once the group is killed
 WITHHELD_PREFIXES = ("FORGE_", "OPENAI_")
+
+
+def agent_path() -> str:
+    """The PATH agent programs run with: Forge's own interpreter's folder first, so that ``python`` in a command
+    is the Python Forge runs in (with its packages, the openai client among them), then the inherited PATH."""
+    inherited = os.environ.get("PATH", os.defpath)
+    return os.pathsep.join([str(Path(sys.executable).parent), inherited])
 
 
 class AgentCommandError(ValueError):
@@ -83,7 +91,7 @@ def check_command(command: AgentCommand) -> None:
         raise AgentCommandError("agent command is empty: give the program to run and its arguments")
     program = command.argv[0]
     if "/" not in program:
-        if shutil.which(program) is None:
+        if shutil.which(program, path=agent_path()) is None:
             raise AgentCommandError(f"agent program {program!r} is not found on PATH")
         return
     path = (command.cwd or Path.cwd()) / program
@@ -122,7 +130,7 @@ class BlackBoxRunner:
             task_file.write_text(json.dumps(task, ensure_ascii=False), encoding="utf-8")
             env = {name: value for name, value in os.environ.items() if not name.startswith(WITHHELD_PREFIXES)}
             env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key, FORGE_SESSION_ID=session_id,
-                       FORGE_TASK_FILE=str(task_file))
+                       FORGE_TASK_FILE=str(task_file), PATH=agent_path())
             loop = asyncio.get_running_loop()
             output = _Output(STDOUT_LIMIT_BYTES, command.stderr_tail_bytes)
             started = time.monotonic()

@@ -1,5 +1,6 @@
 """Held-out evaluation: the fixed evaluation tasks of each domain, solved by the white-box agent straight against an
-actor (nothing is recorded in the pool or trained on).
+actor (nothing is recorded in the pool or trained on); and a team's held-out tasks, played by its agent through a
+gateway of their own.
 
 Two readings: *greedy* (temperature 0, one episode per task) and *sampled* (the training temperature, ``samples``
 seeded episodes per task), the expected reward of the very policy RL trains."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from forge.model.sampling import SamplingParams
 from forge.rollout.agent import run_episode
@@ -15,6 +17,9 @@ from forge.rollout.llm import ActorChat, ChatLLM, aio_channel
 from forge.tasks import DOMAINS, eval_set
 from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2_grpc
+
+if TYPE_CHECKING:
+    from forge.rollout.workload import Workload
 
 
 async def evaluate_with(llm: ChatLLM, domains: tuple[str, ...] = DOMAINS, size: int = 48, max_tokens: int = 48,
@@ -60,3 +65,30 @@ async def evaluate_readings(actor: str, tokenizer: Tokenizer, readings: Sequence
         llm = ActorChat(actor_pb2_grpc.ActorStub(channel), tokenizer)
         return [await evaluate_with(llm, domains, size, max_tokens, concurrency, tool_latency_s, temperature, samples)
                 for temperature, samples in readings]
+
+
+async def evaluate_sessions(gateway: str, http_base: str, workload: Workload, tasks: Sequence[dict],
+                            samples: int = 1) -> tuple[dict[str, float], int]:
+    """(mean reward per domain, failed sessions) of a team's held-out ``tasks``, each played ``samples`` times by
+    the workload's agent through ``gateway`` — a gateway whose pool no learner reads, so nothing here is trained
+    on. A failed session counts as reward 0."""
+    from forge.rollout.driver import finish, session_of
+    from forge.rollout.workload import Plan, start_request
+    from forge.v1 import gateway_pb2_grpc
+
+    async with aio_channel(gateway) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+
+        async def one(task: dict) -> tuple[str, float, bool]:
+            plan = Plan(task["id"], task["domain"], task, blackbox=True)
+            started = await stub.StartSession(start_request(plan, "", 1), timeout=60)
+            session = session_of(started, http_base)
+            outcome = await workload.play(stub, plan, session)
+            await finish(stub, session.session_id, outcome)
+            return task["domain"], outcome.reward, bool(outcome.failed)
+
+        played = await asyncio.gather(*(one(task) for task in tasks for _ in range(samples)))
+    by_domain: dict[str, list[float]] = {}
+    for domain, reward, _ in played:
+        by_domain.setdefault(domain, []).append(reward)
+    return {d: sum(v) / len(v) for d, v in sorted(by_domain.items())}, sum(failed for *_, failed in played)
