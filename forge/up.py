@@ -1,6 +1,7 @@
 """``forge up``: the whole system on one machine — learner, actors, gateway as separate processes on loopback, the
-rollout driver in this process — with a live summary, held-out evaluation at the start and the end, and a run
-directory holding metrics, checkpoints, logs and a reward-curve PNG."""
+rollout driver in this process — on the built-in tasks or a team's own (tasks, verifier, agent program), with a
+live summary, held-out evaluation at the start and the end, and a run directory holding metrics, checkpoints, logs
+and a reward-curve PNG."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from forge.builtin import resolve_model
 from forge.cli.common import setup_logging
 from forge.cli.options import RUN_FILE, read_run_file, settings_command
 from forge.launch import ServiceProcess
+from forge.rollout.config import AgentConfig, TasksConfig
 from forge.settings import Settings, SettingsError, log_level_setting, setting
 from forge.tasks import DOMAINS
 
@@ -30,16 +32,26 @@ log = logging.getLogger("forge.up")
 
 
 @dataclass(frozen=True, kw_only=True)
+class ModelChoice(Settings):
+    """The run file's ``[model]`` table: the policy every service of the run serves or trains."""
+
+    path: str = setting("tiny", flag="model", validate=resolve_model, help="'tiny' or a checkpoint directory.")
+
+
+@dataclass(frozen=True, kw_only=True)
 class UpConfig(Settings):
     """``forge up``: the main job. Its learner, actor and cache values are the demo's tuning; a run file's
     ``[learner]``, ``[actor]``, ``[gateway]`` and ``[cache]`` tables override them (forge up still wires the
-    addresses, ports and directories)."""
+    addresses, ports and directories). Its ``[model]``, ``[tasks]`` and ``[agent]`` tables are its groups: with
+    ``[tasks]`` and ``[agent]``, the run trains on the team's tasks with its agent program instead of the built-in
+    ones."""
 
     run_dir: Path | None = setting(None, path="dir", help="Where logs, the pool, checkpoints, metrics and plots go "
                                                           "[default: runs/up-<time>].")
-    minutes: float = setting(10.0, min=0.1, help="How long to train.")
+    minutes: float = setting(10.0, min=0.1, help="How long to train (the held-out readings come on top).")
+    steps: int = setting(0, min=0, help="Stop once the learner has made this many steps (0: train for --minutes; "
+                                        "--minutes still bounds the run).")
     actors: int = setting(1, min=1, max=16, help="Actor processes.")
-    group_size: int = setting(4, min=1, max=64, help="Rollouts per task (G).")
     groups_in_flight: int = setting(6, min=1, help="Task groups being rolled out at once.")
     batch_groups: int = setting(4, min=1, help="Groups per learner step.")
     window: float = setting(0.3, min=0, min_open=True, help="Windowed FIFO: count (>= 1) or fraction (< 1).")
@@ -63,15 +75,21 @@ class UpConfig(Settings):
     blackbox_every: int = setting(6, min=0, help="Every n-th single-turn group is played by the black-box "
                                                  "OpenAI-client agent (0 = never).")
     domains: tuple[str, ...] = setting(DOMAINS, separator=",", choices=DOMAINS, help="Task domains to train on.")
-    model: str = setting("tiny", validate=resolve_model, help="'tiny' or a checkpoint directory.")
     seed: int = setting(0, help="Seed of the learner, the actors and the rollouts.")
     cache: bool = setting(True, help="Start forge-cache (the global L3 KV cache) and connect the actors to it.")
     cache_mb: int = setting(512, min=16, help="forge-cache's capacity.")
     log_level: str = log_level_setting("WARNING")
+    model: ModelChoice = field(default_factory=ModelChoice)
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def check(self) -> None:
         if not self.domains:
             raise SettingsError("--domains names no domain")
+        if self.tasks.team and not self.agent.command:
+            raise SettingsError("the team's tasks need an agent: give --agent (the program run per session)")
+        if self.agent.command and not self.tasks.team:
+            raise SettingsError("--agent plays the team's tasks: give --tasks (or --task-source) too")
 
 
 @dataclass
@@ -81,6 +99,8 @@ class RunState:
     eval_end: dict[str, float] = field(default_factory=dict)
     eval_greedy_start: dict[str, float] = field(default_factory=dict)
     eval_greedy_end: dict[str, float] = field(default_factory=dict)
+    eval_failures: int = 0
+    training_started: float = 0.0
     gauges: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
@@ -109,8 +129,11 @@ def service_args(wiring: dict[str, Any], tuning: dict[str, Any], run_file: Path 
 class System:
     """The service processes of one run, started in dependency order and stopped in reverse."""
 
-    def __init__(self, config: UpConfig, run_file: Path | None = None) -> None:
+    def __init__(self, config: UpConfig, run_file: Path | None = None, eval_gateway: bool = False) -> None:
+        """``eval_gateway``: also start a gateway recording into a pool of its own (eval-pool), which no learner
+        reads, for held-out sessions played by the team's agent."""
         self.config = config
+        self.eval_gateway = eval_gateway
         self.run_file = run_file.resolve() if run_file else None      # services may run elsewhere
         self.tables = read_run_file(run_file) if run_file else {}
         self.services: list[ServiceProcess] = []
@@ -125,17 +148,18 @@ class System:
         learner = self._start("learner", "forge-learner", {
             "pool": run / "pool", "run_dir": run / "learner", "weights_fetch": "tcp://127.0.0.1:*",
             "weights_announce": "tcp://127.0.0.1:*", "port": 0}, {
-            "model": c.model, "batch_groups": c.batch_groups, "window": c.window, "lr": c.lr,
+            "model": c.model.path, "batch_groups": c.batch_groups, "window": c.window, "lr": c.lr,
             "warmup_steps": c.warmup_steps, "token_norm": c.token_norm, "normalize": c.advantage_norm,
             "beta": c.speed_weight, "speed_domains": ",".join(c.speed_domains), "max_wait": 10,
             "checkpoint_every": 25, "seed": c.seed}, env={"OMP_NUM_THREADS": "1"})
         weights = {"weights_fetch": learner.info["weights_fetch"], "weights_announce": learner.info["weights_announce"]}
         actors = [self._start(f"actor-{i}", "forge-actor", {"port": 0, "name": f"actor-{i}", **weights, **l3},
-                              {"model": c.model, "threads": 1, "kv_cache_mb": 96, "seed": c.seed + i})
+                              {"model": c.model.path, "threads": 1, "kv_cache_mb": 96, "seed": c.seed + i})
                   for i in range(c.actors)]
-        self._start("gateway", "forge-gateway", {
-            "actor": [a.info["address"] for a in actors], "pool": run / "pool", "grpc_port": 0, "http_port": 0},
-            {"model": c.model})
+        for name, pool in (("gateway", "pool"), *([("gateway-eval", "eval-pool")] if self.eval_gateway else [])):
+            self._start(name, "forge-gateway", {
+                "actor": [a.info["address"] for a in actors], "pool": run / pool, "grpc_port": 0, "http_port": 0},
+                {"model": c.model.path})
         services = [{"name": s.name, "kind": s.name.split("-")[0], **s.info} for s in self.services]
         (run / "services.json").write_text(json.dumps(services, indent=2))
 
@@ -175,28 +199,63 @@ def poll_stats(system: System, live: RunState, stop: threading.Event) -> None:
         channel.close()
 
 
+@dataclass
+class Team:
+    """A team's run, checked before anything starts: its tasks, verifier and agent program."""
+
+    tasks: Any                           # forge.tasks.source.TaskSet
+    verifier: Any                        # forge.rollout.verifier.Verifier
+    runner: Any                          # forge.rollout.blackbox.BlackBoxRunner
+
+    @classmethod
+    def load(cls, config: UpConfig, base_dir: Path) -> Team:
+        """Raises ValueError (TaskError, PluginError, AgentCommandError) with the reason."""
+        from forge.rollout.blackbox import AgentCommand, BlackBoxRunner
+        from forge.rollout.verifier import load_verifier
+        from forge.tasks.source import load_task_set
+
+        t = config.tasks
+        tasks = load_task_set(train=t.train, eval=t.eval, eval_fraction=t.eval_fraction, source=t.source,
+                              seed=config.seed, base_dir=base_dir)
+        runner = BlackBoxRunner(AgentCommand(config.agent.command, timeout_s=config.agent.timeout_s,
+                                             concurrency=config.agent.concurrency, cwd=base_dir))
+        verifier = load_verifier(t.verifier, base_dir, workers=t.verifier_workers, timeout_s=t.verifier_timeout_s)
+        return cls(tasks, verifier, runner)
+
+
+def workload_for(config: UpConfig, team: Team | None):
+    from forge.rollout.workload import BuiltinWorkload, TeamWorkload
+
+    if team is not None:
+        return TeamWorkload(team.tasks.train, team.verifier, team.runner, seed=config.seed)
+    return BuiltinWorkload(config.domains, temperature=config.temperature, max_tokens=config.max_tokens,
+                           blackbox_every=config.blackbox_every, seed=config.seed)
+
+
 def summary_table(config: UpConfig, live: RunState, driver) -> Table:
-    elapsed = time.time() - live.started
+    elapsed = time.time() - (live.training_started or live.started)
     table = Table(title=f"forge up — {elapsed / 60:.1f} of {config.minutes:.0f} min — {config.run_dir}")
     table.add_column("domain")
     table.add_column("train reward (last 64)", justify="right")
     table.add_column("eval at start", justify="right")
     rewards = driver.stats.reward()
-    for domain in config.domains:
+    for domain in driver.workload.domains:
         table.add_row(domain, f"{rewards.get(domain, float('nan')):.2f}",
                       f"{live.eval_start.get(domain, float('nan')):.2f}")
     learner = live.gauges.get("learner", {})
     gateway = live.gauges.get("gateway", {})
     actor = live.gauges.get("actor-0", {})
+    failures = f" · failed {driver.stats.failed}: {driver.stats.failures[-1][:80]}" if driver.stats.failed else ""
     table.caption = (f"episodes {driver.stats.episodes} (black-box {driver.stats.blackbox}) · "
                      f"calls/s {gateway.get('calls_per_s', 0):.1f} · actor weight version "
                      f"{actor.get('weight_version', 0):.0f} · learner step {learner.get('step', 0):.0f} "
                      f"(window head {learner.get('head', 0):.0f}, staleness {learner.get('staleness_mean', 0):.1f}) · "
-                     f"actor {actor.get('tokens_per_s', 0):.0f} tok/s")
+                     f"actor {actor.get('tokens_per_s', 0):.0f} tok/s{failures}")
     return table
 
 
-async def run(config: UpConfig, console: Console, run_file: Path | None = None) -> dict[str, Any]:
+async def run(config: UpConfig, console: Console, run_file: Path | None = None, team: Team | None = None
+              ) -> dict[str, Any]:
     from forge.builtin import load_tokenizer
     from forge.pool import PoolReader
     from forge.rollout.driver import DriverConfig, RolloutDriver
@@ -204,21 +263,37 @@ async def run(config: UpConfig, console: Console, run_file: Path | None = None) 
     if (config.run_dir / "learner").is_dir():
         console.print(f"continuing the run in {config.run_dir}: the learner resumes from its latest checkpoint")
     config.run_dir.mkdir(parents=True, exist_ok=True)
-    system = System(config, run_file)
+    held_out = team.tasks.eval if team is not None else ()
+    system = System(config, run_file, eval_gateway=bool(held_out))
+    workload = workload_for(config, team)
     live = RunState()
     stop_polling = threading.Event()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+
+    async def evaluate() -> tuple[dict[str, float], dict[str, float]]:
+        if team is None:
+            return await evaluate_both(config, system.get("actor-0").info["address"],
+                                       load_tokenizer(config.model.path))
+        if not held_out:
+            return {}, {}
+        from forge.rollout.evaluate import evaluate_sessions
+
+        door = system.get("gateway-eval").info
+        scores, failed = await evaluate_sessions(door["grpc_address"], door["http_address"], workload, held_out,
+                                                 config.eval_samples)
+        live.eval_failures += failed
+        return scores, {}
+
     try:
         with console.status("starting learner, actors and gateway …"):
             system.start()
-        tokenizer = load_tokenizer(config.model)
-        actor = system.get("actor-0").info["address"]
-        with console.status(f"held-out evaluation at the start ({config.eval_size} tasks per domain) …"):
-            live.eval_start, live.eval_greedy_start = await evaluate_both(config, actor, tokenizer)
-        console.print(f"eval at start: sampled {_rounded(live.eval_start)}, greedy {_rounded(live.eval_greedy_start)}")
+        with console.status("held-out evaluation at the start …"):
+            live.eval_start, live.eval_greedy_start = await evaluate()
+        console.print(f"eval at start: {_rounded(live.eval_start)}"
+                      + (f", greedy {_rounded(live.eval_greedy_start)}" if live.eval_greedy_start else ""))
         gateway = system.get("gateway").info
         pool = PoolReader(config.run_dir / "pool")
 
@@ -227,30 +302,37 @@ async def run(config: UpConfig, console: Console, run_file: Path | None = None) 
             return cursor.tail - cursor.head
 
         driver = RolloutDriver(DriverConfig(gateway["grpc_address"], gateway.get("http_address", ""),
-                                            domains=config.domains, group_size=config.group_size,
-                                            groups_in_flight=config.groups_in_flight, temperature=config.temperature,
-                                            max_tokens=config.max_tokens, blackbox_every=config.blackbox_every,
-                                            max_queued_groups=config.groups_in_flight + 2 * config.batch_groups,
-                                            seed=config.seed), queued_groups=queued_groups)
+                                            group_size=config.tasks.group_size,
+                                            groups_in_flight=config.groups_in_flight,
+                                            max_queued_groups=config.groups_in_flight + 2 * config.batch_groups),
+                               workload, queued_groups=queued_groups)
         poller = threading.Thread(target=poll_stats, args=(system, live, stop_polling), daemon=True)
         poller.start()
         driving = asyncio.create_task(driver.run(stop))
-        deadline = live.started + config.minutes * 60
+        live.training_started = time.time()
+        deadline = live.training_started + config.minutes * 60
+
+        def trained_enough() -> bool:
+            return bool(config.steps) and live.gauges.get("learner", {}).get("step", 0) >= config.steps
+
         with Live(summary_table(config, live, driver), console=console, refresh_per_second=1) as view:
-            while not stop.is_set() and time.time() < deadline and not driving.done():
+            while not stop.is_set() and time.time() < deadline and not driving.done() and not trained_enough():
                 await asyncio.sleep(1.0)
                 view.update(summary_table(config, live, driver))
         stop.set()
         await driving
         with console.status("held-out evaluation at the end …"):
-            live.eval_end, live.eval_greedy_end = await evaluate_both(config, actor, tokenizer)
-        result = {"config": {k: str(v) for k, v in asdict(config).items()}, "eval_start": live.eval_start,
-                  "eval_end": live.eval_end, "eval_greedy_start": live.eval_greedy_start,
-                  "eval_greedy_end": live.eval_greedy_end, "episodes": driver.stats.episodes,
-                  "blackbox_episodes": driver.stats.blackbox, "train_reward": driver.stats.reward(),
+            live.eval_end, live.eval_greedy_end = await evaluate()
+        result = {"config": {k: str(v) for k, v in asdict(config).items()}, "domains": list(workload.domains),
+                  "eval_start": live.eval_start, "eval_end": live.eval_end,
+                  "eval_greedy_start": live.eval_greedy_start, "eval_greedy_end": live.eval_greedy_end,
+                  "eval_failed_sessions": live.eval_failures, "episodes": driver.stats.episodes,
+                  "blackbox_episodes": driver.stats.blackbox, "failed_episodes": driver.stats.failed,
+                  "failures": list(driver.stats.failures), "train_reward": driver.stats.reward(),
                   "learner": live.gauges.get("learner", {}), "minutes": (time.time() - live.started) / 60}
     finally:
         stop_polling.set()
+        await workload.close()
         with console.status("stopping services …"):
             system.stop()
     plot = _plot(config.run_dir)            # after the learner stopped: its metrics are complete
@@ -285,27 +367,44 @@ def _plot(run_dir: Path) -> Path | None:
 
 
 def report(result: dict[str, Any], console: Console) -> None:
-    table = Table(title="held-out reward per domain (sampled at the training temperature; greedy)")
-    for column in ("domain", "start", "end", "change", "greedy start", "greedy end"):
+    greedy = bool(result["eval_greedy_start"])
+    table = Table(title="held-out reward per domain" + (" (sampled at the training temperature; greedy)"
+                                                        if greedy else ""))
+    columns = ("domain", "start", "end", "change", *(("greedy start", "greedy end") if greedy else ()))
+    for column in columns:
         table.add_column(column, justify="right" if column != "domain" else "left")
     for domain, start in result["eval_start"].items():
-        end = result["eval_end"][domain]
-        table.add_row(domain, f"{start:.3f}", f"{end:.3f}", f"{end - start:+.3f}",
-                      f"{result['eval_greedy_start'][domain]:.3f}", f"{result['eval_greedy_end'][domain]:.3f}")
+        end = result["eval_end"].get(domain, float("nan"))
+        extra = (f"{result['eval_greedy_start'][domain]:.3f}", f"{result['eval_greedy_end'][domain]:.3f}") if greedy \
+            else ()
+        table.add_row(domain, f"{start:.3f}", f"{end:.3f}", f"{end - start:+.3f}", *extra)
+    if not result["eval_start"]:
+        console.print("no held-out tasks: give [tasks] eval or eval_fraction for a held-out reading")
     console.print(table)
+    if result["failed_episodes"]:
+        console.print(f"{result['failed_episodes']} of {result['episodes']} sessions failed; the latest: "
+                      f"{result['failures'][-1]}")
 
 
-@settings_command("up", UpConfig)
+@settings_command("up", UpConfig, shared_tables=("model", "tasks", "agent"))
 def up(config: UpConfig) -> None:
-    """Run the whole system locally on the built-in tiny model and tasks: learner, actors and gateway as separate
-    processes on loopback, white-box and black-box agents rolling out reasoning, QA and agent tasks, training with
-    CISPO; held-out evaluation at the start and the end. With --config, the run file's service tables set the
-    services' own settings. Ctrl-C stops early (cleanly)."""
+    """Run the whole system locally: learner, actors and gateway as separate processes on loopback, agents rolling
+    out tasks, training with CISPO; held-out evaluation at the start and the end. By default the built-in tiny
+    model and tasks (reasoning, QA, agent) with white-box and black-box agents; with --tasks, --verifier and --agent
+    (or a run file's [tasks] and [agent] tables) the team's own tasks, scored by its verifier and played by its
+    agent program. The run file's service tables set the services' own settings. Ctrl-C stops early (cleanly)."""
     setup_logging(config.log_level)
     if config.run_dir is None:
         config = replace(config, run_dir=Path("runs") / time.strftime("up-%Y%m%d-%H%M%S"))
     run_file = click.get_current_context().meta.get(RUN_FILE)
+    run_file = Path(run_file) if run_file else None
+    team = None
+    if config.tasks.team:                   # every task, the verifier and the program are checked before anything
+        try:
+            team = Team.load(config, run_file.resolve().parent if run_file else Path.cwd())
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
     console = Console()
-    result = asyncio.run(run(config, console, Path(run_file) if run_file else None))
+    result = asyncio.run(run(config, console, run_file, team))
     report(result, console)
     console.print(f"run directory: {config.run_dir} (summary.json, curves.png, learner/metrics.jsonl, logs/)")
