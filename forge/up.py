@@ -25,6 +25,7 @@ from forge.cli.common import setup_logging
 from forge.cli.options import RUN_FILE, read_run_file, settings_command
 from forge.launch import ServiceProcess
 from forge.rollout.config import AgentConfig, TasksConfig
+from forge.rollout.team import Team
 from forge.settings import Settings, SettingsError, log_level_setting, setting
 from forge.tasks import DOMAINS
 
@@ -86,10 +87,11 @@ class UpConfig(Settings):
     def check(self) -> None:
         if not self.domains:
             raise SettingsError("--domains names no domain")
-        if self.tasks.team and not self.agent.command:
-            raise SettingsError("the team's tasks need an agent: give --agent (the program run per session)")
-        if self.agent.command and not self.tasks.team:
-            raise SettingsError("--agent plays the team's tasks: give --tasks (or --task-source) too")
+        if self.tasks.team and not self.agent.given:
+            raise SettingsError("the team's tasks need an agent: give --agent (the program run per session) or "
+                                "--agent-class (a Python class)")
+        if self.agent.given and not self.tasks.team:
+            raise SettingsError("an agent plays the team's tasks: give --tasks (or --task-source) too")
 
 
 @dataclass
@@ -199,35 +201,13 @@ def poll_stats(system: System, live: RunState, stop: threading.Event) -> None:
         channel.close()
 
 
-@dataclass
-class Team:
-    """A team's run, checked before anything starts: its tasks, verifier and agent program."""
-
-    tasks: Any                           # forge.tasks.source.TaskSet
-    verifier: Any                        # forge.rollout.verifier.Verifier
-    runner: Any                          # forge.rollout.blackbox.BlackBoxRunner
-
-    @classmethod
-    def load(cls, config: UpConfig, base_dir: Path) -> Team:
-        """Raises ValueError (TaskError, PluginError, AgentCommandError) with the reason."""
-        from forge.rollout.blackbox import AgentCommand, BlackBoxRunner
-        from forge.rollout.verifier import load_verifier
-        from forge.tasks.source import load_task_set
-
-        t = config.tasks
-        tasks = load_task_set(train=t.train, eval=t.eval, eval_fraction=t.eval_fraction, source=t.source,
-                              seed=config.seed, base_dir=base_dir)
-        runner = BlackBoxRunner(AgentCommand(config.agent.command, timeout_s=config.agent.timeout_s,
-                                             concurrency=config.agent.concurrency, cwd=base_dir))
-        verifier = load_verifier(t.verifier, base_dir, workers=t.verifier_workers, timeout_s=t.verifier_timeout_s)
-        return cls(tasks, verifier, runner)
-
-
 def workload_for(config: UpConfig, team: Team | None):
-    from forge.rollout.workload import BuiltinWorkload, TeamWorkload
+    from forge.model.sampling import SamplingParams
+    from forge.rollout.workload import BuiltinWorkload
 
     if team is not None:
-        return TeamWorkload(team.tasks.train, team.verifier, team.runner, seed=config.seed)
+        return team.workload(SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens),
+                             config.seed)
     return BuiltinWorkload(config.domains, temperature=config.temperature, max_tokens=config.max_tokens,
                            blackbox_every=config.blackbox_every, seed=config.seed)
 
@@ -401,7 +381,8 @@ def up(config: UpConfig) -> None:
     team = None
     if config.tasks.team:                   # every task, the verifier and the program are checked before anything
         try:
-            team = Team.load(config, run_file.resolve().parent if run_file else Path.cwd())
+            team = Team.load(config.tasks, config.agent, run_file.resolve().parent if run_file else Path.cwd(),
+                             config.seed)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
     console = Console()

@@ -5,6 +5,7 @@ service starts."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -163,3 +164,92 @@ def test_bad_team_input_is_refused_before_anything_starts(tmp_path, tables, mess
     assert result.returncode == 2, result.stderr
     assert message in result.stderr, result.stderr
     assert not (tmp_path / "run").exists(), "nothing was started"
+
+
+WHITEBOX_WRAPPER = '''
+import os, sys
+sys.path.insert(0, {example!r})
+from agent import ColorAgent
+
+class FlakyColorAgent(ColorAgent):
+    async def run(self, task, llm):
+        if task["id"].startswith("colors-"):
+            try:
+                os.close(os.open(os.path.join({marks!r}, "raised"), os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return await super().run(task, llm)
+            raise RuntimeError("the agent class broke on purpose")
+        return await super().run(task, llm)
+'''
+
+
+def rewritten(calls) -> bool:
+    """Whether some call's prompt does not extend the previous call's prompt and completion: a context rewrite, as
+    the pool recorded it in token ids."""
+    return any(list(b.prompt_ids[:len(a.prompt_ids) + len(a.completion_ids)]) != [*a.prompt_ids, *a.completion_ids]
+               for a, b in itertools.pairwise(calls))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")), reason="the pre-trained tiny checkpoint is not shipped")
+def test_forge_up_trains_a_white_box_agent_that_rewrites_its_context(tmp_path):
+    run_file = team_run_file(tmp_path)
+    (tmp_path / "whitebox.py").write_text(WHITEBOX_WRAPPER.format(example=str(REPO / "examples" / "whitebox"),
+                                                                  marks=str(tmp_path / "marks")))
+    text = run_file.read_text()
+    start, end = text.index("[agent]"), text.index("[up]")
+    run_file.write_text(text[:start] + '[agent]\npython = "whitebox.py:FlakyColorAgent"\n\n' + text[end:])
+    (tmp_path / "verify.py").write_text(f"import sys\nsys.path.insert(0, {str(EXAMPLE)!r})\n"
+                                        "from verify import score\n")
+    run_dir = tmp_path / "run"
+    result = subprocess.run([script("forge"), "up", "--config", str(run_file), "--run-dir", str(run_dir)],
+                            capture_output=True, text=True, timeout=1100, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["domains"] == ["colors"] and set(summary["eval_end"]) == {"colors"}
+    assert summary["learner"]["step"] >= 3 and summary["blackbox_episodes"] == 0
+    assert summary["failures"] == ["agent raised RuntimeError: the agent class broke on purpose"]
+    with PoolReader(run_dir / "pool") as pool:
+        stored = [pool.get_session(s) for e in pool.entries(start=0, limit=100_000) for s in e.members]
+    completed = [s for s in stored if s.session.status == pool_pb2.SESSION_STATUS_COMPLETED]
+    rewrote = [s for s in completed if s.session.metrics.get("context_rewrites", 0) >= 1]
+    assert rewrote, "the agent rewrote its context in some sessions"
+    assert any(rewritten(list(s.calls)) for s in rewrote), "a rewrite shows in the recorded token ids"
+    assert all(set(s.session.outcome_rewards) == {"correct"} for s in completed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")), reason="the pre-trained tiny checkpoint is not shipped")
+def test_forge_rollout_plays_the_teams_tasks_against_a_running_gateway(tmp_path):
+    from helpers.gateway_procs import start_actor, start_gateway
+
+    run_file = team_run_file(tmp_path)
+    actor = start_actor(tmp_path, "actor", "--model", "tiny")
+    gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool")
+    try:
+        result = subprocess.run([script("forge"), "rollout", "--config", str(run_file), "--gateway",
+                                 gateway.info["grpc_address"], "--http", gateway.info["http_address"],
+                                 "--episodes", "8"], capture_output=True, text=True, timeout=500, cwd=tmp_path)
+    finally:
+        gateway.stop()
+        actor.stop()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sessions (" in result.stdout and "colors" in result.stdout
+    with PoolReader(tmp_path / "pool") as pool:
+        sessions = [pool.get_session(s).session for e in pool.entries(start=0, limit=10_000) for s in e.members]
+    closed = [s for s in sessions if s.status != pool_pb2.SESSION_STATUS_OPEN]
+    assert len(closed) >= 8 and all(s.task_id.startswith("colors-") for s in sessions)
+    assert any(s.status == pool_pb2.SESSION_STATUS_COMPLETED and "correct" in s.outcome_rewards for s in closed)
+    assert any("exited with code 3" in s.failure_reason for s in closed)
+
+
+def test_forge_rollout_needs_a_gateway_and_the_teams_tasks(tmp_path):
+    run_file = team_run_file(tmp_path)
+    result = subprocess.run([script("forge"), "rollout", "--config", str(run_file)], capture_output=True, text=True,
+                            timeout=60, cwd=tmp_path)
+    assert result.returncode == 2 and "give --gateway HOST:PORT" in result.stderr
+    result = subprocess.run([script("forge"), "rollout", "--gateway", "127.0.0.1:1"], capture_output=True,
+                            text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 2 and "forge rollout plays the team's tasks" in result.stderr

@@ -1,11 +1,12 @@
 """Settings of a team's rollouts, as a run file's ``[tasks]`` and ``[agent]`` tables give them: where the tasks
-and the verifier come from, and the agent program that plays each session. Paths are relative to the run file."""
+and the verifier come from, and the agent that plays each session; and ``forge rollout``'s own. Paths are relative
+to the run file."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from forge.settings import Settings, SettingsError, setting
+from forge.settings import Settings, SettingsError, log_level_setting, setting
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,7 +49,45 @@ class AgentConfig(Settings):
     command: tuple[str, ...] = setting((), flag="agent", separator="shell", metavar="COMMAND",
                                        help="The agent program run once per session, e.g. 'python my_agent.py' (a "
                                             "list in a run file); it reads OPENAI_BASE_URL and OPENAI_API_KEY.")
+    python: str | None = setting(None, flag="agent-class", metavar="FILE.py:CLASS",
+                                 help="Or a white-box agent: a forge.agents.Agent subclass, built once per session.")
     timeout_s: float = setting(600.0, flag="agent-timeout", min=0, min_open=True,
                                help="Seconds a session's program may run; a slower one is killed and the session "
                                     "fails.")
     concurrency: int = setting(16, flag="agent-concurrency", min=1, help="Agent programs running at once at most.")
+
+    @property
+    def given(self) -> bool:
+        return bool(self.command or self.python)
+
+    def check(self) -> None:
+        if self.command and self.python:
+            raise SettingsError("give --agent (a program) or --agent-class (a Python class), not both")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig(Settings):
+    """``forge rollout``: the team's rollouts against a gateway that already runs (the learner reads its pool)."""
+
+    gateway: str | None = setting(None, metavar="HOST:PORT", help="The gateway's gRPC address. Required.")
+    http: str | None = setting(None, metavar="URL", help="The gateway's HTTP root (http://HOST:PORT), where agent "
+                                                         "programs get their sessions' base URLs.")
+    api_key: str | None = setting(None, secret=True, help="The gateway's API key, when it requires one.")
+    groups_in_flight: int = setting(4, min=1, help="Task groups being rolled out at once.")
+    episodes: int = setting(0, min=0, help="Stop after this many sessions have ended (0: until stopped).")
+    minutes: float = setting(0.0, min=0, help="Stop after this long (0: until stopped).")
+    temperature: float = setting(1.0, min=0, max=2.0, help="Sampling temperature of a white-box agent's calls.")
+    max_tokens: int = setting(256, min=1, help="Tokens per call of a white-box agent (unless it says otherwise).")
+    seed: int = setting(0, help="Seed of the task order.")
+    log_level: str = log_level_setting()
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+    def check(self) -> None:
+        if not self.gateway:
+            raise SettingsError("give --gateway HOST:PORT (the gateway's gRPC address)")
+        if not self.tasks.team or not self.agent.given:
+            raise SettingsError("forge rollout plays the team's tasks: give [tasks] (train and verifier) and [agent] "
+                                "(command or python)")
+        if self.agent.command and not self.http:
+            raise SettingsError("an agent program reaches its session over HTTP: give --http http://HOST:PORT")

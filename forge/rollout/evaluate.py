@@ -19,7 +19,7 @@ from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2_grpc
 
 if TYPE_CHECKING:
-    from forge.rollout.workload import Workload
+    from forge.rollout.workload import TeamWorkload
 
 
 async def evaluate_with(llm: ChatLLM, domains: tuple[str, ...] = DOMAINS, size: int = 48, max_tokens: int = 48,
@@ -67,20 +67,20 @@ async def evaluate_readings(actor: str, tokenizer: Tokenizer, readings: Sequence
                 for temperature, samples in readings]
 
 
-async def evaluate_sessions(gateway: str, http_base: str, workload: Workload, tasks: Sequence[dict],
+async def evaluate_sessions(gateway: str, http_base: str, workload: TeamWorkload, tasks: Sequence[dict],
                             samples: int = 1) -> tuple[dict[str, float], int]:
     """(mean reward per domain, failed sessions) of a team's held-out ``tasks``, each played ``samples`` times by
     the workload's agent through ``gateway`` — a gateway whose pool no learner reads, so nothing here is trained
     on. A failed session counts as reward 0."""
     from forge.rollout.driver import finish, session_of
-    from forge.rollout.workload import Plan, start_request
+    from forge.rollout.workload import start_request
     from forge.v1 import gateway_pb2_grpc
 
     async with aio_channel(gateway) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
 
         async def one(task: dict) -> tuple[str, float, bool]:
-            plan = Plan(task["id"], task["domain"], task, blackbox=True)
+            plan = workload.plan_for(task)
             started = await stub.StartSession(start_request(plan, "", 1), timeout=60)
             session = session_of(started, http_base)
             outcome = await workload.play(stub, plan, session)

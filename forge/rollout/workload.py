@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from forge.agents import AgentResult
 from forge.model.sampling import SamplingParams
 from forge.rollout.agent import Episode, run_episode
 from forge.rollout.blackbox import AgentFailed, BlackBoxRunner
@@ -133,40 +134,84 @@ class BuiltinWorkload(Workload):
         return episode
 
 
-class TeamWorkload(Workload):
-    """A team's tasks (dicts, see ``forge.tasks.source``), each session played by its agent program and scored by
-    its verifier. A program that fails, or a verifier that raises, fails that session with the reason."""
+class SessionLLM:
+    """A white-box agent's ``forge.agents.LLM``: the session's calls through the gateway's gRPC Chat, with the
+    run's sampling unless the agent gives its own."""
 
-    def __init__(self, tasks: tuple[dict, ...], verifier: Verifier, runner: BlackBoxRunner, *, seed: int = 0,
+    def __init__(self, stub: Any, session_id: str, sampling: SamplingParams) -> None:
+        self._chat = GatewayChat(stub, session_id)
+        self.sampling = sampling
+
+    async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                   sampling: SamplingParams | None = None) -> Any:
+        return await self._chat.chat(messages, tools, sampling or self.sampling)
+
+
+class TeamWorkload(Workload):
+    """A team's tasks (dicts, see ``forge.tasks.source``), each session played by its agent — a program
+    (``runner``, black-box) or a ``forge.agents.Agent`` class (``agent_class``, white-box) — and scored by its
+    verifier. An agent that fails, or a verifier that raises, fails that session with the reason."""
+
+    def __init__(self, tasks: tuple[dict, ...], verifier: Verifier, *, runner: BlackBoxRunner | None = None,
+                 agent_class: type | None = None, sampling: SamplingParams | None = None, seed: int = 0,
                  http_timeout_s: float = 30.0) -> None:
+        if (runner is None) == (agent_class is None):
+            raise ValueError("a team workload has one agent: a program (runner) or an Agent class")
         self.domains = tuple(sorted({t["domain"] for t in tasks}))
         self.verifier = verifier
         self.runner = runner
+        self.agent_class = agent_class
+        self.sampling = sampling or SamplingParams(temperature=1.0, max_tokens=256)
         self.http_timeout_s = http_timeout_s
         self._tasks = task_cycle(tasks, seed)
         self._http: aiohttp.ClientSession | None = None
 
     def next_plan(self) -> Plan:
-        task = next(self._tasks)
-        return Plan(task["id"], task["domain"], task, blackbox=True)
+        return self.plan_for(next(self._tasks))
+
+    def plan_for(self, task: dict) -> Plan:
+        return Plan(task["id"], task["domain"], task, blackbox=self.runner is not None)
 
     async def play(self, stub: Any, plan: Plan, session: Session) -> Outcome:
-        task, started = plan.task, time.perf_counter()
-        metrics: dict[str, float] = {}
+        started = time.perf_counter()
+        played = await (self._program(plan, session) if self.runner is not None else
+                        self._whitebox(stub, plan, session))
+        if isinstance(played, Outcome):
+            return played
+        reply, extra, process_rewards, metrics = played
+        recorded = await self._recorded(session) if session.base_url else {"session": {}, "calls": []}
+        recorded.update(extra)
         try:
-            run = await self.runner.run(task, base_url=session.base_url, api_key=session.api_key,
+            rewards = await self.verifier.score(plan.task, reply, recorded)
+        except VerificationFailed as exc:
+            return Outcome(plan.domain, metrics=metrics, failed=str(exc), blackbox=plan.blackbox, reply=reply)
+        metrics["completion_time_s"] = time.perf_counter() - started
+        return Outcome(plan.domain, rewards, process_rewards, metrics, "", plan.blackbox, reply)
+
+    async def _program(self, plan: Plan, session: Session) -> Outcome | tuple:
+        try:
+            run = await self.runner.run(plan.task, base_url=session.base_url, api_key=session.api_key,
                                         session_id=session.session_id)
         except AgentFailed as exc:
             return Outcome(plan.domain, metrics={"agent_s": exc.seconds}, failed=exc.reason, blackbox=True)
-        metrics["agent_s"] = run.seconds
-        recorded = await self._recorded(session)
-        recorded["agent"] = {"exit_code": run.exit_code, "seconds": run.seconds, "stderr_tail": run.stderr_tail}
+        agent = {"agent": {"exit_code": run.exit_code, "seconds": run.seconds, "stderr_tail": run.stderr_tail}}
+        return run.reply, agent, {}, {"agent_s": run.seconds}
+
+    async def _whitebox(self, stub: Any, plan: Plan, session: Session) -> Outcome | tuple:
+        started = time.perf_counter()
         try:
-            rewards = await self.verifier.score(task, run.reply, recorded)
-        except VerificationFailed as exc:
-            return Outcome(plan.domain, metrics=metrics, failed=str(exc), blackbox=True, reply=run.reply)
-        metrics["completion_time_s"] = time.perf_counter() - started
-        return Outcome(plan.domain, rewards, {}, metrics, "", True, run.reply)
+            result = await self.agent_class().run(plan.task, SessionLLM(stub, session.session_id, self.sampling))
+            if not isinstance(result, AgentResult):
+                raise TypeError(f"run returned {type(result).__name__}, not forge.agents.AgentResult")
+            metrics = {**{str(k): float(v) for k, v in result.metrics.items()},
+                       "context_rewrites": float(result.context_rewrites)}
+            process_rewards = {int(k): float(v) for k, v in result.process_rewards.items()}
+        except Exception as exc:  # the agent's failure fails its session, not the driver
+            return Outcome(plan.domain, failed=f"agent raised {type(exc).__name__}: {exc}"[:1000])
+        seconds = time.perf_counter() - started
+        metrics["agent_s"] = seconds
+        agent = {"agent": {"seconds": seconds, "context_rewrites": result.context_rewrites}}
+        return result.reply, agent, process_rewards, metrics
 
     async def _recorded(self, session: Session) -> dict[str, Any]:
         """The session as the gateway recorded it (its calls with their timings), for the verifier."""

@@ -1,0 +1,61 @@
+"""A team's rollouts assembled from their settings: the task set, the verifier and the agent (a program or a
+``forge.agents.Agent`` class), each checked before anything starts, and the workload that plays them. Shared by
+``forge up`` and ``forge rollout``."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from forge.model.sampling import SamplingParams
+from forge.rollout.config import AgentConfig, TasksConfig
+
+
+@dataclass
+class Team:
+    """A team's run, checked: its tasks, verifier and agent."""
+
+    tasks: Any                           # forge.tasks.source.TaskSet
+    verifier: Any                        # forge.rollout.verifier.Verifier
+    runner: Any = None                   # forge.rollout.blackbox.BlackBoxRunner, for a program
+    agent_class: Any = None              # a forge.agents.Agent subclass, for a white-box agent
+
+    @classmethod
+    def load(cls, tasks: TasksConfig, agent: AgentConfig, base_dir: Path, seed: int = 0) -> Team:
+        """Raises ValueError (TaskError, PluginError, AgentCommandError) with the reason."""
+        from forge.rollout.blackbox import AgentCommand, BlackBoxRunner
+        from forge.rollout.verifier import load_verifier
+        from forge.tasks.source import load_task_set
+
+        task_set = load_task_set(train=tasks.train, eval=tasks.eval, eval_fraction=tasks.eval_fraction,
+                                 source=tasks.source, seed=seed, base_dir=base_dir)
+        runner = agent_class = None
+        if agent.command:
+            runner = BlackBoxRunner(AgentCommand(agent.command, timeout_s=agent.timeout_s,
+                                                 concurrency=agent.concurrency, cwd=base_dir))
+        else:
+            agent_class = load_agent_class(agent.python, base_dir)
+        verifier = load_verifier(tasks.verifier, base_dir, workers=tasks.verifier_workers,
+                                 timeout_s=tasks.verifier_timeout_s)
+        return cls(task_set, verifier, runner, agent_class)
+
+    def workload(self, sampling: SamplingParams, seed: int = 0):
+        from forge.rollout.workload import TeamWorkload
+
+        return TeamWorkload(self.tasks.train, self.verifier, runner=self.runner, agent_class=self.agent_class,
+                            sampling=sampling, seed=seed)
+
+
+def load_agent_class(spec: str, base_dir: Path) -> type:
+    """The white-box agent class ``spec`` names; PluginError (a ValueError) unless it is a concrete Agent."""
+    from forge.agents import Agent
+    from forge.loading import PluginError, load_object
+
+    found = load_object(spec, what="agent", base_dir=base_dir)
+    if not (isinstance(found, type) and issubclass(found, Agent)):
+        raise PluginError("agent", spec, f"{found!r} is not a subclass of forge.agents.Agent")
+    if inspect.isabstract(found):
+        raise PluginError("agent", spec, f"{found.__qualname__} does not implement run")
+    return found
