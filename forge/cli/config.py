@@ -12,7 +12,7 @@ import click
 from forge.cli.options import CONTEXT_SETTINGS, SettingsCommand, envvars_of, field_value, sources
 from forge.settings import SettingsError, build, entries
 
-SERVICES = ("learner", "actor", "gateway", "cache", "pool", "up")
+SERVICES = ("learner", "actor", "gateway", "cache", "pool", "up", "rollout")
 
 
 def settings_commands() -> dict[str, SettingsCommand]:
@@ -22,9 +22,11 @@ def settings_commands() -> dict[str, SettingsCommand]:
     from forge.gateway.cli import gateway
     from forge.learner.cli import learner
     from forge.pool.cli import serve_command
+    from forge.rollout.cli import rollout
     from forge.up import up
 
-    return {"learner": learner, "actor": actor, "gateway": gateway, "cache": cache, "pool": serve_command, "up": up}
+    return {"learner": learner, "actor": actor, "gateway": gateway, "cache": cache, "pool": serve_command, "up": up,
+            "rollout": rollout}
 
 
 def _toml(value: Any) -> str:
@@ -48,9 +50,9 @@ def config_group() -> None:
               help="The run file the command would be given with --config.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def show(command: str, run_file: str | None, as_json: bool) -> None:
-    """Print every setting of COMMAND (learner, actor, gateway, cache, pool, up) with its effective value and its
-    source, reading the FORGE_<COMMAND>_* environment and the run file as the command itself would. Secrets show
-    as ***."""
+    """Print every setting of COMMAND (learner, actor, gateway, cache, pool, up, rollout) with its effective value
+    and its source, reading the FORGE_<COMMAND>_* environment and the run file as the command itself would.
+    Secrets show as ***."""
     target = settings_commands()[command]
     try:
         values, where = sources(target, ["--config", run_file] if run_file else [])

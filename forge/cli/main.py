@@ -13,6 +13,7 @@ from forge.cli.model import model_group
 from forge.gateway.cli import gateway
 from forge.learner.cli import learner
 from forge.pool.cli import pool_group
+from forge.rollout.cli import rollout
 from forge.top.cli import plot, top
 from forge.up import up
 
@@ -30,7 +31,7 @@ def forge() -> None:
     """
 
 
-for command in (up, learner, actor, gateway, cache, top, plot, model_group, pool_group, config_group):
+for command in (up, rollout, learner, actor, gateway, cache, top, plot, model_group, pool_group, config_group):
     forge.add_command(command)
 
 learner_entry = entry_point(learner, "learner")
