@@ -1,6 +1,6 @@
 """A white-box agent for the colors tasks: it looks colors up with the task's `lookup` tool and manages its own
-context. Once its history holds two tool results it rewrites it, keeping the task and a note of the colors found
-instead of the whole exchange; each call is its own training sample, so the rewrite costs nothing in correctness.
+context. Once its history holds more than two tool results it rewrites it, keeping the task and a note of the
+colors found instead of the whole exchange (as the built-in model was taught to); each call is its own training sample, so the rewrite costs nothing in correctness.
 A malformed tool call earns a process reward of -0.5 on that call."""
 
 import json
@@ -8,7 +8,7 @@ import json
 from forge.agents import LLM, Agent, AgentResult
 
 MAX_TURNS = 6
-REWRITE_AFTER = 2          # tool results kept before the history is rewritten into a note
+KEEP_TOOL_RESULTS = 2      # beyond this many tool results the history is rewritten into a note
 FORMAT_HINT = 'Malformed tool call. Use <tool_call>{"name": "lookup", "arguments": {"key": KEY}}</tool_call>.'
 
 
@@ -26,7 +26,7 @@ class ColorAgent(Agent):
                     if key is not None:
                         found[key] = text
                     messages.append({"role": "tool", "tool_call_id": call["id"], "content": text})
-                if sum(m["role"] == "tool" for m in messages) >= REWRITE_AFTER:
+                if sum(m["role"] == "tool" for m in messages) > KEEP_TOOL_RESULTS:
                     note = ", ".join(f"{k}={v}" for k, v in found.items())
                     messages = [*task["messages"], {"role": "user", "content": f"Known: {note}."}]
                     result.context_rewrites += 1
