@@ -25,7 +25,8 @@ class ActorConfig(Settings):
     port: int = setting(50051, min=0, max=65535, help="gRPC port; 0 picks a free one (see --ready-file).")
     name: str | None = setting(None, help="Instance name in stats and records [default: actor-PORT].")
     device: str = setting("auto", help="cpu, cuda, cuda:N, or auto.")
-    dtype: str = setting("float32", choices=("float32", "bfloat16", "float16"), help="Weights' and KV's dtype.")
+    dtype: str = setting("auto", choices=("auto", "float32", "bfloat16", "float16"),
+                         help="Weights' and KV's dtype; auto: the checkpoint's own (config.json's torch_dtype).")
     weights_fetch: str | None = setting(None, help="Subscribe to weight versions from the learner at this ZeroMQ "
                                                    "endpoint (e.g. tcp://127.0.0.1:5701).")
     weights_announce: str | None = setting(None, help="The learner's announcement endpoint (e.g. "

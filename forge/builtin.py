@@ -27,6 +27,7 @@ __all__ = [
     "TINY_NAME",
     "ModelNotFound",
     "ModelRef",
+    "checkpoint_dtype",
     "is_builtin",
     "load_model",
     "load_tokenizer",
@@ -86,9 +87,27 @@ def resolve_model(reference: str | Path | ModelRef) -> ModelRef:
     return ModelRef(reference, directory, str(directory), builtin=False)
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def checkpoint_dtype(reference: str | Path | ModelRef) -> str:
+    """The dtype a checkpoint's config.json names (``torch_dtype`` or ``dtype``), float32 where it names none of
+    ``DTYPES``: what ``--dtype auto`` serves."""
+    import json
+
+    ref = resolve_model(reference)
+    try:
+        config = json.loads((ref.directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    named = config.get("torch_dtype") or config.get("dtype")
+    return named if named in DTYPES else "float32"
+
+
 def load_model(reference: str | Path | ModelRef, *, dtype: torch.dtype | str = "float32", device: str = "cpu",
                seed: int = 0) -> tuple[CausalLM, ModelRef]:
-    """The model ``reference`` names with its weights, on ``device`` in ``dtype`` (a torch dtype or its name).
+    """The model ``reference`` names with its weights, on ``device`` in ``dtype`` (a torch dtype, its name, or
+    ``auto``: the checkpoint's own, see ``checkpoint_dtype``).
     The built-in model without shipped weights is a fresh init from ``seed`` (with a warning). Raises
     ModelNotFound for a bad reference, ValueError (CheckpointError, ModelConfigError) for a bad checkpoint."""
     import torch
@@ -96,6 +115,8 @@ def load_model(reference: str | Path | ModelRef, *, dtype: torch.dtype | str = "
     from forge.model import CausalLM
 
     ref = resolve_model(reference)
+    if dtype == "auto":
+        dtype = checkpoint_dtype(reference)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     if ref.builtin and not ref.has_weights:
         log.warning("the built-in tiny model has no trained weights in this installation: using a fresh init")

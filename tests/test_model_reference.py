@@ -146,3 +146,21 @@ def test_a_bad_reference_reads_the_same_everywhere(tmp_path, command):
     assert result.returncode == 2, result.stderr
     assert MESSAGE.format(missing) in result.stderr
     assert result.stderr.startswith("Usage:"), result.stderr         # refused before anything loaded or logged
+
+
+def test_auto_dtype_is_the_checkpoints_own(tmp_path):
+    import json
+
+    import torch
+
+    from forge.builtin import checkpoint_dtype, load_model, write_tiny_checkpoint
+
+    assert checkpoint_dtype("tiny") == "float32"
+    directory = write_tiny_checkpoint(tmp_path / "bf16")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16", "dtype": "bfloat16"}))
+    assert checkpoint_dtype(directory) == "bfloat16"
+    model, _ = load_model(directory, dtype="auto")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    (directory / "config.json").write_text(json.dumps({**config, "torch_dtype": "int8", "dtype": None}))
+    assert checkpoint_dtype(directory) == "float32"
