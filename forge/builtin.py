@@ -91,16 +91,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def checkpoint_dtype(reference: str | Path | ModelRef) -> str:
-    """The dtype a checkpoint's config.json names (``torch_dtype`` or ``dtype``), float32 where it names none of
-    ``DTYPES``: what ``--dtype auto`` serves."""
-    import json
+    """The dtype a checkpoint's config.json names, float32 where it names none of ``DTYPES``: what ``--dtype auto``
+    serves."""
+    from forge.model import ModelConfig
 
-    ref = resolve_model(reference)
-    try:
-        config = json.loads((ref.directory / "config.json").read_text())
-    except (OSError, ValueError):
-        return "float32"
-    named = config.get("torch_dtype") or config.get("dtype")
+    named = ModelConfig.from_file(resolve_model(reference).directory).torch_dtype
     return named if named in DTYPES else "float32"
 
 
