@@ -20,23 +20,15 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from forge.builtin import resolve_model
 from forge.cli.common import setup_logging
 from forge.cli.options import RUN_FILE, read_run_file, settings_command
 from forge.launch import ServiceProcess
-from forge.rollout.config import AgentConfig, TasksConfig
+from forge.rollout.config import AgentConfig, ModelChoice, TasksConfig
 from forge.rollout.team import Team
 from forge.settings import Settings, SettingsError, log_level_setting, setting
 from forge.tasks import DOMAINS
 
 log = logging.getLogger("forge.up")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelChoice(Settings):
-    """The run file's ``[model]`` table: the policy every service of the run serves or trains."""
-
-    path: str = setting("tiny", flag="model", validate=resolve_model, help="'tiny' or a checkpoint directory.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,8 +198,10 @@ def workload_for(config: UpConfig, team: Team | None):
     from forge.rollout.workload import BuiltinWorkload
 
     if team is not None:
+        from forge.builtin import load_tokenizer
+
         return team.workload(SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens),
-                             config.seed)
+                             config.seed, load_tokenizer(config.model.path))
     return BuiltinWorkload(config.domains, temperature=config.temperature, max_tokens=config.max_tokens,
                            blackbox_every=config.blackbox_every, seed=config.seed)
 

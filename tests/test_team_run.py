@@ -57,6 +57,9 @@ def score(task, reply, session):
             raise ZeroDivisionError("the verifier broke on purpose")
         if n == 1:
             return "yes"
+    calls = session.get("calls", [])
+    if calls and all(isinstance(c.get("completion"), str) and c["completion"] for c in calls):
+        open({seen!r}, "w").close()         # the session came with its calls' text
     return real_score(task, reply, session)
 '''
 
@@ -65,7 +68,7 @@ def team_run_file(tmp_path: Path, **tables: str) -> Path:
     marks = tmp_path / "marks"
     marks.mkdir()
     (tmp_path / "agent.py").write_text(AGENT_WRAPPER.format(marks=str(marks), agent=str(EXAMPLE / "agent.py")))
-    (tmp_path / "verify.py").write_text(VERIFIER_WRAPPER.format(example=str(EXAMPLE)))
+    (tmp_path / "verify.py").write_text(VERIFIER_WRAPPER.format(example=str(EXAMPLE), seen=str(tmp_path / "seen")))
     held_out = (EXAMPLE / "tasks" / "eval.jsonl").read_text().splitlines()[:8]
     (tmp_path / "eval.jsonl").write_text("\n".join(held_out) + "\n")
     text = f'''
@@ -117,6 +120,7 @@ def test_forge_up_trains_a_black_box_agent_on_the_teams_tasks(tmp_path):
         assert reason in reasons, reasons
     assert summary["failed_episodes"] >= 4 and summary["episodes"] > summary["failed_episodes"]
     assert "held-out reward per domain" in result.stdout and "colors" in result.stdout
+    assert (tmp_path / "seen").exists(), "the verifier got the recorded calls with their text"
 
     with PoolReader(run_dir / "pool") as pool:
         sessions = [pool.get_session(s).session for e in pool.entries(start=0, limit=100_000) for s in e.members]

@@ -20,7 +20,7 @@ from forge.rollout.team import Team
 log = logging.getLogger("forge.rollout")
 
 
-@settings_command("rollout", RolloutConfig, shared_tables=("tasks", "agent"))
+@settings_command("rollout", RolloutConfig, shared_tables=("model", "tasks", "agent"))
 def rollout(config: RolloutConfig) -> None:
     """Roll out the team's tasks ([tasks], [agent] of the run file) through the gateway at --gateway: G sessions
     per task, each played by the agent and closed with the verifier's rewards, recorded in the gateway's pool for
@@ -38,10 +38,11 @@ def rollout(config: RolloutConfig) -> None:
 
 
 async def _roll_out(config: RolloutConfig, team: Team):
+    from forge.builtin import load_tokenizer
     from forge.rollout.driver import DriverConfig, RolloutDriver
 
     workload = team.workload(SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens),
-                             config.seed)
+                             config.seed, load_tokenizer(config.model.path))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from forge.builtin import resolve_model
 from forge.settings import Settings, SettingsError, log_level_setting, setting
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelChoice(Settings):
+    """The run file's ``[model]`` table: the policy every service of the run serves or trains."""
+
+    path: str = setting("tiny", flag="model", validate=resolve_model, help="'tiny' or a checkpoint directory.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +88,7 @@ class RolloutConfig(Settings):
     max_tokens: int = setting(256, min=1, help="Tokens per call of a white-box agent (unless it says otherwise).")
     seed: int = setting(0, help="Seed of the task order.")
     log_level: str = log_level_setting()
+    model: ModelChoice = field(default_factory=ModelChoice)
     tasks: TasksConfig = field(default_factory=TasksConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
 

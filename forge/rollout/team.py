@@ -41,11 +41,13 @@ class Team:
                                  timeout_s=tasks.verifier_timeout_s)
         return cls(task_set, verifier, runner, agent_class)
 
-    def workload(self, sampling: SamplingParams, seed: int = 0):
+    def workload(self, sampling: SamplingParams, seed: int = 0, tokenizer: Any = None):
+        """The workload that plays the team's training tasks; ``tokenizer`` (the model's) decodes the calls of the
+        session records the verifier gets."""
         from forge.rollout.workload import TeamWorkload
 
         return TeamWorkload(self.tasks.train, self.verifier, runner=self.runner, agent_class=self.agent_class,
-                            sampling=sampling, seed=seed)
+                            sampling=sampling, seed=seed, tokenizer=tokenizer)
 
 
 def load_agent_class(spec: str, base_dir: Path) -> type:

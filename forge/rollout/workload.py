@@ -154,7 +154,7 @@ class TeamWorkload(Workload):
 
     def __init__(self, tasks: tuple[dict, ...], verifier: Verifier, *, runner: BlackBoxRunner | None = None,
                  agent_class: type | None = None, sampling: SamplingParams | None = None, seed: int = 0,
-                 http_timeout_s: float = 30.0) -> None:
+                 tokenizer: Any = None, http_timeout_s: float = 30.0) -> None:
         if (runner is None) == (agent_class is None):
             raise ValueError("a team workload has one agent: a program (runner) or an Agent class")
         self.domains = tuple(sorted({t["domain"] for t in tasks}))
@@ -162,6 +162,7 @@ class TeamWorkload(Workload):
         self.runner = runner
         self.agent_class = agent_class
         self.sampling = sampling or SamplingParams(temperature=1.0, max_tokens=256)
+        self.tokenizer = tokenizer
         self.http_timeout_s = http_timeout_s
         self._tasks = task_cycle(tasks, seed)
         self._http: aiohttp.ClientSession | None = None
@@ -214,18 +215,24 @@ class TeamWorkload(Workload):
         return result.reply, agent, process_rewards, metrics
 
     async def _recorded(self, session: Session) -> dict[str, Any]:
-        """The session as the gateway recorded it (its calls with their timings), for the verifier."""
+        """The session as the gateway recorded it, for the verifier: its calls with their timings, token ids and,
+        with a tokenizer, their text (``prompt``, ``completion``)."""
         root = session.base_url.split("/s/", 1)[0]
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.http_timeout_s))
         try:
-            async with self._http.get(f"{root}/v1/sessions/{session.session_id}",
+            async with self._http.get(f"{root}/v1/sessions/{session.session_id}", params={"include_ids": "1"},
                                       headers={"Authorization": f"Bearer {session.api_key}"}) as response:
                 response.raise_for_status()
-                return dict(await response.json())
+                recorded = dict(await response.json())
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning("session %s: its record could not be read for the verifier: %s", session.session_id, exc)
             return {"session": {"session_id": session.session_id}, "calls": []}
+        if self.tokenizer is not None:
+            for call in recorded.get("calls", []):
+                call["prompt"] = self.tokenizer.decode(call.get("prompt_ids", []))
+                call["completion"] = self.tokenizer.decode(call.get("completion_ids", []))
+        return recorded
 
     async def close(self) -> None:
         self.verifier.close()
