@@ -4,6 +4,7 @@ and never leaves a side empty; and the training stream reshuffles every pass, th
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import math
@@ -316,3 +317,23 @@ def test_task_cycle_reshuffles_every_pass_the_same_way_for_a_seed():
     assert [t["id"] for t in itertools.islice(task_cycle(tasks[:1], seed=0), 3)] == ["t0"] * 3
     with pytest.raises(ValueError, match="at least one task"):
         task_cycle([], seed=0)
+
+
+def test_the_built_in_tasks_are_a_task_source_with_their_verifier():
+    from forge.rollout.verifier import load_verifier
+    from forge.tasks import DOMAINS, eval_set, task_stream
+    from forge.tasks.builtin_source import held_out
+
+    tasks = load_task_set(train=None, source="forge.tasks.builtin_source:train", eval_fraction=0.05, seed=1)
+    assert tasks.domains == tuple(sorted(DOMAINS)) and len(tasks.train) + len(tasks.eval) == 3072
+    first = next(task_stream(DOMAINS, 0))
+    line = next(t for t in [*tasks.train, *tasks.eval] if t["id"] == first.task_id)
+    assert line["messages"] == first.messages and line["answer"] == first.answer
+    assert {t["id"] for t in held_out(4)} == {t.task_id for d in DOMAINS for t in eval_set(d, 4)}
+    verifier = load_verifier("forge.tasks.builtin_source:score")
+    try:
+        right = asyncio.run(verifier.score(line, f"Answer: {line['answer']}", {}))
+        wrong = asyncio.run(verifier.score(line, "Answer: nothing", {}))
+    finally:
+        verifier.close()
+    assert right == {"correct": 1.0} and wrong == {"correct": 0.0}

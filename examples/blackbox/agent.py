@@ -30,8 +30,9 @@ def main() -> None:
     client = OpenAI()
     messages = list(task["messages"])
     for _ in range(MAX_TURNS):
-        reply = client.chat.completions.create(model=MODEL, messages=messages, tools=task["tools"], max_tokens=96,
-                                               temperature=1.0)
+        tools = {"tools": task["tools"]} if task.get("tools") else {}
+        reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=96, temperature=1.0,
+                                               **tools)
         message = reply.choices[0].message
         if not message.tool_calls:
             print(message.content or "")
@@ -39,7 +40,7 @@ def main() -> None:
         messages.append({"role": "assistant", "content": message.content or "", "tool_calls": [
             {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
             for c in message.tool_calls]})
-        messages += [{"role": "tool", "tool_call_id": c.id, "content": lookup(c, task["values"])}
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": lookup(c, task.get("values", {}))}
                      for c in message.tool_calls]
     print("no answer after the turn limit", file=sys.stderr)
 

@@ -8,19 +8,17 @@ and the right answer (`answer`) for the verifier. Run it again to make other tas
 import argparse
 import json
 import random
-from dataclasses import asdict
 from pathlib import Path
 
 from forge.tasks import eval_set, unseen
 from forge.tasks.agent import make
+from forge.tasks.builtin_source import task_dict
 
 HERE = Path(__file__).resolve().parent
 
 
 def line(task) -> str:
-    fields = asdict(task)
-    return json.dumps({"id": fields["task_id"], "domain": "colors", "messages": fields["messages"],
-                       "tools": fields["tools"], "values": fields["values"], "answer": fields["answer"]})
+    return json.dumps({**task_dict(task), "domain": "colors"})
 
 
 def main() -> None:
