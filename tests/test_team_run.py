@@ -92,6 +92,9 @@ steps = 3
 eval_samples = 1
 batch_groups = 2
 groups_in_flight = 4
+
+[learner]
+mode = "fifo"      # strict FIFO: no step passes the first groups, so every planted failure is in before the end
 '''
     for name, body in tables.items():
         text += f"\n[{name}]\n{body}\n"
