@@ -15,7 +15,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass
 from functools import cache
 from pathlib import Path
@@ -285,19 +285,3 @@ def flatten(cls: type, table: Mapping[str, Any], where: str) -> dict[str, Any]:
 
     walk(cls, table, "")
     return flat
-
-
-def groups_deep(cls: type) -> set[str]:
-    names: set[str] = set()
-    for name, group in groups(cls).items():
-        names |= {name, *groups_deep(group)}
-    return names
-
-
-def iter_values(instance: Any) -> Iterator[tuple[Entry, Any]]:
-    """(entry, value) for every setting of a built settings tree."""
-    for entry in entries(type(instance)):
-        value = instance
-        for part in entry.path:
-            value = getattr(value, part)
-        yield entry, value

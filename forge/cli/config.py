@@ -54,10 +54,7 @@ def show(command: str, run_file: str | None, as_json: bool) -> None:
     and its source, reading the FORGE_<COMMAND>_* environment and the run file as the command itself would.
     Secrets show as ***."""
     target = settings_commands()[command]
-    try:
-        values, where = sources(target, ["--config", run_file] if run_file else [])
-    except click.UsageError as exc:
-        raise click.UsageError(exc.format_message()) from exc
+    values, where = sources(target, ["--config", run_file] if run_file else [])
     rows = []
     for entry in entries(target.settings_class):
         value = values.get(entry.name)
