@@ -1,9 +1,9 @@
-"""Random-weight Qwen3 checkpoints written by transformers, for the benches and the backend parity tests: no
-weights can be downloaded here, so a model of a realistic shape is made by code. The tiny model's tokenizer files
-are copied beside the weights (its vocabulary is smaller than the model's: ids past it are never produced by the
-tokenizer, and the engines work on ids).
+"""Random-weight Qwen3 checkpoints of realistic shapes, written by transformers (a dev dependency), for the
+benches and the backends' parity tests where no weights can be downloaded. The tiny model's tokenizer files are
+copied beside the weights (its vocabulary is smaller than the model's: the engines work on ids, and ids past the
+tokenizer's are never produced by it).
 
-Usage: python bench/checkpoints.py OUT_DIR [--size 100m|tiny-shape] [--seed 0]
+Usage: python -m forge.model.random_checkpoint OUT_DIR [--size 100m|small] [--seed 0]
 """
 
 from __future__ import annotations
