@@ -10,7 +10,14 @@ from dataclasses import replace
 import click
 
 from forge.actors.config import ActorConfig
-from forge.actors.parts import kv_connector, load_policy, model_id_of, trtllm_backend, weight_subscriber
+from forge.actors.parts import (
+    kv_connector,
+    load_policy,
+    model_id_of,
+    trtllm_backend,
+    vllm_backend,
+    weight_subscriber,
+)
 from forge.cli.common import setup_logging, write_ready_file
 from forge.cli.options import settings_command
 
@@ -23,6 +30,13 @@ def actor(config: ActorConfig) -> None:
     reflection). Token ids in, token ids out, with the log-probability and weight version of every token."""
     setup_logging(config.log_level)
     backend, model, device = config.backend, config.model, config.device
+    if backend == "vllm":
+        import importlib.util
+
+        from forge.actors.vllm_backend import INSTALL_HINT
+
+        if importlib.util.find_spec("vllm") is None:
+            raise click.ClickException(INSTALL_HINT)
     weights_fetch, weights_announce = config.weights_fetch, config.weights_announce
     import torch
 
@@ -31,6 +45,7 @@ def actor(config: ActorConfig) -> None:
     from forge.rpc.aio_server import AioGrpcServer
     from forge.v1 import actor_pb2, actor_pb2_grpc
 
+    events = None
     threads = config.engine.threads
     if backend == "torch":
         from forge.actors.engine.engine import reserve_cpu_threads
@@ -40,11 +55,20 @@ def actor(config: ActorConfig) -> None:
         torch.set_num_threads(threads)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    # Subscribed to a learner: serve only once its first version is in (every token carries a learner version).
+    initial_version = -1 if weights_fetch else 0
     if backend == "trtllm":
         try:
             engine, model_id = trtllm_backend(model, config.engine.max_waiting)
         except (RuntimeError, ValueError) as exc:
             raise click.ClickException(str(exc)) from exc
+    elif backend == "vllm":
+        try:
+            engine, model_id = vllm_backend(model, replace(config.engine, threads=threads), device, config.dtype,
+                                            initial_version)
+        except (RuntimeError, ValueError, TimeoutError) as exc:
+            raise click.ClickException(f"vLLM could not start: {exc}") from exc
+        events = engine.kv_events()
     else:
         from forge.actors.engine.engine import TorchEngine
 
@@ -53,10 +77,7 @@ def actor(config: ActorConfig) -> None:
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--model") from exc
         engine_config = replace(config.engine, model_id=model_id, threads=threads)
-        # Subscribed to a learner: serve only once its first version is in (every token carries a learner version).
-        initial_version = -1 if weights_fetch else 0
     subscriber = None
-    events = None
     servers: list = []                  # stopped if the engine process dies
     if backend == "torch" and config.engine_process:
         from forge.actors.engine.core import EngineSpec

@@ -11,7 +11,7 @@ from forge.builtin import resolve_model
 from forge.cache.client import FETCH_POLICIES, parse_addresses
 from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
 
-BACKENDS = ("torch", "trtllm")
+BACKENDS = ("torch", "vllm", "trtllm")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -19,8 +19,8 @@ class ActorConfig(Settings):
     model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory in the Hugging Face layout, or 'tiny' for the built-in "
                                       "model.")
     backend: str = setting("torch", choices=BACKENDS,
-                           help="Inference backend: the embedded torch engine, or TensorRT-LLM (GPU, optional extra; "
-                                "see docs/backends.md).")
+                           help="Inference backend: the embedded torch engine, vLLM (CPU or GPU, optional extra), or "
+                                "TensorRT-LLM (GPU, optional extra); see docs/backends.md.")
     host: str = setting("127.0.0.1", help="Interface to bind (loopback by default).")
     port: int = setting(50051, min=0, max=65535, help="gRPC port; 0 picks a free one (see --ready-file).")
     name: str | None = setting(None, help="Instance name in stats and records [default: actor-PORT].")

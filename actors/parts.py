@@ -1,4 +1,4 @@
-"""The parts an actor is built from: its policy, the TensorRT-LLM backend, the torch engine's KV connector and the
+"""The parts an actor is built from: its policy, the vLLM and TensorRT-LLM backends, the torch engine's KV connector and the
 learner's weight subscription. Shared by ``forge-actor``, the engine core (which builds them in its own process),
 ``forge model eval`` and the benches; errors are plain exceptions for each caller to report its own way."""
 
@@ -43,6 +43,22 @@ def trtllm_backend(model: str, max_waiting: int):
     backend = TrtllmBackend(str(directory), config.vocab_size, config.max_position_embeddings,
                             config.eos_token_ids, max_waiting=max_waiting)
     return backend, ref.model_id
+
+
+def vllm_backend(model: str, config, device: str, dtype: str, initial_version: int):
+    """(backend, id): vLLM over a checkpoint directory (the tiny model is written out first if it ships no
+    weights); raises ModelNotFound (a ValueError) for a bad reference, RuntimeError where vLLM cannot run."""
+    import tempfile
+
+    from forge.actors.vllm_backend import VllmBackend
+    from forge.builtin import checkpoint_dtype, resolve_model, write_tiny_checkpoint
+
+    ref = resolve_model(model)
+    if ref.builtin and not ref.has_weights:
+        ref = resolve_model(write_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="forge-tiny-"))))
+    if dtype == "auto":
+        dtype = checkpoint_dtype(ref)
+    return VllmBackend(ref, config, dtype=dtype, device=device, initial_version=initial_version), ref.model_id
 
 
 def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):

