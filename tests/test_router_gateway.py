@@ -105,6 +105,8 @@ def test_the_router_backs_off_from_an_actor_that_does_not_implement_kv_events():
             assert not model.events_supported
             request = RouteRequest("", [1, 2, 3])
             assert router.choose(request, {dead}).address == server.address   # still routed, on load alone
+            gauges = router.gauges()                              # and the gauges say which actor is
+            assert gauges[f"router_kv_events/{server.address}"] == 0 and gauges[f"router_kv_events/{dead}"] == 1
         finally:
             await router.close()
             for actor in actors:

@@ -362,6 +362,7 @@ class KVRouter(Router):
             figures[f"router_pending_tokens/{address}"] = float(model.pending_tokens)
             figures[f"router_calibration/{address}"] = model.calibration.value
             figures[f"router_live_blocks/{address}"] = float(len(model.live))
+            figures[f"router_kv_events/{address}"] = float(model.events_supported)     # 0: routed by load alone
         return figures
 
 
