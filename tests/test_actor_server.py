@@ -17,7 +17,6 @@ from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 from helpers.processes import start_actor
 from helpers.random_model import random_tiny
 
-
 # The same cases against each backend: the torch engine in its own process and in the server's, and vLLM.
 BACKENDS = [pytest.param(("--engine-process",), id="torch-process"), pytest.param(("--in-process",), id="torch"),
             pytest.param(("--backend", "vllm"), id="vllm", marks=[pytest.mark.vllm, pytest.mark.slow])]
