@@ -216,8 +216,8 @@ class WeightPublisher:
             if current is None:
                 self._refuse(identity, pb.WEIGHT_STATUS_NO_VERSION, current)
             else:
+                self._served["manifests"] += 1        # counted first: whoever holds the answer sees it counted
                 self._router.send_multipart([identity, current.manifest_reply])
-                self._served["manifests"] += 1
         elif kind == "chunk":
             self._serve_chunk(identity, request.chunk, current)
         else:
@@ -238,14 +238,14 @@ class WeightPublisher:
         parts = self.faults.on_wire(ask.version, ask.index, current.chunks[ask.index])
         if self.faults.chunk_delay_s:
             time.sleep(self.faults.chunk_delay_s)
-        self._router.send_multipart([identity, header.SerializeToString(), *parts], copy=False)
         self._served["chunks"] += 1
         self._served["bytes"] += end - start
+        self._router.send_multipart([identity, header.SerializeToString(), *parts], copy=False)
 
     def _refuse(self, identity: bytes, status: int, current: ServedVersion | None, error: str = "",
                 chunk: pb.WeightChunkHeader | None = None) -> None:
         reply = pb.WeightReply(status=status, error=error, chunk=chunk)
         if current is not None:
             reply.latest_version = current.version
-        self._router.send_multipart([identity, reply.SerializeToString()])
         self._served["refused"] += 1
+        self._router.send_multipart([identity, reply.SerializeToString()])
