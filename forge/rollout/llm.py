@@ -141,19 +141,25 @@ class EngineChat(LocalChat):
 
 
 def aio_channel(address: str, api_key: str | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to ``address`` that sends ``api_key`` (when given) with every call, streaming ones too."""
     options = [("grpc.max_receive_message_length", 64 * 2**20)]
-    channel = grpc.aio.insecure_channel(address, options=options)
-    if api_key:
-        from forge.rpc.auth import bearer_metadata
+    if not api_key:
+        return grpc.aio.insecure_channel(address, options=options)
+    from forge.rpc.auth import bearer_metadata
 
-        class _Key(grpc.aio.UnaryStreamClientInterceptor, grpc.aio.UnaryUnaryClientInterceptor):
-            async def intercept_unary_stream(self, continuation, details, request):
-                return await continuation(details._replace(metadata=(*(details.metadata or ()),
-                                                                     *bearer_metadata(api_key))), request)
+    key = tuple(bearer_metadata(api_key))
 
-            async def intercept_unary_unary(self, continuation, details, request):
-                return await continuation(details._replace(metadata=(*(details.metadata or ()),
-                                                                     *bearer_metadata(api_key))), request)
+    def with_key(details):
+        return details._replace(metadata=(*(details.metadata or ()), *key))
 
-        channel = grpc.aio.insecure_channel(address, options=options, interceptors=[_Key()])
-    return channel
+    # One object per kind of call: grpc.aio files each interceptor under the first kind it is an instance of, so
+    # one class serving both kinds would never see the streaming calls (Chat, Generate).
+    class _UnaryKey(grpc.aio.UnaryUnaryClientInterceptor):
+        async def intercept_unary_unary(self, continuation, details, request):
+            return await continuation(with_key(details), request)
+
+    class _StreamKey(grpc.aio.UnaryStreamClientInterceptor):
+        async def intercept_unary_stream(self, continuation, details, request):
+            return await continuation(with_key(details), request)
+
+    return grpc.aio.insecure_channel(address, options=options, interceptors=[_UnaryKey(), _StreamKey()])

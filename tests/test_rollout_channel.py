@@ -1,0 +1,47 @@
+"""The rollout driver's asyncio channel to a keyed gateway: the key goes with every call, the streaming Chat and
+Generate included (white-box agents stream their calls), and a channel without it is refused."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from forge.rollout.llm import aio_channel
+from forge.v1 import gateway_pb2, gateway_pb2_grpc
+
+from helpers.gateway_procs import random_actor, start_gateway
+
+KEY = "rollout-key-1"
+
+
+@pytest.fixture(scope="module")
+def keyed_gateway(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("keyed")
+    actor = random_actor(directory)
+    gateway = start_gateway(directory, [actor.address], directory / "pool", "--api-key", KEY)
+    yield gateway
+    gateway.stop()
+    actor.stop()
+
+
+async def one_chat(address: str, api_key: str | None) -> list[gateway_pb2.ChatChunk]:
+    async with aio_channel(address, api_key) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        started = await stub.StartSession(gateway_pb2.StartSessionRequest(task_id="keyed"), timeout=60)
+        request = gateway_pb2.ChatRequest(session_id=started.session.session_id)
+        request.messages.add(role="user", content="hello")
+        request.sampling.max_tokens = 3
+        return [chunk async for chunk in stub.Chat(request, timeout=60)]
+
+
+def test_the_key_goes_with_streaming_calls_too(keyed_gateway):
+    chunks = asyncio.run(one_chat(keyed_gateway.grpc_address, KEY))
+    assert sum(len(c.token_ids) for c in chunks) == 3 and chunks[-1].completion_tokens == 3
+
+
+def test_a_channel_without_the_key_is_refused(keyed_gateway):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        asyncio.run(one_chat(keyed_gateway.grpc_address, None))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
