@@ -210,3 +210,19 @@ def test_a_command_line_setting_is_split_as_a_shell_would():
     assert json.loads(result.output) == ["python", "my agent.py", "--fast"]
     result = CliRunner().invoke(program, ["--command", "python 'unclosed"])
     assert result.exit_code == 2 and "cannot split" in result.output
+
+
+@pytest.mark.parametrize("command, variable", [("forge-gateway", "FORGE_GATEWAY_API_KEYS"),
+                                               ("forge-actor", "FORGE_ACTOR_API_KEYS"),
+                                               ("forge-cache", "FORGE_CACHE_API_KEYS")])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_a_key_variable_set_to_nothing_is_refused_not_read_as_no_auth(tmp_path, command, variable, value):
+    """What a template with an unset variable gives: served without a key, it would switch authentication off."""
+    import os
+
+    env = {**os.environ, variable: value}
+    result = subprocess.run([script(command), "--port", "0"] if command != "forge-gateway" else
+                            [script(command), "--actor", "127.0.0.1:1", "--pool", str(tmp_path / "pool")],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2 and f"{variable} is set but empty" in result.stderr, result.stderr
+    assert not (tmp_path / "pool").exists(), "nothing was started"

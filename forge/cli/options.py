@@ -8,6 +8,7 @@ Where a value comes from, highest first: the command line, the environment, the 
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 import tomllib
@@ -219,7 +220,19 @@ class SettingsCommand(click.Command):
             raise click.UsageError(str(exc)) from exc
 
     def _invoke(self, **values: Any) -> Any:
+        self._refuse_empty_secrets(click.get_current_context())
         return self._run(self.settings_from(values))
+
+    def _refuse_empty_secrets(self, ctx: click.Context) -> None:
+        """A secret's variable set to nothing (a template with an unset variable gives that) would read as no
+        secret at all, which for a key means no authentication: refuse it, unless the command line gives one."""
+        for entry in entries(self.settings_class):
+            if not entry.spec.secret or ctx.get_parameter_source(entry.name) is ParameterSource.COMMANDLINE:
+                continue
+            for name in envvars_of(entry, self.settings_table):
+                if name in os.environ and not os.environ[name].strip():
+                    raise click.UsageError(f"{name} is set but empty: give a real value or unset it (an empty "
+                                           f"{entry.flag} would mean none at all)")
 
 
 def settings_command(name: str, settings_class: type, *, table: str | None = None,
