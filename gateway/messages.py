@@ -7,11 +7,11 @@ import json
 from dataclasses import dataclass, field
 
 from forge.gateway.errors import BadRequest
+from forge.model.sampling import temperature_problem
 from forge.v1 import common_pb2, gateway_pb2
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_SEED = 2**63
-MAX_TEMPERATURE = 100.0
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 
@@ -30,8 +30,9 @@ def check_sampling(sampling: common_pb2.SamplingParams, vocab_size: int) -> comm
     checked = common_pb2.SamplingParams()
     checked.CopyFrom(sampling)
     temperature = sampling.temperature if sampling.HasField("temperature") else 1.0
-    if not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise BadRequest(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {temperature}", "temperature")
+    problem = temperature_problem(temperature)
+    if problem:
+        raise BadRequest(problem, "temperature")
     checked.temperature = temperature
     if not 0.0 <= sampling.top_p <= 1.0:
         raise BadRequest(f"top_p must be in (0, 1], got {sampling.top_p}", "top_p")

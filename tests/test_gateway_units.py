@@ -295,6 +295,7 @@ def test_openai_request_is_checked_into_a_chat_call():
     ({"max_tokens": "8"}, "max_tokens"),
     ({"temperature": "hot"}, "temperature"),
     ({"temperature": -1}, "temperature"),
+    ({"temperature": 1e-39}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"seed": -5}, "seed"),
     ({"n": 3}, "n"),

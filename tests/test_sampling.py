@@ -10,7 +10,15 @@ import torch
 
 from forge.model import CausalLM, ModelConfig
 from forge.model.generate import generate
-from forge.model.sampling import SamplingError, SamplingParams, batched_sampling_logprobs, sample, sampling_logprobs
+from forge.model.sampling import (
+    MAX_TEMPERATURE,
+    MIN_TEMPERATURE,
+    SamplingError,
+    SamplingParams,
+    batched_sampling_logprobs,
+    sample,
+    sampling_logprobs,
+)
 
 
 def test_top_k_and_top_p_support():
@@ -38,11 +46,22 @@ def test_samples_follow_the_distribution_and_log_probs_match():
     torch.testing.assert_close(recorded, logprobs.gather(-1, tokens[:, None])[:, 0])
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2),
+@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(temperature=1e-39), dict(temperature=0.009),
+                                    dict(temperature=101), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2),
                                     dict(max_tokens=0), dict(seed=-1)])
 def test_bad_sampling_values_are_refused(kwargs):
     with pytest.raises(SamplingError):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("temperature", [MIN_TEMPERATURE, 1.0, MAX_TEMPERATURE])
+def test_every_temperature_allowed_gives_finite_logprobs_for_the_sampled_token(temperature):
+    """The actor must never record a non-finite log-probability: at the smallest temperature allowed, logits of
+    the largest magnitude fp32 models produce still give a finite log-softmax."""
+    logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(0)) * 1e4
+    tokens, recorded = sample(sampling_logprobs(logits, temperature), greedy=False,
+                              generator=torch.Generator().manual_seed(1))
+    assert torch.isfinite(recorded).all() and (tokens >= 0).all()
 
 
 @pytest.fixture(scope="module")

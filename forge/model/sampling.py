@@ -17,6 +17,20 @@ class SamplingError(ValueError):
     """Sampling parameters out of range."""
 
 
+# Below MIN_TEMPERATURE, logits / temperature overflow float32 (1e-39 gives inf - inf = NaN log-probabilities);
+# 0 means greedy.
+MIN_TEMPERATURE = 0.01
+MAX_TEMPERATURE = 100.0
+
+
+def temperature_problem(temperature: float) -> str | None:
+    """Why ``temperature`` cannot be sampled at, or None."""
+    if temperature == 0.0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+        return None
+    return (f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], "
+            f"got {temperature:g}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 1.0
@@ -28,8 +42,9 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.temperature <= 100.0:
-            raise SamplingError(f"temperature must be in [0, 100], got {self.temperature}")
+        problem = temperature_problem(self.temperature)
+        if problem:
+            raise SamplingError(problem)
         if not 0.0 < self.top_p <= 1.0:
             raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
