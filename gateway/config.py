@@ -7,6 +7,7 @@ from pathlib import Path
 
 from forge.builtin import resolve_model
 from forge.gateway.routing import DEFAULT_ROUTER, router_class
+from forge.rpc.client import check_address, check_addresses
 from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
 
 LOOPBACK = "127.0.0.1"
@@ -16,12 +17,13 @@ LOOPBACK = "127.0.0.1"
 class GatewayConfig(Settings):
     model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory (tokenizer, chat template, context length), or 'tiny'.")
     model_name: str = setting("forge-tiny", help="The model name served at /v1/models and echoed in responses.")
-    actors: tuple[str, ...] = setting((), flag="actor", metavar="HOST:PORT",
+    actors: tuple[str, ...] = setting((), flag="actor", metavar="HOST:PORT", validate=check_addresses,
                                       help="An actor to route calls to (repeatable; at least one).")
     actor_api_key: str | None = setting(None, env="FORGE_GATEWAY_ACTOR_API_KEY", secret=True,
                                         help="API key the actors require.")
     pool_path: str | None = setting(None, flag="pool", help="Data Pool directory (LMDB), opened in this process.")
-    pool_address: str | None = setting(None, metavar="HOST:PORT", help="Or a remote Pool service.")
+    pool_address: str | None = setting(None, metavar="HOST:PORT", validate=check_address,
+                                       help="Or a remote Pool service.")
     pool_api_key: str | None = setting(None, env="FORGE_GATEWAY_POOL_API_KEY", secret=True,
                                        help="API key of the remote Pool service.")
     host: str = setting(LOOPBACK, help="Interface to bind (loopback by default).")

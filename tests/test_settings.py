@@ -226,3 +226,20 @@ def test_a_key_variable_set_to_nothing_is_refused_not_read_as_no_auth(tmp_path, 
                             capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 2 and f"{variable} is set but empty" in result.stderr, result.stderr
     assert not (tmp_path / "pool").exists(), "nothing was started"
+
+
+@pytest.mark.parametrize("address, reason", [("nonsense", "is not HOST:PORT"), ("127.0.0.1:0", "is not HOST:PORT"),
+                                             ("127.0.0.1:99999", "is not HOST:PORT"), (":5000", "is not HOST:PORT"),
+                                             ("::1:5000", "IPv6 host in brackets")])
+def test_the_gateway_refuses_an_actor_that_is_no_address_before_starting(tmp_path, address, reason):
+    result = subprocess.run([script("forge-gateway"), "--actor", address, "--pool", str(tmp_path / "pool")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and reason in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not (tmp_path / "pool").exists()
+
+
+def test_addresses_of_every_form_a_deployment_uses_are_accepted():
+    from forge.rpc.client import check_address
+
+    for address in ("127.0.0.1:50051", "localhost:1", "actor-3.forge.svc:50051", "[::1]:5000"):
+        assert check_address(address) == address
