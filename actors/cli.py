@@ -32,6 +32,13 @@ def actor(config: ActorConfig) -> None:
     backend, model, device = config.backend, config.model, config.device
     if backend == "vllm" and not vllm_installed():
         raise click.ClickException(VLLM_INSTALL_HINT)
+    from forge.rpc.server import check_port_free
+
+    try:
+        check_port_free(config.host, config.port)
+    except OSError as exc:
+        raise click.BadParameter(f"{exc} (another service there? --port 0 picks a free port)",
+                                 param_hint="'--port'") from None
     weights_fetch, weights_announce = config.weights_fetch, config.weights_announce
     import torch
 
@@ -122,7 +129,11 @@ def actor(config: ActorConfig) -> None:
         event_source = KVEventSourceServicer(*events)
         bindings.append(ServiceBinding.of(router_pb2_grpc.add_KVEventSourceServicer_to_server, event_source,
                                           router_pb2, "KVEventSource"))
-    server = AioGrpcServer(bindings, options)
+    try:
+        server = AioGrpcServer(bindings, options)
+    except OSError as exc:             # taken since the check at start
+        stop()
+        raise click.ClickException(str(exc)) from None
     servers.append(server)
     engine_gone = click.ClickException("the engine process exited; the actor stopped (see the log above)")
     if engine.failed:

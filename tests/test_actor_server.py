@@ -220,3 +220,19 @@ def test_api_keys_are_enforced(tmp_path):
     finally:
         service.stop()
     assert "secret-1" not in service.log.read_text()
+
+
+def test_a_taken_port_is_told_in_one_line_before_the_model_loads(tmp_path):
+    import socket
+    import subprocess
+
+    from conftest import script
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([script("forge-actor"), "--port", str(port), "--log-level", "INFO"],
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Address already in use" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "torch engine ready" not in result.stderr

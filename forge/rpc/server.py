@@ -53,6 +53,22 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raise OSError if ``host:port`` cannot be bound now: checked before a service loads anything heavy, so that a
+    taken port is told at once, not after a model has loaded (port 0 always can)."""
+    import socket
+
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as gRPC binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as exc:
+            raise OSError(f"cannot listen on {format_address(host, port)}: {exc.strerror or exc}") from None
+
+
 def channel_options(options: ServerOptions) -> list[tuple[str, int]]:
     return [("grpc.max_receive_message_length", options.max_message_bytes),
             ("grpc.max_send_message_length", options.max_message_bytes),
