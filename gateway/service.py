@@ -18,7 +18,7 @@ from forge.gateway.actors import ActorSet
 from forge.gateway.auth import KeyPolicy
 from forge.gateway.calls import CallRunner, ChatDelta, ChatResult
 from forge.gateway.config import GatewayConfig
-from forge.gateway.errors import BadRequest, GatewayError
+from forge.gateway.errors import BadRequest, GatewayError, NotFound
 from forge.gateway.keys import KeyRing
 from forge.gateway.messages import ChatCall, check_sampling
 from forge.gateway.metrics import Metrics
@@ -102,7 +102,29 @@ class Gateway:
             _required(session_id)
         text = self.runner.render(call)
         state = await self.sessions.resolve(session_id or uuid.uuid4().hex, open_as)
-        return CallStream(state.session_id, self.runner.chat(state, call, text, stream))
+        events = self.runner.chat(state, call, text, stream)
+        if session_id is None:
+            events = self._closing_one_call(state.session_id, events)
+        return CallStream(state.session_id, events)
+
+    async def _closing_one_call(self, session_id: str, events: AsyncIterator[T]) -> AsyncIterator[T]:
+        """A call's events; then the session the call opened for itself is closed (as failed: no agent is there to
+        give it an outcome), so that it does not hold the learner's queue until it times out."""
+        try:
+            async for event in events:
+                yield event
+        finally:
+            await asyncio.shield(self._close_one_call(session_id))
+
+    async def _close_one_call(self, session_id: str) -> None:
+        request = pool_pb2.CloseSessionRequest(session_id=session_id, failed=True,
+                                               failure_reason="a call outside any session: no outcome will come")
+        try:
+            await self.sessions.end(request)
+        except NotFound:                     # the call was refused before anything was recorded
+            self.sessions.forget(session_id)
+        except GatewayError as exc:
+            log.warning("could not close the one-call session %s: %s", session_id, exc.message)
 
     async def generate(self, session_id: str | None, prompt_ids: Sequence[int], sampling: common_pb2.SamplingParams
                        ) -> CallStream[tuple[actor_pb2.GenerateChunk, int | None]]:

@@ -321,3 +321,24 @@ def test_a_client_that_goes_away_mid_stream_aborts_the_call_and_leaves_no_record
         assert gauges["calls"] == before["calls"]
     with pytest.raises(NotFoundError):
         reader.get_session("gone-away")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_outside_any_session_closes_the_session_it_opened(stack, stream):
+    """A bare OpenAI call (no session in the path or headers) is recorded in a session of its own, which is closed
+    as the call ends: left open, it would hold the learner's queue until the session timeout."""
+    _, gateway, reader = stack
+    body = {"model": "forge-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+            "stream": stream}
+    with httpx.Client(timeout=60) as http:
+        response = http.post(f"{gateway.http}/v1/chat/completions", json=body)
+        _ = response.read()
+    assert response.status_code == 200, response.text
+    session_id = response.headers["X-Forge-Session-Id"]
+    deadline = time.monotonic() + 60
+    while reader.get_session(session_id).session.status == pool_pb2.SESSION_STATUS_OPEN:
+        assert time.monotonic() < deadline, "the one-call session was left open"
+        time.sleep(0.02)
+    stored = reader.get_session(session_id)
+    assert stored.session.status == pool_pb2.SESSION_STATUS_FAILED and len(stored.calls) == 1
+    assert "outside any session" in stored.session.failure_reason
