@@ -10,6 +10,7 @@ the learner runs tree-packed sequences and the actor engine runs its paged KV ca
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -129,6 +130,10 @@ class MTPModule(nn.Module):
 class CausalLM(nn.Module):
     """The policy model. ``forward`` returns hidden states; ``logits`` turns them into next-token logits."""
 
+    # The output head's product, ``head_linear(x, output_weight)``: an inference engine may set another kernel for
+    # it on its model (``forge.actors.engine.packed_linear``).
+    head_linear: Callable[[Tensor, Tensor], Tensor] = staticmethod(F.linear)
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -167,7 +172,7 @@ class CausalLM(nn.Module):
         return x
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return F.linear(self.model.norm(hidden), self.output_weight)
+        return self.head_linear(self.model.norm(hidden), self.output_weight)
 
     def mtp_forward(
         self,
@@ -191,7 +196,7 @@ class CausalLM(nn.Module):
 
     def mtp_logits(self, hidden: Tensor, depth: int = 0, detach_head: bool = False) -> Tensor:
         weight = self.output_weight.detach() if detach_head else self.output_weight
-        return F.linear(self.mtp[depth].norm(hidden), weight)
+        return self.head_linear(self.mtp[depth].norm(hidden), weight)
 
     def init_weights(self, std: float = 0.02, seed: int | None = None) -> None:
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
