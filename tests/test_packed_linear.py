@@ -1,0 +1,130 @@
+"""Packed linear projections of the torch engine on CPU (oneDNN, fp32): equal to F.linear within fp32 rounding, inert
+outside an engine step, and left out where they do not win (single rows, small weights, bf16, other devices)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from forge.actors.engine import packed_linear
+from forge.actors.engine.packed_linear import LinearPacks, PackableLinear, linear, pack_linears, supported
+from forge.builtin import load_model
+
+needs_onednn = pytest.mark.skipif(bool(supported(torch.zeros(1))), reason=supported(torch.zeros(1)) or "")
+pytestmark = needs_onednn
+
+@pytest.fixture
+def pack_small(monkeypatch):
+    """Pack the tiny model's weights too, which are below the size where packing wins."""
+    monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 0)
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch) -> list[tuple[int, ...]]:
+    """The row shapes of every call of the packed kernel from here on."""
+    calls: list[tuple[int, ...]] = []
+    kernel = packed_linear.packed_kernel
+
+    def counted(x, packed, bias):
+        calls.append(tuple(x.shape[:-1]))
+        return kernel(x, packed, bias)
+
+    monkeypatch.setattr(packed_linear, "packed_kernel", counted)
+    return calls
+
+
+def assert_fp32_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.detach().abs().max()))
+
+
+@pytest.mark.parametrize("out_features,in_features", [(48, 32), (256, 768), (768, 256), (1024, 128)])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_packed_linear_equals_f_linear_for_any_batch(out_features, in_features, bias):
+    torch.manual_seed(out_features + in_features)
+    module = nn.Linear(in_features, out_features, bias=bias)
+    packs = LinearPacks(module, min_elements=0)
+    assert isinstance(module, PackableLinear)
+    with torch.inference_mode():
+        for shape in [(1, in_features), (2, in_features), (3, in_features), (33, in_features),
+                      (2, 5, in_features), (1, 7, in_features), (0, in_features)]:
+            x = torch.randn(shape)
+            with packs.active():
+                got = module(x)
+            want = F.linear(x, module.weight, module.bias)
+            assert got.shape == want.shape
+            if want.numel():
+                assert_fp32_close(got, want)
+
+
+def test_packs_are_used_inside_active_only_and_keep_autograd_outside():
+    torch.manual_seed(0)
+    module = nn.Linear(64, 96)
+    packs = LinearPacks(module, min_elements=0)
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        module.weight.mul_(2.0)          # written behind the packs' back: only a stale pack would still see the old
+    with torch.no_grad(), packs.active():
+        stale = module(x)
+    packs.repack()
+    with torch.no_grad(), packs.active():
+        fresh = module(x)
+    want = F.linear(x, module.weight, module.bias)
+    assert not torch.allclose(stale, want)
+    assert_fp32_close(fresh, want)
+    x.requires_grad_(True)
+    module(x).sum().backward()           # outside active(): plain F.linear, gradients as ever
+    assert x.grad is not None and module.weight.grad is not None
+    torch.testing.assert_close(x.grad, module.weight.sum(0).expand(4, 64))
+
+
+def test_compiled_code_runs_f_linear_inside_active():
+    torch.manual_seed(0)
+    module = nn.Linear(32, 48)
+    packs = LinearPacks(module, min_elements=0)
+    compiled = torch.compile(lambda x: torch.relu(module(x)), fullgraph=True, dynamic=True)
+    x = torch.randn(5, 32)
+    with torch.inference_mode(), packs.active():
+        got = compiled(x)
+    assert_fp32_close(got, torch.relu(F.linear(x, module.weight, module.bias)))
+
+
+def test_the_output_head_is_packed_and_a_detached_head_is_not(pack_small, kernel_calls):
+    model, _ = load_model("tiny")
+    packs = pack_linears(model)
+    assert packs is not None and model.head_linear is linear
+    assert any(w is model.output_weight for w in packs.weights)
+    assert {id(w) for w in packs.weights} >= {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    hidden = torch.randn(3, model.config.hidden_size)
+    with torch.inference_mode(), packs.active():
+        assert_fp32_close(model.logits(hidden), F.linear(model.model.norm(hidden), model.output_weight))
+        assert kernel_calls == [(3,)]
+        detached = model.mtp_logits(hidden, detach_head=True)       # the learner's draft co-training: not packed
+        assert kernel_calls == [(3,)]
+    assert_fp32_close(detached, F.linear(model.mtp[0].norm(hidden), model.output_weight))
+
+
+def test_single_rows_keep_f_linear(kernel_calls):
+    module = nn.Linear(768, 1024)
+    packs = LinearPacks(module)
+    with torch.inference_mode(), packs.active():
+        for shape in [(1, 768), (1, 1, 768), (2, 768)]:
+            assert module(torch.ones(shape)).shape == (*shape[:-1], 1024)
+    assert kernel_calls == [(2,)]
+
+
+def test_only_weights_large_enough_to_gain_are_packed():
+    tiny, _ = load_model("tiny")
+    assert pack_linears(tiny) is None                   # every weight is below MIN_ELEMENTS
+    assert all(type(m) is nn.Linear for m in tiny.modules() if isinstance(m, nn.Linear))
+    small, large = nn.Linear(128, 128), nn.Linear(1024, 768)
+    packs = LinearPacks(nn.Sequential(small, large))
+    assert [w is large.weight for w in packs.weights] == [True]
+    assert type(small) is nn.Linear and type(large) is PackableLinear
+
+
+def test_bf16_and_other_devices_are_left_to_f_linear(pack_small):
+    model, _ = load_model("tiny", dtype=torch.bfloat16)
+    assert pack_linears(model) is None and "bfloat16" in supported(model.output_weight)
+    assert "meta" in supported(torch.zeros(1, device="meta"))
