@@ -1,19 +1,30 @@
 """Packed linear projections of the torch engine on CPU (oneDNN, fp32): equal to F.linear within fp32 rounding, inert
-outside an engine step, and left out where they do not win (single rows, small weights, bf16, other devices)."""
+outside an engine step, left out where they do not win (single rows, small weights, bf16, other devices), and in the
+engine the greedy tokens and log-probs of an engine without them (with MTP speculation, in graph mode), repacked by
+a weight swap."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from forge.actors.backend import GenerationRequest
 from forge.actors.engine import packed_linear
+from forge.actors.engine.engine import EngineConfig, TorchEngine
 from forge.actors.engine.packed_linear import LinearPacks, PackableLinear, linear, pack_linears, supported
-from forge.builtin import load_model
+from forge.builtin import load_model, tiny_model
+from forge.model import CausalLM
+from forge.model.sampling import SamplingParams
 
 needs_onednn = pytest.mark.skipif(bool(supported(torch.zeros(1))), reason=supported(torch.zeros(1)) or "")
 pytestmark = needs_onednn
+
+PROMPTS = [[5, 17, 300, 2, 9], [1000, 3, 3, 3], list(range(40, 80)), [7]]
+
 
 @pytest.fixture
 def pack_small(monkeypatch):
@@ -128,3 +139,99 @@ def test_bf16_and_other_devices_are_left_to_f_linear(pack_small):
     model, _ = load_model("tiny", dtype=torch.bfloat16)
     assert pack_linears(model) is None and "bfloat16" in supported(model.output_weight)
     assert "meta" in supported(torch.zeros(1, device="meta"))
+
+
+def greedy(engine: TorchEngine, prompts: list[list[int]], tokens: int = 16) -> list[tuple[list[int], list[float]]]:
+    streams = [engine.submit(GenerationRequest("", p, SamplingParams(temperature=0, max_tokens=tokens,
+                                                                     ignore_eos=True)))
+               for p in prompts]
+    out = []
+    for stream in streams:
+        ids, logprobs = [], []
+        for chunk in stream:
+            ids += chunk.token_ids
+            logprobs += chunk.logprobs
+        out.append((ids, logprobs))
+    return out
+
+
+def engine_for(model: CausalLM, **overrides) -> TorchEngine:
+    return TorchEngine(model, EngineConfig(**{"kv_cache_bytes": 8 * 2**20, "block_size": 8, **overrides}))
+
+
+def assert_same_outputs(got, want) -> None:
+    for (ids, logprobs), (want_ids, want_logprobs) in zip(got, want, strict=True):
+        assert ids == want_ids
+        assert logprobs == pytest.approx(want_logprobs, abs=1e-5)
+
+
+def outputs(model: CausalLM, **config) -> list[tuple[list[int], list[float]]]:
+    engine = engine_for(model, **config)
+    try:
+        return greedy(engine, PROMPTS)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "mtp"])
+def test_engine_gives_the_same_greedy_tokens_with_and_without_packing(speculative, pack_small, kernel_calls):
+    model, _ = load_model("tiny")
+    engine = engine_for(model, speculative=speculative)
+    assert engine.runner.packs is not None
+    try:
+        packed = greedy(engine, PROMPTS)
+    finally:
+        engine.close()
+    assert kernel_calls, "the engine never ran the packed kernel"
+    kernel_calls.clear()
+    unpacked = engine_for(copy.deepcopy(model), speculative=speculative, packed_linear=False)
+    assert unpacked.runner.packs is None
+    try:
+        assert_same_outputs(packed, greedy(unpacked, PROMPTS))
+    finally:
+        unpacked.close()
+    assert not kernel_calls
+
+
+@pytest.mark.skipif(not torch._dynamo.is_dynamo_supported(), reason="torch.compile is unsupported here")
+def test_graph_mode_with_packing_gives_the_eager_greedy_tokens(pack_small, kernel_calls):
+    model, _ = load_model("tiny")
+    engine = engine_for(model, speculative=False, compile_decode=True)
+    try:
+        compiled = greedy(engine, PROMPTS)
+        assert engine.runner.compiled is not None and engine.runner.compiled.warm
+    finally:
+        engine.close()
+    assert kernel_calls                 # prefill and the output head, outside the compiled step
+    assert_same_outputs(compiled, outputs(copy.deepcopy(model), speculative=False, packed_linear=False))
+
+
+def test_weight_swap_repacks(pack_small):
+    model, _ = load_model("tiny")
+    new_weights = tiny_model(seed=1).state_dict()
+    engine = engine_for(model, speculative=True)
+    try:
+        before = greedy(engine, PROMPTS)
+        engine.load_weights(1, new_weights)
+        assert engine.wait_for_version(1)
+        after = greedy(engine, PROMPTS)
+    finally:
+        engine.close()
+    fresh = CausalLM(model.config)
+    fresh.load_state_dict(new_weights)
+    want = outputs(fresh.eval(), speculative=True, packed_linear=False)
+    assert [ids for ids, _ in before] != [ids for ids, _ in want]
+    assert_same_outputs(after, want)
+
+
+def test_engines_without_packs_for_bf16_or_when_switched_off(pack_small):
+    engine = engine_for(load_model("tiny", dtype=torch.bfloat16)[0])
+    try:
+        assert engine.runner.packs is None
+        assert all(len(ids) == 16 for ids, _ in greedy(engine, PROMPTS[:1]))
+    finally:
+        engine.close()
+    fp32, _ = load_model("tiny")
+    off = engine_for(fp32, packed_linear=False)
+    off.close()
+    assert off.runner.packs is None and all(type(m) is not PackableLinear for m in fp32.modules())

@@ -70,6 +70,9 @@ class EngineConfig(Settings):
                                                   "requests // 4, so one message per token below 8 running requests, "
                                                   "then 4 to 7 messages a step. Fewer messages leave more of the "
                                                   "process to decoding when many streams are open.")
+    packed_linear: bool = setting(True, help="On CPU, run the linear projections through oneDNN on weights packed at "
+                                             "load and after each weight swap (fp32, steps of two rows or more; "
+                                             "as much memory again as the linear weights).")
     compile_decode: bool = setting(False, help="Graph mode: torch.compile the decode step (fuses its small ops; the "
                                                "first decode steps pay the compile, seconds to a minute, cached on "
                                                "disk by inductor).")
@@ -162,7 +165,8 @@ class TorchEngine(Backend):
         self.blocks = BlockManager(num_blocks, config.block_size, prefix_caching=config.prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    speculative=self.speculative), self.blocks)
-        self.runner = ModelRunner(model, self.cache, self.speculative, config.cpu_kernels, config.compile_decode)
+        self.runner = ModelRunner(model, self.cache, self.speculative, config.cpu_kernels, config.compile_decode,
+                                  config.packed_linear)
         self._threads = config.threads or torch.get_num_threads()
         self._loop_threads = 0                      # what the loop thread runs with, once it has started
         self._seeds = random.Random(config.seed)     # seeds of requests that bring none
@@ -186,8 +190,9 @@ class TorchEngine(Backend):
         self._thread = threading.Thread(target=self._loop, name=f"{config.name}-engine", daemon=True)
         self._thread.start()
         log.info("torch engine ready: %d KV blocks of %d tokens (%.1f MiB), speculative=%s, device=%s, "
-                 "decode attention=%s", num_blocks, config.block_size, num_blocks * per_block / 2**20,
-                 self.speculative, self.device, "compiled C kernel" if self.runner.kernel else "torch")
+                 "decode attention=%s, linear=%s", num_blocks, config.block_size, num_blocks * per_block / 2**20,
+                 self.speculative, self.device, "compiled C kernel" if self.runner.kernel else "torch",
+                 "oneDNN packed" if self.runner.packs else "F.linear")
 
     # ------------------------------------------------------------------ interface
 
@@ -346,6 +351,7 @@ class TorchEngine(Backend):
         with torch.no_grad():
             for name, tensor in self.model.state_dict().items():
                 tensor.copy_(state_dict[name])
+        self.runner.weights_changed()
         self._version = version
         self._counters["weight_swaps"] += 1
         if self.config.abort_on_weight_swap:

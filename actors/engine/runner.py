@@ -13,6 +13,7 @@ prefix up to i + 1 only, so it is cached and shared with the main KV by the same
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from forge.actors.engine.cpu_kernels import load as load_cpu_kernels
 from forge.actors.engine.graph import CompiledDecode
+from forge.actors.engine.packed_linear import pack_linears
 from forge.actors.engine.paged_attention import PagedAttention, PagedKVCache, StepLayout
 from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft, Sequence, uniforms
 from forge.model.qwen3 import CausalLM
@@ -63,7 +65,7 @@ class _Row:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, cache: PagedKVCache, speculative: bool, cpu_kernels: bool = True,
-                 compile_decode: bool = False) -> None:
+                 compile_decode: bool = False, packed_linear: bool = True) -> None:
         self.model = model
         self.cache = cache
         self.block_size = cache.block_size
@@ -72,6 +74,12 @@ class ModelRunner:
         native = cpu_kernels and self.device.type == "cpu" and cache.keys.dtype == torch.float32
         self.kernel = load_cpu_kernels() if native else None
         self.compiled = CompiledDecode(model, cache, self.kernel is not None) if compile_decode else None
+        self.packs = pack_linears(model) if packed_linear else None
+
+    def weights_changed(self) -> None:
+        """Bring what is derived from the weights up to date after they were written in place (between steps)."""
+        if self.packs is not None:
+            self.packs.repack()
 
     def _layout(self, rows: list[_Row], width: int, key_lower: int) -> StepLayout:
         size = self.block_size
@@ -104,6 +112,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, work: list[Work]) -> list[Sampled | None]:
         """One forward pass over ``work``; returns, per item, the tokens sampled (None for a partial prefill)."""
+        with self.packs.active() if self.packs is not None else nullcontext():
+            return self._run(work)
+
+    def _run(self, work: list[Work]) -> list[Sampled | None]:
         model = self.model
         drafts = [item.draft for item in work]
         fed = []
