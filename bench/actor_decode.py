@@ -332,8 +332,10 @@ def backend_seconds(backend, batch: int, prompt_len: int, new_tokens: int) -> fl
 
 
 def start_backend(side: str, model_name: str, threads: int):
-    """The torch engine or vLLM on ``model_name`` (CPU, fp32, prefix caching off so repeats recompute)."""
-    config = EngineConfig(kv_cache_bytes=256 * 2**20, threads=threads, prefix_caching=False, speculative=False)
+    """The torch engine or vLLM on ``model_name`` (CPU, fp32, prefix caching off so repeats recompute; a message
+    per step, so that arrivals time steps)."""
+    config = EngineConfig(kv_cache_bytes=256 * 2**20, threads=threads, prefix_caching=False, speculative=False,
+                          stream_interval=1)
     if side == "vllm":
         from forge.actors.vllm_backend import VllmBackend
         from forge.builtin import resolve_model
