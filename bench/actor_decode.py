@@ -15,7 +15,9 @@
    (left-padded; each batch runs until its longest answer ends). Tokens/s counts the answers' tokens only.
 6. (``--sections vllm``, in an environment with vLLM: ``make test-vllm`` makes one) the torch engine against vLLM's
    CPU build on the same checkpoint: decode tokens/s and tokens per CPU-second at each batch, and the pause a weight
-   swap causes in each.
+   swap causes in each;
+7. (``--sections packing``) the engine with its CPU linear weights packed against the same engine on F.linear
+   (``--no-packed-linear``): decode tokens/s at each batch.
 
 Usage: python bench/actor_decode.py [--model tiny|DIR] [--batches 1,8,32,64] [--new-tokens 128] [--repeats 3]
        [--device cpu|cuda]
@@ -124,7 +126,7 @@ def measure_decode(side: str, model_name: str, device: str, threads: int, batch:
     threads = reserve_cpu_threads(threads)
     model = load(model_name).to(device).eval()
     config = dict(speculative=side == "speculative", threads=threads, cpu_kernels=side != "engine-torch-attention",
-                  compile_decode=side == "graph")
+                  compile_decode=side == "graph", packed_linear=side != "unpacked")
     engine_seconds(model, 2, 32, 4, **config)                   # warm-up (and graph mode's one compile)
     seconds = functools.partial(engine_seconds, model, batch, prompt_len, **config)
     return median([_rate(seconds, batch, new_tokens, decode_only) for _ in range(repeats)])
@@ -185,6 +187,18 @@ def decode_section(model_name: str, device: str, threads: int, batches: list[int
         ceiling = rates["matmuls"]
         print(f"| {batch} | {ours:,.0f} | {graph:,.0f} | {spec:,.0f} | {theirs:,.0f} | {ceiling:,.0f} | "
               f"{ours / theirs:.2f}x | {graph / theirs:.2f}x | {ceiling / theirs:.2f}x |", flush=True)
+
+
+def packing_section(model_name: str, device: str, threads: int, batches: list[int], new_tokens: int,
+                    repeats: int) -> None:
+    print(f"\n## Packed linear weights against F.linear (sampling, 32-token prompts, {new_tokens} new tokens; each "
+          "side in a fresh process)")
+    print("| batch | engine (packed) | engine, --no-packed-linear | packed / F.linear |")
+    print("| ---: | ---: | ---: | ---: |")
+    for batch in batches:
+        rates = run_sides(("engine", "unpacked"), model_name, device, threads, batch, new_tokens, repeats)
+        print(f"| {batch} | {rates['engine']:,.0f} | {rates['unpacked']:,.0f} | "
+              f"{rates['engine'] / rates['unpacked']:.2f}x |", flush=True)
 
 
 def context_section(model_name: str, device: str, threads: int, prompt_lens: list[int], new_tokens: int,
@@ -529,6 +543,8 @@ def main(model: str, batches: str, new_tokens: int, prompt_len: int, repeats: in
           f"torch {torch.__version__}, {threads} threads, device {device}")
     if "decode" in chosen:
         decode_section(model, device, threads, [int(b) for b in batches.split(",")], new_tokens, repeats)
+    if "packing" in chosen:
+        packing_section(model, device, threads, [int(b) for b in batches.split(",")], new_tokens, repeats)
     if "context" in chosen:
         context_section(model, device, threads, [int(n) for n in context_lens.split(",")], new_tokens, repeats)
     if "prefix" in chosen:
