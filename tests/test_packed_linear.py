@@ -1,5 +1,6 @@
 """Packed linear projections of the torch engine on CPU (oneDNN, fp32): equal to F.linear within fp32 rounding, inert
-outside an engine step, left out where they do not win (single rows, small weights, bf16, other devices), and in the
+outside an engine step, single rows through a transposed copy, left out where they do not win (small weights, bf16,
+other devices), and in the
 engine the greedy tokens and log-probs of an engine without them (with MTP speculation, in graph mode), repacked by
 a weight swap."""
 
@@ -90,6 +91,27 @@ def test_packs_are_used_inside_active_only_and_keep_autograd_outside():
     torch.testing.assert_close(x.grad, module.weight.sum(0).expand(4, 64))
 
 
+def test_packs_made_from_a_version_before_it_is_written_equal_a_repack():
+    torch.manual_seed(2)
+    module = nn.Sequential(nn.Linear(64, 96), nn.Linear(96, 64, bias=False))
+    packs = LinearPacks(module, min_elements=0)
+    new = {name: torch.randn_like(value) for name, value in module.state_dict().items()}
+    prepared = packs.packs_of(new)
+    x = [torch.randn(1, 64), torch.randn(5, 64)]
+    with torch.no_grad():
+        for name, tensor in module.state_dict().items():
+            tensor.copy_(new[name])
+    with torch.no_grad(), packs.active():
+        stale = [module(v) for v in x]
+    packs.install(prepared)
+    with torch.no_grad(), packs.active():
+        fresh = [module(v) for v in x]
+    for old, got, v in zip(stale, fresh, x, strict=True):
+        want = module[1](F.linear(v, module[0].weight, module[0].bias))
+        assert not torch.allclose(old, want)
+        assert_fp32_close(got, want)
+
+
 def test_compiled_code_runs_f_linear_inside_active():
     torch.manual_seed(0)
     module = nn.Linear(32, 48)
@@ -116,13 +138,38 @@ def test_the_output_head_is_packed_and_a_detached_head_is_not(pack_small, kernel
     assert_fp32_close(detached, F.linear(model.mtp[0].norm(hidden), model.output_weight))
 
 
-def test_single_rows_keep_f_linear(kernel_calls):
-    module = nn.Linear(768, 1024)
+@pytest.fixture
+def single_row_calls(monkeypatch) -> list[tuple[int, ...]]:
+    """The row shapes of every call of the single-row kernel from here on."""
+    calls: list[tuple[int, ...]] = []
+    kernel = packed_linear.single_row_kernel
+
+    def counted(x, transposed, bias):
+        calls.append(tuple(x.shape[:-1]))
+        return kernel(x, transposed, bias)
+
+    monkeypatch.setattr(packed_linear, "single_row_kernel", counted)
+    return calls
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_single_rows_run_on_the_transposed_copy(bias, kernel_calls, single_row_calls):
+    torch.manual_seed(1)
+    module = nn.Linear(768, 1024, bias=bias)
     packs = LinearPacks(module)
     with torch.inference_mode(), packs.active():
         for shape in [(1, 768), (1, 1, 768), (2, 768)]:
-            assert module(torch.ones(shape)).shape == (*shape[:-1], 1024)
-    assert kernel_calls == [(2,)]
+            x = torch.randn(shape)
+            got = module(x)
+            assert got.shape == (*shape[:-1], 1024)
+            assert_fp32_close(got, F.linear(x, module.weight, module.bias))
+    assert single_row_calls == [(1,), (1, 1)] and kernel_calls == [(2,)]
+    with torch.no_grad():
+        module.weight.mul_(-1.0)
+    packs.repack()                       # the transposed copy follows the weight as the blocked one does
+    x = torch.randn(1, 768)
+    with torch.inference_mode(), packs.active():
+        assert_fp32_close(module(x), F.linear(x, module.weight, module.bias))
 
 
 def test_only_weights_large_enough_to_gain_are_packed():
@@ -206,7 +253,7 @@ def test_graph_mode_with_packing_gives_the_eager_greedy_tokens(pack_small, kerne
     assert_same_outputs(compiled, outputs(copy.deepcopy(model), speculative=False, packed_linear=False))
 
 
-def test_weight_swap_repacks(pack_small):
+def test_weight_swap_repacks(pack_small, single_row_calls):
     model, _ = load_model("tiny")
     new_weights = tiny_model(seed=1).state_dict()
     engine = engine_for(model, speculative=True)
@@ -215,13 +262,16 @@ def test_weight_swap_repacks(pack_small):
         engine.load_weights(1, new_weights)
         assert engine.wait_for_version(1)
         after = greedy(engine, PROMPTS)
+        alone = greedy(engine, PROMPTS[:1])              # one sequence: the single-row copies
     finally:
         engine.close()
+    assert single_row_calls
     fresh = CausalLM(model.config)
     fresh.load_state_dict(new_weights)
     want = outputs(fresh.eval(), speculative=True, packed_linear=False)
     assert [ids for ids, _ in before] != [ids for ids, _ in want]
     assert_same_outputs(after, want)
+    assert_same_outputs(alone, want[:1])
 
 
 def test_engines_without_packs_for_bf16_or_when_switched_off(pack_small):

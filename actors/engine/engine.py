@@ -28,7 +28,7 @@ from forge.actors.backend import (
 )
 from forge.actors.engine.block_manager import BlockManager
 from forge.actors.engine.paged_attention import PagedKVCache
-from forge.actors.engine.runner import ModelRunner, Sampled, Work
+from forge.actors.engine.runner import ModelRunner, PreparedWeights, Sampled, Work
 from forge.actors.engine.scheduler import Scheduler, SchedulerConfig
 from forge.actors.engine.sequence import Sequence, Status
 from forge.kvhash import kv_salt
@@ -70,9 +70,10 @@ class EngineConfig(Settings):
                                                   "requests // 4, so one message per token below 8 running requests, "
                                                   "then 4 to 7 messages a step. Fewer messages leave more of the "
                                                   "process to decoding when many streams are open.")
-    packed_linear: bool = setting(True, help="On CPU, run the linear projections through oneDNN on weights packed at "
-                                             "load and after each weight swap (fp32, steps of two rows or more; "
-                                             "as much memory again as the linear weights).")
+    packed_linear: bool = setting(True, help="On CPU, run the large linear projections on copies of their weights "
+                                             "made at load and after each weight swap: oneDNN's packed layout for "
+                                             "steps of two rows or more, the transposed matrix for one row (fp32; "
+                                             "twice as much memory again as those weights).")
     compile_decode: bool = setting(False, help="Graph mode: torch.compile the decode step (fuses its small ops; the "
                                                "first decode steps pay the compile, seconds to a minute, cached on "
                                                "disk by inductor).")
@@ -176,7 +177,7 @@ class TorchEngine(Backend):
         self._inbox: deque[Sequence] = deque()
         self._aborts: set[str] = set()
         self._live: dict[str, Sequence] = {}
-        self._pending_weights: tuple[int, Mapping[str, torch.Tensor]] | None = None
+        self._pending_weights: tuple[int, Mapping[str, torch.Tensor], PreparedWeights] | None = None
         self._accepted_version = initial_version     # newest version handed over (applied or about to be)
         self._closed = False
         self._started = time.time()
@@ -241,13 +242,14 @@ class TorchEngine(Backend):
         except ValueError:
             self._counters["weight_rejections"] += 1
             raise
+        prepared = self.runner.prepare_weights(state_dict)      # here, while the loop keeps stepping
         with self._lock:
             # Compared with the newest accepted version, not the applied one: the loop may have taken a newer
             # version off the queue without having applied it yet.
             if version <= self._accepted_version:
                 raise ValueError(f"weight version {version} is not newer than {self._accepted_version}")
             self._accepted_version = version
-            self._pending_weights = (version, state_dict)
+            self._pending_weights = (version, state_dict, prepared)
             self._lock.notify()
 
     def wait_for_version(self, version: int, timeout: float = 30.0) -> bool:
@@ -346,12 +348,13 @@ class TorchEngine(Backend):
             if self.after_pass is not None:
                 self.after_pass()
 
-    def _apply_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+    def _apply_weights(self, version: int, state_dict: Mapping[str, torch.Tensor], prepared: PreparedWeights
+                       ) -> None:
         started = time.perf_counter()
         with torch.no_grad():
             for name, tensor in self.model.state_dict().items():
                 tensor.copy_(state_dict[name])
-        self.runner.weights_changed()
+        self.runner.weights_changed(prepared)
         self._version = version
         self._counters["weight_swaps"] += 1
         if self.config.abort_on_weight_swap:

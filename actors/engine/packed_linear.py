@@ -16,15 +16,19 @@ CPU build runs. Chosen by measurement: one decode step's projections of a ~100 M
 
 - oneDNN wins from two rows on for weights of 768 x 768 and more (the head: 32 against 55 ms at 32 rows), but a
   call costs ~30 us more than F.linear's, so smaller weights keep F.linear (``MIN_ELEMENTS``);
-- at one row (decoding a single sequence) oneDNN loses, so single-row calls keep F.linear; a transposed copy or
-  MKL's packed sgemm (``torch.ops.mkl._mkl_linear``) would gain there at the cost of another copy of the weights;
+- at one row (decoding a single sequence) a transposed, contiguous copy of the weight wins (``x @ W.T`` streams
+  it in storage order): the engine keeps one beside the pack, and decodes a single sequence of the 100 M model
+  ~1.25x faster than through F.linear (in the engine, one thread); MKL's packed sgemm
+  (``torch.ops.mkl._mkl_linear``) gains less there;
 - MKL's packed sgemm is packed for one batch size and runs the unpacked sgemm at any other;
 - bf16: oneDNN's packed bf16 needs AVX512 (or AVX-NE-CONVERT), so bf16 is left to F.linear, as is every device
   but the CPU; ``torch.backends.mkldnn`` has no switch that sends fp32 F.linear to oneDNN at full precision.
 
-The model's parameters stay the source of truth: the packs are copies (as much memory again as the packed
-weights), made by ``pack_linears`` when the engine starts and remade by ``LinearPacks.repack`` after every weight
-swap. The packed ``nn.Linear`` modules and the output head (``CausalLM.head_linear``) are routed through
+The model's parameters stay the source of truth: the packs are copies (twice as much memory again as the packed
+weights: the blocked layout and the transposed matrix), made by ``pack_linears`` when the engine starts. A weight
+version's packs are made from its tensors by the thread that hands it to the engine (``LinearPacks.packs_of``),
+while steps go on, and installed with the version between two steps: the swap pauses decoding for the copy into
+the parameters alone, and holds two versions' packs for that long. The packed ``nn.Linear`` modules and the output head (``CausalLM.head_linear``) are routed through
 ``linear``, which uses a pack only inside ``LinearPacks.active()`` on the calling thread (the engine's step): the
 same model anywhere else, in the learner or in an engine with packing off, computes F.linear as before. Code
 compiled by ``torch.compile`` (graph mode's decode step) runs F.linear: the packed layout is opaque to it.
@@ -35,8 +39,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -55,15 +60,33 @@ _active = threading.local()         # .packs: the packs of the engine step runni
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``, through the packed copy of ``weight`` when the calling thread has packs active
-    that hold one and ``x`` has more than one row."""
+    """``F.linear(x, weight, bias)``, through the packed copies of ``weight`` when the calling thread has packs
+    active that hold them: the transposed matrix for an ``x`` of one row, oneDNN's layout for more."""
     if not torch.compiler.is_compiling():
-        packs: dict[int, tuple[Tensor, Tensor]] | None = getattr(_active, "packs", None)
-        if packs is not None and x.numel() != x.shape[-1]:
-            entry = packs.get(id(weight))
-            if entry is not None and entry[0] is weight:
-                return packed_kernel(x, entry[1], bias)
+        packs: dict[int, Pack] | None = getattr(_active, "packs", None)
+        entry = packs.get(id(weight)) if packs is not None else None
+        if entry is not None and entry.weight is weight:
+            if x.numel() == x.shape[-1]:
+                return single_row_kernel(x, entry.transposed, bias)
+            return packed_kernel(x, entry.packed, bias)
     return F.linear(x, weight, bias)
+
+
+class Pack(NamedTuple):
+    """The copies of one weight the engine's step computes with: oneDNN's blocked layout (two rows or more) and the
+    transposed matrix, ``[in, out]`` and contiguous (one row)."""
+
+    weight: Tensor
+    packed: Tensor
+    transposed: Tensor
+
+
+def single_row_kernel(x: Tensor, transposed: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ transposed (+ bias)`` for an ``x`` of one row: a matrix-vector product that streams the weight in the
+    order it is stored."""
+    row = x.reshape(1, -1)
+    out = torch.mm(row, transposed) if bias is None else torch.addmm(bias, row, transposed)
+    return out.view(*x.shape[:-1], transposed.shape[1])
 
 
 def packed_kernel(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
@@ -103,21 +126,37 @@ class LinearPacks:
             model.head_linear = linear
             weights.setdefault(id(model.output_weight), model.output_weight)     # tied: the embedding matrix
         self.weights = list(weights.values())
-        self.packs: dict[int, tuple[Tensor, Tensor]] = {}
+        names = {id(p): name for name, p in model.named_parameters()}
+        self.names = [names[id(w)] for w in self.weights]
+        self.packs: dict[int, Pack] = {}
         self.repack()
 
     @property
     def nbytes(self) -> int:
-        return sum(w.numel() * w.element_size() for w in self.weights)
+        """The memory the copies take: twice the packed weights'."""
+        return 2 * sum(w.numel() * w.element_size() for w in self.weights)
 
     def repack(self) -> None:
-        """Pack the weights' current values (after a weight swap). One matrix at a time: the old copy of each goes
-        as its new one is made."""
+        """Pack the weights' current values (after they were written in place). One matrix at a time: the old
+        copies of each go as its new ones are made."""
         started = time.perf_counter()
         with torch.no_grad():
             for weight in self.weights:
-                self.packs[id(weight)] = (weight, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+                self.packs.pop(id(weight), None)
+                self.packs[id(weight)] = _pack(weight, weight.detach())
         log.debug("packed %d linear weights in %.1f ms", len(self.weights), (time.perf_counter() - started) * 1e3)
+
+    def packs_of(self, state_dict: Mapping[str, Tensor]) -> dict[int, Pack]:
+        """The packs of a weight version before it is written into the model, from its tensors (by the model's
+        parameter names): made by the thread that hands the version over, while the engine keeps stepping, so
+        that the swap's pause is the copy alone (``install`` them once the weights are written)."""
+        with torch.no_grad():
+            return {id(weight): _pack(weight, state_dict[name].to(device=weight.device, dtype=weight.dtype))
+                    for weight, name in zip(self.weights, self.names, strict=True)}
+
+    def install(self, packs: dict[int, Pack]) -> None:
+        """Use ``packs`` (from ``packs_of``) from the next step on."""
+        self.packs.update(packs)
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -128,6 +167,10 @@ class LinearPacks:
             yield
         finally:
             _active.packs = outer
+
+
+def _pack(weight: Tensor, value: Tensor) -> Pack:
+    return Pack(weight, torch.ops.mkldnn._reorder_linear_weight(value, None), value.t().contiguous())
 
 
 def pack_linears(model: CausalLM) -> LinearPacks | None:

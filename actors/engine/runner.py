@@ -12,7 +12,7 @@ prefix up to i + 1 only, so it is cached and shared with the main KV by the same
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -22,11 +22,13 @@ from torch import Tensor
 
 from forge.actors.engine.cpu_kernels import load as load_cpu_kernels
 from forge.actors.engine.graph import CompiledDecode
-from forge.actors.engine.packed_linear import pack_linears
+from forge.actors.engine.packed_linear import Pack, pack_linears
 from forge.actors.engine.paged_attention import PagedAttention, PagedKVCache, StepLayout
 from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft, Sequence, uniforms
 from forge.model.qwen3 import CausalLM
 from forge.model.sampling import batched_sampling_logprobs
+
+PreparedWeights = dict[int, Pack] | None
 
 
 @dataclass
@@ -76,10 +78,18 @@ class ModelRunner:
         self.compiled = CompiledDecode(model, cache, self.kernel is not None) if compile_decode else None
         self.packs = pack_linears(model) if packed_linear else None
 
-    def weights_changed(self) -> None:
-        """Bring what is derived from the weights up to date after they were written in place (between steps)."""
+    def prepare_weights(self, state_dict: Mapping[str, torch.Tensor]) -> PreparedWeights:
+        """What is derived from a weight version, made before it is applied, off the engine's thread."""
+        return self.packs.packs_of(state_dict) if self.packs is not None else None
+
+    def weights_changed(self, prepared: PreparedWeights = None) -> None:
+        """Bring what is derived from the weights up to date after they were written in place (between steps):
+        ``prepared`` (from ``prepare_weights`` of the same tensors) where given, else made from the model's."""
         if self.packs is not None:
-            self.packs.repack()
+            if prepared is not None:
+                self.packs.install(prepared)
+            else:
+                self.packs.repack()
 
     def _layout(self, rows: list[_Row], width: int, key_lower: int) -> StepLayout:
         size = self.block_size
