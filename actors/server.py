@@ -99,4 +99,8 @@ class ActorServicer(actor_pb2_grpc.ActorServicer):
         return actor_pb2.AbortResponse(found=self.backend.abort(request.request_id))
 
     def Stats(self, request: common_pb2.StatsRequest, context: grpc.ServicerContext) -> common_pb2.StatsReport:
+        return self.report()
+
+    def report(self) -> common_pb2.StatsReport:
+        """What Stats answers (and a Prometheus scrape reads)."""
         return stats_report("actor", self.instance, self.started, self.backend.stats(), self.labels)

@@ -8,7 +8,7 @@ import logging
 import click
 
 from forge.cache.config import CacheConfig
-from forge.cli.common import setup_logging, write_ready_file
+from forge.cli.common import check_port_option, setup_logging, write_ready_file
 from forge.cli.options import settings_command
 
 log = logging.getLogger("forge.cache")
@@ -20,8 +20,10 @@ def cache(config: CacheConfig) -> None:
     weight version), stored one file per block in DIR, evicted least recently used first beyond the capacity, and
     kept across restarts. Several servers share the hash space through the clients' consistent-hash ring."""
     setup_logging(config.log_level)
+    check_port_option(config.host, config.metrics_port, "--metrics-port")
     from forge.cache.service import CacheServicer
     from forge.cache.store import BlockStore, DirectoryInUse
+    from forge.prometheus import serve_metrics
     from forge.rpc import GrpcServer, ServerOptions, ServiceBinding
     from forge.v1 import cache_pb2, cache_pb2_grpc
 
@@ -38,11 +40,23 @@ def cache(config: CacheConfig) -> None:
         store.close()
         raise click.ClickException(str(exc)) from exc
     servicer.instance = config.name or f"cache-{server.port}"
+    try:
+        metrics = serve_metrics(servicer.report, config.host, config.metrics_port, config.api_keys)
+    except OSError as exc:             # taken since the check at start
+        server.stop(0)
+        store.close()
+        raise click.ClickException(str(exc)) from None
+
+    def stop() -> None:
+        if metrics is not None:
+            metrics.close()
+        store.close()
 
     def ready() -> None:
         log.info("cache %s serving %s (%d blocks, %.0f MiB capacity) on %s", servicer.instance, config.dir,
                  len(store), store.capacity_bytes / 2**20, server.address)
         if config.ready_file:
-            write_ready_file(config.ready_file, address=server.address, instance=servicer.instance)
+            write_ready_file(config.ready_file, address=server.address, instance=servicer.instance,
+                             **({"metrics_url": metrics.url} if metrics else {}))
 
-    server.run_until_signal(on_stop=store.close, on_ready=ready)
+    server.run_until_signal(on_stop=stop, on_ready=ready)

@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
+from forge.settings import (
+    Settings,
+    SettingsError,
+    check_metrics_port,
+    log_level_setting,
+    metrics_port_setting,
+    ready_file_setting,
+    setting,
+)
 
 MIB = 2**20
 
@@ -24,12 +32,14 @@ class CacheConfig(Settings):
                                       "power loss).")
     host: str = setting("127.0.0.1", help="Interface to bind (loopback by default).")
     port: int = setting(50055, min=0, max=65535, help="gRPC port; 0 picks a free one (see --ready-file).")
+    metrics_port: int | None = metrics_port_setting()
     name: str | None = setting(None, help="Instance name in stats [default: cache-PORT].")
     api_keys: tuple[str, ...] = setting((), flag="api-key", env="FORGE_CACHE_API_KEYS", secret=True,
                                         help="Require this API key on every call (repeatable).")
-    ready_file: Path | None = ready_file_setting("address, instance, pid")
+    ready_file: Path | None = ready_file_setting("address, instance, pid, metrics_url")
     log_level: str = log_level_setting()
 
     def check(self) -> None:
+        check_metrics_port(self.port, self.metrics_port)
         if self.dir is None:
             raise SettingsError("give --dir (the directory holding the blocks)")

@@ -101,4 +101,8 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         }
 
     def Stats(self, request: common_pb2.StatsRequest, context: grpc.ServicerContext) -> common_pb2.StatsReport:
+        return self.report()
+
+    def report(self) -> common_pb2.StatsReport:
+        """What Stats answers (and a Prometheus scrape reads)."""
         return stats_report("cache", self.instance, self.started, self.gauges(), self.labels)

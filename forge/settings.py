@@ -241,6 +241,18 @@ def ready_file_setting(fields: str) -> Any:
     return setting(None, help=f"Write {{{fields}}} as JSON here once serving.", path="file")
 
 
+def metrics_port_setting() -> Any:
+    """The ``metrics_port`` field of a gRPC-only service's settings: Prometheus metrics over HTTP, off unless given."""
+    return setting(None, min=0, max=65535, help="Serve Prometheus metrics (GET /metrics over HTTP, on --host) on this "
+                                                "port; 0 picks a free one (see --ready-file) [default: off].")
+
+
+def check_metrics_port(port: int, metrics_port: int | None) -> None:
+    """A service's metrics port must not be its gRPC port (0, any free port, aside)."""
+    if metrics_port and metrics_port == port:
+        raise SettingsError(f"--metrics-port {metrics_port} is the gRPC --port; give another one")
+
+
 def build(cls: type, values: Mapping[str, Any]) -> Any:
     """An instance of ``cls`` from flat option values (option name with underscores → value); options not given
     keep their defaults. Raises SettingsError (a ValueError) for a value it cannot take."""

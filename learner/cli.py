@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from forge.cli.common import setup_logging, write_ready_file
+from forge.cli.common import check_port_option, setup_logging, write_ready_file
 from forge.cli.options import settings_command
 from forge.learner.config import LearnerConfig
 
@@ -59,6 +59,9 @@ def learner(config: LearnerConfig) -> None:
     if config.nproc > 1 and "WORLD_SIZE" not in os.environ:
         _relaunch_under_torchrun(config.nproc)
     setup_logging(config.log_level)
+    if "RANK" not in os.environ or os.environ["RANK"] == "0":      # rank 0 serves Stats and metrics
+        check_port_option(config.host, config.port, "--port")
+        check_port_option(config.host, config.metrics_port, "--metrics-port")
     stop = threading.Event()
 
     def handle(signum: int, _frame: object) -> None:
@@ -83,7 +86,7 @@ def learner(config: LearnerConfig) -> None:
     checkpointer.tokenizer_dir = source_dir
     policy = shard_model(policy.to(distributed.device), distributed)
     pool = _open_pool(config) if distributed.is_main else None
-    publisher = metrics = server = None
+    publisher = metrics = server = prometheus = None
     if distributed.is_main:
         if config.publish:
             from forge.weights import WeightPublisher
@@ -98,10 +101,16 @@ def learner(config: LearnerConfig) -> None:
 
     if distributed.is_main:
         from forge.learner.service import LearnerServicer, serve_learner
+        from forge.prometheus import serve_metrics
         from forge.rpc import ServerOptions
 
-        server = serve_learner(LearnerServicer(lambda: trainer.last, labels={"run_dir": str(config.run_dir)}),
-                               ServerOptions(host=config.host, port=config.port))
+        servicer = LearnerServicer(lambda: trainer.last, labels={"run_dir": str(config.run_dir)})
+        server = serve_learner(servicer, ServerOptions(host=config.host, port=config.port))
+        try:
+            prometheus = serve_metrics(servicer.report, config.host, config.metrics_port)
+        except OSError as exc:         # taken since the check at start
+            server.stop(0)
+            raise click.ClickException(str(exc)) from None
         if publisher is not None:                 # actors start from the learner's current version
             publisher.publish(trainer.state.version, full_state_dict(policy, distributed))
             checkpointer.record_published(trainer.state.version)
@@ -109,7 +118,8 @@ def learner(config: LearnerConfig) -> None:
             write_ready_file(config.ready_file, address=server.address,
                              weights_fetch=publisher.fetch_endpoint if publisher else None,
                              weights_announce=publisher.announce_endpoint if publisher else None,
-                             step=trainer.state.step, version=trainer.state.version)
+                             step=trainer.state.step, version=trainer.state.version,
+                             **({"metrics_url": prometheus.url} if prometheus else {}))
         log.info("learner ready: stats on %s, %s", server.address,
                  f"weights on {publisher.fetch_endpoint}" if publisher else "not publishing")
     elif config.publish:
@@ -124,6 +134,8 @@ def learner(config: LearnerConfig) -> None:
         if trainer.state.step and trainer.state.step % config.trainer.checkpoint_every:
             trainer.save_checkpoint()
     finally:
+        if prometheus is not None:
+            prometheus.close()
         if server is not None:
             server.stop(1)
         if publisher is not None:

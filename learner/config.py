@@ -11,7 +11,15 @@ from forge.learner.losses import LossConfig
 from forge.learner.rewards import RewardConfig
 from forge.learner.trainer import TrainerConfig
 from forge.pool import WindowConfig
-from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
+from forge.settings import (
+    Settings,
+    SettingsError,
+    check_metrics_port,
+    log_level_setting,
+    metrics_port_setting,
+    ready_file_setting,
+    setting,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,7 +43,8 @@ class LearnerConfig(Settings):
     nproc: int = setting(1, min=1, help="Data-parallel processes (FSDP2, relaunched under torchrun).")
     host: str = setting("127.0.0.1", help="Interface of the Stats service.")
     port: int = setting(0, min=0, max=65535, help="Port of the Stats service (0 = any free port).")
-    ready_file: Path | None = ready_file_setting("address, pid, weights_fetch, weights_announce")
+    metrics_port: int | None = metrics_port_setting()
+    ready_file: Path | None = ready_file_setting("address, pid, weights_fetch, weights_announce, metrics_url")
     log_level: str = log_level_setting()
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -43,5 +52,6 @@ class LearnerConfig(Settings):
     window: WindowConfig = field(default_factory=WindowConfig)
 
     def check(self) -> None:
+        check_metrics_port(self.port, self.metrics_port)
         if (self.pool_path is None) == (self.pool_address is None):
             raise SettingsError("give exactly one of --pool and --pool-address")

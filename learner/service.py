@@ -21,6 +21,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         self.started = time.time()
 
     def Stats(self, request: common_pb2.StatsRequest, context) -> common_pb2.StatsReport:
+        return self.report()
+
+    def report(self) -> common_pb2.StatsReport:
+        """What Stats answers (and a Prometheus scrape reads)."""
         gauges = {k: float(v) for k, v in self.latest().items() if isinstance(v, int | float)}
         return stats_report("learner", self.instance, self.started, gauges, self.labels)
 

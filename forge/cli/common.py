@@ -19,7 +19,8 @@ import click
 from forge.cli.options import CONTEXT_SETTINGS, config_option
 from forge.settings import LOG_LEVELS
 
-__all__ = ["CONTEXT_SETTINGS", "config_option", "entry_point", "log_level_option", "setup_logging", "write_ready_file"]
+__all__ = ["CONTEXT_SETTINGS", "check_port_option", "config_option", "entry_point", "log_level_option", "setup_logging",
+           "write_ready_file"]
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -51,3 +52,17 @@ def write_ready_file(path: Path, **fields: object) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps({**fields, "pid": os.getpid()}))
     os.replace(temporary, path)
+
+
+def check_port_option(host: str, port: int | None, option: str) -> None:
+    """Refuse a port that cannot be bound now as a bad ``option`` (one line, exit status 2), before anything heavy
+    loads; None (the listener is off) and 0 (any free port) always pass."""
+    from forge.rpc.server import check_port_free
+
+    if port is None:
+        return
+    try:
+        check_port_free(host, port)
+    except OSError as exc:
+        raise click.BadParameter(f"{exc} (another service there? {option} 0 picks a free port)",
+                                 param_hint=f"'{option}'") from None

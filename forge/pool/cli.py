@@ -13,7 +13,7 @@ from typing import Any
 import click
 from google.protobuf import json_format
 
-from forge.cli.common import CONTEXT_SETTINGS, config_option, setup_logging
+from forge.cli.common import CONTEXT_SETTINGS, check_port_option, config_option, setup_logging
 from forge.cli.options import settings_command
 from forge.pool.config import PoolServeConfig
 from forge.pool.errors import PoolError
@@ -196,25 +196,42 @@ def common_finish_name(value: int) -> str:
 def serve_command(config: PoolServeConfig) -> None:
     """Serve the pool at --path as the forge.v1.Pool gRPC service (with health and reflection) until SIGTERM."""
     from forge.pool.pool import Pool
-    from forge.pool.service import serve_pool
+    from forge.pool.service import PoolServicer, serve_pool
+    from forge.prometheus import serve_metrics
     from forge.rpc import ServerOptions
 
     setup_logging(config.log_level)
+    check_port_option(config.host, config.metrics_port, "--metrics-port")
     try:
         pool = Pool(config.path, config.storage)
     except (OSError, PoolError) as exc:
         raise click.ClickException(f"cannot open the pool at {config.path}: {exc}") from exc
+    servicer = PoolServicer(pool)
     try:
-        server = serve_pool(pool, ServerOptions(host=config.host, port=config.port, api_keys=config.api_keys))
+        server = serve_pool(pool, ServerOptions(host=config.host, port=config.port, api_keys=config.api_keys),
+                            servicer)
     except OSError as exc:
         pool.close()
         raise click.ClickException(str(exc)) from exc
+    try:
+        metrics = serve_metrics(servicer.report, config.host, config.metrics_port, config.api_keys)
+    except OSError as exc:             # taken since the check at start
+        server.stop(0)
+        pool.close()
+        raise click.ClickException(str(exc)) from None
+
+    def stop() -> None:
+        if metrics is not None:
+            metrics.close()
+        pool.close()
 
     def ready() -> None:
         click.echo(f"serving the pool at {config.path} on {server.address}")
+        if metrics is not None:
+            click.echo(f"serving Prometheus metrics on {metrics.url}")
         sys.stdout.flush()
 
-    server.run_until_signal(on_stop=pool.close, on_ready=ready)
+    server.run_until_signal(on_stop=stop, on_ready=ready)
 
 
 pool_group.add_command(serve_command)

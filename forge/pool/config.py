@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge.pool.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
-from forge.settings import Settings, SettingsError, log_level_setting, setting
+from forge.settings import Settings, SettingsError, check_metrics_port, log_level_setting, metrics_port_setting, setting
 
 DEFAULT_PORT = 50057
 
@@ -45,11 +45,13 @@ class PoolServeConfig(Settings):
     path: Path | None = setting(None, path="dir", help="Pool directory (created if missing). Required.")
     host: str = setting("127.0.0.1", help="Address to bind (loopback by default).")
     port: int = setting(DEFAULT_PORT, min=0, max=65535, help="Port to bind (0: any free port).")
+    metrics_port: int | None = metrics_port_setting()
     api_keys: tuple[str, ...] = setting((), flag="api-key", secret=True,
                                         help="Accept only calls with this key (repeatable; health checks exempt).")
     log_level: str = log_level_setting()
     storage: PoolConfig = field(default_factory=PoolConfig)
 
     def check(self) -> None:
+        check_metrics_port(self.port, self.metrics_port)
         if self.path is None:
             raise SettingsError("give --path (the pool directory)")

@@ -15,7 +15,7 @@ from forge.pool.errors import PoolError, status_code
 from forge.pool.pool import Pool
 from forge.rpc import GrpcServer, ServerOptions, ServiceBinding
 from forge.telemetry import stats_report
-from forge.v1 import pool_pb2, pool_pb2_grpc
+from forge.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,10 @@ class PoolServicer(pool_pb2_grpc.PoolServicer):
 
     @_guarded
     def Stats(self, request, context):
+        return self.report()
+
+    def report(self) -> common_pb2.StatsReport:
+        """What Stats answers (and a Prometheus scrape reads)."""
         return stats_report("pool", self.instance, self.started, self.pool.stats(), {"path": str(self.pool.path)})
 
 
@@ -98,9 +102,10 @@ def pool_binding(servicer: PoolServicer) -> ServiceBinding:
     return ServiceBinding.of(pool_pb2_grpc.add_PoolServicer_to_server, servicer, pool_pb2, "Pool")
 
 
-def serve_pool(pool: Pool, options: ServerOptions | None = None) -> GrpcServer:
-    """A started gRPC server for ``pool`` (loopback and any free port unless ``options`` say otherwise)."""
-    servicer = PoolServicer(pool)
+def serve_pool(pool: Pool, options: ServerOptions | None = None, servicer: PoolServicer | None = None) -> GrpcServer:
+    """A started gRPC server for ``pool`` (loopback and any free port unless ``options`` say otherwise), through
+    ``servicer`` when given (a servicer of ``pool``)."""
+    servicer = servicer or PoolServicer(pool)
     server = GrpcServer([pool_binding(servicer)], options or ServerOptions())
     servicer.instance = server.address
     return server.start()
