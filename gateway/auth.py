@@ -2,7 +2,7 @@
 
 With keys configured (``--api-key``), a call needs a global key or a per-session key (``keys.py``). A global key may
 do anything. A per-session key acts on its own session only (an empty target means that session) and only through
-the operations of a session; starting sessions, stats and reflection need a global key. Without keys nothing needs a
+the operations of a session; starting sessions, stats, Prometheus metrics and reflection need a global key. Without keys nothing needs a
 key, but a per-session key still names its session and acts on no other. Refusals are the gateway's errors, which
 each front end answers with its own status.
 """
@@ -19,6 +19,7 @@ from forge.gateway.keys import KeyRing
 class Operation(StrEnum):
     START_SESSION = "start_session"
     STATS = "stats"
+    METRICS = "metrics"
     REFLECTION = "reflection"
     MODELS = "models"
     CHAT = "chat"

@@ -101,10 +101,10 @@ def test_refusals_say_why():
     assert (GlobalKeyRequired.status, GlobalKeyRequired.grpc_code) == (403, grpc.StatusCode.UNAUTHENTICATED)
 
 
-def test_every_operation_but_session_start_stats_and_reflection_is_open_to_a_session_key():
+def test_every_operation_but_session_start_stats_metrics_and_reflection_is_open_to_a_session_key():
     policy = KeyPolicy(KeyRing([GLOBAL_KEY]))
     own = policy.keys.issue("A")
-    global_only = {Operation.START_SESSION, Operation.STATS, Operation.REFLECTION}
+    global_only = {Operation.START_SESSION, Operation.STATS, Operation.METRICS, Operation.REFLECTION}
     for operation in Operation:
         if operation in global_only:
             with pytest.raises(GlobalKeyRequired):
@@ -205,3 +205,21 @@ def test_both_front_ends_answer_the_table_alike(gateways, table, front):
         own_chats = sum(1 for name, operation, target, refusal in TABLES[table]
                         if operation is CHAT and refusal is None and (target == "A" or name == "own"))
         assert len(calls) == own_chats          # a per-session key without a target chats in its own session
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+def test_prometheus_metrics_follow_the_key_policy_of_stats(gateways, table):
+    gateway = gateways[table]
+    with httpx.Client(base_url=gateway.http, timeout=60) as http:
+        opened = http.post("/v1/sessions", headers={"Authorization": f"Bearer {GLOBAL_KEY}"}, json={})
+        own = opened.json()["api_key"]
+        outcomes = {name: http.get("/metrics", headers={"Authorization": f"Bearer {key}"} if key else {})
+                    for name, key in (("none", None), ("wrong", "wrong-key"), ("own", own), ("global", GLOBAL_KEY))}
+    if table == "with keys":
+        expected = {"none": 401, "wrong": 401, "own": 403, "global": 200}
+        assert outcomes["none"].json()["error"]["code"] == "missing_api_key"
+    else:
+        expected = {"none": 200, "wrong": 200, "own": 200, "global": 200}     # as STATS: no keys, no refusal
+    assert {name: r.status_code for name, r in outcomes.items()} == expected
+    assert "forge_gateway_sessions_open{" in outcomes["global"].text
+    assert outcomes["global"].headers["content-type"].startswith("text/plain")

@@ -28,10 +28,12 @@ from forge.v1 import (
     cache_pb2,
     cache_pb2_grpc,
     common_pb2,
+    gateway_pb2_grpc,
     learner_pb2_grpc,
 )
 
 from conftest import script
+from helpers.gateway_procs import start_gateway
 from helpers.processes import Service, start_actor, start_cache
 
 KEY = "metrics-test-key"
@@ -182,6 +184,28 @@ def test_actor_metrics_are_its_stats_and_need_its_key(actor):
     assert report.gauges["tokens"] >= 4 and report.gauges["finished"] == 1
     assert report.instance == actor.info["instance"]
     assert_same(scraped, report, moving={"tokens_per_s", "prefill_tokens_per_s"})
+
+
+def test_gateway_metrics_on_its_http_port_are_its_stats(actor, tmp_path):
+    gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool", "--actor-api-key", KEY)
+    try:
+        with httpx.Client(base_url=gateway.http, timeout=60) as http:
+            opened = http.post("/v1/sessions", json={})
+            assert opened.status_code == 200, opened.text
+            sid = opened.json()["session"]["session_id"]
+            chat = http.post(f"/s/{sid}/v1/chat/completions",
+                             json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            assert chat.status_code == 200, chat.text
+            scraped = scrape(f"{gateway.http}/metrics")            # no keys configured: open, like /v1/stats
+        with grpc.insecure_channel(gateway.grpc_address) as channel:
+            report = gateway_pb2_grpc.GatewayStub(channel).Stats(common_pb2.StatsRequest(), timeout=30)
+    finally:
+        gateway.stop()
+    assert report.gauges["calls"] == 1 and report.gauges["sessions_open"] == 1
+    # the scrape itself is an HTTP request, the Stats call a gRPC one; rates and router estimates move with time
+    moving = {g for g in report.gauges if g.endswith("_per_s") or g.startswith("router_")}
+    assert_same(scraped, report, moving=moving | {"http_requests", "grpc_requests"})
+    assert scraped[series(report, f"actor_calls/{actor.address}")] == 1
 
 
 class PoolServe:

@@ -2,7 +2,8 @@
 
 Routes: ``GET /health``; ``GET /v1/models``; ``POST /v1/chat/completions`` (also under a session prefix,
 ``/s/{session_id}/v1/...``); ``POST /v1/sessions``, ``GET /v1/sessions/{id}``, ``POST /v1/sessions/{id}/end``,
-``POST /v1/sessions/{id}/rewards``; ``GET /v1/stats``. Every error is OpenAI's error JSON with a 4xx (5xx only when
+``POST /v1/sessions/{id}/rewards``; ``GET /v1/stats``; ``GET /metrics`` (Prometheus, from the same report as
+``/v1/stats``). Every error is OpenAI's error JSON with a 4xx (5xx only when
 actors or the pool fail)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from prometheus_client.exposition import choose_encoder
 
 from forge.gateway.auth import Operation
 from forge.gateway.calls import ChatResult
@@ -28,6 +30,7 @@ from forge.gateway.http.sessions_json import (
     session_with_calls_json,
 )
 from forge.gateway.service import Gateway
+from forge.prometheus import stats_registry
 from forge.v1 import pool_pb2
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ class HttpFrontEnd:
         self.shutdown_grace_s = shutdown_grace_s
         self.runner: web.AppRunner | None = None
         self.url = ""
+        self.registry = stats_registry(gateway.report)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._middleware])
@@ -68,6 +72,7 @@ class HttpFrontEnd:
         app.router.add_post("/v1/sessions/{sid}/end", self._allowed(Operation.END_SESSION, self.end_session))
         app.router.add_post("/v1/sessions/{sid}/rewards", self._allowed(Operation.ADD_REWARD, self.add_reward))
         app.router.add_get("/v1/stats", self._allowed(Operation.STATS, self.stats))
+        app.router.add_get("/metrics", self._allowed(Operation.METRICS, self.prometheus_metrics))
         return app
 
     async def start(self, host: str, port: int) -> str:
@@ -160,6 +165,10 @@ class HttpFrontEnd:
         report = self.gateway.report()
         return web.json_response({"service": report.service, "uptime_s": report.uptime_s,
                                   "gauges": dict(report.gauges), "labels": dict(report.labels)})
+
+    async def prometheus_metrics(self, request: web.Request) -> web.Response:
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encode(self.registry), headers={"Content-Type": content_type})
 
     async def start_session(self, request: web.Request) -> web.Response:
         opening, issue_key = open_request(await self._json(request, required=False))
