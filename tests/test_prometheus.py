@@ -32,7 +32,7 @@ from forge.v1 import (
     learner_pb2_grpc,
 )
 
-from conftest import script
+from conftest import free_port, script
 from helpers.gateway_procs import start_gateway
 from helpers.processes import Service, start_actor, start_cache
 
@@ -306,9 +306,10 @@ def test_a_bad_metrics_port_is_refused_in_one_line_before_anything_loads(service
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        cases = {"70000": "70000", str(port): "cannot listen on 127.0.0.1", "5555": "is the gRPC --port"}
+        grpc_port = str(free_port())
+        cases = {"70000": "70000", str(port): "cannot listen on 127.0.0.1", grpc_port: "is the gRPC --port"}
         for value, told in cases.items():
-            result = subprocess.run([*command, "--port", "5555", "--metrics-port", value], capture_output=True,
+            result = subprocess.run([*command, "--port", grpc_port, "--metrics-port", value], capture_output=True,
                                     text=True, timeout=120)
             errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
             assert result.returncode == 2 and len(errors) == 1, result.stderr
