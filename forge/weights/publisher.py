@@ -2,7 +2,8 @@
 
 A ROUTER socket answers manifest and chunk requests; a PUB socket announces each new version (and repeats the
 announcement periodically). One background thread owns both sockets; ``publish`` prepares a version on the
-caller's thread (staging, hashing) and hands it over. Only the latest version is served; chunks of the previous
+caller's thread (staging, hashing) and hands it over. With ``curve`` keys both sockets are CURVE servers and a ZAP
+authenticator admits only the listed subscribers (``forge.weights.curve``). Only the latest version is served; chunks of the previous
 one that are already queued in ZeroMQ still leave, the rest are answered GONE."""
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import zmq
 
 from forge.v1 import weights_pb2 as pb
 from forge.weights import endpoints, hashing
+from forge.weights.curve import ServerKeys, secure_server, start_authenticator
 from forge.weights.faults import Faults
+from forge.weights.handshakes import HandshakeWatch
 from forge.weights.manifest import Manifest
 from forge.weights.source import ServedVersion, check_chunk_size, check_version, prepare
 
@@ -40,6 +43,8 @@ class PublisherStats:
     bytes_served: int = 0
     requests_refused: int = 0     # GONE, NO_VERSION or BAD_REQUEST answers
     last_publish_s: float = 0.0   # time publish() spent staging and hashing the last version
+    handshakes_failed: int = 0    # connections refused in the handshake: unknown client key, wrong server key, or
+                                  # a peer with the other security mechanism (CURVE against none)
 
 
 class WeightPublisher:
@@ -47,13 +52,15 @@ class WeightPublisher:
 
     Contiguous CPU tensors are served in place: do not modify them until the next ``publish`` (or pass
     ``copy=True``). Endpoints are bound, so a ``tcp://host:*`` port is resolved in ``fetch_endpoint`` and
-    ``announce_endpoint``."""
+    ``announce_endpoint``. ``curve``: serve only over CURVE, to the client keys it lists; the publisher then
+    starts the ZAP authenticator of its context, so give each CURVE publisher a context of its own."""
 
     def __init__(self, fetch_endpoint: str = endpoints.DEFAULT_FETCH_ENDPOINT,
                  announce_endpoint: str = endpoints.DEFAULT_ANNOUNCE_ENDPOINT, *,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, hash_algorithm: str = hashing.DEFAULT_ALGORITHM,
                  announce_interval_s: float = 1.0, hash_workers: int | None = None, pin_memory: bool = False,
-                 faults: Faults | None = None, context: zmq.Context | None = None) -> None:
+                 faults: Faults | None = None, curve: ServerKeys | None = None,
+                 context: zmq.Context | None = None) -> None:
         self.chunk_size = check_chunk_size(chunk_size)
         self.hash_algorithm = hashing.check_algorithm(hash_algorithm)
         endpoints.check_endpoint(fetch_endpoint, "fetch")
@@ -64,14 +71,27 @@ class WeightPublisher:
         self.pin_memory = pin_memory
         self.faults = faults or Faults()
         self.publisher_id = uuid.uuid4().hex[:12]
+        self.curve = curve
         self._own_context = context is None
         self._context = context or zmq.Context()
+        self._authenticator = None
+        if curve is not None:
+            try:
+                self._authenticator = start_authenticator(self._context, curve)
+            except Exception:
+                if self._own_context:
+                    self._context.term()
+                raise
         self._router = self._context.socket(zmq.ROUTER)
         self._pub = self._context.socket(zmq.PUB)
         self._wake = self._context.socket(zmq.PAIR)
         self._wake_sink = self._context.socket(zmq.PAIR)
         for sock in (self._router, self._pub, self._wake, self._wake_sink):
             sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            secure_server(self._router, curve)
+            secure_server(self._pub, curve)
+        self._handshakes = HandshakeWatch("weight publisher", (self._router, self._pub))
         try:
             self.fetch_endpoint = endpoints.bind(self._router, fetch_endpoint, "fetch")
             self.announce_endpoint = endpoints.bind(self._pub, announce_endpoint, "announce")
@@ -92,14 +112,14 @@ class WeightPublisher:
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="forge-weights-publisher", daemon=True)
         self._thread.start()
-        log.info("weight publisher %s: fetch %s, announce %s", self.publisher_id, self.fetch_endpoint,
-                 self.announce_endpoint)
+        log.info("weight publisher %s: fetch %s, announce %s%s", self.publisher_id, self.fetch_endpoint,
+                 self.announce_endpoint, f", CURVE for {len(curve.clients)} client keys" if curve else "")
 
     @property
     def stats(self) -> PublisherStats:
         served = dict(self._served)
         return PublisherStats(self._versions_published, served["manifests"], served["chunks"], served["bytes"],
-                              served["refused"], self._last_publish_s)
+                              served["refused"], self._last_publish_s, self._handshakes.failures)
 
     @property
     def latest_version(self) -> int | None:
@@ -153,8 +173,11 @@ class WeightPublisher:
         self.close()
 
     def _close_sockets(self) -> None:
+        self._handshakes.close()
         for sock in (self._router, self._pub, self._wake, self._wake_sink):
             sock.close(linger=0)
+        if self._authenticator is not None:
+            self._authenticator.stop()
         if self._own_context:
             self._context.term()
 
@@ -168,6 +191,7 @@ class WeightPublisher:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._wake_sink, zmq.POLLIN)
+        self._handshakes.register(poller)
         current: ServedVersion | None = None
         next_announce = float("inf")
         while True:
@@ -179,6 +203,7 @@ class WeightPublisher:
                 current, self._handoff = self._handoff, None
                 self._swapped.set()
                 next_announce = 0.0
+            self._handshakes.read(events)
             if self._router in events:
                 for _ in range(64):
                     if self._handoff is not None:

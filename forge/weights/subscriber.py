@@ -4,7 +4,9 @@ One background thread owns a SUB socket (announcements) and a DEALER socket (man
 ``window`` chunks in flight). Chunks are received straight into one preallocated buffer per version and hashed on
 a small thread pool while the next ones arrive. A version reaches ``on_version`` only when every chunk hash and the
 whole-version hash match; otherwise it is dropped and the previous version stays in effect. A fetch that stalls for
-``request_timeout_s`` reconnects and asks for the manifest again, so a restarted publisher is picked up."""
+``request_timeout_s`` reconnects and asks for the manifest again, so a restarted publisher is picked up. With
+``curve`` keys both sockets are CURVE clients that only complete a handshake with the publisher holding the expected
+server key; failed handshakes are counted and logged (``forge.weights.handshakes``)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from forge.v1 import weights_pb2 as pb
 from forge.weights import endpoints
 from forge.weights.assembly import Assembly
 from forge.weights.buffers import BufferPool
+from forge.weights.curve import ClientKeys, secure_client
+from forge.weights.handshakes import HandshakeWatch
 from forge.weights.manifest import Manifest, ManifestError
 from forge.weights.publisher import TOPIC
 
@@ -48,6 +52,8 @@ class SubscriberStats:
     callback_errors: int = 0
     last_transfer_s: float = 0.0     # manifest accepted -> version verified
     last_transfer_gbps: float = 0.0
+    handshakes_failed: int = 0       # connections the publisher refused or could not be verified (CURVE keys)
+    handshake_error: str = ""        # why the last one failed
 
 
 class WeightSubscriber:
@@ -55,13 +61,14 @@ class WeightSubscriber:
 
     ``on_version(version, tensors)`` runs on that thread after full verification; keep it short (hand the tensors
     to the engine, which swaps them in between steps). The tensors are views of one buffer per version, which the
-    subscriber also keeps for ``latest()`` until the next version is applied."""
+    subscriber also keeps for ``latest()`` until the next version is applied. ``curve``: this subscriber's key pair
+    and the publisher's public key; without it the channel is plain (and a CURVE publisher refuses it)."""
 
     def __init__(self, fetch_endpoint: str = endpoints.DEFAULT_FETCH_ENDPOINT,
                  announce_endpoint: str = endpoints.DEFAULT_ANNOUNCE_ENDPOINT, on_version: OnVersion | None = None,
                  *, window: int = 8, poll_interval_s: float = 1.0, request_timeout_s: float = 5.0,
                  verify_workers: int | None = None, pin_memory: bool = False, max_version_bytes: int | None = None,
-                 context: zmq.Context | None = None) -> None:
+                 curve: ClientKeys | None = None, context: zmq.Context | None = None) -> None:
         self.fetch_endpoint = endpoints.check_endpoint(fetch_endpoint, "fetch")
         self.announce_endpoint = endpoints.check_endpoint(announce_endpoint, "announce")
         if on_version is not None and not callable(on_version):
@@ -76,14 +83,19 @@ class WeightSubscriber:
         self.request_timeout_s = request_timeout_s
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.max_version_bytes = max_version_bytes
+        self.curve = curve
         self._own_context = context is None
         self._context = context or zmq.Context()
         self._sub = self._context.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+        if curve is not None:
+            secure_client(self._sub, curve)
+        self._handshakes = HandshakeWatch("weight subscriber", (self._sub,))
         try:
             endpoints.connect(self._sub, self.announce_endpoint, "announce")
         except Exception:
+            self._handshakes.close()
             self._sub.close()
             raise
         self._dealer: zmq.Socket | None = None
@@ -121,7 +133,8 @@ class WeightSubscriber:
         c = dict(self._counts)
         return SubscriberStats(self.latest_version, c["bytes"], c["chunks"], c["applied"], c["rejected"],
                                c["abandoned"], self._buffers.allocated, self._buffers.recycled, c["max_inflight"],
-                               c["reconnects"], c["callback_errors"], self._last_transfer_s, self._last_gbps)
+                               c["reconnects"], c["callback_errors"], self._last_transfer_s, self._last_gbps,
+                               self._handshakes.failures, self._handshakes.last_error)
 
     def wait_for_version(self, version: int, timeout: float | None = None) -> bool:
         """Block until a version >= ``version`` has been applied (and its callback returned); false on timeout."""
@@ -155,6 +168,7 @@ class WeightSubscriber:
     def _run(self) -> None:
         self._poller = zmq.Poller()
         self._poller.register(self._sub, zmq.POLLIN)
+        self._handshakes.register(self._poller)
         try:
             self._connect_fetch()
             self._ask_manifest()
@@ -168,6 +182,7 @@ class WeightSubscriber:
         finally:
             if self._assembly:
                 self._assembly.cancel()
+            self._handshakes.close()
             for sock in (self._sub, self._dealer):
                 if sock is not None:
                     sock.close(linger=0)
@@ -192,13 +207,18 @@ class WeightSubscriber:
             self._read_announcements()
         if self._dealer in events:
             self._read_replies()
+        self._handshakes.read(events)
 
     def _connect_fetch(self) -> None:
         if self._dealer is not None:
             self._poller.unregister(self._dealer)
+            self._handshakes.unwatch(self._dealer, self._poller)
             self._dealer.close(linger=0)
         self._dealer = self._context.socket(zmq.DEALER)
         self._dealer.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None:
+            secure_client(self._dealer, self.curve)
+        self._handshakes.watch(self._dealer, self._poller)
         endpoints.connect(self._dealer, self.fetch_endpoint, "fetch")
         self._poller.register(self._dealer, zmq.POLLIN)
         self._stale = 0
