@@ -24,6 +24,19 @@ from forge.cli.options import settings_command
 log = logging.getLogger("forge.actor")
 
 
+def _curve_keys(config: ActorConfig):
+    """The weight channel's CURVE keys, read before the model loads (the settings checked them already: this read
+    is the one used, so a file changed since is refused too)."""
+    if config.weights_key is None or config.weights_server_key is None:
+        return None
+    from forge.weights.curve import KeyFileError, client_keys
+
+    try:
+        return client_keys(config.weights_key, config.weights_server_key)
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--weights-key'") from None
+
+
 @settings_command("actor", ActorConfig)
 def actor(config: ActorConfig) -> None:
     """Serve token generation from MODEL over gRPC (forge.v1.Actor: Generate, Abort, Stats, plus health and
@@ -35,6 +48,7 @@ def actor(config: ActorConfig) -> None:
     check_port_option(config.host, config.port, "--port")
     check_port_option(config.host, config.metrics_port, "--metrics-port")
     weights_fetch, weights_announce = config.weights_fetch, config.weights_announce
+    curve = _curve_keys(config)
     import torch
 
     from forge.actors.server import ActorServicer
@@ -84,7 +98,7 @@ def actor(config: ActorConfig) -> None:
 
         spec = EngineSpec(model=model, device=device, dtype=config.dtype, config=engine_config,
                           initial_version=initial_version, weights_fetch=weights_fetch,
-                          weights_announce=weights_announce, l3_cache=config.l3_cache, l3_fetch=config.l3_fetch,
+                          weights_announce=weights_announce, weights_curve=curve, l3_cache=config.l3_cache, l3_fetch=config.l3_fetch,
                           l3_api_key=config.l3_api_key, kv_events=True, log_level=config.log_level)
         try:
             engine = EngineProcess(spec, on_exit=lambda reason: [each.stop(5) for each in servers])
@@ -97,7 +111,7 @@ def actor(config: ActorConfig) -> None:
         connector = kv_connector(engine, config.l3_cache, config.l3_fetch, config.l3_api_key)
         events = connector.events, connector.describe
     if weights_fetch and not (backend == "torch" and config.engine_process):     # the engine core subscribes itself
-        subscriber = weight_subscriber(engine, weights_fetch, weights_announce)
+        subscriber = weight_subscriber(engine, weights_fetch, weights_announce, curve)
     if weights_fetch:
         log.info("waiting for the learner's first weight version on %s", weights_fetch)
         deadline = time.monotonic() + config.first_version_timeout
@@ -106,8 +120,10 @@ def actor(config: ActorConfig) -> None:
                 if subscriber is not None:
                     subscriber.close()
                 engine.close()
+                refused = subscriber.stats.handshake_error if subscriber is not None else ""
                 raise click.ClickException(f"no weight version arrived from {weights_fetch} within "
-                                           f"{config.first_version_timeout:.0f} s")
+                                           f"{config.first_version_timeout:.0f} s"
+                                           + (f" (the handshake failed: {refused})" if refused else ""))
             time.sleep(0.05)
 
     def stop() -> None:

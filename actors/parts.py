@@ -75,9 +75,10 @@ def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
     return KVConnector(engine, client, fetch=fetch)
 
 
-def weight_subscriber(backend, fetch: str, announce: str):
-    """Follow the learner's weight versions into ``backend``; a version it refuses (wrong tensors, stale) is logged
-    and the current one keeps serving."""
+def weight_subscriber(backend, fetch: str, announce: str, curve=None):
+    """Follow the learner's weight versions into ``backend`` (over CURVE with ``curve``, a
+    ``forge.weights.curve.ClientKeys``); a version it refuses (wrong tensors, stale) is logged and the current one
+    keeps serving."""
     from forge.weights import WeightSubscriber
 
     def apply(version: int, tensors: dict) -> None:
@@ -86,4 +87,4 @@ def weight_subscriber(backend, fetch: str, announce: str):
         except ValueError as exc:
             log.error("weight version %d refused: %s", version, exc)
 
-    return WeightSubscriber(fetch, announce, on_version=apply)
+    return WeightSubscriber(fetch, announce, on_version=apply, curve=curve)

@@ -50,6 +50,19 @@ def _initial_model(model: str, resume_dir: Path | None, seed: int):
     return policy, ref.directory
 
 
+def _curve_keys(config: LearnerConfig):
+    """The weight channel's CURVE keys, read before anything heavy (the settings checked them already: this read
+    is the one used, so a file changed since is refused too)."""
+    if config.weights_key is None or config.weights_clients is None or not config.publish:
+        return None
+    from forge.weights.curve import KeyFileError, server_keys
+
+    try:
+        return server_keys(config.weights_key, config.weights_clients)
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--weights-key'") from None
+
+
 @settings_command("learner", LearnerConfig)
 def learner(config: LearnerConfig) -> None:
     """Train the policy with CISPO (or PPO-clip, GRPO) on windowed-FIFO batches from the pool, checkpoint with the
@@ -70,6 +83,7 @@ def learner(config: LearnerConfig) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handle)
+    curve = _curve_keys(config)
     import torch
 
     from forge.learner.checkpoint import Checkpointer
@@ -91,7 +105,7 @@ def learner(config: LearnerConfig) -> None:
         if config.publish:
             from forge.weights import WeightPublisher
 
-            publisher = WeightPublisher(config.weights_fetch, config.weights_announce)
+            publisher = WeightPublisher(config.weights_fetch, config.weights_announce, curve=curve)
         metrics = MetricsWriter(config.run_dir / "metrics.jsonl")
     trainer = Trainer(policy, distributed, config=config.trainer, loss=config.loss, rewards=config.reward,
                       window=config.window, pool=pool, checkpointer=checkpointer, publisher=publisher,

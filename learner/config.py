@@ -1,5 +1,5 @@
 """Settings of a forge-learner process: the initial model, the pool it reads, the run directory, weight
-publishing, the Stats listener, and the groups owned by the training parts (trainer, loss, rewards, window)."""
+publishing (and its CURVE keys), the Stats listener, and the groups owned by the training parts (trainer, loss, rewards, window)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from forge.settings import (
     ready_file_setting,
     setting,
 )
+from forge.weights.curve import check_client_keys, check_key_pair
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +39,13 @@ class LearnerConfig(Settings):
                                       "free port).")
     weights_announce: str = setting("tcp://127.0.0.1:5702", help="ZeroMQ endpoint new weight versions are announced "
                                                                  "on.")
+    weights_key: Path | None = setting(None, path="file", validate=check_key_pair,
+                                       help="The learner's CURVE key pair (a ZeroMQ *.key_secret certificate, see "
+                                            "forge keys weights): weights then travel encrypted, only to the actors "
+                                            "in --weights-clients.")
+    weights_clients: Path | None = setting(None, path="dir", validate=check_client_keys,
+                                           help="Directory of the public certificates (*.key) of the actors allowed "
+                                                "to fetch weights; goes with --weights-key.")
     publish: bool = setting(True, help="Stream weights to actors.")
     device: str = setting("auto", help="cpu, cuda, cuda:N, or auto.")
     nproc: int = setting(1, min=1, help="Data-parallel processes (FSDP2, relaunched under torchrun).")
@@ -55,3 +63,5 @@ class LearnerConfig(Settings):
         check_metrics_port(self.port, self.metrics_port)
         if (self.pool_path is None) == (self.pool_address is None):
             raise SettingsError("give exactly one of --pool and --pool-address")
+        if (self.weights_key is None) != (self.weights_clients is None):
+            raise SettingsError("--weights-key and --weights-clients go together")

@@ -34,6 +34,7 @@ import zmq
 
 from forge.actors.backend import FinishReason, GenerationRequest, RequestStream, TokenChunk
 from forge.actors.engine.engine import EngineConfig, RequestLimits, TorchEngine, reserve_cpu_threads
+from forge.weights.curve import ClientKeys
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class EngineSpec:
     initial_version: int = 0
     weights_fetch: str | None = None        # subscribe to the learner's weights here, inside the core
     weights_announce: str | None = None
+    weights_curve: ClientKeys | None = None  # the weight channel's CURVE keys (the secret never shows in a repr)
     l3_cache: str | None = None             # the L3 cache's servers, joined from the core (implies kv_events)
     l3_fetch: str = "auto"
     l3_api_key: str | None = field(default=None, repr=False)
@@ -150,7 +152,8 @@ class EngineCore:
         if spec.weights_fetch:
             from forge.actors.parts import weight_subscriber
 
-            self.subscriber = weight_subscriber(engine, spec.weights_fetch, spec.weights_announce)
+            self.subscriber = weight_subscriber(engine, spec.weights_fetch, spec.weights_announce,
+                                                spec.weights_curve)
         shapes = {name: tuple(t.shape) for name, t in engine.model.state_dict().items()}
         self.send(("ready", CoreInfo(engine.limits(), shapes, engine.weight_version, engine.config.model_id,
                                      os.getpid())))

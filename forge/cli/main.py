@@ -9,6 +9,7 @@ from forge.actors.cli import actor
 from forge.cache.cli import cache
 from forge.cli.common import CONTEXT_SETTINGS, entry_point
 from forge.cli.config import config_group
+from forge.cli.keys import keys_group
 from forge.cli.model import model_group
 from forge.gateway.cli import gateway
 from forge.learner.cli import learner
@@ -31,7 +32,8 @@ def forge() -> None:
     """
 
 
-for command in (up, rollout, learner, actor, gateway, cache, top, plot, model_group, pool_group, config_group):
+for command in (up, rollout, learner, actor, gateway, cache, top, plot, model_group, pool_group, config_group,
+                keys_group):
     forge.add_command(command)
 
 learner_entry = entry_point(learner, "learner")
