@@ -78,6 +78,8 @@ class UpConfig(Settings):
     seed: int = setting(0, help="Seed of the learner, the actors and the rollouts.")
     cache: bool = setting(True, help="Start forge-cache (the global L3 KV cache) and connect the actors to it.")
     cache_mb: int = setting(512, min=16, help="forge-cache's capacity.")
+    weights_curve: bool = setting(True, help="Encrypt and authenticate the learner-to-actor weight channel with "
+                                             "CURVE, with key pairs made for the run in RUN_DIR/keys/weights.")
     log_level: str = log_level_setting("WARNING")
     model: ModelChoice = field(default_factory=ModelChoice)
     tasks: TasksConfig = field(default_factory=TasksConfig)
@@ -129,6 +131,17 @@ def service_args(wiring: dict[str, Any], tuning: dict[str, Any], run_file: Path 
     return args
 
 
+def weight_keys(directory: Path, actors: int):
+    """Fresh CURVE key pairs for one run's weight channel: the learner's and one per actor (``actor-N``); the
+    previous run's are replaced (their processes are gone)."""
+    import shutil
+
+    from forge.weights.curve import create_keys
+
+    shutil.rmtree(directory, ignore_errors=True)
+    return create_keys(directory, [f"actor-{i}" for i in range(actors)])
+
+
 class System:
     """The service processes of one run, started in dependency order and stopped in reverse."""
 
@@ -150,15 +163,23 @@ class System:
             cache = self._start("cache", "forge-cache", {"dir": run / "cache", "port": 0},
                                 {"capacity_mb": c.cache_mb})
             l3 = {"l3_cache": cache.info["address"]}
+        curve: dict[str, Any] = {}
+        actor_keys: list[dict[str, Any]] = [{} for _ in range(c.actors)]
+        if c.weights_curve:
+            keys = weight_keys(run / "keys" / "weights", c.actors)
+            curve = {"weights_key": keys.server_secret, "weights_clients": keys.clients_dir}
+            actor_keys = [{"weights_key": keys.client_secrets[f"actor-{i}"], "weights_server_key": keys.server_public}
+                          for i in range(c.actors)]
         learner = self._start("learner", "forge-learner", {
             "pool": run / "pool", "run_dir": run / "learner", "weights_fetch": "tcp://127.0.0.1:*",
-            "weights_announce": "tcp://127.0.0.1:*", "port": 0}, {
+            "weights_announce": "tcp://127.0.0.1:*", "port": 0, **curve}, {
             "model": c.model.path, "batch_groups": c.batch_groups, "window": c.window, "lr": c.lr,
             "warmup_steps": c.warmup_steps, "token_norm": c.token_norm, "normalize": c.advantage_norm,
             "beta": c.speed_weight, "speed_domains": ",".join(c.speed_domains), "max_wait": 10,
             "checkpoint_every": 25, "seed": c.seed}, env={"OMP_NUM_THREADS": "1"})
         weights = {"weights_fetch": learner.info["weights_fetch"], "weights_announce": learner.info["weights_announce"]}
-        actors = [self._start(f"actor-{i}", "forge-actor", {"port": 0, "name": f"actor-{i}", **weights, **l3},
+        actors = [self._start(f"actor-{i}", "forge-actor", {"port": 0, "name": f"actor-{i}", **weights,
+                                                            **actor_keys[i], **l3},
                               {"model": c.model.path, "backend": backend, "threads": 1, "kv_cache_mb": 96,
                                "seed": c.seed + i}, timeout_s=ACTOR_START_S[backend])
                   for i in range(c.actors)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import stat
 
 import pytest
 from rich.console import Console
@@ -17,6 +18,7 @@ from forge.builtin import TINY_DIR
 from forge.pool import PoolReader
 from forge.up import UpConfig, report, run
 from forge.v1 import pool_pb2
+from forge.weights.curve import load_key_pair
 
 STEPS = 30
 
@@ -58,6 +60,14 @@ def test_a_short_forge_up_run_learns(tmp_path):
     assert all(v > 0.1 for v in start.values()), start       # the shipped checkpoint solves some of every set
     assert sum(end.values()) > sum(start.values()), (start, end)
     assert set(result["eval_greedy_start"]) == set(result["eval_greedy_end"]) == set(start)
+
+    # The weights travelled over CURVE with the run's own keys, and no secret reached a log.
+    keys = config.run_dir / "keys" / "weights"
+    assert stat.S_IMODE((keys / "actor-0.key_secret").stat().st_mode) == 0o600
+    logs = {path.name: path.read_text(errors="replace") for path in (config.run_dir / "logs").glob("*.log")}
+    assert "CURVE for 1 client keys" in logs["learner.log"]
+    secrets = [load_key_pair(keys / name)[1].decode() for name in ("learner.key_secret", "actor-0.key_secret")]
+    assert not [name for name, text in logs.items() for secret in secrets if secret in text]
     assert (config.run_dir / "curves.png").stat().st_size > 10_000
     services = json.loads((config.run_dir / "services.json").read_text())
     assert {s["kind"] for s in services} == {"learner", "cache", "actor", "gateway"}
