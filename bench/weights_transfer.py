@@ -1,5 +1,6 @@
-"""Weight transport throughput on loopback: WeightPublisher -> WeightSubscriber against a raw ZeroMQ send of the
-same number of bytes (same chunk size and window, no hashing, no manifest), the sender in its own process.
+"""Weight transport throughput on loopback: WeightPublisher -> WeightSubscriber, plain and over CURVE, against a raw
+ZeroMQ send of the same number of bytes (same chunk size and window, no hashing, no manifest), the sender in its
+own process.
 
 Usage: ``.venv/bin/python bench/weights_transfer.py [--size-mb 256 1024] [--repeats 5] [--chunk-mb 4] [--window 8]``
 
@@ -8,6 +9,8 @@ Figures, each the median over the repeats:
   transfer   ours, manifest accepted -> every chunk received and verified (what each subscriber pays)
   end-to-end ours, publish() called -> on_version called (adds staging and hashing on the publisher, paid once
              per version whatever the number of subscribers)
+  curve      ours over CURVE (encrypted and authenticated, keys made for the run), transfer and end-to-end, and
+             its transfer as a share of the plain one's
 """
 
 from __future__ import annotations
@@ -16,15 +19,18 @@ import argparse
 import logging
 import multiprocessing as mp
 import statistics
+import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import numpy as np
 import torch
 import zmq
 
 from forge.weights import ALGORITHMS, DEFAULT_ALGORITHM, WeightPublisher, WeightSubscriber
+from forge.weights.curve import KeySet, client_keys, create_keys, server_keys
 from forge.weights.hashing import hash_parts
 
 MB = 1 << 20
@@ -43,11 +49,13 @@ def make_state(size: int, tensor_mb: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def ours_sender(conn: Connection, size: int, args: argparse.Namespace) -> None:
-    """Publishes ``size`` bytes as a new version on each command; answers (publish seconds, CPU seconds so far)."""
+def ours_sender(conn: Connection, size: int, args: argparse.Namespace, keys: KeySet | None = None) -> None:
+    """Publishes ``size`` bytes as a new version on each command (over CURVE with ``keys``); answers (publish
+    seconds, CPU seconds so far)."""
     state = make_state(size, args.tensor_mb)
+    curve = server_keys(keys.server_secret, keys.clients_dir) if keys else None
     with WeightPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", chunk_size=args.chunk_mb * MB,
-                         hash_algorithm=args.hash) as publisher:
+                         hash_algorithm=args.hash, curve=curve) as publisher:
         conn.send((publisher.fetch_endpoint, publisher.announce_endpoint))
         while (version := conn.recv()) is not None:
             cpu, started = time.process_time(), time.perf_counter()
@@ -74,10 +82,11 @@ def raw_sender(conn: Connection, size: int, args: argparse.Namespace) -> None:
 class Side:
     """A sender in a child process and the receiving end here; tracks the CPU time of both, timed rounds only."""
 
-    def __init__(self, target, size: int, args: argparse.Namespace) -> None:
+    def __init__(self, target, size: int, args: argparse.Namespace, *extra: object) -> None:
         self.size = size
         self.conn, child_conn = mp.Pipe()
-        self.child = mp.get_context("spawn").Process(target=target, args=(child_conn, size, args), daemon=True)
+        self.child = mp.get_context("spawn").Process(target=target, args=(child_conn, size, args, *extra),
+                                                     daemon=True)
         self.child.start()
         self.own_cpu = 0.0
         self.child_cpu_marks: list[float] = []
@@ -122,13 +131,15 @@ class RawReceiver(Side):
 
 
 class OursReceiver(Side):
-    """WeightPublisher (child process) -> WeightSubscriber (here), one version per round."""
+    """WeightPublisher (child process) -> WeightSubscriber (here), one version per round; over CURVE with ``keys``."""
 
-    def __init__(self, size: int, args: argparse.Namespace) -> None:
-        super().__init__(ours_sender, size, args)
+    def __init__(self, size: int, args: argparse.Namespace, keys: KeySet | None = None) -> None:
+        super().__init__(ours_sender, size, args, keys)
         fetch, announce = self.conn.recv()
         self.applied = threading.Event()
-        self.sub = WeightSubscriber(fetch, announce, lambda version, tensors: self.applied.set(), window=args.window)
+        curve = client_keys(keys.client_secrets["bench"], keys.server_public) if keys else None
+        self.sub = WeightSubscriber(fetch, announce, lambda version, tensors: self.applied.set(), window=args.window,
+                                    curve=curve)
 
     def round(self, version: int) -> tuple[float, float, float]:
         """(end-to-end, transfer, publish) GB/s."""
@@ -148,7 +159,7 @@ class OursReceiver(Side):
         stats = self.sub.stats
         self.sub.close()
         self.stop_child()
-        if stats.versions_rejected:
+        if stats.versions_rejected or stats.handshakes_failed:
             raise SystemExit(f"unexpected subscriber figures: {stats}")
 
 
@@ -164,23 +175,26 @@ def hash_rates(chunk: int, rounds: int = 32) -> dict[str, float]:
     return rates
 
 
-def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
-    """Median GB/s of raw, transfer, end-to-end and publish, and CPU seconds per GB of raw and ours (both
-    processes); raw and ours alternate round by round so that both see the same machine load."""
-    raw, ours = RawReceiver(size, args), OursReceiver(size, args)
-    raw_rates, our_rates = [], []
+def measure(size: int, args: argparse.Namespace, keys: KeySet) -> dict[str, float]:
+    """Median GB/s of raw, transfer, end-to-end and publish (plain and CURVE), and CPU seconds per GB of each
+    (both processes); the three alternate round by round so that all see the same machine load."""
+    raw, ours, curve = RawReceiver(size, args), OursReceiver(size, args), OursReceiver(size, args, keys)
+    raw_rates, our_rates, curve_rates = [], [], []
     try:
         for repeat in range(WARMUP + args.repeats):
-            raw_rate, our_rate = raw.round(repeat), ours.round(repeat)
+            rates = raw.round(repeat), ours.round(repeat), curve.round(repeat)
             if repeat >= WARMUP:
-                raw_rates.append(raw_rate)
-                our_rates.append(our_rate)
+                for column, rate in zip((raw_rates, our_rates, curve_rates), rates, strict=True):
+                    column.append(rate)
     finally:
         raw.close()
         ours.close()
+        curve.close()
     end_to_end, transfer, publish = (statistics.median(column) for column in zip(*our_rates, strict=True))
+    curve_e2e, curve_transfer, _ = (statistics.median(column) for column in zip(*curve_rates, strict=True))
     return {"raw": statistics.median(raw_rates), "transfer": transfer, "e2e": end_to_end, "publish": publish,
-            "raw_cpu": raw.cpu_per_gb(args.repeats), "our_cpu": ours.cpu_per_gb(args.repeats)}
+            "curve_transfer": curve_transfer, "curve_e2e": curve_e2e, "raw_cpu": raw.cpu_per_gb(args.repeats),
+            "our_cpu": ours.cpu_per_gb(args.repeats), "curve_cpu": curve.cpu_per_gb(args.repeats)}
 
 
 def main() -> None:
@@ -198,11 +212,16 @@ def main() -> None:
     rates = hash_rates(args.chunk_mb * MB)
     print("chunk hash, one thread: " + ", ".join(f"{name} {rate:.2f}" for name, rate in rates.items()))
     print(f"{'size':>9} {'raw':>6} {'transfer':>9} {'e2e':>6} {'publish':>8} {'transfer/raw':>13} {'e2e/raw':>8}"
-          f" {'CPU s/GB raw':>13} {'ours':>5}")
-    for size_mb in args.size_mb:
-        m = measure(size_mb * MB, args)
-        print(f"{size_mb:>5} MiB {m['raw']:6.2f} {m['transfer']:9.2f} {m['e2e']:6.2f} {m['publish']:8.2f} "
-              f"{m['transfer'] / m['raw']:12.0%} {m['e2e'] / m['raw']:8.0%} {m['raw_cpu']:13.2f} {m['our_cpu']:5.2f}")
+          f" {'curve transfer':>15} {'curve e2e':>10} {'curve/plain':>12} {'CPU s/GB raw':>13} {'ours':>5}"
+          f" {'curve':>6}")
+    with tempfile.TemporaryDirectory(prefix="forge-bench-keys-") as directory:
+        keys = create_keys(Path(directory) / "keys", ["bench"])
+        for size_mb in args.size_mb:
+            m = measure(size_mb * MB, args, keys)
+            print(f"{size_mb:>5} MiB {m['raw']:6.2f} {m['transfer']:9.2f} {m['e2e']:6.2f} {m['publish']:8.2f} "
+                  f"{m['transfer'] / m['raw']:12.0%} {m['e2e'] / m['raw']:8.0%} {m['curve_transfer']:15.2f} "
+                  f"{m['curve_e2e']:10.2f} {m['curve_transfer'] / m['transfer']:11.0%} {m['raw_cpu']:13.2f} "
+                  f"{m['our_cpu']:5.2f} {m['curve_cpu']:6.2f}")
 
 
 if __name__ == "__main__":
