@@ -48,6 +48,9 @@ class GenerationRequest:
     stream_interval: int = 0        # tokens per chunk after the first, 0 = the backend's (TensorRT-LLM: its own)
 
 
+TopTokens = tuple[list[int], list[float]]      # the most likely token ids of one distribution and their log-probs
+
+
 @dataclass
 class TokenChunk:
     """Tokens sampled for one request in one engine step (or the final, possibly empty, chunk)."""
@@ -55,6 +58,7 @@ class TokenChunk:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     weight_versions: list[int] = field(default_factory=list)
+    top_logprobs: list[TopTokens] = field(default_factory=list)    # per token when the request asks for them
     finish_reason: FinishReason | None = None
     error: str = ""
     cached_prompt_tokens: int = 0

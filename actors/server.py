@@ -39,13 +39,16 @@ def sampling_from_proto(message: common_pb2.SamplingParams) -> SamplingParams:
         max_tokens=message.max_tokens or None,
         stop_token_ids=tuple(message.stop_token_ids),
         ignore_eos=message.ignore_eos,
+        min_tokens=message.min_tokens,
+        top_logprobs=message.top_logprobs,
     )
 
 
 def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
     message = common_pb2.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                                         max_tokens=params.max_tokens or 0, stop_token_ids=params.stop_token_ids,
-                                        ignore_eos=params.ignore_eos)
+                                        ignore_eos=params.ignore_eos, min_tokens=params.min_tokens,
+                                        top_logprobs=params.top_logprobs)
     if params.seed is not None:
         message.seed = params.seed
     return message
@@ -53,7 +56,9 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
 
 def chunk_to_proto(request_id: str, chunk: TokenChunk, actor: str, first: bool) -> actor_pb2.GenerateChunk:
     message = actor_pb2.GenerateChunk(request_id=request_id, token_ids=chunk.token_ids, logprobs=chunk.logprobs,
-                                      weight_versions=chunk.weight_versions)
+                                      weight_versions=chunk.weight_versions,
+                                      top_logprobs=[common_pb2.TopLogprobs(token_ids=ids, logprobs=values)
+                                                    for ids, values in chunk.top_logprobs])
     if first:
         message.actor = actor
         message.cached_prompt_tokens = chunk.cached_prompt_tokens

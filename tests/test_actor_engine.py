@@ -241,6 +241,75 @@ def test_stop_tokens_and_eos_finish_with_stop(model):
         engine.close()
 
 
+def masked_forward_logprobs(model: CausalLM, prompt: list[int], tokens: list[int], params: SamplingParams,
+                            banned: list[int]) -> torch.Tensor:
+    """The sampling distribution [len(tokens), V] of every output of ``prompt + tokens``, with ``banned`` ids left
+    out of the first ``params.min_tokens`` ones (what the engine draws from)."""
+    with torch.no_grad():
+        logits = model.logits(model(torch.tensor([prompt + tokens])))[0, len(prompt) - 1:-1].clone()
+    logits[:params.min_tokens, banned] = float("-inf")
+    return sampling_logprobs(logits, params.temperature, params.top_k, params.top_p)
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_keeps_stop_ids_out_of_the_first_tokens_and_records_their_logprobs(model, speculative,
+                                                                                     temperature):
+    engine = engine_for(model, speculative=speculative)
+    prompt = [3, 4, 5]
+    try:
+        free = run(engine, prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+        stops = tuple(dict.fromkeys(free[:4]))    # greedy decoding would stop at once on any of these
+        params = SamplingParams(temperature=temperature, max_tokens=12, seed=5, stop_token_ids=stops, min_tokens=6)
+        for _ in range(3 if temperature else 1):
+            tokens, logprobs, _, last = run(engine, prompt, params)
+            assert len(tokens) >= 6 and not set(tokens[:6]) & set(stops)
+            assert last.finish_reason is (FinishReason.STOP if tokens[-1] in stops else FinishReason.LENGTH)
+            expected = masked_forward_logprobs(model, prompt, tokens, params, [*stops, 100])
+            picked = expected.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+            torch.testing.assert_close(torch.tensor(logprobs), picked, atol=2e-5, rtol=0)
+            params = SamplingParams(**{**params.__dict__, "seed": params.seed + 1})
+        # Without min_tokens the same request stops on the first token.
+        assert len(run(engine, prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=stops))[0]) == 1
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_tokens=16, seed=2, ignore_eos=True,
+                                                   top_logprobs=5),
+                                    SamplingParams(temperature=0.7, top_k=3, max_tokens=16, seed=3, ignore_eos=True,
+                                                   top_logprobs=20),
+                                    SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, top_logprobs=1)])
+def test_top_logprobs_are_the_most_likely_tokens_of_the_sampling_distribution(model, speculative, params):
+    engine = engine_for(model, speculative=speculative)
+    prompt = [random.Random(3).randrange(100) for _ in range(20)]
+    try:
+        stream = engine.submit(GenerationRequest("", prompt, params))
+        chunks = list(stream)
+        tokens = [t for c in chunks for t in c.token_ids]
+        logprobs = [v for c in chunks for v in c.logprobs]
+        tops = [top for c in chunks for top in c.top_logprobs]
+        assert len(tops) == len(tokens) == 16
+        expected = masked_forward_logprobs(model, prompt, tokens, params, [])
+        for i, (token, logprob, (ids, values)) in enumerate(zip(tokens, logprobs, tops, strict=True)):
+            want = torch.topk(expected[i], params.top_logprobs)
+            support = int((want.values > float("-inf")).sum())
+            assert len(ids) == len(values) == support and values == sorted(values, reverse=True)
+            torch.testing.assert_close(torch.tensor(values), want.values[:support], atol=2e-5, rtol=0)
+            assert set(ids) == set(want.indices[:support].tolist()) or len(set(values)) < len(values)
+            assert sum(math.exp(v) for v in values) <= 1 + 1e-5
+            if token in ids:
+                assert values[ids.index(token)] == pytest.approx(logprob, abs=1e-6)
+        if params.greedy:
+            assert all(ids[0] == token for token, (ids, _) in zip(tokens, tops, strict=True))
+        # A request that asks for none gets none.
+        plain = list(engine.submit(GenerationRequest("", prompt, SamplingParams(max_tokens=4))))
+        assert not any(c.top_logprobs for c in plain)
+    finally:
+        engine.close()
+
+
 def test_weight_swap_applies_between_steps_and_stamps_versions(model):
     other = make_model(9)
     engine = engine_for(model, speculative=True)
@@ -295,6 +364,7 @@ def test_mismatched_or_stale_weights_are_refused_and_the_old_version_stays(model
     ([-1], SamplingParams(), "outside the vocabulary"),
     (list(range(100)) * 6, SamplingParams(), "context"),
     ([1], SamplingParams(stop_token_ids=(500,)), "stop token"),
+    (list(range(100)) * 5, SamplingParams(min_tokens=100), "min_tokens"),
 ])
 def test_bad_requests_are_refused_with_a_reason(model, prompt, params, message):
     engine = engine_for(model)

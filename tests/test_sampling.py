@@ -18,6 +18,7 @@ from forge.model.sampling import (
     batched_sampling_logprobs,
     sample,
     sampling_logprobs,
+    top_logprobs,
 )
 
 
@@ -48,7 +49,9 @@ def test_samples_follow_the_distribution_and_log_probs_match():
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(temperature=1e-39), dict(temperature=0.009),
                                     dict(temperature=101), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2),
-                                    dict(max_tokens=0), dict(seed=-1)])
+                                    dict(max_tokens=0), dict(seed=-1), dict(min_tokens=-1),
+                                    dict(min_tokens=5, max_tokens=4), dict(top_logprobs=21),
+                                    dict(top_logprobs=-1)])
 def test_bad_sampling_values_are_refused(kwargs):
     with pytest.raises(SamplingError):
         SamplingParams(**kwargs)
@@ -124,3 +127,19 @@ def test_batched_logprobs_with_host_flags_equal_the_device_check():
                                            (True, False))          # a needless sort changes nothing
     assert torch.equal(everything, batched_sampling_logprobs(logits, temperature, torch.zeros(6, dtype=torch.long),
                                                              torch.ones(6)))
+
+
+def test_banned_tokens_leave_their_rows_distribution_before_truncation():
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05], [0.5, 0.2, 0.15, 0.1, 0.05]]))
+    banned = (torch.tensor([0, 0]), torch.tensor([0, 3]))
+    probs = batched_sampling_logprobs(logits, torch.tensor([1.0, 1.0]), torch.tensor([2, 2]), torch.tensor([1.0, 1.0]),
+                                      banned=banned).exp()
+    # Row 0 without tokens 0 and 3: top-2 of what is left is {1, 2}; row 1 untouched: {0, 1}.
+    torch.testing.assert_close(probs[0], torch.tensor([0, 0.2, 0.15, 0, 0]) / 0.35)
+    torch.testing.assert_close(probs[1], torch.tensor([5 / 7, 2 / 7, 0, 0, 0]))
+
+
+def test_top_logprobs_leave_out_tokens_outside_the_support():
+    logprobs = sampling_logprobs(torch.log(torch.tensor([[0.1, 0.6, 0.3]])), 1.0, top_k=2)
+    ids, values = top_logprobs(logprobs, 3)
+    assert ids == [[1, 2]] and values[0] == pytest.approx([math.log(2 / 3), math.log(1 / 3)], abs=1e-6)

@@ -116,6 +116,9 @@ class RequestLimits:
         if len(prompt) >= self.kv_capacity:
             raise InvalidRequest(f"the prompt has {len(prompt)} tokens; this actor's KV cache holds {self.kv_capacity}")
         room = min(self.max_positions, self.kv_capacity) - len(prompt)
+        if params.min_tokens > room:
+            raise InvalidRequest(f"min_tokens is {params.min_tokens}, but the prompt of {len(prompt)} tokens leaves "
+                                 f"room for {room}")
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
         return min(params.max_tokens or room, room), stops
 
@@ -423,11 +426,13 @@ class TorchEngine(Backend):
             finish = FinishReason.LENGTH
         chunk = seq.unsent
         if chunk is None:           # the step's result is not kept: its lists become the chunk's
-            chunk = seq.unsent = TokenChunk(result.tokens, result.logprobs, versions, cached_prompt_tokens=cached)
+            chunk = seq.unsent = TokenChunk(result.tokens, result.logprobs, versions, result.top or [],
+                                            cached_prompt_tokens=cached)
         else:
             chunk.token_ids += result.tokens
             chunk.logprobs += result.logprobs
             chunk.weight_versions += versions
+            chunk.top_logprobs += result.top or []
         if finish is not None:
             self._finish(seq, finish)
         elif first or len(chunk.token_ids) >= (seq.stream_interval or interval):

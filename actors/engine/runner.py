@@ -20,13 +20,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from forge.actors.backend import TopTokens
 from forge.actors.engine.cpu_kernels import load as load_cpu_kernels
 from forge.actors.engine.graph import CompiledDecode
 from forge.actors.engine.packed_linear import Pack, pack_linears
 from forge.actors.engine.paged_attention import PagedAttention, PagedKVCache, StepLayout
 from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft, Sequence, uniforms
 from forge.model.qwen3 import CausalLM
-from forge.model.sampling import batched_sampling_logprobs
+from forge.model.sampling import batched_sampling_logprobs, top_logprobs
 
 PreparedWeights = dict[int, Pack] | None
 
@@ -55,6 +56,7 @@ class Sampled:
     tokens: list[int]
     logprobs: list[float]
     draft_accepted: bool | None = None
+    top: list[TopTokens] | None = None      # per token, when the request asks for its top log-probs
 
 
 @dataclass
@@ -155,10 +157,12 @@ class ModelRunner:
                 owners.append(b)
         results: list[Sampled | None] = [None] * len(work)
         if logit_rows:
-            params = [work[b].seq.params for b in owners for _ in range(2 if drafts[b] is not None else 1)]
+            # Each logit row with the sequence it samples for and how many of its tokens come before it.
+            row_seqs = [(work[b].seq, ahead) for b in owners for ahead in range(2 if drafts[b] is not None else 1)]
             # Increasing and distinct: as many as the rows means every row, in order.
             picked_rows = flat if len(logit_rows) == flat.shape[0] else flat[self._tensor(logit_rows)]
-            logprobs = self._sampling_logprobs(model.logits(picked_rows), params)
+            logprobs = self._sampling_logprobs(model.logits(picked_rows), [s.params for s, _ in row_seqs],
+                                               self._banned(row_seqs))
             plain, drafted, cursor = [], [], 0
             for b in owners:
                 (plain if drafts[b] is None else drafted).append((b, cursor))
@@ -169,8 +173,10 @@ class ModelRunner:
                 seqs = [work[b].seq for b, _ in plain]
                 tokens = self._draw(chosen, uniforms(seqs, 0, SAMPLE), seqs)
                 picked = chosen.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-                for (b, _), token, logprob in zip(plain, tokens.tolist(), picked.tolist(), strict=True):
-                    results[b] = Sampled([token], [logprob])
+                tops = self._tops(chosen, seqs)
+                for i, ((b, _), token, logprob) in enumerate(zip(plain, tokens.tolist(), picked.tolist(),
+                                                                 strict=True)):
+                    results[b] = Sampled([token], [logprob], top=None if tops is None else [tops[i]])
             if drafted:
                 for (b, _), result in zip(drafted, self._verify(logprobs, drafted, work), strict=True):
                     results[b] = result
@@ -183,7 +189,8 @@ class ModelRunner:
             self._mtp_pass(work, results, flat, width)
         return results
 
-    def _sampling_logprobs(self, logits: Tensor, params: list) -> Tensor:
+    def _sampling_logprobs(self, logits: Tensor, params: list, banned: tuple[Tensor, Tensor] | None = None
+                           ) -> Tensor:
         device, vocab = logits.device, logits.shape[-1]
         truncates = (any(0 < p.top_k < vocab for p in params), any(p.top_p < 1.0 for p in params))
         return batched_sampling_logprobs(
@@ -192,7 +199,28 @@ class ModelRunner:
             torch.tensor([p.top_k for p in params], device=device),
             torch.tensor([p.top_p for p in params], device=device),
             truncates,
+            banned,
         )
+
+    def _banned(self, row_seqs: list[tuple[Sequence, int]]) -> tuple[Tensor, Tensor] | None:
+        """The (row, token id) pairs ``min_tokens`` bans: a sequence's stop ids in the rows of its first
+        ``min_tokens`` outputs (``ahead`` outputs after the ones it has)."""
+        rows, ids = [], []
+        for row, (seq, ahead) in enumerate(row_seqs):
+            if seq.num_output + ahead < seq.params.min_tokens:
+                rows += [row] * len(seq.stop_ids)
+                ids += seq.stop_ids
+        return (self._tensor(rows), self._tensor(ids)) if rows else None
+
+    @staticmethod
+    def _tops(logprobs: Tensor, seqs: list[Sequence]) -> list[TopTokens] | None:
+        """Each row's top log-probs up to its sequence's ``top_logprobs`` (None when no sequence asks)."""
+        k = max(seq.params.top_logprobs for seq in seqs)
+        if not k:
+            return None
+        ids, values = top_logprobs(logprobs, k)
+        n = [seq.params.top_logprobs for seq in seqs]
+        return [(i[:m], v[:m]) for i, v, m in zip(ids, values, n, strict=True)]
 
     @staticmethod
     def _draw(logprobs: Tensor, uniform: np.ndarray, seqs: list[Sequence]) -> Tensor:
@@ -222,14 +250,16 @@ class ModelRunner:
         index = [i for i, ok in enumerate(accepted) if ok]
         kept = [seqs[i] for i in index]
         bonus = self._draw(p1[index], uniforms(kept, 1, SAMPLE), kept).tolist() if index else []
+        tops0, tops1 = self._tops(p0, seqs), self._tops(p1, seqs)
         out = []
         for i, ok in enumerate(accepted):
             if ok:
                 token = bonus.pop(0)
-                out.append(Sampled([drafts[i].token, token], [float(p_draft[i]), float(p1[i, token])], True))
+                out.append(Sampled([drafts[i].token, token], [float(p_draft[i]), float(p1[i, token])], True,
+                                   None if tops0 is None else [tops0[i], tops1[i]]))
             else:
                 token = resampled.pop(0)
-                out.append(Sampled([token], [float(p0[i, token])], False))
+                out.append(Sampled([token], [float(p0[i, token])], False, None if tops0 is None else [tops0[i]]))
         return out
 
     def _mtp_pass(self, work: list[Work], results: list[Sampled | None], flat: Tensor, width: int) -> None:
@@ -282,6 +312,8 @@ def _truncate(result: Sampled, seq: Sequence) -> None:
             keep = index + 1
             break
     del result.tokens[keep:], result.logprobs[keep:]
+    if result.top is not None:
+        del result.top[keep:]
 
 
 def draw(probs: Callable[[], Tensor], uniform: np.ndarray, seqs: list[Sequence],

@@ -3,6 +3,10 @@
 The log-probability recorded for a sampled token is taken under exactly the distribution it was drawn from (after
 temperature and truncation), so the learner can recompute it with the same parameters. Greedy decoding
 (temperature 0) records the log-probability of the argmax token under the untempered softmax.
+
+``min_tokens`` bans the request's stop ids (end of sequence included unless ``ignore_eos``) from its first
+``min_tokens`` tokens: their logits are -inf before temperature and truncation, as vLLM's min-tokens processor does,
+so the distribution a token is drawn from, and the log-probability recorded for it, is the one without them.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ class SamplingError(ValueError):
 # 0 means greedy.
 MIN_TEMPERATURE = 0.01
 MAX_TEMPERATURE = 100.0
+MAX_TOP_LOGPROBS = 20           # OpenAI's bound on top_logprobs
 
 
 def temperature_problem(temperature: float) -> str | None:
@@ -40,6 +45,8 @@ class SamplingParams:
     max_tokens: int | None = None       # None = up to the context length
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    min_tokens: int = 0                 # stop ids are banned from the first min_tokens tokens
+    top_logprobs: int = 0               # report the N most likely tokens of each sampled distribution
 
     def __post_init__(self) -> None:
         problem = temperature_problem(self.temperature)
@@ -53,6 +60,12 @@ class SamplingParams:
             raise SamplingError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise SamplingError(f"seed must be in [0, 2**63), got {self.seed}")
+        if self.min_tokens < 0:
+            raise SamplingError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise SamplingError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise SamplingError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
 
     @property
     def greedy(self) -> bool:
@@ -88,12 +101,35 @@ def sample(logprobs: Tensor, greedy: bool, generator: torch.Generator | None = N
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+def ban_tokens(logits: Tensor, banned: tuple[Tensor, Tensor] | None) -> Tensor:
+    """``logits`` [N, V] with -inf at the (row, token id) pairs of ``banned`` (two [M] tensors), a copy when any."""
+    if banned is None or not banned[0].numel():
+        return logits
+    rows, ids = banned
+    return logits.index_put((rows.to(logits.device), ids.to(logits.device)),
+                            torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+
+
+def top_logprobs(logprobs: Tensor, k: int) -> tuple[list[list[int]], list[list[float]]]:
+    """The ``k`` most likely token ids of each row of ``logprobs`` [N, V] with their log-probabilities, most likely
+    first; tokens outside the distribution's support (-inf) are left out."""
+    values, ids = torch.topk(logprobs, min(k, logprobs.shape[-1]), dim=-1)
+    out_ids, out_values = [], []
+    for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True):
+        kept = [i for i, v in enumerate(row_values) if v != float("-inf")]
+        out_ids.append([row_ids[i] for i in kept])
+        out_values.append([row_values[i] for i in kept])
+    return out_ids, out_values
+
+
 def batched_sampling_logprobs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
-                              truncates: tuple[bool, bool] | None = None) -> Tensor:
+                              truncates: tuple[bool, bool] | None = None,
+                              banned: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """``sampling_logprobs`` with per-row parameters ([N] tensors; temperature 0 = greedy, top_k 0 = off).
     ``truncates`` — whether any row has top-k on, whether any has top-p < 1 — spares a device sync per call when the
-    caller knows it on the host (a True that could be False only costs a sort)."""
-    logits = logits.float()
+    caller knows it on the host (a True that could be False only costs a sort). ``banned`` (row, token id) pairs are
+    left out of their rows' distributions (``min_tokens``), before temperature and truncation."""
+    logits = ban_tokens(logits.float(), banned)
     scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(logits)
     logits = logits / scale.unsqueeze(-1)
     vocab = logits.shape[-1]

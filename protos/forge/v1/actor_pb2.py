@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from forge.v1 import common_pb2 as forge_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66orge/v1/actor.proto\x12\x08\x66orge.v1\x1a\x15\x66orge/v1/common.proto\"\x92\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.forge.v1.SamplingParams\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x17\n\x0fstream_interval\x18\x05 \x01(\r\"\xee\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x04 \x03(\x03\x12-\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x16.forge.v1.FinishReason\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x07 \x01(\x05\x12 \n\x06timing\x18\x08 \x01(\x0b\x32\x10.forge.v1.Timing\x12\r\n\x05\x61\x63tor\x18\t \x01(\t\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32\xbb\x01\n\x05\x41\x63tor\x12@\n\x08Generate\x12\x19.forge.v1.GenerateRequest\x1a\x17.forge.v1.GenerateChunk0\x01\x12\x38\n\x05\x41\x62ort\x12\x16.forge.v1.AbortRequest\x1a\x17.forge.v1.AbortResponse\x12\x36\n\x05Stats\x12\x16.forge.v1.StatsRequest\x1a\x15.forge.v1.StatsReportb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66orge/v1/actor.proto\x12\x08\x66orge.v1\x1a\x15\x66orge/v1/common.proto\"\x92\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.forge.v1.SamplingParams\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x17\n\x0fstream_interval\x18\x05 \x01(\r\"\x9b\x02\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x04 \x03(\x03\x12-\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x16.forge.v1.FinishReason\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x07 \x01(\x05\x12 \n\x06timing\x18\x08 \x01(\x0b\x32\x10.forge.v1.Timing\x12\r\n\x05\x61\x63tor\x18\t \x01(\t\x12+\n\x0ctop_logprobs\x18\n \x03(\x0b\x32\x15.forge.v1.TopLogprobs\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32\xbb\x01\n\x05\x41\x63tor\x12@\n\x08Generate\x12\x19.forge.v1.GenerateRequest\x1a\x17.forge.v1.GenerateChunk0\x01\x12\x38\n\x05\x41\x62ort\x12\x16.forge.v1.AbortRequest\x1a\x17.forge.v1.AbortResponse\x12\x36\n\x05Stats\x12\x16.forge.v1.StatsRequest\x1a\x15.forge.v1.StatsReportb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,11 +35,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_start=58
   _globals['_GENERATEREQUEST']._serialized_end=204
   _globals['_GENERATECHUNK']._serialized_start=207
-  _globals['_GENERATECHUNK']._serialized_end=445
-  _globals['_ABORTREQUEST']._serialized_start=447
-  _globals['_ABORTREQUEST']._serialized_end=481
-  _globals['_ABORTRESPONSE']._serialized_start=483
-  _globals['_ABORTRESPONSE']._serialized_end=513
-  _globals['_ACTOR']._serialized_start=516
-  _globals['_ACTOR']._serialized_end=703
+  _globals['_GENERATECHUNK']._serialized_end=490
+  _globals['_ABORTREQUEST']._serialized_start=492
+  _globals['_ABORTREQUEST']._serialized_end=526
+  _globals['_ABORTRESPONSE']._serialized_start=528
+  _globals['_ABORTRESPONSE']._serialized_end=558
+  _globals['_ACTOR']._serialized_start=561
+  _globals['_ACTOR']._serialized_end=748
 # @@protoc_insertion_point(module_scope)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66orge/v1/common.proto\x12\x08\x66orge.v1\"\xb4\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x0e\n\x0c_temperatureB\x07\n\x05_seed\"_\n\x06Timing\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x11\n\tprefill_s\x18\x02 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\x12\x0e\n\x06tool_s\x18\x05 \x01(\x01\"\xa7\x02\n\x0b\x44\x65viceStats\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x17\n\x0futilization_pct\x18\x03 \x01(\x01\x12\x1e\n\x16memory_utilization_pct\x18\x04 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x06 \x01(\x04\x12\x0f\n\x07power_w\x18\x07 \x01(\x01\x12\x15\n\rpower_limit_w\x18\x08 \x01(\x01\x12\x15\n\rtemperature_c\x18\t \x01(\x01\x12\x14\n\x0csm_clock_mhz\x18\n \x01(\x01\x12\x18\n\x10memory_clock_mhz\x18\x0b \x01(\x01\x12\x1c\n\x14process_memory_bytes\x18\x0c \x01(\x04\"\xb8\x01\n\tHostStats\x12\x0f\n\x07\x63pu_pct\x18\x01 \x01(\x01\x12\x11\n\tcpu_count\x18\x02 \x01(\x05\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11process_rss_bytes\x18\x05 \x01(\x04\x12\x15\n\rgpu_available\x18\x06 \x01(\x08\x12\x1e\n\x16gpu_unavailable_reason\x18\x07 \x01(\t\"\x0e\n\x0cStatsRequest\"\xf5\x02\n\x0bStatsReport\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x10\n\x08uptime_s\x18\x04 \x01(\x01\x12\x11\n\ttimestamp\x18\x05 \x01(\x01\x12\x31\n\x06gauges\x18\x06 \x03(\x0b\x32!.forge.v1.StatsReport.GaugesEntry\x12\x31\n\x06labels\x18\x07 \x03(\x0b\x32!.forge.v1.StatsReport.LabelsEntry\x12&\n\x07\x64\x65vices\x18\x08 \x03(\x0b\x32\x15.forge.v1.DeviceStats\x12!\n\x04host\x18\t \x01(\x0b\x32\x13.forge.v1.HostStats\x1a-\n\x0bGaugesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66orge/v1/common.proto\x12\x08\x66orge.v1\"\xde\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x12\n\nmin_tokens\x18\x08 \x01(\x05\x12\x14\n\x0ctop_logprobs\x18\t \x01(\x05\x42\x0e\n\x0c_temperatureB\x07\n\x05_seed\"2\n\x0bTopLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"_\n\x06Timing\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x11\n\tprefill_s\x18\x02 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\x12\x0e\n\x06tool_s\x18\x05 \x01(\x01\"\xa7\x02\n\x0b\x44\x65viceStats\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x17\n\x0futilization_pct\x18\x03 \x01(\x01\x12\x1e\n\x16memory_utilization_pct\x18\x04 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x06 \x01(\x04\x12\x0f\n\x07power_w\x18\x07 \x01(\x01\x12\x15\n\rpower_limit_w\x18\x08 \x01(\x01\x12\x15\n\rtemperature_c\x18\t \x01(\x01\x12\x14\n\x0csm_clock_mhz\x18\n \x01(\x01\x12\x18\n\x10memory_clock_mhz\x18\x0b \x01(\x01\x12\x1c\n\x14process_memory_bytes\x18\x0c \x01(\x04\"\xb8\x01\n\tHostStats\x12\x0f\n\x07\x63pu_pct\x18\x01 \x01(\x01\x12\x11\n\tcpu_count\x18\x02 \x01(\x05\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11process_rss_bytes\x18\x05 \x01(\x04\x12\x15\n\rgpu_available\x18\x06 \x01(\x08\x12\x1e\n\x16gpu_unavailable_reason\x18\x07 \x01(\t\"\x0e\n\x0cStatsRequest\"\xf5\x02\n\x0bStatsReport\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x10\n\x08uptime_s\x18\x04 \x01(\x01\x12\x11\n\ttimestamp\x18\x05 \x01(\x01\x12\x31\n\x06gauges\x18\x06 \x03(\x0b\x32!.forge.v1.StatsReport.GaugesEntry\x12\x31\n\x06labels\x18\x07 \x03(\x0b\x32!.forge.v1.StatsReport.LabelsEntry\x12&\n\x07\x64\x65vices\x18\x08 \x03(\x0b\x32\x15.forge.v1.DeviceStats\x12!\n\x04host\x18\t \x01(\x0b\x32\x13.forge.v1.HostStats\x1a-\n\x0bGaugesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,22 +35,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATSREPORT_GAUGESENTRY']._serialized_options = b'8\001'
   _globals['_STATSREPORT_LABELSENTRY']._loaded_options = None
   _globals['_STATSREPORT_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1193
-  _globals['_FINISHREASON']._serialized_end=1338
+  _globals['_FINISHREASON']._serialized_start=1287
+  _globals['_FINISHREASON']._serialized_end=1432
   _globals['_SAMPLINGPARAMS']._serialized_start=36
-  _globals['_SAMPLINGPARAMS']._serialized_end=216
-  _globals['_TIMING']._serialized_start=218
-  _globals['_TIMING']._serialized_end=313
-  _globals['_DEVICESTATS']._serialized_start=316
-  _globals['_DEVICESTATS']._serialized_end=611
-  _globals['_HOSTSTATS']._serialized_start=614
-  _globals['_HOSTSTATS']._serialized_end=798
-  _globals['_STATSREQUEST']._serialized_start=800
-  _globals['_STATSREQUEST']._serialized_end=814
-  _globals['_STATSREPORT']._serialized_start=817
-  _globals['_STATSREPORT']._serialized_end=1190
-  _globals['_STATSREPORT_GAUGESENTRY']._serialized_start=1098
-  _globals['_STATSREPORT_GAUGESENTRY']._serialized_end=1143
-  _globals['_STATSREPORT_LABELSENTRY']._serialized_start=1145
-  _globals['_STATSREPORT_LABELSENTRY']._serialized_end=1190
+  _globals['_SAMPLINGPARAMS']._serialized_end=258
+  _globals['_TOPLOGPROBS']._serialized_start=260
+  _globals['_TOPLOGPROBS']._serialized_end=310
+  _globals['_TIMING']._serialized_start=312
+  _globals['_TIMING']._serialized_end=407
+  _globals['_DEVICESTATS']._serialized_start=410
+  _globals['_DEVICESTATS']._serialized_end=705
+  _globals['_HOSTSTATS']._serialized_start=708
+  _globals['_HOSTSTATS']._serialized_end=892
+  _globals['_STATSREQUEST']._serialized_start=894
+  _globals['_STATSREQUEST']._serialized_end=908
+  _globals['_STATSREPORT']._serialized_start=911
+  _globals['_STATSREPORT']._serialized_end=1284
+  _globals['_STATSREPORT_GAUGESENTRY']._serialized_start=1192
+  _globals['_STATSREPORT_GAUGESENTRY']._serialized_end=1237
+  _globals['_STATSREPORT_LABELSENTRY']._serialized_start=1239
+  _globals['_STATSREPORT_LABELSENTRY']._serialized_end=1284
 # @@protoc_insertion_point(module_scope)
