@@ -27,10 +27,17 @@ class Sample:
     position: int                   # queue entry the call belongs to
     session_id: str
     call_index: int
+    min_tokens: int = 0             # the first min_tokens completion tokens were drawn without ``banned``
+    banned: tuple[int, ...] = ()    # the call's stop ids (end of sequence included unless ignore_eos)
 
     @property
     def num_completion(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    @property
+    def num_banned(self) -> int:
+        """Completion tokens (the first ones) drawn with ``banned`` left out of the distribution."""
+        return min(self.min_tokens, self.num_completion) if self.banned else 0
 
 
 def sampling_of(call: pool_pb2.CallRecord) -> tuple[float, int, float]:
@@ -40,7 +47,18 @@ def sampling_of(call: pool_pb2.CallRecord) -> tuple[float, int, float]:
     return temperature, params.top_k, params.top_p or 1.0
 
 
-def build_samples(entries: list[pool_pb2.QueueEntry], rewards: list[SessionRewards]) -> list[Sample]:
+def banned_of(call: pool_pb2.CallRecord, eos_token_ids: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+    """(min_tokens, the ids it kept out of the first tokens' distribution) of a call, as the actor applied them."""
+    params = call.sampling
+    if params.min_tokens <= 0:
+        return 0, ()
+    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+    return params.min_tokens, tuple(sorted(stops))
+
+
+def build_samples(entries: list[pool_pb2.QueueEntry], rewards: list[SessionRewards],
+                  eos_token_ids: tuple[int, ...] = ()) -> list[Sample]:
+    """One sample per recorded call; ``eos_token_ids`` are the model's (what ``min_tokens`` kept out too)."""
     by_session = {r.session_id: r for r in rewards}
     samples = []
     for entry in entries:
@@ -50,12 +68,14 @@ def build_samples(entries: list[pool_pb2.QueueEntry], rewards: list[SessionRewar
                 if not call.completion_ids:
                     continue
                 temperature, top_k, top_p = sampling_of(call)
+                min_tokens, banned = banned_of(call, eos_token_ids)
                 samples.append(Sample(
                     tokens=[*call.prompt_ids, *call.completion_ids], prompt_len=len(call.prompt_ids),
                     old_logprobs=list(call.logprobs), versions=list(call.weight_versions),
                     advantage=reward.advantages[call.index] if call.index < len(reward.advantages) else 0.0,
                     temperature=temperature, top_k=top_k, top_p=top_p, domain=item.session.domain,
-                    position=entry.position, session_id=item.session.session_id, call_index=call.index))
+                    position=entry.position, session_id=item.session.session_id, call_index=call.index,
+                    min_tokens=min_tokens, banned=banned))
     return samples
 
 
@@ -74,6 +94,7 @@ class MicroBatch:
     top_p: Tensor               # [N]
     sample_index: Tensor        # [N] index of the sample within this micro-batch
     samples: list[Sample]
+    banned: tuple[Tensor, Tensor] | None = None     # (term, token id) pairs left out of the term's distribution
 
     @property
     def num_tokens(self) -> int:
@@ -84,7 +105,12 @@ def make_micro_batch(samples: list[Sample], device: torch.device | str = "cpu") 
     width = max(len(s.tokens) for s in samples)
     ids = torch.zeros(len(samples), width, dtype=torch.long)
     rows, positions, targets, old, adv, temp, top_k, top_p, index = ([] for _ in range(9))
+    banned_terms: list[int] = []
+    banned_ids: list[int] = []
     for row, sample in enumerate(samples):
+        for term in range(len(targets), len(targets) + sample.num_banned):
+            banned_terms += [term] * len(sample.banned)
+            banned_ids += sample.banned
         ids[row, :len(sample.tokens)] = torch.tensor(sample.tokens)
         count = sample.num_completion
         rows += [row] * count
@@ -103,7 +129,8 @@ def make_micro_batch(samples: list[Sample], device: torch.device | str = "cpu") 
     return MicroBatch(ids.to(device), tensor(rows, torch.long), tensor(positions, torch.long),
                       tensor(targets, torch.long), tensor(old, torch.float32), tensor(adv, torch.float32),
                       tensor(temp, torch.float32), tensor(top_k, torch.long), tensor(top_p, torch.float32),
-                      tensor(index, torch.long), samples)
+                      tensor(index, torch.long), samples,
+                      (tensor(banned_terms, torch.long), tensor(banned_ids, torch.long)) if banned_terms else None)
 
 
 def micro_batches(samples: list[Sample], token_budget: int) -> Iterator[list[Sample]]:

@@ -153,7 +153,8 @@ class Trainer:
             return None
         started = time.perf_counter()
         rewards = batch_rewards(batch.entries, self.rewards)
-        samples, staleness = self._select(build_samples(batch.entries, rewards))
+        samples, staleness = self._select(build_samples(batch.entries, rewards,
+                                                        tuple(self.model.config.eos_token_ids)))
         total_tokens = max(1.0, float(sum(s.num_completion for s in samples)))
         total_samples = max(1.0, float(len(samples)))
         total_mtp = max(1.0, float(sum(s.num_completion - (s.prompt_len == 1) for s in samples)))

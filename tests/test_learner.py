@@ -4,6 +4,7 @@ kill -9."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -55,7 +56,11 @@ def engine_of(model: CausalLM, **overrides) -> TorchEngine:
                                                    seed=2),
                                     SamplingParams(temperature=1.3, top_p=0.8, max_tokens=10, ignore_eos=True,
                                                    seed=3),
-                                    SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)])
+                                    SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+                                    SamplingParams(temperature=1.0, top_k=12, max_tokens=10, min_tokens=10, seed=5,
+                                                   stop_token_ids=tuple(range(0, 64, 3))),
+                                    SamplingParams(temperature=0, max_tokens=10, min_tokens=10, ignore_eos=True,
+                                                   stop_token_ids=tuple(range(1, 64, 2)))])
 def test_learner_logprobs_equal_the_actors_records(tmp_path, speculative, params):
     model = make_model()
     engine = engine_of(model, speculative=speculative)
@@ -66,11 +71,15 @@ def test_learner_logprobs_equal_the_actors_records(tmp_path, speculative, params
     finally:
         engine.close()
         pool.close()
-    samples = build_samples(entries, batch_rewards(entries, RewardConfig()))
+    samples = build_samples(entries, batch_rewards(entries, RewardConfig()), CONFIG.eos_token_ids)
     assert len(samples) == 12 and all(s.num_completion == 10 for s in samples)
     batch = make_micro_batch(samples)
     learner = recompute_logprobs(model.eval(), batch)
     torch.testing.assert_close(learner, batch.old_logprobs, atol=2e-5, rtol=0)
+    if params.min_tokens:       # min_tokens kept the stop ids out: without them the learner would disagree
+        assert all(s.num_banned == 10 for s in samples) and batch.banned is not None
+        unbanned = recompute_logprobs(model.eval(), dataclasses.replace(batch, banned=None))
+        assert not torch.allclose(unbanned, batch.old_logprobs, atol=1e-3)
 
 
 def test_window_sizes():

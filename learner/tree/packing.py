@@ -91,6 +91,8 @@ class TreeBatch:
     samples: list[Sample]
     num_sample_tokens: int      # tokens of the samples, each counted once per sample
     borrowed: Borrowed | None = None   # slots taken from the step's stem (None: every slot is computed)
+    banned_rows: np.ndarray | None = None   # host: (sampling row, token id) pairs left out of the row's
+    banned_ids: np.ndarray | None = None    # distribution (min_tokens), sorted by row; None when none
 
     @property
     def num_tokens(self) -> int:
@@ -216,7 +218,8 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
     local_end = _local(nodes, trie.end[nodes])
     members = [int(i) for i in trie.order[first:last]]
     batch_samples = [samples[i] for i in members]
-    settings: dict[tuple[float, int, float], int] = {}
+    # A term's setting: its sampling parameters and the ids min_tokens kept out of its distribution (if any).
+    settings: dict[tuple[float, int, float, tuple[int, ...]], int] = {}
     term_nodes, term_setting, targets, old, adv, index = ([] for _ in range(6))
     for row, i in enumerate(members):
         sample = samples[i]
@@ -225,9 +228,13 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
             continue
         if len(sample.old_logprobs) != count:
             raise ValueError(f"sample {i} has {len(sample.old_logprobs)} behaviour log-probs for {count} tokens")
-        setting = settings.setdefault((sample.temperature, sample.top_k, sample.top_p), len(settings))
+        setting = settings.setdefault((sample.temperature, sample.top_k, sample.top_p, ()), len(settings))
         term_nodes.append(trie.paths[i][sample.prompt_len - 1: len(sample.tokens) - 1])
-        term_setting.append(np.full(count, setting, dtype=np.int64))
+        setting_of_terms = np.full(count, setting, dtype=np.int64)
+        if sample.num_banned:
+            setting_of_terms[:sample.num_banned] = settings.setdefault(
+                (sample.temperature, sample.top_k, sample.top_p, sample.banned), len(settings))
+        term_setting.append(setting_of_terms)
         targets += sample.tokens[sample.prompt_len:]
         old += sample.old_logprobs
         adv += [sample.advantage] * count
@@ -240,8 +247,12 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
     keys, term_sampling_row = np.unique(term_logit_row * max(1, len(settings)) + term_setting_a,
                                         return_inverse=True)
     sampling_rows = keys // max(1, len(settings))
-    table = np.asarray(list(settings), dtype=np.float64).reshape(-1, 3)
+    table = np.asarray([key[:3] for key in settings], dtype=np.float64).reshape(-1, 3)
     row_setting = table[keys % max(1, len(settings))]
+    banned_of_setting = [key[3] for key in settings]
+    banned_pairs = [(row, token) for row, setting in enumerate((keys % max(1, len(settings))).tolist())
+                    for token in banned_of_setting[setting]]
+    banned = np.asarray(banned_pairs, dtype=np.int64).reshape(-1, 2)
     term_params = table[term_setting_a]
     depth = trie.depth[nodes]
 
@@ -261,7 +272,8 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
         mtp_terms=tensor(np.flatnonzero(depth[term_local] >= 1)),
         row_first=_offsets(sampling_rows, logit_nodes.size), term_first=_offsets(term_sampling_row, keys.size),
         truncates=(bool((row_setting[:, 1] > 0).any()), bool((row_setting[:, 2] < 1.0).any())), samples=batch_samples,
-        num_sample_tokens=sum(len(s.tokens) for s in batch_samples), borrowed=borrowed)
+        num_sample_tokens=sum(len(s.tokens) for s in batch_samples), borrowed=borrowed,
+        banned_rows=banned[:, 0] if banned.size else None, banned_ids=banned[:, 1] if banned.size else None)
 
 
 @dataclass
