@@ -28,7 +28,7 @@ class Sample:
     session_id: str
     call_index: int
     min_tokens: int = 0             # the first min_tokens completion tokens were drawn without ``banned``
-    banned: tuple[int, ...] = ()    # the call's stop ids (end of sequence included unless ignore_eos)
+    banned: tuple[int, ...] = ()    # the call's stop ids and the model's end-of-sequence ids
 
     @property
     def num_completion(self) -> int:
@@ -48,12 +48,12 @@ def sampling_of(call: pool_pb2.CallRecord) -> tuple[float, int, float]:
 
 
 def banned_of(call: pool_pb2.CallRecord, eos_token_ids: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
-    """(min_tokens, the ids it kept out of the first tokens' distribution) of a call, as the actor applied them."""
+    """(min_tokens, the ids it kept out of the first tokens' distribution) of a call, as the actor applied them:
+    its stop ids and the end-of-sequence ids, ignore_eos or not (as vLLM does)."""
     params = call.sampling
     if params.min_tokens <= 0:
         return 0, ()
-    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
-    return params.min_tokens, tuple(sorted(stops))
+    return params.min_tokens, tuple(sorted(set(params.stop_token_ids) | set(eos_token_ids)))
 
 
 def build_samples(entries: list[pool_pb2.QueueEntry], rewards: list[SessionRewards],

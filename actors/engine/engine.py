@@ -309,8 +309,10 @@ class TorchEngine(Backend):
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
         request_id = request.request_id or uuid.uuid4().hex
         prompt = list(request.prompt_ids)
+        banned = tuple(sorted(set(params.stop_token_ids) | set(self._limits.eos_token_ids))) \
+            if params.min_tokens else ()
         return Sequence(request_id, prompt, len(prompt), params, self.stream_factory(request_id), max_tokens, stops,
-                        seed=seed, stream_interval=request.stream_interval)
+                        seed=seed, stream_interval=request.stream_interval, banned_ids=banned)
 
     # ------------------------------------------------------------------ loop
 

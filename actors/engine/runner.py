@@ -203,13 +203,13 @@ class ModelRunner:
         )
 
     def _banned(self, row_seqs: list[tuple[Sequence, int]]) -> tuple[Tensor, Tensor] | None:
-        """The (row, token id) pairs ``min_tokens`` bans: a sequence's stop ids in the rows of its first
-        ``min_tokens`` outputs (``ahead`` outputs after the ones it has)."""
+        """The (row, token id) pairs ``min_tokens`` bans: a sequence's stop and end-of-sequence ids in the rows of
+        its first ``min_tokens`` outputs (``ahead`` outputs after the ones it has)."""
         rows, ids = [], []
         for row, (seq, ahead) in enumerate(row_seqs):
             if seq.num_output + ahead < seq.params.min_tokens:
-                rows += [row] * len(seq.stop_ids)
-                ids += seq.stop_ids
+                rows += [row] * len(seq.banned_ids)
+                ids += seq.banned_ids
         return (self._tensor(rows), self._tensor(ids)) if rows else None
 
     @staticmethod

@@ -55,6 +55,7 @@ class Sequence:
     admitted: float | None = None
     first_token: float | None = None
     preemptions: int = 0
+    banned_ids: tuple[int, ...] = ()    # kept out of the first params.min_tokens tokens: stop ids and end of sequence
 
     def __len__(self) -> int:
         return len(self.token_ids)

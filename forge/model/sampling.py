@@ -4,9 +4,10 @@ The log-probability recorded for a sampled token is taken under exactly the dist
 temperature and truncation), so the learner can recompute it with the same parameters. Greedy decoding
 (temperature 0) records the log-probability of the argmax token under the untempered softmax.
 
-``min_tokens`` bans the request's stop ids (end of sequence included unless ``ignore_eos``) from its first
-``min_tokens`` tokens: their logits are -inf before temperature and truncation, as vLLM's min-tokens processor does,
-so the distribution a token is drawn from, and the log-probability recorded for it, is the one without them.
+``min_tokens`` bans the request's stop ids and the model's end-of-sequence ids (even with ``ignore_eos``) from its
+first ``min_tokens`` tokens: their logits are -inf before temperature and truncation, as vLLM's min-tokens processor
+does, so the distribution a token is drawn from, and the log-probability recorded for it, is the one without them
+(the learner leaves the same ids out of the same tokens).
 """
 
 from __future__ import annotations
