@@ -3,7 +3,9 @@ interface, so that ``forge-actor --backend vllm`` serves the same Actor service 
 
 Generation maps one-to-one: token ids in (``TokensPrompt``, no tokenizer in vLLM), token ids out, streamed as
 deltas, each with the log-probability it was sampled under (``logprobs_mode="processed_logprobs"``: temperature,
-top-k and top-p applied, as the learner recomputes it) and the weight version that produced it. End of sequence is
+top-k and top-p applied, as the learner recomputes it) and the weight version that produced it; ``min_tokens`` is
+vLLM's own (stop and end-of-sequence ids masked before temperature and truncation, as the torch engine does) and
+``top_logprobs`` come from the same processed log-probs. End of sequence is
 given to vLLM as stop token ids, so it stops exactly where the torch engine does.
 
 Weight versions load between steps, never during one: the scheduler is paused (``pause_generation``, requests in
@@ -100,8 +102,11 @@ def serving_checkpoint(source: Path, staging: Path) -> tuple[Path, dict[str, tup
 
 def sampling_kwargs(params, max_tokens: int, stops: frozenset[int]) -> dict[str, Any]:
     """Our sampling parameters (resolved max tokens and stop ids) as vLLM ``SamplingParams`` keyword arguments."""
-    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "logprobs": 0, "detokenize": False,
-                              "stop_token_ids": sorted(stops), "ignore_eos": True, "seed": params.seed}
+    # ignore_eos: the end-of-sequence ids come in ``stops`` (unless the request ignores them); vLLM still bans them
+    # from the first min_tokens tokens, as the torch engine does.
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "logprobs": params.top_logprobs, "detokenize": False,
+                              "stop_token_ids": sorted(stops), "ignore_eos": True, "seed": params.seed,
+                              "min_tokens": params.min_tokens}
     if params.greedy:
         kwargs.update(temperature=0.0)
     else:
@@ -109,12 +114,20 @@ def sampling_kwargs(params, max_tokens: int, stops: frozenset[int]) -> dict[str,
     return kwargs
 
 
-def chunk_of(completion: Any, version: int) -> TokenChunk:
-    """The delta of one streamed ``CompletionOutput`` as a chunk stamped with ``version``."""
+def chunk_of(completion: Any, version: int, top_logprobs: int = 0) -> TokenChunk:
+    """The delta of one streamed ``CompletionOutput`` as a chunk stamped with ``version``; with ``top_logprobs``,
+    each token's most likely alternatives (vLLM's processed log-probs, ranked)."""
     tokens = list(completion.token_ids)
     entries = list(completion.logprobs or [])
     logprobs = [float(entry[token].logprob) for entry, token in zip(entries, tokens, strict=True)]
-    return TokenChunk(tokens, logprobs, [version] * len(tokens))
+    chunk = TokenChunk(tokens, logprobs, [version] * len(tokens))
+    if top_logprobs:
+        for entry in entries:
+            ranked = sorted((lp.rank, token, float(lp.logprob)) for token, lp in entry.items()
+                            if lp.rank is not None and lp.rank <= top_logprobs and lp.logprob != float("-inf"))
+            chunk.top_logprobs.append(([t for _, t, _ in ranked[:top_logprobs]],
+                                       [v for _, _, v in ranked[:top_logprobs]]))
+    return chunk
 
 
 @dataclass
@@ -314,7 +327,7 @@ class VllmBackend(Backend):
             prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
             async for output in self.llm.generate(prompt, params, request_id):
                 completion = output.outputs[0]
-                chunk = chunk_of(completion, self._version)
+                chunk = chunk_of(completion, self._version, request.params.top_logprobs)
                 if first is None:
                     first = time.perf_counter()
                     chunk.cached_prompt_tokens = int(output.num_cached_tokens or 0)
@@ -477,7 +490,7 @@ def _joined(held: TokenChunk, chunk: TokenChunk) -> TokenChunk:
     if not held.token_ids:
         return chunk
     return TokenChunk(held.token_ids + chunk.token_ids, held.logprobs + chunk.logprobs,
-                      held.weight_versions + chunk.weight_versions)
+                      held.weight_versions + chunk.weight_versions, held.top_logprobs + chunk.top_logprobs)
 
 
 def _timing(chunk: TokenChunk, metrics: Any, started: float, first: float) -> None:

@@ -133,6 +133,63 @@ def test_end_of_sequence_and_stop_ids_end_a_request_with_the_stop_token(tiny):
     assert got == tokens[:tokens.index(stop) + 1] and stopped[-1].finish_reason == "stop"
 
 
+def learner_logprobs(model: CausalLM, prompt: list[int], tokens: list[int], params: SamplingParams,
+                     banned: list[int]) -> torch.Tensor:
+    """The distribution [len(tokens), V] the learner recomputes, ``banned`` left out of the first min_tokens."""
+    with torch.no_grad():
+        logits = model.logits(model(torch.tensor([prompt + tokens])))[0, len(prompt) - 1:-1].clone()
+    logits[:params.min_tokens, banned] = float("-inf")
+    return sampling_logprobs(logits, params.temperature, params.top_k, params.top_p)
+
+
+def test_min_tokens_bans_the_stop_ids_as_the_torch_engine_and_the_learner_do(tiny):
+    backend, directory = tiny
+    model = CausalLM.from_pretrained(directory).eval()
+    free = run(backend, PROMPTS[:4], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    engine = torch_engine(directory)
+    try:
+        for prompt, (first, _, _) in zip(PROMPTS[:4], free, strict=True):
+            stops = tuple(dict.fromkeys(first[:3]))       # greedy decoding would stop on its first token
+            for params in (SamplingParams(temperature=0, max_tokens=12, stop_token_ids=stops, min_tokens=6),
+                           SamplingParams(temperature=1.0, top_k=30, seed=3, max_tokens=12, stop_token_ids=stops,
+                                          min_tokens=6, ignore_eos=True)):
+                (tokens, logprobs, _), = run(backend, [prompt], params)
+                assert len(tokens) >= 6 and not set(tokens[:6]) & set(stops)
+                expected = learner_logprobs(model, prompt, tokens, params, [*stops, *model.config.eos_token_ids])
+                picked = expected.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+                torch.testing.assert_close(torch.tensor(logprobs), picked, atol=1e-4, rtol=0)
+                if params.greedy:
+                    assert tokens == run(engine, [prompt], params)[0][0]
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, top_logprobs=5),
+                                    SamplingParams(temperature=0.8, top_k=8, seed=4, max_tokens=10, ignore_eos=True,
+                                                   top_logprobs=20)])
+def test_top_logprobs_equal_the_torch_engines_and_the_learners(tiny, params):
+    backend, directory = tiny
+    model = CausalLM.from_pretrained(directory).eval()
+    engine = torch_engine(directory)
+    try:
+        for prompt in PROMPTS[:3]:
+            ours = list(backend.submit(GenerationRequest("", prompt, params)))
+            tokens = [t for c in ours for t in c.token_ids]
+            tops = [top for c in ours for top in c.top_logprobs]
+            assert len(tops) == len(tokens) == 10
+            expected = learner_logprobs(model, prompt, tokens, params, [])
+            for i, (ids, values) in enumerate(tops):
+                want = torch.topk(expected[i], params.top_logprobs)
+                support = int(torch.isfinite(want.values).sum())
+                assert len(ids) == support and set(ids) == set(want.indices[:support].tolist())
+                torch.testing.assert_close(torch.tensor(values), want.values[:support], atol=1e-4, rtol=0)
+            if params.greedy:
+                theirs = list(engine.submit(GenerationRequest("", prompt, params)))
+                assert [top[0] for c in theirs for top in c.top_logprobs] == [ids for ids, _ in tops]
+    finally:
+        engine.close()
+
+
 def test_a_weight_swap_stamps_later_tokens_and_matches_the_torch_engine_on_the_new_weights(tiny):
     backend, directory = tiny
     original = CausalLM.from_pretrained(directory).state_dict()
