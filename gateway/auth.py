@@ -22,6 +22,7 @@ class Operation(StrEnum):
     METRICS = "metrics"
     REFLECTION = "reflection"
     MODELS = "models"
+    TOKENIZE = "tokenize"
     CHAT = "chat"
     GENERATE = "generate"
     GET_SESSION = "get_session"
@@ -29,8 +30,8 @@ class Operation(StrEnum):
     ADD_REWARD = "add_reward"
 
 
-SESSION_OPERATIONS = frozenset({Operation.MODELS, Operation.CHAT, Operation.GENERATE, Operation.GET_SESSION,
-                                Operation.END_SESSION, Operation.ADD_REWARD})
+SESSION_OPERATIONS = frozenset({Operation.MODELS, Operation.TOKENIZE, Operation.CHAT, Operation.GENERATE,
+                                Operation.GET_SESSION, Operation.END_SESSION, Operation.ADD_REWARD})
 
 
 @dataclass(frozen=True)

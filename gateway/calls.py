@@ -39,6 +39,7 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    top_logprobs: list[common_pb2.TopLogprobs] = field(default_factory=list)
     actor: str = ""
     ttft: float | None = None
 
@@ -49,6 +50,7 @@ class Completion:
         self.token_ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
         self.versions.extend(chunk.weight_versions)
+        self.top_logprobs.extend(chunk.top_logprobs)
 
 
 @dataclass
@@ -61,6 +63,7 @@ class ChatDelta:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     weight_versions: list[int] = field(default_factory=list)
+    top_logprobs: list[common_pb2.TopLogprobs] = field(default_factory=list)    # per token, when asked for
 
 
 @dataclass
@@ -75,6 +78,7 @@ class ChatResult(ChatDelta):
     prompt_ids: list[int] = field(default_factory=list)
     completion_ids: list[int] = field(default_factory=list)
     all_logprobs: list[float] = field(default_factory=list)
+    all_top_logprobs: list[common_pb2.TopLogprobs] = field(default_factory=list)
     tito: str = ""
 
 
@@ -98,7 +102,8 @@ class CallRunner:
     def render(self, call: ChatCall) -> str:
         """The prompt text of a chat call (the template with the generation prompt)."""
         try:
-            return self.tokenizer.render_chat(call.messages, call.tools, add_generation_prompt=True)
+            return self.tokenizer.render_chat(call.messages, call.tools, add_generation_prompt=True,
+                                              **call.template_kwargs)
         except (ChatTemplateError, TypeError, ValueError) as exc:
             raise BadRequest(f"the messages cannot be rendered with the model's chat template: {exc}",
                              "messages") from exc
@@ -150,11 +155,13 @@ class CallRunner:
                     reasoning, content = self.parser.visible(visible, call.parse_tools)
                     delta = ChatDelta(_grow(shown.text, visible, "text"), _grow(shown.reasoning, reasoning, "reasoning"),
                                       _grow(shown.content, content, "content"), ids, list(chunk.logprobs),
-                                      list(chunk.weight_versions))
+                                      list(chunk.weight_versions), list(chunk.top_logprobs))
                     shown = ChatDelta(visible, reasoning, content)
                     yield delta
             text_out = assembler.final()
             parsed = self.parser.parse(text_out, call.parse_tools)
+            if not call.parallel_tool_calls:
+                del parsed.tool_calls[1:]
             stopped = assembler.stop_hit is not None
             finish = STOP if stopped or last.finish_reason in (STOP, ABORT) else LENGTH
             ended = time.time()
@@ -169,9 +176,11 @@ class CallRunner:
                 text=_grow(shown.text, text_out, "text"),
                 reasoning=_grow(shown.reasoning, parsed.reasoning or "", "reasoning"),
                 content=_grow(shown.content, parsed.content, "content"), token_ids=list(last.token_ids),
-                logprobs=list(last.logprobs), weight_versions=list(last.weight_versions), finish_reason=finish,
+                logprobs=list(last.logprobs), weight_versions=list(last.weight_versions),
+                top_logprobs=list(last.top_logprobs), finish_reason=finish,
                 stopped_by_string=stopped, parsed=parsed, call_index=index, session_id=state.session_id,
-                prompt_ids=build.ids, completion_ids=out.token_ids, all_logprobs=out.logprobs, tito=build.kind)
+                prompt_ids=build.ids, completion_ids=out.token_ids, all_logprobs=out.logprobs,
+                all_top_logprobs=out.top_logprobs, tito=build.kind)
         except UpstreamFailed as exc:
             state.failures.append(exc.message)
             self.metrics.count("call_failures")

@@ -54,6 +54,15 @@ class NotFound(GatewayError):
     status, error_type, grpc_code = 404, "not_found_error", grpc.StatusCode.NOT_FOUND
 
 
+class ModelNotFound(NotFound):
+    """A model name the gateway does not serve, in OpenAI's shape (404, code ``model_not_found``)."""
+
+    error_type = "invalid_request_error"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"The model `{name}` does not exist.", "model", "model_not_found")
+
+
 class MethodNotAllowed(GatewayError):
     status, error_type, grpc_code = 405, "invalid_request_error", grpc.StatusCode.UNIMPLEMENTED
 

@@ -83,7 +83,7 @@ def _streaming(method: Callable) -> Callable:
 
 def chat_chunk(event: Any) -> gateway_pb2.ChatChunk:
     chunk = gateway_pb2.ChatChunk(text=event.text, token_ids=event.token_ids, logprobs=event.logprobs,
-                                  weight_versions=event.weight_versions)
+                                  weight_versions=event.weight_versions, top_logprobs=event.top_logprobs)
     if isinstance(event, ChatResult):
         parsed = event.parsed
         chunk.finish_reason = event.finish_reason
@@ -135,7 +135,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     @_streaming
     async def Chat(self, request, context):
         session_id = self._session_id(context, Operation.CHAT, request.session_id)
-        call = chat_call_from_proto(request, self.gateway.model.vocab_size)
+        model = self.gateway.model
+        call = chat_call_from_proto(request, model.vocab_size, model.context_length)
         stream = await self.gateway.chat(call, session_id)
         async for event in stream.events:
             yield chat_chunk(event)

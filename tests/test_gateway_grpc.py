@@ -121,6 +121,23 @@ def test_grpc_errors_are_statuses_with_messages(gateway):
              "unknown session"),
             (stub.StartSession, gateway_pb2.StartSessionRequest(group_size=2), grpc.StatusCode.INVALID_ARGUMENT,
              "group_id"),
+            (stub.Chat, gateway_pb2.ChatRequest(session_id=session_id, messages=ok,
+                                                sampling=common_pb2.SamplingParams(max_tokens=5000)),
+             grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
+            (stub.Chat, gateway_pb2.ChatRequest(session_id=session_id, messages=ok,
+                                                sampling=common_pb2.SamplingParams(max_tokens=4, min_tokens=5)),
+             grpc.StatusCode.INVALID_ARGUMENT, "min_tokens"),
+            (stub.Chat, gateway_pb2.ChatRequest(session_id=session_id, messages=ok,
+                                                sampling=common_pb2.SamplingParams(top_logprobs=21)),
+             grpc.StatusCode.INVALID_ARGUMENT, "top_logprobs"),
+            (stub.Chat, gateway_pb2.ChatRequest(session_id=session_id, messages=ok, chat_template_kwargs_json="["),
+             grpc.StatusCode.INVALID_ARGUMENT, "chat_template_kwargs"),
+            (stub.Chat, gateway_pb2.ChatRequest(session_id=session_id, messages=ok,
+                                                chat_template_kwargs_json='{"tools": 1}'),
+             grpc.StatusCode.INVALID_ARGUMENT, "chat_template_kwargs"),
+            (stub.Generate, gateway_pb2.SessionGenerateRequest(session_id=session_id, prompt_ids=[5],
+                                                               sampling=common_pb2.SamplingParams(max_tokens=2048)),
+             grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
         ]
         for method, request, code, message in cases:
             with pytest.raises(grpc.RpcError) as err:
@@ -134,6 +151,36 @@ def test_grpc_errors_are_statuses_with_messages(gateway):
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "completed" in err.value.details()
     with PoolReader(gateway.pool_path) as reader:
         assert reader.get_session(session_id).session.num_calls == 0
+
+
+def test_chat_takes_the_openai_parameters_the_http_front_end_takes(gateway):
+    """min_tokens, top_logprobs and chat template variables over gRPC, as over HTTP."""
+    with grpc.insecure_channel(gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        session_id = stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30).session.session_id
+        free = list(stub.Chat(gateway_pb2.ChatRequest(session_id=session_id, messages=[user("Go on.")],
+                                                      sampling=common_pb2.SamplingParams(temperature=0, max_tokens=4,
+                                                                                         ignore_eos=True)),
+                              timeout=60))
+        stops = [t for c in free for t in c.token_ids][:2]
+        sampling = common_pb2.SamplingParams(temperature=1.0, top_k=4, seed=2, max_tokens=6, stop_token_ids=stops,
+                                             min_tokens=5, top_logprobs=4)
+        chunks = list(stub.Chat(gateway_pb2.ChatRequest(session_id=session_id, messages=[user("Go on.")],
+                                                        sampling=sampling,
+                                                        chat_template_kwargs_json='{"enable_thinking": false}'),
+                                timeout=60))
+        ids = [t for c in chunks for t in c.token_ids]
+        logprobs = [v for c in chunks for v in c.logprobs]
+        tops = [top for c in chunks for top in c.top_logprobs]
+        assert len(ids) >= 5 and not set(ids[:5]) & set(stops) and len(tops) == len(ids)
+        for token, logprob, top in zip(ids, logprobs, tops, strict=True):
+            assert len(top.token_ids) == 4 and token in top.token_ids
+            assert top.logprobs[list(top.token_ids).index(token)] == pytest.approx(logprob, abs=1e-6)
+    with PoolReader(gateway.pool_path) as reader:
+        calls = reader.get_session(session_id).calls
+    assert list(calls[1].completion_ids) == ids and calls[1].sampling.min_tokens == 5
+    # The tiny template has no thinking switch: the variable reaches it and changes nothing.
+    assert list(calls[1].prompt_ids) == list(calls[0].prompt_ids)
 
 
 def test_global_and_per_session_keys_on_both_front_ends(actor, tmp_path):
@@ -156,6 +203,10 @@ def test_global_and_per_session_keys_on_both_front_ends(actor, tmp_path):
             assert http.get("/v1/stats", headers=own).status_code == 403
             assert http.get("/v1/stats", headers=bearer).json()["gauges"]["sessions_open"] == 2
             assert http.get(f"/v1/sessions/{other}", headers=own).status_code == 403
+            for method, path, body in (("GET", "/v1/models/forge-tiny", None), ("GET", "/version", None),
+                                       ("POST", "/tokenize", {"prompt": "hi"}), ("POST", "/detokenize", {"tokens": [5]})):
+                assert http.request(method, path, json=body).status_code == 401, path
+                assert http.request(method, path, json=body, headers=own).status_code == 200, path
             forbidden = http.post(f"/s/{other}/v1/chat/completions", headers=own,
                                   json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
             assert forbidden.status_code == 403 and "another session" in forbidden.json()["error"]["message"]

@@ -6,16 +6,20 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import json
+import math
 import time
 import uuid
+from urllib.parse import quote
 
 import grpc
 import httpx
 import openai
 import pytest
 
+import forge
 from forge.assets import TINY_DIR
 from forge.gateway.calls import WHOLE_ANSWER
+from forge.gateway.modelinfo import ModelInfo
 from forge.pool import NotFoundError, PoolReader
 from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, pool_pb2
@@ -24,16 +28,26 @@ from helpers.gateway_fake_actor import serve_fake_actor
 from helpers.gateway_procs import random_actor, start_gateway
 
 TOK = Tokenizer.from_dir(TINY_DIR)
+INFO = ModelInfo(TOK, 2048, "tiny")
 MAX_BODY = 64 * 1024
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "look a key up",
                                            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}}]
+
+
+# Qwen3's switch: with enable_thinking false the generation prompt opens an empty reasoning block.
+THINKING_SWITCH = "{%- if add_generation_prompt and enable_thinking is defined and not enable_thinking -%}" \
+                  "<think>\n\n</think>\n\n{% endif %}"
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     directory = tmp_path_factory.mktemp("gateway-http")
     actor = random_actor(directory)
-    gateway = start_gateway(directory, [actor.address], directory / "pool", "--max-body-bytes", str(MAX_BODY))
+    checkpoint = directory / "random-tiny"      # the actor's checkpoint; the gateway reads its chat template
+    template = checkpoint / "chat_template.jinja"
+    template.write_text((TINY_DIR / "chat_template.jinja").read_text() + THINKING_SWITCH)
+    gateway = start_gateway(directory, [actor.address], directory / "pool", "--max-body-bytes", str(MAX_BODY),
+                            "--model", str(checkpoint))
     reader = PoolReader(directory / "pool")
     yield actor, gateway, reader
     reader.close()
@@ -126,14 +140,14 @@ def test_tito_splices_sampled_ids_that_retokenising_would_change(stack):
         session_id = f"tito-{uuid.uuid4().hex}"
         session = openai.OpenAI(base_url=f"{gateway.http}/s/{session_id}/v1", api_key="unused", max_retries=0)
         messages = [{"role": "user", "content": "Compute 12 + 30."}]
-        reply = session.chat.completions.create(model="m", messages=messages, max_tokens=10, seed=seed)
+        reply = session.chat.completions.create(model="forge-tiny", messages=messages, max_tokens=10, seed=seed)
         completion = list(session_calls(reader, session_id)[0].completion_ids)
         if TOK.encode(TOK.decode(completion)) != completion:
             break
     else:
         pytest.fail("no sample with a non-canonical token split in 20 seeds")
     messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Sure?"}]
-    second = session.chat.completions.create(model="m", messages=messages, max_tokens=4, seed=1)
+    second = session.chat.completions.create(model="forge-tiny", messages=messages, max_tokens=4, seed=1)
     assert second.model_extra["forge"]["tito"] == "splice"
     first_call, second_call = session_calls(reader, session_id)
     prompt, sampled = list(first_call.prompt_ids), list(first_call.completion_ids)
@@ -181,7 +195,7 @@ def pool_counts(reader: PoolReader) -> tuple[float, float]:
 def test_bad_input_gets_an_openai_error_and_leaves_no_record(stack):
     _actor, gateway, reader = stack
     url = f"{gateway.base_url}/chat/completions"
-    good = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    good = {"model": "forge-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     ended = httpx.post(f"{gateway.http}/v1/sessions", json={}).json()["session"]["session_id"]
     httpx.post(f"{gateway.http}/v1/sessions/{ended}/end", json={})
     before = pool_counts(reader)
@@ -223,7 +237,7 @@ def test_bad_input_gets_an_openai_error_and_leaves_no_record(stack):
         assert http.post(url, json=good).status_code == 200
     client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError, match="tool_choice"):
-        client.chat.completions.create(model="m", messages=good["messages"], tools=TOOLS, tool_choice="required")
+        client.chat.completions.create(model="forge-tiny", messages=good["messages"], tools=TOOLS, tool_choice="required")
     assert gateway.alive()
 
 
@@ -270,14 +284,14 @@ def test_tool_calls_and_reasoning_reach_the_openai_client_and_splice_back(tmp_pa
     try:
         client = openai.OpenAI(base_url=f"{gateway.http}/s/tools/v1", api_key="x", max_retries=0)
         messages = [{"role": "user", "content": "Who owns Bo?"}]
-        reply = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        reply = client.chat.completions.create(model="forge-tiny", messages=messages, tools=TOOLS)
         message, choice = reply.choices[0].message, reply.choices[0]
         assert choice.finish_reason == "tool_calls" and message.content == "Let me look."
         assert message.model_extra["reasoning_content"] == "Bo is in the table."
         call = message.tool_calls[0]
         assert (call.function.name, call.function.arguments) == ("lookup", '{"key": "Bo"}')
 
-        stream = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True)
+        stream = client.chat.completions.create(model="forge-tiny", messages=messages, tools=TOOLS, stream=True)
         content, reasoning, calls, finish = "", "", [], None
         for chunk in stream:
             delta = chunk.choices[0].delta
@@ -290,7 +304,7 @@ def test_tool_calls_and_reasoning_reach_the_openai_client_and_splice_back(tmp_pa
 
         messages += [message.model_dump(exclude_none=True),
                      {"role": "tool", "tool_call_id": call.id, "content": "Mai"}]
-        again = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        again = client.chat.completions.create(model="forge-tiny", messages=messages, tools=TOOLS)
         assert again.model_extra["forge"] == {"session_id": "tools", "call_index": 2, "tito": "splice"}
         with PoolReader(tmp_path / "pool") as reader:
             first, _, third = reader.get_session("tools").calls
@@ -342,3 +356,168 @@ def test_a_call_outside_any_session_closes_the_session_it_opened(stack, stream):
     stored = reader.get_session(session_id)
     assert stored.session.status == pool_pb2.SESSION_STATUS_FAILED and len(stored.calls) == 1
     assert "outside any session" in stored.session.failure_reason
+
+
+def chat(gateway, **body) -> dict:
+    body = {"model": "forge-tiny", "messages": [{"role": "user", "content": "Count to ten."}], **body}
+    response = httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_min_tokens_keeps_the_stop_ids_out_of_the_first_tokens(stack):
+    _actor, gateway, reader = stack
+    free = chat(gateway, temperature=0, max_tokens=8, ignore_eos=True, return_token_ids=True)
+    stops = free["choices"][0]["token_ids"][:3]       # greedy decoding stops on its first token with these
+    early = chat(gateway, temperature=0, max_tokens=8, stop_token_ids=stops, return_token_ids=True)
+    assert len(early["choices"][0]["token_ids"]) == 1 and early["choices"][0]["finish_reason"] == "stop"
+    for temperature in (0, 1.0):
+        answer = chat(gateway, temperature=temperature, seed=3, max_tokens=8, stop_token_ids=stops, min_tokens=6,
+                      logprobs=True, return_token_ids=True)
+        ids = answer["choices"][0]["token_ids"]
+        assert len(ids) >= 6 and not set(ids[:6]) & set(stops)
+        recorded = session_calls(reader, answer["forge"]["session_id"])[0]
+        assert recorded.sampling.min_tokens == 6 and list(recorded.completion_ids) == ids
+        assert list(recorded.logprobs) == pytest.approx(
+            [t["logprob"] for t in answer["choices"][0]["logprobs"]["content"]], abs=1e-6)
+
+
+def test_top_logprobs_are_the_actors_and_hold_the_sampled_tokens(stack):
+    actor, gateway, reader = stack
+    # top_k 5: the sampled token is always among the 5 most likely, whose probabilities add up to 1.
+    body = {"temperature": 1.0, "top_k": 5, "seed": 9, "max_tokens": 8, "ignore_eos": True, "logprobs": True,
+            "top_logprobs": 5, "return_token_ids": True}
+    answer = chat(gateway, **body)
+    content = answer["choices"][0]["logprobs"]["content"]
+    recorded = session_calls(reader, answer["forge"]["session_id"])[0]
+    assert recorded.sampling.top_logprobs == 5
+    with grpc.insecure_channel(actor.address) as channel:
+        chunks = list(actor_pb2_grpc.ActorStub(channel).Generate(
+            actor_pb2.GenerateRequest(prompt_ids=recorded.prompt_ids, sampling=recorded.sampling), timeout=60))
+    own = [top for chunk in chunks for top in chunk.top_logprobs]
+    assert [t for c in chunks for t in c.token_ids] == answer["choices"][0]["token_ids"] and len(own) == len(content)
+    seen = 0
+    for entry, top in zip(content, own, strict=True):
+        alternatives = entry["top_logprobs"]
+        values = [a["logprob"] for a in alternatives]
+        assert len(alternatives) == 5 and values == sorted(values, reverse=True)
+        assert values == pytest.approx(list(top.logprobs), abs=1e-6)
+        assert [bytes(a["bytes"]) for a in alternatives] == [INFO.token_bytes(t) for t in top.token_ids]
+        assert sum(math.exp(v) for v in values) <= 1 + 1e-5
+        for alternative in alternatives:
+            if alternative["bytes"] == entry["bytes"]:
+                assert alternative["logprob"] == pytest.approx(entry["logprob"], abs=1e-6)
+                seen += 1
+    assert seen >= len(content)
+    streamed = httpx.post(f"{gateway.base_url}/chat/completions", timeout=60, json={
+        "model": "forge-tiny", "messages": [{"role": "user", "content": "Count to ten."}], **body, "stream": True})
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    tops = [e["top_logprobs"] for ev in events for c in ev["choices"] if c.get("logprobs")
+            for e in c["logprobs"]["content"]]
+    assert tops == [e["top_logprobs"] for e in content]
+
+
+def test_chat_template_kwargs_reach_the_template(stack):
+    _actor, gateway, reader = stack
+    messages = [{"role": "user", "content": "Count to ten."}]
+    plain = httpx.post(f"{gateway.http}/tokenize", json={"model": "forge-tiny", "messages": messages}).json()
+    off = httpx.post(f"{gateway.http}/tokenize", json={"model": "forge-tiny", "messages": messages,
+                                                       "chat_template_kwargs": {"enable_thinking": False}}).json()
+    assert plain["tokens"] == TOK.encode(TOK.render_chat(messages, add_generation_prompt=True))
+    assert TOK.decode(off["tokens"]) == TOK.decode(plain["tokens"]) + "<think>\n\n</think>\n\n"
+    answer = chat(gateway, max_tokens=2, chat_template_kwargs={"enable_thinking": False}, return_token_ids=True)
+    assert answer["prompt_token_ids"] == off["tokens"]
+    assert list(session_calls(reader, answer["forge"]["session_id"])[0].prompt_ids) == off["tokens"]
+    assert chat(gateway, max_tokens=2, chat_template_kwargs={"enable_thinking": True},
+                return_token_ids=True)["prompt_token_ids"] == plain["tokens"]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("repetition_penalty", 1.2), ("min_p", 0.1), ("presence_penalty", 0.5), ("frequency_penalty", -1),
+    ("logit_bias", {"5": 10}), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
+    ("guided_choice", ["a", "b"]), ("guided_grammar", "root ::= 'a'"), ("structured_outputs", {"json": {}}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    ("response_format", {"type": "json_object"}), ("best_of", 2), ("use_beam_search", True),
+    ("prompt_logprobs", 1), ("echo", True), ("skip_special_tokens", False), ("add_generation_prompt", False),
+    ("chat_template", "{{ messages }}"), ("functions", []), ("no_such_field", 1),
+    ("max_tokens", 10**6), ("max_completion_tokens", 2048), ("min_tokens", 9), ("top_logprobs", 21),
+    ("chat_template_kwargs", {"messages": []}), ("chat_template_kwargs", {"eos_token": "x"}),
+])
+def test_parameters_the_gateway_does_not_implement_are_refused_by_name(stack, field, value):
+    _actor, gateway, reader = stack
+    body = {"model": "forge-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "logprobs": True, field: value}
+    if field == "min_tokens":
+        body["max_tokens"] = 8
+        body["min_tokens"] = 9
+    before = pool_counts(reader)
+    response = httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=60)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == field and field in error["message"], response.text
+    assert error["type"] == "invalid_request_error" and pool_counts(reader) == before
+
+
+def test_neutral_values_of_refused_parameters_are_accepted(stack):
+    _actor, gateway, _reader = stack
+    assert chat(gateway, max_tokens=2, repetition_penalty=1, min_p=0, presence_penalty=0.0, logit_bias={},
+                guided_json=None, response_format={"type": "text"}, user="agent-7", parallel_tool_calls=True)
+
+
+def test_unknown_models_get_404_model_not_found_and_vllm_endpoints_answer(stack):
+    _actor, gateway, _reader = stack
+    with httpx.Client(base_url=gateway.http, timeout=60) as http:
+        for method, path, body in (("POST", "/v1/chat/completions",
+                                    {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}),
+                                   ("GET", "/v1/models/gpt-4o", None), ("GET", "/s/any/v1/models/gpt-4o", None),
+                                   ("POST", "/tokenize", {"model": "gpt-4o", "prompt": "hi"}),
+                                   ("POST", "/detokenize", {"model": "gpt-4o", "tokens": [1]})):
+            response = http.request(method, path, json=body)
+            assert response.status_code == 404, (path, response.text)
+            assert response.json()["error"] == {"message": "The model `gpt-4o` does not exist.",
+                                                "type": "invalid_request_error", "param": "model",
+                                                "code": "model_not_found"}
+        listed = http.get("/v1/models").json()["data"][0]
+        assert http.get("/v1/models/forge-tiny").json() == listed
+        # The model's own id (here a directory, slashes and all) is served too.
+        assert http.get(f"/v1/models/{quote(listed['root'], safe='')}").json() == listed
+        client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
+        assert client.models.retrieve("forge-tiny").id == "forge-tiny"
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        assert chat(gateway, model=listed["root"], max_tokens=1)["model"] == "forge-tiny"
+
+        tokens = http.post("/tokenize", json={"prompt": "Count to ten.", "return_token_strs": True}).json()
+        assert tokens["tokens"] == TOK.encode("Count to ten.") and tokens["count"] == len(tokens["tokens"])
+        assert tokens["max_model_len"] == listed["max_model_len"] == 2048
+        assert tokens["token_strs"] == [TOK.id_to_token(t) for t in tokens["tokens"]]
+        assert http.post("/detokenize", json={"tokens": tokens["tokens"]}).json() == {"prompt": "Count to ten."}
+        assert http.get("/version").json() == {"version": forge.__version__}
+        for path, body, param in (("/tokenize", {"prompt": 5}, "prompt"), ("/tokenize", {}, "prompt"),
+                                  ("/tokenize", {"prompt": "a", "truncate_prompt_tokens": 3}, "truncate_prompt_tokens"),
+                                  ("/detokenize", {"tokens": [5000]}, "tokens"),
+                                  ("/detokenize", {"tokens": "abc"}, "tokens")):
+            response = http.post(path, json=body)
+            assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+
+def test_parallel_tool_calls_false_returns_one_tool_call(tmp_path):
+    two = SCRIPTED + '<tool_call>{"name": "lookup", "arguments": {"key": "Mai"}}</tool_call>'
+    server, _servicer = serve_fake_actor("script", [*TOK.encode(two), TOK.eos_token_id])
+    gateway = start_gateway(tmp_path, [server.address], tmp_path / "pool")
+    try:
+        client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "Who owns Bo and Mai?"}]
+        both = client.chat.completions.create(model="forge-tiny", messages=messages, tools=TOOLS)
+        assert [json.loads(c.function.arguments)["key"] for c in both.choices[0].message.tool_calls] == ["Bo", "Mai"]
+        for stream in (False, True):
+            reply = client.chat.completions.create(model="forge-tiny", messages=messages, tools=TOOLS,
+                                                   parallel_tool_calls=False, stream=stream)
+            if stream:
+                calls = [c for chunk in reply for c in (chunk.choices[0].delta.tool_calls or [])]
+            else:
+                calls, finish = reply.choices[0].message.tool_calls, reply.choices[0].finish_reason
+                assert finish == "tool_calls"
+            assert [json.loads(c.function.arguments)["key"] for c in calls] == ["Bo"]
+    finally:
+        gateway.stop()
+        server.stop(0)

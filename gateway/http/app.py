@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP front end (aiohttp) for black-box agents, plus session endpoints for launchers.
 
-Routes: ``GET /health``; ``GET /v1/models``; ``POST /v1/chat/completions`` (also under a session prefix,
-``/s/{session_id}/v1/...``); ``POST /v1/sessions``, ``GET /v1/sessions/{id}``, ``POST /v1/sessions/{id}/end``,
-``POST /v1/sessions/{id}/rewards``; ``GET /v1/stats``; ``GET /metrics`` (Prometheus, from the same report as
-``/v1/stats``). Every error is OpenAI's error JSON with a 4xx (5xx only when
+Routes: ``GET /health``; ``GET /v1/models``, ``GET /v1/models/{model}``; ``POST /v1/chat/completions`` (also under
+a session prefix, ``/s/{session_id}/v1/...``); vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /version``;
+``POST /v1/sessions``, ``GET /v1/sessions/{id}``, ``POST /v1/sessions/{id}/end``, ``POST /v1/sessions/{id}/rewards``;
+``GET /v1/stats``; ``GET /metrics`` (Prometheus, from the same report as ``/v1/stats``). Every error is OpenAI's
+error JSON with a 4xx (5xx only when
 actors or the pool fail)."""
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
+from forge import __version__
 from forge.gateway.auth import Operation
 from forge.gateway.calls import ChatResult
-from forge.gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, TooLarge
+from forge.gateway.errors import BadRequest, GatewayError, MethodNotAllowed, ModelNotFound, NotFound, TooLarge
 from forge.gateway.http.openai import ChunkWriter, completion_json, parse_chat_request
 from forge.gateway.http.sessions_json import (
     close_request,
@@ -29,6 +31,7 @@ from forge.gateway.http.sessions_json import (
     session_json,
     session_with_calls_json,
 )
+from forge.gateway.http.tokenize import detokenize, tokenize
 from forge.gateway.service import Gateway
 from forge.prometheus import stats_registry
 from forge.v1 import pool_pb2
@@ -66,6 +69,7 @@ class HttpFrontEnd:
         app.router.add_get("/health", self.health)
         for prefix in ("", "/s/{sid}"):
             app.router.add_get(prefix + "/v1/models", self._allowed(Operation.MODELS, self.models))
+            app.router.add_get(prefix + "/v1/models/{model:.+}", self._allowed(Operation.MODELS, self.model_info))
             app.router.add_post(prefix + "/v1/chat/completions", self._allowed(Operation.CHAT, self.chat_completions))
         app.router.add_post("/v1/sessions", self._allowed(Operation.START_SESSION, self.start_session))
         app.router.add_get("/v1/sessions/{sid}", self._allowed(Operation.GET_SESSION, self.get_session))
@@ -73,6 +77,9 @@ class HttpFrontEnd:
         app.router.add_post("/v1/sessions/{sid}/rewards", self._allowed(Operation.ADD_REWARD, self.add_reward))
         app.router.add_get("/v1/stats", self._allowed(Operation.STATS, self.stats))
         app.router.add_get("/metrics", self._allowed(Operation.METRICS, self.prometheus_metrics))
+        app.router.add_post("/tokenize", self._allowed(Operation.TOKENIZE, self.tokenize))
+        app.router.add_post("/detokenize", self._allowed(Operation.TOKENIZE, self.detokenize))
+        app.router.add_get("/version", self._allowed(Operation.MODELS, self.version))
         return app
 
     async def start(self, host: str, port: int) -> str:
@@ -156,10 +163,35 @@ class HttpFrontEnd:
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    def _model_json(self) -> dict:
+        return {"id": self.gateway.config.model_name, "object": "model", "created": int(self.gateway.started),
+                "owned_by": "forge", "root": self.gateway.model.model_id,
+                "max_model_len": self.gateway.model.context_length}
+
+    def _served(self, name: Any) -> None:
+        """ModelNotFound unless ``name`` is absent or one the gateway serves: its model name or the model's id."""
+        if isinstance(name, str) and name not in (self.gateway.config.model_name, self.gateway.model.model_id):
+            raise ModelNotFound(name)
+
     async def models(self, request: web.Request) -> web.Response:
-        model = {"id": self.gateway.config.model_name, "object": "model", "created": int(self.gateway.started),
-                 "owned_by": "forge", "max_model_len": self.gateway.model.context_length}
-        return web.json_response({"object": "list", "data": [model]})
+        return web.json_response({"object": "list", "data": [self._model_json()]})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        self._served(request.match_info["model"])
+        return web.json_response(self._model_json())
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": __version__})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        self._served(body.get("model") if isinstance(body, dict) else None)
+        return web.json_response(tokenize(self.gateway.model, body))
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        self._served(body.get("model") if isinstance(body, dict) else None)
+        return web.json_response(detokenize(self.gateway.model, body))
 
     async def stats(self, request: web.Request) -> web.Response:
         report = self.gateway.report()
@@ -208,7 +240,10 @@ class HttpFrontEnd:
         return opening
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        call, options = parse_chat_request(await self._json(request), self.gateway.model.vocab_size)
+        body = await self._json(request)
+        self._served(body.get("model") if isinstance(body, dict) else None)
+        model = self.gateway.model
+        call, options = parse_chat_request(body, model.vocab_size, model.context_length)
         session_id = request["session_id"] or request.headers.get(SESSION_HEADER)
         chat = await self.gateway.chat(call, session_id, self._open_as(request), stream=options.stream)
         headers = {SESSION_HEADER: chat.session_id}

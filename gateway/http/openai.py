@@ -10,12 +10,27 @@ from typing import Any
 
 from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest
-from forge.gateway.messages import ChatCall, check_sampling, check_stop
+from forge.gateway.messages import ChatCall, check_sampling, check_stop, check_template_kwargs
 from forge.gateway.modelinfo import ModelInfo
 from forge.v1 import common_pb2
 
 ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-UNSUPPORTED_ZERO = ("presence_penalty", "frequency_penalty")
+# The request fields the gateway implements (OpenAI's and vLLM's names); every other field is refused.
+SUPPORTED = frozenset({
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+    "stop_token_ids", "ignore_eos", "min_tokens", "n", "stream", "stream_options", "logprobs", "top_logprobs",
+    "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "response_format", "return_token_ids",
+    "user"})
+# Fields accepted at the value that changes nothing (or null), refused at any other.
+NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0, "logit_bias": {}}
+RECORDED = "sampling must stay what the learner recomputes the log-probabilities under"
+WHY_NOT = {
+    **dict.fromkeys(NEUTRAL, RECORDED),
+    **dict.fromkeys(("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+                     "guided_whitespace_pattern", "structured_outputs", "logits_processors", "bad_words",
+                     "allowed_token_ids"), RECORDED + " (no constrained decoding)"),
+    **dict.fromkeys(("best_of", "use_beam_search", "length_penalty"), "one sample per request, no beam search"),
+}
 
 
 @dataclass
@@ -124,7 +139,18 @@ def parse_tools(body: dict) -> list[dict] | None:
     return checked
 
 
-def parse_sampling(body: dict, vocab_size: int) -> common_pb2.SamplingParams:
+def refuse_unsupported(body: dict) -> None:
+    """A 400 naming the first field the gateway does not implement (a null counts as absent)."""
+    for name, value in body.items():
+        if name in SUPPORTED or value is None:
+            continue
+        if name in NEUTRAL and value == NEUTRAL[name] and not isinstance(value, bool):
+            continue
+        reason = WHY_NOT.get(name)
+        raise BadRequest(f"{name} is not supported" + (f": {reason}" if reason else " by this gateway"), name)
+
+
+def parse_sampling(body: dict, vocab_size: int, context_length: int | None = None) -> common_pb2.SamplingParams:
     sampling = common_pb2.SamplingParams()
     temperature = _get(body, "temperature", "number")
     if temperature is not None:
@@ -143,6 +169,9 @@ def parse_sampling(body: dict, vocab_size: int) -> common_pb2.SamplingParams:
         if value is not None:
             if value < 1:
                 raise BadRequest(f"{name} must be >= 1, got {value}", name)
+            if context_length is not None and value >= context_length:
+                raise BadRequest(f"{name} is {value}; the model's context is {context_length} tokens, prompt "
+                                 "included", name, "context_length_exceeded")
             sampling.max_tokens = min(value, 2**31 - 1)
             break
     seed = _get(body, "seed", "int")
@@ -155,27 +184,33 @@ def parse_sampling(body: dict, vocab_size: int) -> common_pb2.SamplingParams:
         raise BadRequest("stop_token_ids must be a list of token ids", "stop_token_ids")
     sampling.stop_token_ids.extend(stop_ids)
     sampling.ignore_eos = _get(body, "ignore_eos", "bool", False)
-    return check_sampling(sampling, vocab_size)
+    min_tokens = _get(body, "min_tokens", "int", 0)
+    if not 0 <= min_tokens < 2**31:
+        raise BadRequest(f"min_tokens must be >= 0, got {min_tokens}", "min_tokens")
+    sampling.min_tokens = min_tokens
+    top_logprobs = _get(body, "top_logprobs", "int", 0)
+    if top_logprobs and not _get(body, "logprobs", "bool", False):
+        raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+    if not 0 <= top_logprobs < 2**31:
+        raise BadRequest(f"top_logprobs must be >= 0, got {top_logprobs}", "top_logprobs")
+    sampling.top_logprobs = top_logprobs
+    return check_sampling(sampling, vocab_size, context_length)
 
 
-def parse_chat_request(body: Any, vocab_size: int) -> tuple[ChatCall, ChatOptions]:
+def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = None
+                       ) -> tuple[ChatCall, ChatOptions]:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    refuse_unsupported(body)
     _get(body, "model", "str")
     messages = parse_messages(body.get("messages"))
     n = _get(body, "n", "int", 1)
     if n != 1:
         raise BadRequest(f"n must be 1 (got {n}); send separate requests for several samples", "n")
-    for name in UNSUPPORTED_ZERO:
-        if _get(body, name, "number", 0) != 0:
-            raise BadRequest(f"{name} is not supported (sampling must match the recorded log-probabilities)", name)
-    if _get(body, "logit_bias", "dict"):
-        raise BadRequest("logit_bias is not supported", "logit_bias")
-    if _get(body, "top_logprobs", "int", 0):
-        raise BadRequest("top_logprobs is not supported; logprobs: true gives each sampled token's", "top_logprobs")
     response_format = _get(body, "response_format", "dict")
     if response_format and response_format.get("type", "text") != "text":
-        raise BadRequest("response_format other than text is not supported", "response_format")
+        raise BadRequest(f"response_format {response_format.get('type')!r} is not supported: {RECORDED} (no "
+                         "constrained decoding); only 'text'", "response_format")
     tools = parse_tools(body)
     choice = body.get("tool_choice")
     if choice not in (None, "auto", "none"):
@@ -192,8 +227,9 @@ def parse_chat_request(body: Any, vocab_size: int) -> tuple[ChatCall, ChatOption
                           include_usage=bool(stream_options.get("include_usage")),
                           logprobs=_get(body, "logprobs", "bool", False),
                           return_token_ids=_get(body, "return_token_ids", "bool", False))
-    call = ChatCall(messages, tools, bool(tools) and choice != "none", parse_sampling(body, vocab_size),
-                    check_stop(stop))
+    call = ChatCall(messages, tools, bool(tools) and choice != "none", parse_sampling(body, vocab_size, context_length),
+                    check_stop(stop), check_template_kwargs(_get(body, "chat_template_kwargs", "dict")),
+                    _get(body, "parallel_tool_calls", "bool", True))
     return call, options
 
 
@@ -210,12 +246,19 @@ def finish_name(result: ChatResult) -> str:
     return "tool_calls" if result.parsed and result.parsed.tool_calls else "stop"
 
 
-def logprobs_json(model: ModelInfo, ids: list[int], logprobs: list[float]) -> dict:
+def token_json(model: ModelInfo, token_id: int, logprob: float) -> dict:
+    raw = model.token_bytes(token_id)
+    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+
+def logprobs_json(model: ModelInfo, ids: list[int], logprobs: list[float],
+                  tops: list[common_pb2.TopLogprobs] | None = None) -> dict:
     content = []
-    for token_id, logprob in zip(ids, logprobs, strict=True):
-        raw = model.token_bytes(token_id)
-        content.append({"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw),
-                        "top_logprobs": []})
+    for i, (token_id, logprob) in enumerate(zip(ids, logprobs, strict=True)):
+        top = tops[i] if tops and i < len(tops) else None
+        alternatives = [] if top is None else [token_json(model, t, v)
+                                               for t, v in zip(top.token_ids, top.logprobs, strict=True)]
+        content.append({**token_json(model, token_id, logprob), "top_logprobs": alternatives})
     return {"content": content, "refusal": None}
 
 
@@ -240,8 +283,8 @@ def forge_json(result: ChatResult) -> dict:
 
 def completion_json(result: ChatResult, model: ModelInfo, model_name: str, options: ChatOptions) -> dict:
     choice: dict = {"index": 0, "message": message_json(result), "finish_reason": finish_name(result),
-                    "logprobs": logprobs_json(model, result.completion_ids, result.all_logprobs)
-                    if options.logprobs else None}
+                    "logprobs": logprobs_json(model, result.completion_ids, result.all_logprobs,
+                                              result.all_top_logprobs) if options.logprobs else None}
     body = {"id": new_completion_id(), "object": "chat.completion", "created": int(time.time()),
             "model": model_name, "choices": [choice], "usage": usage_json(result), "system_fingerprint": None,
             "forge": forge_json(result)}
@@ -263,7 +306,7 @@ class ChunkWriter:
     def chunk(self, delta: dict, finish_reason: str | None = None, event: ChatDelta | None = None) -> dict:
         choice: dict = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         if event is not None and self.options.logprobs and event.token_ids:
-            choice["logprobs"] = logprobs_json(self.model, event.token_ids, event.logprobs)
+            choice["logprobs"] = logprobs_json(self.model, event.token_ids, event.logprobs, event.top_logprobs)
         if event is not None and self.options.return_token_ids:
             choice["token_ids"] = event.token_ids
         body = {**self.base, "choices": [choice]}
