@@ -305,6 +305,17 @@ def test_openai_request_is_checked_into_a_chat_call():
     ({"tool_choice": "required"}, "tool_choice"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"top_logprobs": 2}, "top_logprobs"),
+    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ({"min_tokens": -1}, "min_tokens"),
+    ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+    ({"repetition_penalty": 1.1}, "repetition_penalty"),
+    ({"min_p": 0.05}, "min_p"),
+    ({"guided_json": {"type": "object"}}, "guided_json"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"no_such_field": 1}, "no_such_field"),
+    ({"chat_template_kwargs": []}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
+    ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
     ({"stream": "yes"}, "stream"),
     ({"model": 7}, "model"),
 ])
@@ -313,6 +324,20 @@ def test_bad_openai_requests_name_the_field(change, param):
     with pytest.raises(BadRequest) as err:
         parse_chat_request(body, 1024)
     assert err.value.param == param and err.value.status == 400 and err.value.message
+
+
+def test_openai_extensions_reach_the_chat_call():
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "min_tokens": 3, "logprobs": True,
+            "top_logprobs": 4, "chat_template_kwargs": {"enable_thinking": False}, "parallel_tool_calls": False,
+            "repetition_penalty": 1, "min_p": 0, "logit_bias": {}, "guided_json": None}
+    call, options = parse_chat_request(body, 1024, context_length=2048)
+    assert (call.sampling.min_tokens, call.sampling.top_logprobs, options.logprobs) == (3, 4, True)
+    assert call.template_kwargs == {"enable_thinking": False} and not call.parallel_tool_calls
+    assert parse_chat_request({"messages": body["messages"]}, 1024)[0].parallel_tool_calls
+    for name in ("max_tokens", "max_completion_tokens"):
+        with pytest.raises(BadRequest) as err:
+            parse_chat_request({"messages": body["messages"], name: 2048}, 1024, context_length=2048)
+        assert (err.value.param, err.value.code) == (name, "context_length_exceeded")
 
 
 def test_proto_chat_request_is_checked():
