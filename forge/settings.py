@@ -4,6 +4,10 @@ it — the click option (``forge.cli.options``), the ``FORGE_<COMMAND>_<OPTION>`
 the run file's TOML table, and the validation that runs whenever the dataclass is built, from the command line or
 from code.
 
+A secret field (``secret=True``, an API key) also gets a key-file setting, ``<option>_file``: its option, variable
+and TOML key are derived like any other's, and the built field holds the keys read from that file (one per line),
+so that no key need be given on a command line, where every local user can read it in the process list.
+
 A field whose type is itself a settings dataclass is a group: its fields are options of the same command (the
 option names of one command are flat and unique), and in a run file they may be written flat in the command's
 table or in a sub-table named after the group (``[learner.loss]``).
@@ -85,6 +89,7 @@ class Entry:
     spec: Setting
     kind: type                          # the value's type once ``None`` is set aside: int, float, str, bool, Path, tuple
     optional: bool                      # ``None`` is a valid value
+    key_file: bool = False              # the key-file setting of the secret ``field`` (a Path, not a field itself)
 
     @property
     def name(self) -> str:
@@ -97,6 +102,8 @@ class Entry:
 
     @property
     def default(self) -> Any:
+        if self.key_file:
+            return None
         if self.field.default is not MISSING:
             return self.field.default
         if self.field.default_factory is not MISSING:
@@ -105,7 +112,7 @@ class Entry:
 
     @property
     def required(self) -> bool:
-        return self.field.default is MISSING and self.field.default_factory is MISSING
+        return not self.key_file and self.field.default is MISSING and self.field.default_factory is MISSING
 
 
 class SettingsError(ValueError):
@@ -151,6 +158,8 @@ def entries(cls: type) -> tuple[Entry, ...]:
             if origin not in (int, float, str, bool, Path, tuple):
                 raise TypeError(f"{klass.__name__}.{f.name}: unsupported setting type {kind}")
             found.append(Entry((*path, f.name), f, spec, origin, optional))
+            if spec.secret:
+                found.append(key_file_entry(found[-1]))
 
     walk(cls, ())
     names = [e.name for e in found]
@@ -158,6 +167,33 @@ def entries(cls: type) -> tuple[Entry, ...]:
     if duplicates:
         raise TypeError(f"{cls.__name__}: options named twice: {sorted(duplicates)}")
     return tuple(found)
+
+
+def key_file_entry(secret: Entry) -> Entry:
+    """The key-file setting of ``secret``: ``--<option>-file PATH``."""
+    what = (f"the values of {secret.flag} from this file, one per line" if secret.kind is tuple else
+            f"{secret.flag} from this file, one line")
+    spec = Setting(help=f"Read {what} (blank lines and # comments ignored); keep the file readable by you alone.",
+                   flag=f"{secret.name}_file", metavar="PATH", path="file")
+    return Entry(secret.path, secret.field, spec, Path, True, key_file=True)
+
+
+def read_key_file(path: Path, flag: str, several: bool) -> tuple[str, ...]:
+    """The keys in the file at ``path`` (one per line; blank lines and lines starting with # are skipped, and the
+    whitespace around a key is not part of it); SettingsError naming ``flag`` when it cannot be read or holds none
+    (or, unless ``several``, more than one)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"cannot read {path}: {exc.strerror or exc}", flag) from exc
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"cannot read {path}: it is not UTF-8 text", flag) from exc
+    keys = tuple(line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#"))
+    if not keys:
+        raise SettingsError(f"{path} holds no key (one per line; # starts a comment)", flag)
+    if len(keys) > 1 and not several:
+        raise SettingsError(f"{path} holds {len(keys)} keys; this option takes one", flag)
+    return keys
 
 
 def groups(cls: type) -> dict[str, type]:
@@ -264,9 +300,17 @@ def build(cls: type, values: Mapping[str, Any]) -> Any:
         kwargs: dict[str, Any] = {}
         for name, group in groups(klass).items():
             kwargs[name] = make(group, (*path, name))
-        for entry in entries(klass):
-            if len(entry.path) == 1 and entry.name in values:
+        own = [e for e in entries(klass) if len(e.path) == 1]
+        for entry in own:
+            if not entry.key_file and entry.name in values:
                 kwargs[entry.field.name] = values[entry.name]
+        for entry in own:
+            if entry.key_file and values.get(entry.name) is not None:
+                secret = next(e for e in own if e.field is entry.field and not e.key_file)
+                if kwargs.get(secret.field.name) not in (None, ()):
+                    raise SettingsError(f"give {secret.flag} or {entry.flag}, not both")
+                keys = read_key_file(values[entry.name], entry.flag, several=secret.kind is tuple)
+                kwargs[secret.field.name] = keys if secret.kind is tuple else keys[0]
         try:
             return klass(**kwargs)
         except TypeError as exc:                   # a required setting left out
@@ -285,7 +329,7 @@ def flatten(cls: type, table: Mapping[str, Any], where: str) -> dict[str, Any]:
 
     def walk(klass: type, items: Mapping[str, Any], prefix: str) -> None:
         nested = groups(klass)
-        own = {e.field.name: e.name for e in entries(klass) if len(e.path) == 1}
+        own = {e.field.name + ("_file" if e.key_file else ""): e.name for e in entries(klass) if len(e.path) == 1}
         for key, value in items.items():
             name = key.replace("-", "_")
             if isinstance(value, dict) and name in nested:

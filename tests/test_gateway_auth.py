@@ -128,7 +128,9 @@ def actor(tmp_path_factory):
 def gateways(actor, tmp_path_factory):
     procs = {}
     try:
-        for table, extra in (("with keys", ("--api-key", GLOBAL_KEY)), ("without keys", ())):
+        key_file = tmp_path_factory.mktemp("gateway-auth-key") / "gateway.key"
+        key_file.write_text(f"# the gateway's global key\n\n{GLOBAL_KEY}\n")          # never on a command line
+        for table, extra in (("with keys", ("--api-key-file", str(key_file))), ("without keys", ())):
             directory = tmp_path_factory.mktemp("gateway-auth")
             procs[table] = start_gateway(directory, [actor.address], directory / "pool", *extra)
         yield procs

@@ -243,3 +243,89 @@ def test_addresses_of_every_form_a_deployment_uses_are_accepted():
 
     for address in ("127.0.0.1:50051", "localhost:1", "actor-3.forge.svc:50051", "[::1]:5000"):
         assert check_address(address) == address
+
+
+# ------------------------------------------------------------------------------------------------ key files
+
+SECRETS = [(table, entry) for table, command in sorted(COMMANDS.items()) for entry in entries(command.settings_class)
+           if entry.spec.secret]
+
+
+def test_every_secret_has_a_key_file_option_and_its_help_says_why():
+    assert {table for table, _ in SECRETS} >= {"actor", "cache", "gateway", "learner", "pool", "rollout"}
+    for table, entry in SECRETS:
+        options = {p.name: p for p in COMMANDS[table].params if isinstance(p, click.Option)}
+        key_file = options[f"{entry.name}_file"]
+        assert key_file.envvar[0] == f"FORGE_{table.upper()}_{entry.name.upper()}_FILE", (table, entry.name)
+        assert "visible to every local user in the process list" in options[entry.name].help, (table, entry.name)
+        assert f"{entry.flag}-file PATH" in options[entry.name].help, (table, entry.name)
+
+
+def test_keys_are_read_from_the_file_one_a_line_without_comments_or_blanks(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("# the run's keys\n\n  k1  \nk2\t\n   \n#k3\n")
+    assert run_probe("--key-file", str(keys))[1]["keys"] == ["k1", "k2"]
+    assert run_probe(env={"FORGE_PROBE_KEY_FILE": str(keys)})[1]["keys"] == ["k1", "k2"]
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(f'[probe]\nkey_file = "{keys}"\n')
+    assert run_probe("--config", str(run_file))[1]["keys"] == ["k1", "k2"]
+    assert build(Probe, {"key_file": keys}).keys == ("k1", "k2")
+
+
+@pytest.mark.parametrize(("content", "args", "message"), [
+    (None, [], "Invalid value for '--key-file': cannot read"),
+    ("# none here\n\n", [], "Invalid value for '--key-file': "),
+    ("k1\n", ["--key", "k0"], "give --key or --key-file, not both"),
+])
+def test_a_key_file_that_gives_no_key_or_comes_with_a_key_is_refused(tmp_path, content, args, message):
+    keys = tmp_path / "keys"
+    if content is not None:
+        keys.write_text(content)
+    code, output = run_probe("--key-file", str(keys), *args)
+    assert code == 2 and message in output, output
+    code, output = run_probe(env={"FORGE_PROBE_KEY_FILE": ""})
+    assert code == 2 and "FORGE_PROBE_KEY_FILE is set but empty" in output, output
+
+
+def test_a_single_key_setting_takes_a_file_of_one_key(tmp_path):
+    from forge.gateway.config import GatewayConfig
+
+    keys = tmp_path / "keys"
+    keys.write_text("only\n")
+    built = build(GatewayConfig, {"actor": ("127.0.0.1:1",), "pool": "p", "actor_api_key_file": keys})
+    assert built.actor_api_key == "only"
+    keys.write_text("one\ntwo\n")
+    with pytest.raises(SettingsError, match=r"--actor-api-key-file: .* holds 2 keys; this option takes one"):
+        build(GatewayConfig, {"actor": ("127.0.0.1:1",), "pool": "p", "actor_api_key_file": keys})
+
+
+SERVICE_CALLS = {"gateway": ["forge-gateway", "--actor", "127.0.0.1:1", "--pool", "{tmp}/pool"],
+                 "actor": ["forge-actor", "--port", "0"], "cache": ["forge-cache", "--dir", "{tmp}/cache"],
+                 "learner": ["forge-learner", "--pool-address", "127.0.0.1:1"],
+                 "pool": ["forge", "pool", "serve", "--path", "{tmp}/pool"],
+                 "rollout": ["forge", "rollout", "--gateway", "127.0.0.1:1"]}
+
+
+@pytest.mark.parametrize(("table", "flag"), [("gateway", "--api-key"), ("actor", "--api-key"), ("cache", "--api-key"),
+                                             ("pool", "--api-key"), ("learner", "--pool-api-key"),
+                                             ("rollout", "--api-key")])
+def test_every_service_refuses_a_missing_key_file_in_one_line_before_starting(tmp_path, table, flag):
+    program, *args = [a.format(tmp=tmp_path) for a in SERVICE_CALLS[table]]
+    result = subprocess.run([script(program), *args, f"{flag}-file", str(tmp_path / "no-such-file")],
+                            capture_output=True, text=True, timeout=120, env=_env())
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr
+    assert f"'{flag}-file': cannot read {tmp_path / 'no-such-file'}" in errors[0] and "Traceback" not in result.stderr
+    assert not any(tmp_path.iterdir()), "nothing was started"
+
+
+def test_config_show_shows_the_key_file_and_never_the_key(tmp_path):
+    keys = tmp_path / "gateway.key"
+    keys.write_text("very-secret-key\n")
+    env = {**_env(), "FORGE_GATEWAY_API_KEY_FILE": str(keys), "FORGE_GATEWAY_ACTOR_API_KEY": "actor-secret"}
+    result = subprocess.run([script("forge"), "config", "show", "gateway", "--json"], capture_output=True, text=True,
+                            timeout=120, env=env)
+    rows = {row["name"]: row for row in json.loads(result.stdout)["settings"]}
+    assert rows["api_key_file"]["value"] == str(keys) and rows["api_key_file"]["source"] == "environment"
+    assert rows["actor_api_key"]["value"] == "***" and rows["actor_api_key_file"]["value"] is None
+    assert "very-secret-key" not in result.stdout + result.stderr and "actor-secret" not in result.stdout

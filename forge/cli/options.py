@@ -137,6 +137,9 @@ def option_for(entry: Entry, table: str) -> click.Option:
     spec = entry.spec
     default = _click_default(entry, entry.default)
     help_text = spec.help + (f" [unit: {spec.unit}]" if spec.unit else "")
+    if spec.secret:
+        help_text += (f" A value on the command line is visible to every local user in the process list: prefer "
+                      f"{entry.flag}-file PATH or {envvars_of(entry, table)[0]}.")
     common: dict[str, Any] = {"help": help_text, "envvar": envvars_of(entry, table), "metavar": spec.metavar,
                               "show_default": default not in (None, (), "") and not spec.secret}
     if entry.kind is bool:
@@ -224,10 +227,12 @@ class SettingsCommand(click.Command):
         return self._run(self.settings_from(values))
 
     def _refuse_empty_secrets(self, ctx: click.Context) -> None:
-        """A secret's variable set to nothing (a template with an unset variable gives that) would read as no
-        secret at all, which for a key means no authentication: refuse it, unless the command line gives one."""
+        """A secret's variable (or its key file's) set to nothing (a template with an unset variable gives that)
+        would read as no secret at all, which for a key means no authentication: refuse it, unless the command line
+        gives one."""
         for entry in entries(self.settings_class):
-            if not entry.spec.secret or ctx.get_parameter_source(entry.name) is ParameterSource.COMMANDLINE:
+            if not (entry.spec.secret or entry.key_file) or \
+                    ctx.get_parameter_source(entry.name) is ParameterSource.COMMANDLINE:
                 continue
             for name in envvars_of(entry, self.settings_table):
                 if name in os.environ and not os.environ[name].strip():
