@@ -26,6 +26,7 @@ from forge.cli.options import RUN_FILE, read_run_file, settings_command
 from forge.launch import ServiceProcess
 from forge.rollout.config import AgentConfig, ModelChoice, TasksConfig
 from forge.rollout.team import Team
+from forge.runkeys import RunKeys, generate, keys_set_by
 from forge.settings import Settings, SettingsError, log_level_setting, setting
 from forge.tasks import DOMAINS
 
@@ -80,6 +81,9 @@ class UpConfig(Settings):
     cache_mb: int = setting(512, min=16, help="forge-cache's capacity.")
     weights_curve: bool = setting(True, help="Encrypt and authenticate the learner-to-actor weight channel with "
                                              "CURVE, with key pairs made for the run in RUN_DIR/keys/weights.")
+    keys: bool = setting(True, help="Secure the run with API keys: fresh random ones per run for the gateways, actors "
+                                    "and cache, given to them as files in RUN_DIR/keys (mode 0600); --no-keys "
+                                    "serves them without keys.")
     log_level: str = log_level_setting("WARNING")
     model: ModelChoice = field(default_factory=ModelChoice)
     tasks: TasksConfig = field(default_factory=TasksConfig)
@@ -153,16 +157,27 @@ class System:
         self.run_file = run_file.resolve() if run_file else None      # services may run elsewhere
         self.tables = read_run_file(run_file) if run_file else {}
         self.services: list[ServiceProcess] = []
+        self.keys: RunKeys | None = None
+
+    def key(self, kind: str) -> str | None:
+        """The API key of the services of ``kind`` (gateway, actor, cache), None for an unkeyed run or kind."""
+        return self.keys.key(kind) if self.keys is not None and kind in self.keys.keys else None
+
+    def _key_files(self, **options: str) -> dict[str, Path]:
+        """Key-file options (option name → the key file of a kind) for a keyed run; none for an unkeyed one."""
+        return {} if self.keys is None else {name: self.keys.file(kind) for name, kind in options.items()}
 
     def start(self) -> None:
         c, run = self.config, self.config.run_dir
+        self.keys = generate(run / "keys") if c.keys else None
         actor_table = self.tables.get("actor", {})
         backend = actor_table.get("backend", c.backend) if isinstance(actor_table, dict) else c.backend
         l3: dict[str, Any] = {}
         if c.cache and backend == "torch":
-            cache = self._start("cache", "forge-cache", {"dir": run / "cache", "port": 0},
+            cache = self._start("cache", "forge-cache", {"dir": run / "cache", "port": 0,
+                                                         **self._key_files(api_key_file="cache")},
                                 {"capacity_mb": c.cache_mb})
-            l3 = {"l3_cache": cache.info["address"]}
+            l3 = {"l3_cache": cache.info["address"], **self._key_files(l3_api_key_file="cache")}
         curve: dict[str, Any] = {}
         actor_keys: list[dict[str, Any]] = [{} for _ in range(c.actors)]
         if c.weights_curve:
@@ -179,15 +194,20 @@ class System:
             "checkpoint_every": 25, "seed": c.seed}, env={"OMP_NUM_THREADS": "1"})
         weights = {"weights_fetch": learner.info["weights_fetch"], "weights_announce": learner.info["weights_announce"]}
         actors = [self._start(f"actor-{i}", "forge-actor", {"port": 0, "name": f"actor-{i}", **weights,
-                                                            **actor_keys[i], **l3},
+                                                            **actor_keys[i], **l3,
+                                                            **self._key_files(api_key_file="actor")},
                               {"model": c.model.path, "backend": backend, "threads": 1, "kv_cache_mb": 96,
                                "seed": c.seed + i}, timeout_s=ACTOR_START_S[backend])
                   for i in range(c.actors)]
         for name, pool in (("gateway", "pool"), *([("gateway-eval", "eval-pool")] if self.eval_gateway else [])):
             self._start(name, "forge-gateway", {
-                "actor": [a.info["address"] for a in actors], "pool": run / pool, "grpc_port": 0, "http_port": 0},
+                "actor": [a.info["address"] for a in actors], "pool": run / pool, "grpc_port": 0, "http_port": 0,
+                **self._key_files(api_key_file="gateway", actor_api_key_file="actor")},
                 {"model": c.model.path})
-        services = [{"name": s.name, "kind": s.name.split("-")[0], **s.info} for s in self.services]
+        services = [{"name": s.name, "kind": s.name.split("-")[0], **s.info,
+                     **({"api_key_file": str(self.keys.file(s.name.split("-")[0]))}
+                        if self.keys is not None and s.name.split("-")[0] in self.keys.keys else {})}
+                    for s in self.services]
         (run / "services.json").write_text(json.dumps(services, indent=2))
 
     def _start(self, name: str, command: str, wiring: dict[str, Any], tuning: dict[str, Any],
@@ -214,7 +234,8 @@ def poll_stats(system: System, live: RunState, stop: threading.Event) -> None:
 
     stubs = {"learner": learner_pb2_grpc.LearnerStub, "actor": actor_pb2_grpc.ActorStub,
              "gateway": gateway_pb2_grpc.GatewayStub, "cache": cache_pb2_grpc.CacheStub}
-    channels = {s.name: connect(s.info.get("address") or s.info["grpc_address"]) for s in system.services}
+    channels = {s.name: connect(s.info.get("address") or s.info["grpc_address"], system.key(s.name.split("-")[0]))
+                for s in system.services}
     while not stop.wait(2.0):
         for name, channel in channels.items():
             try:
@@ -283,14 +304,14 @@ async def run(config: UpConfig, console: Console, run_file: Path | None = None, 
     async def evaluate() -> tuple[dict[str, float], dict[str, float]]:
         if team is None:
             return await evaluate_both(config, system.get("actor-0").info["address"],
-                                       load_tokenizer(config.model.path))
+                                       load_tokenizer(config.model.path), system.key("actor"))
         if not held_out:
             return {}, {}
         from forge.rollout.evaluate import evaluate_sessions
 
         door = system.get("gateway-eval").info
         scores, failed = await evaluate_sessions(door["grpc_address"], door["http_address"], workload, held_out,
-                                                 config.eval_samples)
+                                                 config.eval_samples, api_key=system.key("gateway"))
         live.eval_failures += failed
         return scores, {}
 
@@ -309,7 +330,7 @@ async def run(config: UpConfig, console: Console, run_file: Path | None = None, 
             return cursor.tail - cursor.head
 
         driver = RolloutDriver(DriverConfig(gateway["grpc_address"], gateway.get("http_address", ""),
-                                            group_size=config.tasks.group_size,
+                                            api_key=system.key("gateway"), group_size=config.tasks.group_size,
                                             groups_in_flight=config.groups_in_flight,
                                             max_queued_groups=config.groups_in_flight + 2 * config.batch_groups),
                                workload, queued_groups=queued_groups)
@@ -348,12 +369,13 @@ async def run(config: UpConfig, console: Console, run_file: Path | None = None, 
     return result
 
 
-async def evaluate_both(config: UpConfig, actor: str, tokenizer) -> tuple[dict[str, float], dict[str, float]]:
+async def evaluate_both(config: UpConfig, actor: str, tokenizer, api_key: str | None = None
+                        ) -> tuple[dict[str, float], dict[str, float]]:
     """The held-out reward sampled at the training temperature (``eval_samples`` per task), then greedy."""
     from forge.rollout.evaluate import evaluate_readings
 
     sampled, greedy = await evaluate_readings(actor, tokenizer, [(config.temperature, config.eval_samples), (0.0, 1)],
-                                              config.domains, config.eval_size, config.max_tokens)
+                                              config.domains, config.eval_size, config.max_tokens, api_key=api_key)
     return sampled, greedy
 
 
@@ -405,6 +427,10 @@ def up(config: UpConfig) -> None:
         config = replace(config, run_dir=Path("runs") / time.strftime("up-%Y%m%d-%H%M%S"))
     run_file = click.get_current_context().meta.get(RUN_FILE)
     run_file = Path(run_file) if run_file else None
+    own_keys = keys_set_by(read_run_file(run_file)) if run_file and config.keys else []
+    if own_keys:
+        raise click.UsageError(f"forge up generates the run's keys, but {run_file} sets {', '.join(own_keys)}: "
+                               f"remove it, or give --no-keys to run without keys")
     team = None
     if config.tasks.team:                   # every task, the verifier and the program are checked before anything
         try:

@@ -3,21 +3,29 @@ agents rolling out the built-in tasks, the learner training on them. Asserts tha
 (black-box ones too), that actors' weight versions advance, that every consumed entry was inside the window when
 taken, and that the held-out reward (sampled at the training temperature, the policy RL trains) is above its
 starting value after a fixed number of learner steps (not of minutes: the outcome must not depend on the machine's
-speed), averaged over the three domains (the 10-minute figures per domain are in docs/benchmarks.md)."""
+speed), averaged over the three domains (the 10-minute figures per domain are in docs/benchmarks.md). The run is
+keyed, as forge up runs by default: no process it starts has a key on its command line, and its services refuse
+calls without one."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import stat
+import threading
+from pathlib import Path
 
+import grpc
+import httpx
 import pytest
 from rich.console import Console
 
 from forge.builtin import TINY_DIR
 from forge.pool import PoolReader
+from forge.rpc import connect
 from forge.up import UpConfig, report, run
-from forge.v1 import pool_pb2
+from forge.v1 import actor_pb2_grpc, cache_pb2_grpc, common_pb2, pool_pb2
 from forge.weights.curve import load_key_pair
 
 STEPS = 30
@@ -26,13 +34,80 @@ pytestmark = pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")),
                                 reason="the pre-trained tiny checkpoint is not in forge/assets/tiny")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every living process below ``pid`` (read from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def inspect_keyed_services(run_dir: Path, seen: dict, stop: threading.Event) -> None:
+    """Once forge up has written services.json: every process it started, with its command line; the run's keys;
+    and what its gateway, actor and cache answer a call that comes without a key."""
+    while not (run_dir / "services.json").exists():
+        if stop.wait(0.2):
+            return
+    services = {s["name"]: s for s in json.loads((run_dir / "services.json").read_text())}
+    seen["keys"] = {path.name: path.read_text() for path in (run_dir / "keys").glob("*.key")}
+    seen["modes"] = {path.name: path.stat().st_mode & 0o777 for path in (run_dir / "keys").glob("*.key")}
+    seen["cmdlines"] = {}
+    for pid in descendants(os.getpid()):
+        try:
+            seen["cmdlines"][pid] = (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+    gateway = services["gateway"]["http_address"]
+    seen["unkeyed"] = httpx.get(f"{gateway}/v1/models", timeout=30).status_code
+    key = next(line for line in seen["keys"]["gateway.key"].splitlines() if not line.startswith("#"))
+    seen["keyed"] = httpx.get(f"{gateway}/v1/models", headers={"Authorization": f"Bearer {key}"},
+                              timeout=30).status_code
+    for name, stub in (("actor-0", actor_pb2_grpc.ActorStub), ("cache", cache_pb2_grpc.CacheStub)):
+        with connect(services[name]["address"]) as channel:
+            try:
+                stub(channel).Stats(common_pb2.StatsRequest(), timeout=30)
+                seen[name] = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                seen[name] = exc.code()
+    seen["api_key_files"] = {s["name"]: s.get("api_key_file") for s in services.values()}
+
+
 @pytest.mark.timeout(2400)
 def test_a_short_forge_up_run_learns(tmp_path):
     # --minutes only bounds a run that would hang; the learner's step count ends it.
     config = UpConfig(run_dir=tmp_path / "run", steps=STEPS, minutes=30.0, blackbox_every=3,
                       domains=("reasoning", "qa", "agent"))
     console = Console(record=True, width=120)
-    result = asyncio.run(run(config, console))
+    seen: dict = {}
+    stop = threading.Event()
+    inspector = threading.Thread(target=inspect_keyed_services, args=(config.run_dir, seen, stop), daemon=True)
+    inspector.start()
+    try:
+        result = asyncio.run(run(config, console))
+    finally:
+        stop.set()
+        inspector.join(timeout=120)
+    assert set(seen["keys"]) == {"gateway.key", "actor.key", "cache.key"}, seen.get("keys")
+    assert set(seen["modes"].values()) == {0o600}
+    keys = [line for text in seen["keys"].values() for line in text.splitlines() if not line.startswith("#")]
+    assert len(keys) == 3 and all(len(k) >= 32 for k in keys)
+    services = [line for line in seen["cmdlines"].values() if "forge-" in line]
+    assert len(services) >= 4 and any("--api-key-file" in line for line in services), seen["cmdlines"]
+    assert not [line for line in seen["cmdlines"].values() for k in keys if k in line], "a key on a command line"
+    assert seen["unkeyed"] == 401 and seen["keyed"] == 200
+    assert seen["actor-0"] == seen["cache"] == grpc.StatusCode.UNAUTHENTICATED
+    assert seen["api_key_files"]["gateway"] == str(config.run_dir / "keys" / "gateway.key")
+    logs = "".join(path.read_text(errors="replace") for path in (config.run_dir / "logs").glob("*.log"))
+    assert not [k for k in keys if k in logs + console.export_text(clear=False)], "a key in the logs"
     report(result, console)
     table = console.export_text()
     assert "held-out reward per domain" in table and all(f"{d} " in table for d in ("reasoning", "qa", "agent"))

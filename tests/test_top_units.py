@@ -208,3 +208,15 @@ def test_history_series_and_rates():
     assert state.series("loss", per="step") == [0.5, 0.4, 0.3]
     assert state.rate("consumed") == pytest.approx(10 / 3)
     assert ServiceState(Target("x", "127.0.0.1:1")).rate("consumed") is None
+
+
+def test_discover_reads_a_services_key_from_its_key_file(tmp_path):
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "gateway.key").write_text("# forge up's gateway API key\nthe-gateway-key\n")
+    (tmp_path / "services.json").write_text(json.dumps([
+        {"name": "gateway", "kind": "gateway", "address": "127.0.0.1:7001",
+         "api_key_file": str(tmp_path / "keys" / "gateway.key")},
+        {"name": "actor-0", "kind": "actor", "address": "127.0.0.1:7002", "api_key_file": str(tmp_path / "gone")},
+        {"name": "learner", "kind": "learner", "address": "127.0.0.1:7003"}]))
+    keys = {t.name: t.api_key for t in discover(tmp_path)}
+    assert keys == {"gateway": "the-gateway-key", "actor-0": None, "learner": None}

@@ -48,10 +48,10 @@ class RolloutStats:
         return {d: sum(v) / len(v) for d, v in self.recent.items() if v}
 
 
-def session_of(started: gateway_pb2.StartSessionResponse, http_base: str) -> Session:
+def session_of(started: gateway_pb2.StartSessionResponse, http_base: str, driver_key: str | None = None) -> Session:
     session_id = started.session.session_id
     base_url = http_base.rstrip("/") + f"/s/{session_id}/v1" if http_base else ""
-    return Session(session_id, started.api_key, base_url)
+    return Session(session_id, started.api_key, base_url, driver_key or "")
 
 
 async def finish(stub, session_id: str, outcome: Outcome) -> None:
@@ -108,7 +108,7 @@ class RolloutDriver:
         await asyncio.gather(*(self._play(stub, plan, started) for started in sessions))
 
     async def _play(self, stub, plan: Plan, started: gateway_pb2.StartSessionResponse) -> None:
-        session = session_of(started, self.config.http_base)
+        session = session_of(started, self.config.http_base, self.config.api_key)
         outcome = await self.workload.play(stub, plan, session)
         await finish(stub, session.session_id, outcome)
         self.stats.add(outcome)

@@ -59,30 +59,32 @@ async def evaluate(actor: str, tokenizer: Tokenizer, domains: tuple[str, ...] = 
 
 async def evaluate_readings(actor: str, tokenizer: Tokenizer, readings: Sequence[tuple[float, int]],
                             domains: tuple[str, ...] = DOMAINS, size: int = 48, max_tokens: int = 48,
-                            concurrency: int = 16, tool_latency_s: float = 0.0) -> list[dict[str, float]]:
-    """One ``evaluate_with`` per (temperature, samples) reading, in order, over one channel to ``actor``."""
-    async with aio_channel(actor) as channel:
+                            concurrency: int = 16, tool_latency_s: float = 0.0, api_key: str | None = None
+                            ) -> list[dict[str, float]]:
+    """One ``evaluate_with`` per (temperature, samples) reading, in order, over one channel to ``actor`` (with its
+    ``api_key`` when it requires one)."""
+    async with aio_channel(actor, api_key) as channel:
         llm = ActorChat(actor_pb2_grpc.ActorStub(channel), tokenizer)
         return [await evaluate_with(llm, domains, size, max_tokens, concurrency, tool_latency_s, temperature, samples)
                 for temperature, samples in readings]
 
 
 async def evaluate_sessions(gateway: str, http_base: str, workload: TeamWorkload, tasks: Sequence[dict],
-                            samples: int = 1) -> tuple[dict[str, float], int]:
+                            samples: int = 1, api_key: str | None = None) -> tuple[dict[str, float], int]:
     """(mean reward per domain, failed sessions) of a team's held-out ``tasks``, each played ``samples`` times by
     the workload's agent through ``gateway`` — a gateway whose pool no learner reads, so nothing here is trained
-    on. A failed session counts as reward 0."""
+    on. A failed session counts as reward 0. ``api_key``: the gateway's, when it requires one."""
     from forge.rollout.driver import finish, session_of
     from forge.rollout.workload import start_request
     from forge.v1 import gateway_pb2_grpc
 
-    async with aio_channel(gateway) as channel:
+    async with aio_channel(gateway, api_key) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
 
         async def one(task: dict) -> tuple[str, float, bool]:
             plan = workload.plan_for(task)
             started = await stub.StartSession(start_request(plan, "", 1), timeout=60)
-            session = session_of(started, http_base)
+            session = session_of(started, http_base, api_key)
             outcome = await workload.play(stub, plan, session)
             await finish(stub, session.session_id, outcome)
             return task["domain"], outcome.reward, bool(outcome.failed)

@@ -63,6 +63,7 @@ class Session:
     session_id: str
     api_key: str                   # per-session key ("" when none was issued)
     base_url: str                  # the session's OpenAI base URL ("" without HTTP)
+    driver_key: str = ""           # the driver's own gateway key, for its reads of the session; never an agent's
 
 
 class Workload(abc.ABC):
@@ -222,7 +223,8 @@ class TeamWorkload(Workload):
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.http_timeout_s))
         try:
             async with self._http.get(f"{root}/v1/sessions/{session.session_id}", params={"include_ids": "1"},
-                                      headers={"Authorization": f"Bearer {session.api_key}"}) as response:
+                                      headers={"Authorization": f"Bearer {session.api_key or session.driver_key}"}
+                                      ) as response:
                 response.raise_for_status()
                 recorded = dict(await response.json())
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:

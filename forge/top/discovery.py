@@ -1,8 +1,8 @@
 """Which services to watch: a run directory's ``services.json`` and ready files, plus explicit addresses.
 
 ``services.json`` (written by ``forge up``) lists ``{name, kind, address}`` per service, either as a list or under
-a ``"services"`` key. Any other ``*.json`` file in the run directory or one folder below it that holds an
-``address`` (or a gateway's ``grpc_address``) is a ready file; its name (the file's path without ``.json``) stays
+a ``"services"`` key, with the service's ``api_key`` or the ``api_key_file`` holding it when it requires one. Any
+other ``*.json`` file in the run directory or one folder below it that holds an ``address`` (or a gateway's ``grpc_address``) is a ready file; its name (the file's path without ``.json``) stays
 the same when the service restarts on another port, so the service keeps its history.
 """
 
@@ -83,9 +83,23 @@ def _services_file(path: Path) -> list[Target]:
             continue
         kind = str(entry.get("kind", ""))
         name = str(entry.get("name") or f"{kind or 'service'}-{index}")
-        key = entry.get("api_key") if isinstance(entry.get("api_key"), str) else None
-        found.append(Target(name=name, address=entry["address"], kind=kind if kind in KINDS else "", api_key=key))
+        found.append(Target(name=name, address=entry["address"], kind=kind if kind in KINDS else "",
+                            api_key=_key_of(entry)))
     return found
+
+
+def _key_of(entry: dict[str, Any]) -> str | None:
+    """A services.json entry's API key: given, or read from its key file (none when that cannot be read)."""
+    from forge.settings import SettingsError, read_key_file
+
+    if isinstance(entry.get("api_key"), str):
+        return entry["api_key"]
+    if isinstance(entry.get("api_key_file"), str):
+        try:
+            return read_key_file(Path(entry["api_key_file"]), "api_key_file", several=True)[0]
+        except SettingsError:
+            return None
+    return None
 
 
 def discover(run_dir: Path | None, explicit: Sequence[Target] = ()) -> list[Target]:
