@@ -9,6 +9,7 @@ gateway can resolve references without it.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,18 +42,21 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BUILTIN_NAMES = ("tiny", TINY_NAME)
+SUPPORTED_MODEL_TYPES = ("qwen3",)             # the config.json model_type values forge.model implements
 
 
 class ModelNotFound(ValueError):
-    """A model reference that is neither the built-in model nor a checkpoint directory."""
+    """A model reference that is neither the built-in model nor a checkpoint directory of a supported model."""
 
-    def __init__(self, reference: str | Path) -> None:
+    def __init__(self, reference: str | Path, reason: str | None = None) -> None:
         self.reference = reference
-        super().__init__(f"{reference} is neither 'tiny' (the built-in model) nor a checkpoint directory "
+        self.reason = reason
+        super().__init__(f"{reference}: {reason}" if reason else
+                         f"{reference} is neither 'tiny' (the built-in model) nor a checkpoint directory "
                          f"(no config.json in it)")
 
-    def __reduce__(self) -> tuple[type[ModelNotFound], tuple[str | Path]]:
-        return type(self), (self.reference,)        # the default would rebuild it from the message
+    def __reduce__(self) -> tuple[type[ModelNotFound], tuple[str | Path, str | None]]:
+        return type(self), (self.reference, self.reason)        # the default would rebuild it from the message
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,9 @@ def is_builtin(reference: str | Path) -> bool:
 
 
 def resolve_model(reference: str | Path | ModelRef) -> ModelRef:
-    """The model ``reference`` names: ``tiny``/``forge-tiny`` or a checkpoint directory (one with a config.json);
-    raises ModelNotFound otherwise. A ModelRef is returned as it is. Nothing is loaded."""
+    """The model ``reference`` names: ``tiny``/``forge-tiny`` or a checkpoint directory (one with a config.json
+    naming a supported model_type); raises ModelNotFound otherwise. A ModelRef is returned as it is. Nothing but
+    config.json is read."""
     if isinstance(reference, ModelRef):
         return reference
     if is_builtin(reference):
@@ -83,8 +88,21 @@ def resolve_model(reference: str | Path | ModelRef) -> ModelRef:
     directory = Path(reference)
     if not (directory / "config.json").is_file():
         raise ModelNotFound(reference)
+    check_model_type(reference, directory / "config.json")
     directory = directory.resolve()
     return ModelRef(reference, directory, str(directory), builtin=False)
+
+
+def check_model_type(reference: str | Path, config_file: Path) -> None:
+    """ModelNotFound unless ``config_file`` is JSON naming a supported model_type: found before anything loads."""
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelNotFound(reference, f"cannot read its config.json: {exc}") from exc
+    model_type = data.get("model_type") if isinstance(data, dict) else None
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelNotFound(reference, f"model_type {model_type!r} in its config.json is not supported (supported: "
+                                       f"{', '.join(SUPPORTED_MODEL_TYPES)})")
 
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -82,3 +82,25 @@ def test_an_empty_l3_server_list_is_a_usage_error(mode):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "Invalid value for '--l3-cache'" in result.stderr, result.stderr
     assert "no cache server addresses given" in result.stderr
+
+
+def unsupported_checkpoint(directory):
+    """A checkpoint directory whose config.json names a model type Forge does not implement."""
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    return directory
+
+
+@pytest.mark.parametrize("command", [["forge-actor", "--port", "0"],
+                                     ["forge-learner", "--pool", "{tmp}/pool"],
+                                     ["forge-gateway", "--actor", "127.0.0.1:1", "--pool", "{tmp}/pool"],
+                                     ["forge", "up", "--run-dir", "{tmp}/run"]])
+def test_an_unsupported_model_type_is_refused_in_one_line_before_loading(tmp_path, command):
+    model = unsupported_checkpoint(tmp_path / "llama")
+    program, *args = [a.format(tmp=tmp_path) for a in command]
+    result = subprocess.run([script(program), *args, "--model", str(model)], capture_output=True, text=True,
+                            timeout=300)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "model_type 'llama' in its config.json is not supported (supported: qwen3)" in errors[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"], "nothing was started"

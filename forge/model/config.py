@@ -7,7 +7,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("qwen3",)
+from forge.builtin import SUPPORTED_MODEL_TYPES
 
 
 class ModelConfigError(ValueError):
