@@ -130,6 +130,9 @@ def service_args(wiring: dict[str, Any], tuning: dict[str, Any], run_file: Path 
     chosen = {**{k: v for k, v in tuning.items() if k not in leaf_keys(table)}, **wiring}
     for name, value in chosen.items():
         flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):                 # a switch: --name or --no-name
+            args.append(flag if value else "--no-" + flag.removeprefix("--"))
+            continue
         for item in value if isinstance(value, list) else [value]:
             args += [flag, str(item)]
     return args
@@ -187,7 +190,7 @@ class System:
                           for i in range(c.actors)]
         learner = self._start("learner", "forge-learner", {
             "pool": run / "pool", "run_dir": run / "learner", "weights_fetch": "tcp://127.0.0.1:*",
-            "weights_announce": "tcp://127.0.0.1:*", "port": 0, **curve}, {
+            "weights_announce": "tcp://127.0.0.1:*", "port": 0, "create_pool": True, **curve}, {
             "model": c.model.path, "batch_groups": c.batch_groups, "window": c.window, "lr": c.lr,
             "warmup_steps": c.warmup_steps, "token_norm": c.token_norm, "normalize": c.advantage_norm,
             "beta": c.speed_weight, "speed_domains": ",".join(c.speed_domains), "max_wait": 10,

@@ -69,6 +69,9 @@ def learner(config: LearnerConfig) -> None:
     pool cursor (a restart neither skips nor repeats entries), co-train the MTP draft, and publish every new
     weight version over ZeroMQ. Progress goes to stdout, metrics to RUN_DIR/metrics.jsonl; SIGTERM stops after the
     current step with a checkpoint."""
+    if config.pool_path is not None and not config.create_pool and not (config.pool_path / "data.mdb").exists():
+        raise click.BadParameter(f"{config.pool_path} holds no pool (no data.mdb): check the path, or give "
+                                 f"--create-pool to start a new pool there", param_hint="'--pool'")
     if config.nproc > 1 and "WORLD_SIZE" not in os.environ:
         _relaunch_under_torchrun(config.nproc)
     setup_logging(config.log_level)

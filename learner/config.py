@@ -28,7 +28,10 @@ class LearnerConfig(Settings):
     model: str = setting("tiny", validate=resolve_model, help="Initial policy: a checkpoint directory (HF layout) or 'tiny'. Ignored when "
                                       "resuming.")
     pool_path: Path | None = setting(None, flag="pool", path="dir",
-                                     help="Local pool directory (LMDB), opened in this process.")
+                                     help="Local pool directory (LMDB), opened in this process; it must hold a pool "
+                                          "unless --create-pool.")
+    create_pool: bool = setting(False, help="Create the --pool directory's pool when there is none yet (forge up "
+                                            "does: its learner opens the pool first).")
     pool_address: str | None = setting(None, metavar="HOST:PORT", help="A remote Pool service instead of --pool.")
     pool_api_key: str | None = setting(None, env="FORGE_POOL_API_KEY", secret=True, help="API key of the remote pool.")
     run_dir: Path = setting(Path("runs/learner"), path="dir", help="Checkpoints and metrics.jsonl go here.")

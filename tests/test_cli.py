@@ -92,7 +92,7 @@ def unsupported_checkpoint(directory):
 
 
 @pytest.mark.parametrize("command", [["forge-actor", "--port", "0"],
-                                     ["forge-learner", "--pool", "{tmp}/pool"],
+                                     ["forge-learner", "--pool", "{tmp}/pool", "--create-pool"],
                                      ["forge-gateway", "--actor", "127.0.0.1:1", "--pool", "{tmp}/pool"],
                                      ["forge", "up", "--run-dir", "{tmp}/run"]])
 def test_an_unsupported_model_type_is_refused_in_one_line_before_loading(tmp_path, command):
@@ -104,3 +104,24 @@ def test_an_unsupported_model_type_is_refused_in_one_line_before_loading(tmp_pat
     assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
     assert "model_type 'llama' in its config.json is not supported (supported: qwen3)" in errors[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"], "nothing was started"
+
+
+def test_the_learner_refuses_a_pool_path_that_holds_no_pool(tmp_path):
+    mistyped = tmp_path / "poool"
+    result = subprocess.run([script("forge-learner"), "--pool", str(mistyped), "--run-dir", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=300)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"{mistyped} holds no pool (no data.mdb)" in errors[0] and "--create-pool" in errors[0]
+    assert not mistyped.exists() and not (tmp_path / "run").exists()
+
+
+def test_forge_up_refuses_a_run_file_that_sets_the_keys_it_generates(tmp_path):
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('[gateway]\napi_key = ["mine"]\n\n[actor]\napi_key_file = "actor.key"\n')
+    result = subprocess.run([script("forge"), "up", "--config", str(run_file), "--run-dir", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "forge up generates the run's keys" in result.stderr and "[gateway] api_key" in result.stderr
+    assert "[actor] api_key_file" in result.stderr and "--no-keys" in result.stderr
+    assert not (tmp_path / "run").exists()
