@@ -44,14 +44,25 @@ def generate(directory: Path) -> RunKeys:
     return RunKeys(directory, keys)
 
 
-def keys_set_by(tables: Mapping[str, Any]) -> list[str]:
-    """The keys a run file sets that forge up generates itself (``[gateway] api_key``, …), as ``[table] name``."""
+def keys_set_by(tables: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
+    """The keys that a run file (``[gateway] api_key``, …) or the environment (``FORGE_GATEWAY_API_KEYS``, …) set
+    for a service although forge up generates them: the service would be given both and refuse to start."""
+    from forge.actors.config import ActorConfig
+    from forge.cache.config import CacheConfig
+    from forge.cli.options import envvars_of
+    from forge.gateway.config import GatewayConfig
+    from forge.settings import entries
     from forge.up import leaf_keys
 
+    classes = {"gateway": GatewayConfig, "actor": ActorConfig, "cache": CacheConfig}
     found = []
     for table, names in WIRED.items():
         section = tables.get(table, {})
         given = leaf_keys(section) if isinstance(section, dict) else set()
-        found += [f"[{table}] {key}" for name in names for key in (name, name + "s", name + "_file", name + "s_file")
-                  if key in given]
+        for entry in entries(classes[table]):
+            if entry.name.removesuffix("_file") not in names:
+                continue
+            keys = {entry.name, entry.field.name + ("_file" if entry.key_file else "")}
+            found += [f"[{table}] {key}" for key in sorted(keys & given)]
+            found += [name for name in envvars_of(entry, table) if environ.get(name)]
     return found

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -207,11 +208,16 @@ class System:
                 "actor": [a.info["address"] for a in actors], "pool": run / pool, "grpc_port": 0, "http_port": 0,
                 **self._key_files(api_key_file="gateway", actor_api_key_file="actor")},
                 {"model": c.model.path})
-        services = [{"name": s.name, "kind": s.name.split("-")[0], **s.info,
-                     **({"api_key_file": str(self.keys.file(s.name.split("-")[0]))}
-                        if self.keys is not None and s.name.split("-")[0] in self.keys.keys else {})}
-                    for s in self.services]
+        services = [self._listed(s) for s in self.services]
         (run / "services.json").write_text(json.dumps(services, indent=2))
+
+    def _listed(self, service: ServiceProcess) -> dict[str, Any]:
+        """The service's entry in services.json: name, kind, ready-file fields, and its key file in a keyed run."""
+        kind = service.name.split("-")[0]
+        entry = {"name": service.name, "kind": kind, **service.info}
+        if self.key(kind) is not None:
+            entry["api_key_file"] = str(self.keys.file(kind))
+        return entry
 
     def _start(self, name: str, command: str, wiring: dict[str, Any], tuning: dict[str, Any],
                env: dict[str, str] | None = None, timeout_s: float = 180.0) -> ServiceProcess:
@@ -430,10 +436,11 @@ def up(config: UpConfig) -> None:
         config = replace(config, run_dir=Path("runs") / time.strftime("up-%Y%m%d-%H%M%S"))
     run_file = click.get_current_context().meta.get(RUN_FILE)
     run_file = Path(run_file) if run_file else None
-    own_keys = keys_set_by(read_run_file(run_file)) if run_file and config.keys else []
+    own_keys = keys_set_by(read_run_file(run_file) if run_file else {}, os.environ) if config.keys else []
     if own_keys:
-        raise click.UsageError(f"forge up generates the run's keys, but {run_file} sets {', '.join(own_keys)}: "
-                               f"remove it, or give --no-keys to run without keys")
+        raise click.UsageError(f"forge up generates the run's keys, but {', '.join(own_keys)} "
+                               f"{'sets one' if len(own_keys) == 1 else 'set some'}: remove "
+                               f"{'it' if len(own_keys) == 1 else 'them'}, or give --no-keys to run without keys")
     team = None
     if config.tasks.team:                   # every task, the verifier and the program are checked before anything
         try:

@@ -4,6 +4,7 @@ parts not built yet say so and exit non-zero; the model commands work end to end
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import click
@@ -119,9 +120,11 @@ def test_the_learner_refuses_a_pool_path_that_holds_no_pool(tmp_path):
 def test_forge_up_refuses_a_run_file_that_sets_the_keys_it_generates(tmp_path):
     run_file = tmp_path / "run.toml"
     run_file.write_text('[gateway]\napi_key = ["mine"]\n\n[actor]\napi_key_file = "actor.key"\n')
+    env = {**os.environ, "FORGE_CACHE_API_KEYS": "mine too"}
     result = subprocess.run([script("forge"), "up", "--config", str(run_file), "--run-dir", str(tmp_path / "run")],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert "forge up generates the run's keys" in result.stderr and "[gateway] api_key" in result.stderr
-    assert "[actor] api_key_file" in result.stderr and "--no-keys" in result.stderr
+    assert "forge up generates the run's keys" in result.stderr and "[gateway] api_key," in result.stderr
+    assert "[actor] api_key_file" in result.stderr and "FORGE_CACHE_API_KEYS" in result.stderr
+    assert "--no-keys" in result.stderr and "mine" not in result.stderr
     assert not (tmp_path / "run").exists()

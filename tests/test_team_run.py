@@ -193,6 +193,19 @@ class FlakyColorAgent(ColorAgent):
 '''
 
 
+WHITEBOX_VERIFIER = '''
+import sys
+sys.path.insert(0, {example!r})
+from verify import score as real_score
+
+def score(task, reply, session):
+    calls = session.get("calls", [])
+    if calls and all(isinstance(c.get("completion"), str) and c["completion"] for c in calls):
+        open({seen!r}, "w").close()         # the session came with its calls' text
+    return real_score(task, reply, session)
+'''
+
+
 def rewritten(calls) -> bool:
     """Whether some call's prompt does not extend the previous call's prompt and completion: a context rewrite, as
     the pool recorded it in token ids."""
@@ -210,8 +223,7 @@ def test_forge_up_trains_a_white_box_agent_that_rewrites_its_context(tmp_path):
     text = run_file.read_text()
     start, end = text.index("[agent]"), text.index("[up]")
     run_file.write_text(text[:start] + '[agent]\npython = "whitebox.py:FlakyColorAgent"\n\n' + text[end:])
-    (tmp_path / "verify.py").write_text(f"import sys\nsys.path.insert(0, {str(EXAMPLE)!r})\n"
-                                        "from verify import score\n")
+    (tmp_path / "verify.py").write_text(WHITEBOX_VERIFIER.format(example=str(EXAMPLE), seen=str(tmp_path / "seen")))
     run_dir = tmp_path / "run"
     result = subprocess.run([script("forge"), "up", "--config", str(run_file), "--run-dir", str(run_dir)],
                             capture_output=True, text=True, timeout=1100, cwd=tmp_path)
@@ -227,6 +239,7 @@ def test_forge_up_trains_a_white_box_agent_that_rewrites_its_context(tmp_path):
     assert rewrote, "the agent rewrote its context in some sessions"
     assert any(rewritten(list(s.calls)) for s in rewrote), "a rewrite shows in the recorded token ids"
     assert all(set(s.session.outcome_rewards) == {"correct"} for s in completed)
+    assert (tmp_path / "seen").exists(), "the verifier got a white-box session's record from the keyed gateway"
 
 
 @pytest.mark.slow
