@@ -249,12 +249,15 @@ def test_forge_rollout_plays_the_teams_tasks_against_a_running_gateway(tmp_path)
     from helpers.gateway_procs import start_actor, start_gateway
 
     run_file = team_run_file(tmp_path)
+    key_file = tmp_path / "gateway.key"
+    key_file.write_text("# the gateway's key, kept off every command line\nrollout-test-key\n")
     actor = start_actor(tmp_path, "actor", "--model", "tiny")
-    gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool")
+    gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool", "--api-key-file", str(key_file))
     try:
         result = subprocess.run([script("forge"), "rollout", "--config", str(run_file), "--gateway",
                                  gateway.info["grpc_address"], "--http", gateway.info["http_address"],
-                                 "--episodes", "8"], capture_output=True, text=True, timeout=500, cwd=tmp_path)
+                                 "--api-key-file", str(key_file), "--episodes", "8"],
+                                capture_output=True, text=True, timeout=500, cwd=tmp_path)
     finally:
         gateway.stop()
         actor.stop()
