@@ -87,7 +87,7 @@ def test_errors_are_clear(pool, tmp_path):
     assert result.exit_code == 2 and str(ModelNotFound(tmp_path / "empty")) in result.output
     config_only = tmp_path / "config-only"
     config_only.mkdir()
-    (config_only / "config.json").write_text("{}")
+    (config_only / "config.json").write_text('{"model_type": "qwen3"}')
     result = run("show", str(pool.path), "g0", "--model", str(config_only))
     assert result.exit_code == 1 and "tokenizer" in result.output
 

@@ -157,7 +157,7 @@ def test_a_gateway_routes_every_call_through_a_router_named_by_dotted_path(tmp_p
 def test_the_gateway_refuses_a_spec_that_names_no_router_before_loading_anything(tmp_path, spec, reason):
     pool, model = tmp_path / "pool", tmp_path / "broken-model"
     model.mkdir()
-    (model / "config.json").write_text("{ not json")      # a reference that resolves, but fails if it is loaded
+    (model / "config.json").write_text('{"model_type": "qwen3"}')    # resolves, but fails if it is loaded
     result = subprocess.run([script("forge-gateway"), "--router", spec, "--model", str(model),
                              "--actor", "127.0.0.1:1", "--pool", str(pool)], capture_output=True, text=True,
                             timeout=60)
