@@ -224,7 +224,7 @@ def test_the_learner_and_the_actor_refuse_bad_key_files_with_exit_2(tmp_path, ke
     from forge.actors.cli import actor
     from forge.learner.cli import learner
 
-    at_learner = ["--pool", str(tmp_path / "pool"), "--run-dir", str(tmp_path / "run")]
+    at_learner = ["--pool", str(tmp_path / "pool"), "--create-pool", "--run-dir", str(tmp_path / "run")]
     at_actor = ["--weights-fetch", "tcp://127.0.0.1:5701", "--weights-announce", "tcp://127.0.0.1:5702"]
     cases = bad_key_files(tmp_path, keys)
     for case, (path, message) in cases.items():
@@ -266,7 +266,7 @@ def test_forge_keys_weights_makes_keys_and_never_overwrites(tmp_path):
 
 def test_a_forge_learner_process_serves_its_weights_to_authorised_actors_only(tmp_path, keys):
     learner = ServiceProcess("learner", "forge-learner", [
-        "--pool", str(tmp_path / "pool"), "--run-dir", str(tmp_path / "run"), "--port", "0",
+        "--pool", str(tmp_path / "pool"), "--create-pool", "--run-dir", str(tmp_path / "run"), "--port", "0",
         "--weights-fetch", "tcp://127.0.0.1:*", "--weights-announce", "tcp://127.0.0.1:*",
         "--weights-key", str(keys.server_secret), "--weights-clients", str(keys.clients_dir)], tmp_path,
         timeout_s=180)
