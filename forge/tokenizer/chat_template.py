@@ -27,6 +27,15 @@ class ChatTemplateError(ValueError):
     """The template could not be rendered for these messages (the template's own message when it raised one)."""
 
 
+class RenderLimitExceeded(Exception):
+    """The rendered text grew past the ``max_chars`` it was given; rendering stopped there."""
+
+    def __init__(self, chars: int, max_chars: int) -> None:
+        super().__init__(f"the rendered text exceeds {max_chars} characters (stopped at {chars})")
+        self.chars = chars
+        self.max_chars = max_chars
+
+
 class GenerationTag(jinja2.ext.Extension):
     """``{% generation %}…{% endgeneration %}`` marks assistant text; rendering keeps the body unchanged."""
 
@@ -111,22 +120,29 @@ def render_chat(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
     add_generation_prompt: bool = False,
+    max_chars: int | None = None,
     **variables: Any,
 ) -> str:
     """Render ``messages`` (OpenAI-style dicts) and ``tools`` (JSON schemas) with ``template``.
 
-    Extra ``variables`` (special tokens, flags such as ``enable_thinking``) are visible to the template."""
+    Extra ``variables`` (special tokens, flags such as ``enable_thinking``) are visible to the template. With
+    ``max_chars``, the text is rendered piece by piece and ``RenderLimitExceeded`` raised as soon as it is longer,
+    so an oversized conversation costs no more template work than the limit."""
     chat = [_alias_reasoning(m) for m in _plain(list(messages))]
     for message in chat:
         if not isinstance(message, dict):
             raise ChatTemplateError(f"chat messages must be mappings, got {message!r}")
+    context = dict(messages=chat, tools=_plain(list(tools)) if tools is not None else None, documents=None,
+                   add_generation_prompt=add_generation_prompt, **_plain(variables))
     try:
-        return compile_template(template).render(
-            messages=chat,
-            tools=_plain(list(tools)) if tools is not None else None,
-            documents=None,
-            add_generation_prompt=add_generation_prompt,
-            **_plain(variables),
-        )
+        if max_chars is None:
+            return compile_template(template).render(**context)
+        pieces, chars = [], 0
+        for piece in compile_template(template).generate(**context):
+            chars += len(piece)
+            if chars > max_chars:
+                raise RenderLimitExceeded(chars, max_chars)
+            pieces.append(piece)
+        return "".join(pieces)
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(str(exc)) from exc

@@ -87,7 +87,9 @@ class Tokenizer:
         return self._special_id("bos_token")
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # The batch call releases the GIL while it works (``encode`` holds it), so a long text tokenised in a
+        # worker thread leaves the other threads running; the ids are the same.
+        return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -109,14 +111,16 @@ class Tokenizer:
         raise ChatTemplateError(f"several chat templates and none is 'default': {sorted(template)}")
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
-                    add_generation_prompt: bool = False, **variables: Any) -> str:
+                    add_generation_prompt: bool = False, max_chars: int | None = None, **variables: Any) -> str:
         """The prompt text for ``messages``: the chat template rendered as transformers renders it (keys whose
-        value is None are dropped from messages; named special tokens are visible to the template)."""
+        value is None are dropped from messages; named special tokens are visible to the template). With
+        ``max_chars``, rendering stops with ``RenderLimitExceeded`` as soon as the text grows longer."""
         if not messages:
             raise ChatTemplateError("cannot render an empty conversation")
         cleaned = [{k: v for k, v in dict(m).items() if v is not None} for m in messages]
         return render_chat(self.template_for(tools), cleaned, tools=tools,
-                           add_generation_prompt=add_generation_prompt, **{**self.special_tokens, **variables})
+                           add_generation_prompt=add_generation_prompt, max_chars=max_chars,
+                           **{**self.special_tokens, **variables})
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                             tools: Sequence[Mapping[str, Any]] | None = None,
