@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 from forge.gateway.actors import ActorCall, ActorSet
 from forge.gateway.detokenize import TextAssembler
 from forge.gateway.errors import BadRequest, UpstreamFailed
-from forge.gateway.messages import ChatCall
+from forge.gateway.messages import ChatCall, shown_chars
 from forge.gateway.metrics import Metrics
 from forge.gateway.modelinfo import ModelInfo
+from forge.gateway.offload import OffLoop
 from forge.gateway.parsing import CompletionParser, ParsedCompletion
 from forge.gateway.routing import RouteRequest
 from forge.gateway.sessions import SessionRegistry, SessionState
 from forge.gateway.tito import FALLBACK, FRESH, PARTIAL, SPLICE
-from forge.tokenizer import ChatTemplateError
+from forge.tokenizer import ChatTemplateError, RenderLimitExceeded
 from forge.v1 import actor_pb2, common_pb2, pool_pb2
 
 log = logging.getLogger(__name__)
@@ -91,19 +92,39 @@ def _grow(old: str, new: str, what: str) -> str:
 
 class CallRunner:
     def __init__(self, model: ModelInfo, actors: ActorSet, sessions: SessionRegistry, parser: CompletionParser,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, work: OffLoop | None = None) -> None:
         self.model = model
         self.tokenizer = model.tokenizer
         self.actors = actors
         self.sessions = sessions
         self.parser = parser
         self.metrics = metrics
+        self.work = work or OffLoop()
+
+    def _too_long(self, what: str, chars: int, at_least: str = "") -> BadRequest:
+        per_token = self.model.chars_per_token
+        return BadRequest(f"{what} has {at_least}{chars} characters; no token covers more than {per_token}, so it "
+                          f"takes at least {-(-chars // per_token)} tokens and cannot fit the model's context of "
+                          f"{self.model.context_length} tokens with room to generate", "messages",
+                          "context_length_exceeded")
+
+    def check_size(self, call: ChatCall) -> None:
+        """Refuse, before any rendering, a call whose message text alone cannot fit the context."""
+        limit = self.model.max_prompt_chars
+        if limit is not None:
+            chars = shown_chars(call)
+            if chars > limit:
+                raise self._too_long("the text of the messages", chars)
 
     def render(self, call: ChatCall) -> str:
-        """The prompt text of a chat call (the template with the generation prompt)."""
+        """The prompt text of a chat call (the template with the generation prompt), refused as too long as soon
+        as its text cannot fit the context, before it is tokenised."""
+        self.check_size(call)
         try:
             return self.tokenizer.render_chat(call.messages, call.tools, add_generation_prompt=True,
-                                              **call.template_kwargs)
+                                              max_chars=self.model.max_prompt_chars, **call.template_kwargs)
+        except RenderLimitExceeded as exc:
+            raise self._too_long("the prompt", exc.chars, "at least ") from None
         except (ChatTemplateError, TypeError, ValueError) as exc:
             raise BadRequest(f"the messages cannot be rendered with the model's chat template: {exc}",
                              "messages") from exc
@@ -122,7 +143,7 @@ class CallRunner:
         comes (and text is decoded once, unless stop strings need it as it grows)."""
         started, t0 = time.time(), time.monotonic()
         has_history = any(m.get("role") == "assistant" for m in call.messages)
-        build = state.history.build(self.tokenizer, text, has_history)
+        build = await self.work.run(len(text), state.history.build, self.tokenizer, text, has_history)
         self.check_prompt(build.ids)
         self.metrics.count(TITO_COUNTERS[build.kind])
         if build.kind in (PARTIAL, FALLBACK):

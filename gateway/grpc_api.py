@@ -136,8 +136,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def Chat(self, request, context):
         session_id = self._session_id(context, Operation.CHAT, request.session_id)
         model = self.gateway.model
-        call = chat_call_from_proto(request, model.vocab_size, model.context_length)
-        stream = await self.gateway.chat(call, session_id)
+        size = request.ByteSize()
+        call = await self.gateway.work.run(size, chat_call_from_proto, request, model.vocab_size, model.context_length)
+        stream = await self.gateway.chat(call, session_id, size=size)
         async for event in stream.events:
             yield chat_chunk(event)
 

@@ -12,6 +12,7 @@ from forge.tokenizer.tokenizer import NAMED_SPECIAL_TOKENS
 from forge.v1 import common_pb2, gateway_pb2
 
 ROLES = ("system", "user", "assistant", "tool")
+WHOLE_TEXT_ROLES = ("system", "user", "tool")      # chat templates show these messages' content whole
 MAX_SEED = 2**63
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
@@ -28,6 +29,18 @@ class ChatCall:
     stop: list[str] = field(default_factory=list)
     template_kwargs: dict = field(default_factory=dict)    # extra chat template variables (chat_template_kwargs)
     parallel_tool_calls: bool = True        # False: at most one tool call is returned
+
+
+def shown_chars(call: ChatCall) -> int:
+    """Characters of text the rendered prompt surely contains: the content of system, user and tool messages,
+    without surrounding whitespace (a template may trim it). Assistant turns are left out: templates may drop
+    earlier reasoning or rewrite the content."""
+    total = 0
+    for message in call.messages:
+        content = message.get("content")
+        if message.get("role") in WHOLE_TEXT_ROLES and isinstance(content, str):
+            total += len(content.strip())
+    return total
 
 
 def check_sampling(sampling: common_pb2.SamplingParams, vocab_size: int, context_length: int | None = None

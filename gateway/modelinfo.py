@@ -1,5 +1,5 @@
-"""What the gateway needs of the served model: its tokenizer and chat template, its context length and the byte
-content of each token (for OpenAI logprobs). Loaded from a model reference (a checkpoint directory or 'tiny', see
+"""What the gateway needs of the served model: its tokenizer and chat template, its context length, the longest
+prompt text that can fit it, and the byte content of each token (for OpenAI logprobs). Loaded from a model reference (a checkpoint directory or 'tiny', see
 forge.builtin.resolve_model) without torch."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from forge.builtin import resolve_model
+from forge.gateway.token_bound import chars_per_token
 from forge.tokenizer import Tokenizer
 
 
@@ -31,6 +32,7 @@ class ModelInfo:
     tokenizer: Tokenizer
     context_length: int
     model_id: str
+    chars_per_token: int | None = None      # the most characters one token covers (None: no sound bound)
 
     @classmethod
     def load(cls, model: str) -> ModelInfo:
@@ -45,7 +47,14 @@ class ModelInfo:
         context = config.get("max_position_embeddings") or tokenizer.config.get("model_max_length")
         if not isinstance(context, int) or context <= 1:
             raise ValueError(f"{path}: no context length (max_position_embeddings in config.json)")
-        return cls(tokenizer, context, ref.model_id)
+        return cls(tokenizer, context, ref.model_id, chars_per_token(tokenizer))
+
+    @property
+    def max_prompt_chars(self) -> int | None:
+        """The longest prompt text (in characters) that may still fit the context with room for one new token."""
+        if self.chars_per_token is None:
+            return None
+        return (self.context_length - 1) * self.chars_per_token
 
     @property
     def vocab_size(self) -> int:

@@ -23,6 +23,7 @@ from forge.gateway.keys import KeyRing
 from forge.gateway.messages import ChatCall, check_sampling
 from forge.gateway.metrics import Metrics
 from forge.gateway.modelinfo import ModelInfo
+from forge.gateway.offload import OffLoop
 from forge.gateway.parsing import CompletionParser
 from forge.gateway.poolio import AsyncPool
 from forge.gateway.sessions import SessionRegistry
@@ -62,7 +63,8 @@ class Gateway:
                                         config.fail_sessions_on_call_error)
         self.sessions.on_forget.append(self.actors.router.forget)
         self.parser = CompletionParser(config.tool_parser, config.reasoning_parser)
-        self.runner = CallRunner(model, self.actors, self.sessions, self.parser, self.metrics)
+        self.work = OffLoop()
+        self.runner = CallRunner(model, self.actors, self.sessions, self.parser, self.metrics, self.work)
         self.http_url = ""          # set once the HTTP server is bound, e.g. http://127.0.0.1:8000
         self.grpc_address = ""
         self.instance = "gateway"
@@ -77,6 +79,7 @@ class Gateway:
         if self._expiry:
             self._expiry.cancel()
         await self.actors.close()
+        self.work.close()
 
     async def _expire_forever(self) -> None:
         while True:
@@ -94,13 +97,14 @@ class Gateway:
         return f"{self.http_url}/s/{quote(session_id, safe='')}/v1"
 
     async def chat(self, call: ChatCall, session_id: str | None, open_as: pool_pb2.OpenSessionRequest | None = None,
-                   stream: bool = True) -> CallStream[ChatDelta | ChatResult]:
+                   stream: bool = True, size: int = 0) -> CallStream[ChatDelta | ChatResult]:
         """Render ``call`` with the chat template and run it in session ``session_id``: deltas (with ``stream``),
         then the result once the call is recorded. With ``open_as``, an unknown session is opened with its fields
-        at the call's first record, and no ``session_id`` means a new one-call session; without, it must exist."""
+        at the call's first record, and no ``session_id`` means a new one-call session; without, it must exist.
+        ``size``: bytes of the request the call came from; a large one is checked and rendered off the loop."""
         if open_as is None:
             _required(session_id)
-        text = self.runner.render(call)
+        text = await self.work.run(size, self.runner.render, call)
         state = await self.sessions.resolve(session_id or uuid.uuid4().hex, open_as)
         events = self.runner.chat(state, call, text, stream)
         if session_id is None:

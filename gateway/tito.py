@@ -75,18 +75,20 @@ class CallHistory:
             self.add(index, prompt_ids, completion_ids)
 
     def build(self, tokenizer: Tokenizer, text: str, has_history: bool = True) -> PromptBuild:
-        """The prompt ids for ``text``; ``has_history``: the request carries earlier assistant turns."""
-        if not self.calls or not has_history:
+        """The prompt ids for ``text``; ``has_history``: the request carries earlier assistant turns. It may run in
+        a worker thread while the loop adds calls: it works on a copy of the memos taken at once."""
+        memos = list(self.calls.values())
+        if not memos or not has_history:
             return PromptBuild(tokenizer.encode(text), FRESH)
         best: CallMemo | None = None
-        for memo in self.calls.values():
+        for memo in memos:
             decoded = memo.decoded(tokenizer)
             if text.startswith(decoded) and (best is None or len(decoded) > len(best.text or "")):
                 best = memo
         if best is not None:
             rest = text[len(best.text or ""):]
             return PromptBuild(best.ids.tolist() + tokenizer.encode(rest), SPLICE, len(best.ids), best.index)
-        memo = max(self.calls.values(), key=lambda m: common_prefix_len(text, m.decoded(tokenizer)))
+        memo = max(memos, key=lambda m: common_prefix_len(text, m.decoded(tokenizer)))
         reused = self._longest_prefix(tokenizer, memo, text)
         if reused <= memo.prompt_len:
             return PromptBuild(tokenizer.encode(text), FALLBACK)

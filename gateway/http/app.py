@@ -32,6 +32,7 @@ from forge.gateway.http.sessions_json import (
     session_with_calls_json,
 )
 from forge.gateway.http.tokenize import detokenize, tokenize
+from forge.gateway.offload import INLINE_SIZE
 from forge.gateway.service import Gateway
 from forge.prometheus import stats_registry
 from forge.v1 import pool_pb2
@@ -49,6 +50,19 @@ def request_key(request: web.Request) -> str | None:
     if header.lower().startswith("bearer "):
         return header[7:].strip() or None
     return request.headers.get("X-Api-Key") or None
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    return dict(pairs)
+
+
+def decode_json(raw: bytes) -> Any:
+    """The JSON value of a body. A large one is decoded with a Python-level object hook: the decoder's C loop
+    then gives the GIL up between objects, so a body of many small messages decoded in a worker thread does not
+    hold the event loop for its whole length."""
+    if len(raw) <= INLINE_SIZE:
+        return json.loads(raw)
+    return json.loads(raw, object_pairs_hook=_object)
 
 
 def json_error(error: GatewayError, headers: dict | None = None) -> web.Response:
@@ -147,12 +161,13 @@ class HttpFrontEnd:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge as exc:
             raise TooLarge(f"the request body exceeds {self.max_body_bytes} bytes") from exc
+        request["body_bytes"] = len(raw)
         if not raw.strip():
             if required:
                 raise BadRequest("the request body is empty; send a JSON object")
             return {}
         try:
-            return json.loads(raw)
+            return await self.gateway.work.run(len(raw), decode_json, raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
         except RecursionError as exc:
@@ -243,9 +258,11 @@ class HttpFrontEnd:
         body = await self._json(request)
         self._served(body.get("model") if isinstance(body, dict) else None)
         model = self.gateway.model
-        call, options = parse_chat_request(body, model.vocab_size, model.context_length)
+        size = request["body_bytes"]
+        call, options = await self.gateway.work.run(size, parse_chat_request, body, model.vocab_size,
+                                                    model.context_length)
         session_id = request["session_id"] or request.headers.get(SESSION_HEADER)
-        chat = await self.gateway.chat(call, session_id, self._open_as(request), stream=options.stream)
+        chat = await self.gateway.chat(call, session_id, self._open_as(request), stream=options.stream, size=size)
         headers = {SESSION_HEADER: chat.session_id}
         if options.stream:
             return await self._stream(request, chat.events, options, headers)
