@@ -57,6 +57,11 @@ def test_a_text_takes_at_least_its_length_over_the_bound_in_tokens(text):
     assert len(TOK.encode(text)) * MODEL.chars_per_token >= len(text)
 
 
+def test_long_texts_tokenise_as_short_ones_do():
+    text = "<|im_start|>user\nCompute 12 + 30, then héllo wörld. " * 200        # past the short-text path
+    assert len(text) > 4096 and TOK.encode(text) == TOK.backend.encode(text, add_special_tokens=False).ids
+
+
 def _wordpiece() -> HFTokenizer:
     tokenizer = HFTokenizer(models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -12,6 +12,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 from forge.tokenizer.chat_template import ChatTemplateError, render_chat
 
+SHORT_TEXT = 4096           # characters tokenised on the calling thread, the GIL held
 NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -87,8 +88,10 @@ class Tokenizer:
         return self._special_id("bos_token")
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        # The batch call releases the GIL while it works (``encode`` holds it), so a long text tokenised in a
-        # worker thread leaves the other threads running; the ids are the same.
+        if len(text) <= SHORT_TEXT:
+            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # The batch call releases the GIL while it works (``encode`` holds it for the whole text), so other
+        # threads run meanwhile; the ids are the same. A short text costs less than its hand-off to the pool.
         return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
