@@ -57,9 +57,9 @@ def _object(pairs: list[tuple[str, Any]]) -> dict:
 
 
 def decode_json(raw: bytes) -> Any:
-    """The JSON value of a body. A large one is decoded with a Python-level object hook: the decoder's C loop
-    then gives the GIL up between objects, so a body of many small messages decoded in a worker thread does not
-    hold the event loop for its whole length."""
+    """The JSON value of a body. A large one is decoded with an object hook written in Python: the GIL can pass to
+    the event loop each time it runs, so a body of many small messages decoded in a worker thread does not hold
+    the loop for its whole length (the C decoder alone holds the GIL from start to end)."""
     if len(raw) <= INLINE_SIZE:
         return json.loads(raw)
     return json.loads(raw, object_pairs_hook=_object)
