@@ -12,15 +12,24 @@ per call, so both paths sample exactly the same tokens). Paths:
 
 Reported per concurrency level: median over repeats of p50 and p99 latency, calls/s, and each path's ratio to direct.
 
+``--case big-bodies`` measures instead whether one huge request stalls everyone: ``--senders`` processes each post
+chat bodies of ``--body-mib`` MiB in a loop (one user message far over the context; the gateway refuses them with
+context_length_exceeded), while one client times ``GET /health`` and small chat calls (1 new token) one after
+another for ``--seconds``; the same probe runs first on the idle gateway. Reported: p50 / p99 of both, idle and
+loaded side by side, the big bodies refused per second, and the gateway's peak and final resident memory.
+
 Usage: python bench/gateway_latency.py [--concurrency 1 32 256] [--calls-per-session 4] [--max-tokens 8]
        [--repeats 3] [--paths direct http grpc] [--actor-threads 1] [--json]
+       python bench/gateway_latency.py --case big-bodies [--senders 4] [--body-mib 16] [--seconds 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -128,14 +137,106 @@ def measure(path: str, targets: dict[str, str], sessions: int, calls: int, max_t
     return figures
 
 
+def send_big_bodies(http_address: str, body_mib: int, stop: multiprocessing.synchronize.Event,
+                    refused: multiprocessing.sharedctypes.Synchronized) -> None:
+    """A client process: posts one huge chat body after another until ``stop``; counts the refusals."""
+    envelope = json.dumps({"model": "forge-tiny", "messages": [{"role": "user", "content": ""}], "max_tokens": 1})
+    words = (body_mib * 1024 * 1024 - len(envelope)) // 5
+    body = json.dumps({"model": "forge-tiny", "messages": [{"role": "user", "content": "word " * words}],
+                       "max_tokens": 1}).encode()
+    host, port = http_address.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=600)
+    while not stop.is_set():
+        connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        if response.status != 400 or answer["error"]["code"] != "context_length_exceeded":
+            raise RuntimeError(f"a big body got HTTP {response.status}: {answer}")
+        with refused.get_lock():
+            refused.value += 1
+
+
+async def probe(base: str, seconds: float) -> dict[str, list[float]]:
+    """``GET /health`` and a small chat call, one after the other, for ``seconds``: their latencies."""
+    took: dict[str, list[float]] = {"health": [], "chat": []}
+    run = uuid.uuid4().hex[:8]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+        end = time.perf_counter() + seconds
+        i = 0
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            async with http.get(f"{base}/health") as response:
+                await response.read()
+            took["health"].append(time.perf_counter() - start)
+            body = {"model": "forge-tiny", "messages": messages_of(i), "max_tokens": 1, "seed": i}
+            start = time.perf_counter()
+            async with http.post(f"{base}/s/probe-{run}-{i}/v1/chat/completions", json=body) as response:
+                await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"a small call got HTTP {response.status}: {await response.text()}")
+            took["chat"].append(time.perf_counter() - start)
+            i += 1
+    return took
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """Peak and current resident memory of a process (Linux), MiB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return {name: int(fields[key].split()[0]) / 1024 for name, key in (("peak", "VmHWM"), ("now", "VmRSS"))}
+
+
+def big_bodies(args: argparse.Namespace, gateway_info: dict, gateway_pid: int) -> None:
+    http_address = gateway_info["http_address"]
+    asyncio.run(probe(http_address, 2))                                    # warm up
+    idle = asyncio.run(probe(http_address, args.seconds))
+    context = multiprocessing.get_context("spawn")
+    stop, refused = context.Event(), context.Value("i", 0)
+    senders = [context.Process(target=send_big_bodies, args=(http_address, args.body_mib, stop, refused))
+               for _ in range(args.senders)]
+    for sender in senders:
+        sender.start()
+    while refused.value < args.senders:                                    # every sender is under way
+        time.sleep(0.05)
+    counted_from, started, cpu_before = refused.value, time.perf_counter(), cpu_s(gateway_pid)
+    loaded = asyncio.run(probe(http_address, args.seconds))
+    wall = time.perf_counter() - started
+    rate, cpu_share = (refused.value - counted_from) / wall, (cpu_s(gateway_pid) - cpu_before) / wall
+    stop.set()
+    for sender in senders:
+        sender.join(timeout=120)
+    memory = memory_mib(gateway_pid)
+    if args.json:
+        figures = {phase: {name: dict(zip(("p50_ms", "p99_ms"), np.percentile(ts, [50, 99]) * 1e3, strict=True))
+                           for name, ts in took.items()} for phase, took in (("idle", idle), ("loaded", loaded))}
+        print(json.dumps({"senders": args.senders, "body_mib": args.body_mib, "refused_per_s": rate,
+                          "gateway_cpu_cores": cpu_share, "gateway_memory_mib": memory, "latency": figures},
+                         indent=2))
+        return
+    print(f"{args.senders} clients posting {args.body_mib} MiB chat bodies in a loop ({rate:.1f} refused/s); "
+          f"probe: GET /health and a 1-token chat call in turn for {args.seconds:.0f} s")
+    print(f"{'call':>7} {'idle n':>7} {'p50 ms':>7} {'p99 ms':>7} {'loaded n':>9} {'p50 ms':>7} {'p99 ms':>7}")
+    for name in ("health", "chat"):
+        quiet, busy = np.percentile(idle[name], [50, 99]) * 1e3, np.percentile(loaded[name], [50, 99]) * 1e3
+        print(f"{name:>7} {len(idle[name]):>7} {quiet[0]:>7.1f} {quiet[1]:>7.1f} {len(loaded[name]):>9} "
+              f"{busy[0]:>7.1f} {busy[1]:>7.1f}")
+    print(f"gateway while loaded: {cpu_share:.2f} cores of CPU; resident memory: peak {memory['peak']:.0f} MiB, "
+          f"at the end {memory['now']:.0f} MiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=["paths", "big-bodies"], default="paths",
+                        help="paths: the gateway against direct actor calls; big-bodies: /health and small calls "
+                             "while clients post huge bodies")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--calls-per-session", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--paths", nargs="+", default=["direct", "http", "grpc"], choices=["direct", "http", "grpc"])
     parser.add_argument("--actor-threads", type=int, default=1)
+    parser.add_argument("--senders", type=int, default=4, help="big-bodies: client processes posting huge bodies")
+    parser.add_argument("--body-mib", type=int, default=16, help="big-bodies: size of each huge body")
+    parser.add_argument("--seconds", type=float, default=20.0, help="big-bodies: how long each probe runs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="forge-gateway-bench-"))
@@ -150,6 +251,13 @@ def main() -> None:
                "grpc": gateway_info["grpc_address"]}
     pids = {"actor": actor.proc.pid, "gateway": gateway.proc.pid}
     results: dict[int, dict[str, dict[str, float]]] = {}
+    if args.case == "big-bodies":
+        try:
+            big_bodies(args, gateway_info, gateway.proc.pid)
+        finally:
+            gateway.stop()
+            actor.stop()
+        return
     try:
         for path in args.paths:                                    # warm up every path once
             measure(path, targets, 4, 2, args.max_tokens, pids)
