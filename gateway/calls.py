@@ -213,14 +213,14 @@ class CallRunner:
     async def generate(self, state: SessionState, prompt_ids: Sequence[int], sampling: common_pb2.SamplingParams
                        ) -> AsyncIterator[tuple[actor_pb2.GenerateChunk, int | None]]:
         """Token-level generation recorded as a call: the actor's chunks, the last one with the call's index."""
-        prompt = list(prompt_ids)
-        if not prompt:
+        if not prompt_ids:
             raise BadRequest("prompt_ids is empty", "prompt_ids")
+        self.check_prompt(prompt_ids)           # by its length, before the ids are copied and scanned
+        prompt = list(prompt_ids)
         bad = [t for t in prompt if not 0 <= t < self.model.vocab_size]
         if bad:
             raise BadRequest(f"prompt ids outside the vocabulary [0, {self.model.vocab_size}): {bad[:5]}",
                              "prompt_ids")
-        self.check_prompt(prompt)
         started, t0 = time.time(), time.monotonic()
         actor_call = self.actors.call(RouteRequest(state.session_id, prompt, sampling.max_tokens, state.group_id),
                                       sampling)

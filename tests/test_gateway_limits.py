@@ -151,6 +151,10 @@ def test_ten_megabyte_prompts_are_refused_as_too_long_on_both_front_ends(stack):
             with pytest.raises(grpc.RpcError) as err:
                 list(stub.Chat(gateway_pb2.ChatRequest(session_id=session_id, messages=messages), timeout=120))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.details()
+        ids = gateway_pb2.SessionGenerateRequest(session_id=session_id, prompt_ids=[5] * (TEN_MB // 4))
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Generate(ids, timeout=120))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "the model's context" in err.value.details()
     assert calls_in_pool(pool) == before
 
 
