@@ -1,6 +1,6 @@
 """What the gateway needs of the served model: its tokenizer and chat template, its context length, the longest
-prompt text that can fit it, and the byte content of each token (for OpenAI logprobs). Loaded from a model reference (a checkpoint directory or 'tiny', see
-forge.builtin.resolve_model) without torch."""
+prompt text that can fit it, and the byte content of each token (for OpenAI logprobs). Loaded from a model
+reference (a checkpoint directory or 'tiny', see forge.builtin.resolve_model) without torch."""
 
 from __future__ import annotations
 
