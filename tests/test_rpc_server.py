@@ -125,6 +125,39 @@ def test_api_keys_are_required_except_for_health(kind):
     assert "k-123" not in proc.stderr and "nope" not in proc.stderr
 
 
+CORRUPT = b"\xff\xff\xff\xff"        # no valid protobuf: a field tag beyond the wire format's
+
+
+def raw_call(channel: grpc.Channel, method: str, streaming: bool = False, **kwargs):
+    identity = {"request_serializer": lambda b: b, "response_deserializer": lambda b: b}
+    if streaming:
+        return list(channel.stream_stream(method, **identity)(iter([CORRUPT]), timeout=10, **kwargs))
+    return channel.unary_unary(method, **identity)(CORRUPT, timeout=10, **kwargs)
+
+
+def test_undecodable_requests_are_invalid_argument_on_every_service(kind):
+    proc = ServerProcess("--api-key", "k-123", *kind)
+    key = (("authorization", "Bearer k-123"),)
+    try:
+        with grpc.insecure_channel(proc.address) as channel:
+            with pytest.raises(grpc.RpcError) as err:           # the key is checked before the request is read
+                raw_call(channel, "/forge.v1.Learner/Stats")
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            for method, streaming, metadata in (("/forge.v1.Learner/Stats", False, key),
+                                                ("/grpc.health.v1.Health/Check", False, ()),
+                                                ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                                 True, key)):
+                with pytest.raises(grpc.RpcError) as err:
+                    raw_call(channel, method, streaming, metadata=metadata)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, err.value.details())
+                assert "could not be decoded" in err.value.details()
+            stub = learner_pb2_grpc.LearnerStub(channel)
+            assert stub.Stats(common_pb2.StatsRequest(), timeout=10, metadata=key).gauges["step"] == 7.0
+    finally:
+        proc.stop()
+    assert "Traceback" not in proc.stderr and "DecodeError" not in proc.stderr
+
+
 @pytest.mark.parametrize("server_kind", ["threads", "asyncio"])
 def test_a_taken_port_is_a_clear_error(server, server_kind):
     from forge.rpc.aio_server import AioGrpcServer

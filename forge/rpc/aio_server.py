@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from forge.rpc.auth import AioApiKeyInterceptor
+from forge.rpc.decoding import AioDecodeInterceptor
 from forge.rpc.server import (
     ServerBase,
     ServerOptions,
@@ -61,7 +62,8 @@ class AioGrpcServer(ServerBase):
     async def _build(self, interceptors: Sequence[grpc.aio.ServerInterceptor]) -> int:
         self._pool = futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc")
         self.server = grpc.aio.server(migration_thread_pool=self._pool,
-                                      interceptors=self._interceptors(interceptors, AioApiKeyInterceptor),
+                                      interceptors=self._interceptors(interceptors, AioApiKeyInterceptor,
+                                                                        AioDecodeInterceptor),
                                       options=channel_options(self.options))
         self.health = health.aio.HealthServicer()
         return register_and_bind(self.server, self.services, self.health, self.options)

@@ -1,5 +1,6 @@
 """Starting a gRPC server the Forge way: health service and server reflection on every server, loopback unless
-told otherwise, optional API keys, and a graceful stop on SIGTERM or SIGINT."""
+told otherwise, optional API keys, undecodable requests refused as INVALID_ARGUMENT, and a graceful stop on SIGTERM
+or SIGINT."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from forge.rpc.auth import ApiKeyInterceptor
+from forge.rpc.decoding import DecodeInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +106,10 @@ class ServerBase(ABC):
         self._stopped = threading.Event()          # set once stop has begun
         self._stop_lock = threading.Lock()
 
-    def _interceptors(self, given: Sequence, api_key_interceptor: type) -> list:
-        """``given`` behind the API-key check of ``options.api_keys`` (health checks exempt), if any."""
-        chain = list(given)
+    def _interceptors(self, given: Sequence, api_key_interceptor: type, decode_interceptor: type) -> list:
+        """``given`` behind the API-key check of ``options.api_keys`` (health checks exempt), if any; innermost,
+        the decoding of each request (so that keys are checked before a request is read)."""
+        chain = [*given, decode_interceptor()]
         if self.options.api_keys:
             chain.insert(0, api_key_interceptor(self.options.api_keys, exempt=(HEALTH_SERVICE,)))
         return chain
@@ -162,7 +165,8 @@ class GrpcServer(ServerBase):
         super().__init__(services, options)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.options.max_workers, thread_name_prefix="grpc"),
-            interceptors=self._interceptors(interceptors, ApiKeyInterceptor), options=channel_options(self.options))
+            interceptors=self._interceptors(interceptors, ApiKeyInterceptor, DecodeInterceptor),
+            options=channel_options(self.options))
         self.health = health.HealthServicer()
         self.port = register_and_bind(self.server, self.services, self.health, self.options)
         self.address = format_address(self.options.host, self.port)
