@@ -14,7 +14,7 @@ import hmac
 import secrets
 from collections.abc import Iterable
 
-from forge.rpc.auth import matches_any
+from forge.rpc.auth import as_bytes, matches_any
 
 PREFIX = "fsk_"
 
@@ -55,4 +55,4 @@ class KeyRing:
             session_id = _unb64(encoded).decode()
         except (binascii.Error, UnicodeDecodeError, ValueError):
             return None
-        return session_id if session_id and hmac.compare_digest(mac, self._mac(session_id)) else None
+        return session_id if session_id and hmac.compare_digest(as_bytes(mac), self._mac(session_id).encode()) else None

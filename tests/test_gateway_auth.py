@@ -225,3 +225,30 @@ def test_prometheus_metrics_follow_the_key_policy_of_stats(gateways, table):
     assert {name: r.status_code for name, r in outcomes.items()} == expected
     assert "forge_gateway_sessions_open{" in outcomes["global"].text
     assert outcomes["global"].headers["content-type"].startswith("text/plain")
+
+
+def test_keys_that_are_not_ascii_are_refused_as_invalid():
+    policy = KeyPolicy(KeyRing([GLOBAL_KEY], secret="s3cret"))
+    own = policy.keys.issue("A")
+    for key in ("caf\u00e9", "caf\udce9", "\ud800", own[:-1] + "\u00e9", own[:-1] + "\udce9", "fsk_\u00e9.x"):
+        with pytest.raises(Unauthorized, match="invalid API key"):
+            policy.check(key, CHAT, "A")
+    assert KeyPolicy(KeyRing()).check("caf\udce9", CHAT, "A") == "A"      # without keys: no key is needed
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+def test_a_header_key_that_is_not_ascii_is_a_401_or_ignored_never_a_500(gateways, table):
+    gateway = gateways[table]
+    own = httpx.post(f"{gateway.http}/v1/sessions", headers={"Authorization": f"Bearer {GLOBAL_KEY}"},
+                     json={}).json()["api_key"]
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    expected = 401 if table == "with keys" else 200
+    with httpx.Client(base_url=gateway.http, timeout=60) as http:
+        for raw in (b"caf\xc3\xa9", b"caf\xe9", b"\xff\xfe", own[:-1].encode() + b"\xe9",
+                    own[:-1].encode() + b"\xc3\xa9"):
+            for headers in ({"Authorization": b"Bearer " + raw}, {"X-Api-Key": raw}):
+                response = http.post("/v1/chat/completions", headers=headers, json=body)
+                assert response.status_code == expected, (raw, response.text)
+                if expected == 401:
+                    assert response.json()["error"]["code"] == "invalid_api_key"
+    assert "Traceback" not in gateway.log()

@@ -22,10 +22,16 @@ def key_from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> str
     return None
 
 
+def as_bytes(text: str) -> bytes:
+    """``text`` as UTF-8, lone surrogates included (an HTTP header's undecodable bytes arrive as such), so that
+    any presented key can be compared, and fails to match, instead of raising."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def matches_any(key: str, keys: Iterable[str]) -> bool:
     found = False
     for candidate in keys:
-        found |= hmac.compare_digest(key.encode(), candidate.encode())
+        found |= hmac.compare_digest(as_bytes(key), as_bytes(candidate))
     return found
 
 
