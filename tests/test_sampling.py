@@ -143,3 +143,34 @@ def test_top_logprobs_leave_out_tokens_outside_the_support():
     logprobs = sampling_logprobs(torch.log(torch.tensor([[0.1, 0.6, 0.3]])), 1.0, top_k=2)
     ids, values = top_logprobs(logprobs, 3)
     assert ids == [[1, 2]] and values[0] == pytest.approx([math.log(2 / 3), math.log(1 / 3)], abs=1e-6)
+
+
+@pytest.mark.parametrize("uniform", [0.0, 0.5, 1 - 2**-30, 1 - 2**-53])
+def test_the_engine_draw_never_picks_a_token_outside_the_support(uniform):
+    """Inverse-CDF sampling with a uniform that rounds to 1 in float32 must still land in the support: the last
+    tokens of the vocabulary truncated away by top-k (log-probability -inf) are never drawn."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from forge.actors.engine.runner import draw
+
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3))
+    logits[:, -5:] = -1e4                       # the lowest logits sit at the end of the vocabulary
+    logprobs = batched_sampling_logprobs(logits, torch.ones(4), torch.full((4,), 10), torch.ones(4))
+    seqs = [SimpleNamespace(params=SamplingParams(top_k=10)) for _ in range(4)]     # draw reads params only
+    tokens = draw(logprobs.exp, np.full(4, uniform), seqs, lambda: logprobs.argmax(-1))
+    picked = logprobs.gather(-1, tokens[:, None])[:, 0]
+    assert torch.isfinite(picked).all(), (tokens, picked)
+
+
+def test_the_smallest_temperature_survives_the_float32_of_the_wire():
+    """0.01 travels as protobuf float32 (0.0099999998): the gateway's check and the actor both accept it."""
+    from forge.actors.server import sampling_from_proto
+    from forge.model.sampling import temperature_problem
+    from forge.v1 import common_pb2
+
+    wire = common_pb2.SamplingParams(temperature=MIN_TEMPERATURE)
+    assert wire.temperature < MIN_TEMPERATURE and temperature_problem(wire.temperature) is None
+    assert sampling_from_proto(wire).temperature == wire.temperature
+    assert temperature_problem(0.0099) is not None

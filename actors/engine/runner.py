@@ -324,7 +324,12 @@ def draw(probs: Callable[[], Tensor], uniform: np.ndarray, seqs: list[Sequence],
     if all(greedy):
         return argmax()
     cdf = probs().cumsum(-1)
-    threshold = torch.from_numpy(uniform).to(device=cdf.device, dtype=cdf.dtype) * cdf[:, -1]
+    total = cdf[:, -1]
+    threshold = torch.from_numpy(uniform).to(device=cdf.device, dtype=cdf.dtype) * total
+    # A uniform within float32 rounding of 1 puts the threshold at the total, above every cdf value, where the
+    # search would end on the last token, outside the support (a -inf log-probability) if truncation dropped it.
+    # Below the total, the token found always adds mass to the cdf: its probability, and log-probability, is real.
+    threshold = torch.minimum(threshold, torch.nextafter(total, torch.zeros_like(total)))
     tokens = torch.searchsorted(cdf, threshold.unsqueeze(-1), right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
     if not any(greedy):
         return tokens
