@@ -12,6 +12,7 @@ does, so the distribution a token is drawn from, and the log-probability recorde
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 import torch
@@ -27,11 +28,13 @@ class SamplingError(ValueError):
 MIN_TEMPERATURE = 0.01
 MAX_TEMPERATURE = 100.0
 MAX_TOP_LOGPROBS = 20           # OpenAI's bound on top_logprobs
+# Temperatures travel as protobuf float32: 0.01 arrives as 0.0099999998, which must still be accepted.
+_MIN_TEMPERATURE_F32 = struct.unpack("f", struct.pack("f", MIN_TEMPERATURE))[0]
 
 
 def temperature_problem(temperature: float) -> str | None:
     """Why ``temperature`` cannot be sampled at, or None."""
-    if temperature == 0.0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+    if temperature == 0.0 or _MIN_TEMPERATURE_F32 <= temperature <= MAX_TEMPERATURE:
         return None
     return (f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], "
             f"got {temperature:g}")
