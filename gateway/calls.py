@@ -21,6 +21,7 @@ from forge.gateway.parsing import CompletionParser, ParsedCompletion
 from forge.gateway.routing import RouteRequest
 from forge.gateway.sessions import SessionRegistry, SessionState
 from forge.gateway.tito import FALLBACK, FRESH, PARTIAL, SPLICE
+from forge.pool import InvalidRequestError, check_call
 from forge.tokenizer import ChatTemplateError, RenderLimitExceeded
 from forge.v1 import actor_pb2, common_pb2, pool_pb2
 
@@ -252,6 +253,10 @@ class CallRunner:
             state.touch()
 
     async def _record(self, state: SessionState, record: pool_pb2.CallRecord) -> int:
+        try:
+            check_call(record)          # before an implicit session is opened for it: a refusal leaves nothing
+        except InvalidRequestError as exc:
+            raise UpstreamFailed(f"the actor's completion cannot be recorded: {exc}") from exc
         await self.sessions.ensure_open(state)
         index = await self.sessions.pool.append_call(record)
         state.history.add(index, record.prompt_ids, record.completion_ids)

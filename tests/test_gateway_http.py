@@ -19,6 +19,7 @@ import pytest
 import forge
 from forge.assets import TINY_DIR
 from forge.gateway.calls import WHOLE_ANSWER
+from forge.gateway.http.app import SESSION_HEADER
 from forge.gateway.modelinfo import ModelInfo
 from forge.pool import NotFoundError, PoolReader
 from forge.tokenizer import Tokenizer
@@ -519,5 +520,38 @@ def test_parallel_tool_calls_false_returns_one_tool_call(tmp_path):
                 assert finish == "tool_calls"
             assert [json.loads(c.function.arguments)["key"] for c in calls] == ["Bo"]
     finally:
+        gateway.stop()
+        server.stop(0)
+
+
+def test_a_call_the_pool_would_refuse_leaves_no_session_behind(tmp_path):
+    """An actor's completion the pool cannot record (here a -inf log-probability) fails the call before the session
+    it would have opened is opened: no empty open session, no queue entry, whichever way the session was named."""
+    server, _servicer = serve_fake_actor("script", TOK.encode("no"), logprob=float("-inf"))
+    gateway = start_gateway(tmp_path, [server.address], tmp_path / "pool")
+    reader = PoolReader(tmp_path / "pool")
+    try:
+        body = {"model": "forge-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        explicit = httpx.post(f"{gateway.http}/v1/sessions", json={}).json()["session"]["session_id"]
+        before = reader.stats()["sessions"], [e.position for e in reader.entries(0, 1000)]
+        with httpx.Client(timeout=60) as http:
+            for path, headers in (("/v1/chat/completions", {}),
+                                  ("/s/implicit-one/v1/chat/completions", {}),
+                                  ("/v1/chat/completions", {SESSION_HEADER: "implicit-two"}),
+                                  ("/v1/chat/completions", {SESSION_HEADER: "grouped", "X-Forge-Group-Id": "g",
+                                                            "X-Forge-Group-Size": "2"})):
+                for stream in (False, True):
+                    response = http.post(f"{gateway.http}{path}", json={**body, "stream": stream}, headers=headers)
+                    assert response.status_code == 502 and "cannot be recorded" in response.text, response.text
+            response = http.post(f"{gateway.http}/s/{explicit}/v1/chat/completions", json=body)
+            assert response.status_code == 502
+        assert (reader.stats()["sessions"], [e.position for e in reader.entries(0, 1000)]) == before
+        assert reader.stats()["sessions_open"] == 1 and reader.get_session(explicit).session.num_calls == 0
+        for session_id in ("implicit-one", "implicit-two", "grouped"):
+            with pytest.raises(NotFoundError):
+                reader.get_session(session_id)
+        assert "Traceback" not in gateway.log()
+    finally:
+        reader.close()
         gateway.stop()
         server.stop(0)

@@ -16,7 +16,7 @@ from forge.pool.errors import (
 )
 from forge.pool.pool import Pool, PoolReader
 from forge.pool.service import PoolServicer, pool_binding, serve_pool
-from forge.pool.sessions import SESSION_STATUS_NAMES, prepare_open
+from forge.pool.sessions import SESSION_STATUS_NAMES, check_call, prepare_open
 from forge.pool.window import Batch, PoolSource, WindowConfig, WindowedFifo
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "PoolSource",
     "WindowConfig",
     "WindowedFifo",
+    "check_call",
     "pool_binding",
     "prepare_open",
     "serve_pool",

@@ -60,8 +60,9 @@ class PreparedCall:
     payload: bytes          # the serialised CallRecord as stored
 
 
-def prepare_call(record: pool_pb2.CallRecord, now: float) -> PreparedCall:
-    """Check a call on its own (lengths, ids, numbers) and serialise it; the session is checked by the writer."""
+def check_call(record: pool_pb2.CallRecord) -> None:
+    """Check a call on its own (lengths, ids, numbers); InvalidRequestError says what is wrong. A gateway checks
+    before it opens a call's session, so that a call the pool would refuse leaves no empty session behind."""
     check_id(record.session_id, "session_id")
     n = len(record.completion_ids)
     if len(record.logprobs) != n:
@@ -82,6 +83,11 @@ def prepare_call(record: pool_pb2.CallRecord, now: float) -> PreparedCall:
             raise InvalidRequestError("weight versions must be >= 0")
     if record.process_rewards:
         _check_finite(record.process_rewards, "process_rewards")
+
+
+def prepare_call(record: pool_pb2.CallRecord, now: float) -> PreparedCall:
+    """Check a call on its own and serialise it; the session is checked by the writer."""
+    check_call(record)
     payload = record.SerializeToString()
     if not record.created_at:
         payload += pool_pb2.CallRecord(created_at=now).SerializeToString()   # protobuf merge: sets the field
@@ -159,8 +165,8 @@ def add_process_reward(tx: Txn, state: PoolState, reward: pool_pb2.ProcessReward
     if not math.isfinite(reward.reward):
         raise InvalidRequestError("reward must be a finite number")
     session = tx.require_session(reward.session_id)
-    key = layout.call_key(reward.session_id, reward.call_index)
-    data = tx.get("calls", key) if reward.call_index >= 0 else None
+    key = layout.call_key(reward.session_id, reward.call_index) if reward.call_index >= 0 else None
+    data = tx.get("calls", key) if key is not None else None
     if data is None:
         raise NotFoundError(f"session {reward.session_id!r} has no call {reward.call_index}")
     entry = tx.entry(session.queue_position)

@@ -1,5 +1,5 @@
 """A scripted Actor service: it fails before its first token, or after it, or answers every prompt with the same
-token ids (e.g. a tool call, which a random-weight model never samples)."""
+token ids (e.g. a tool call, which a random-weight model never samples), with a log-probability of choice."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 
 class FakeActor(actor_pb2_grpc.ActorServicer):
-    def __init__(self, mode: str, script: list[int] | None = None) -> None:
+    def __init__(self, mode: str, script: list[int] | None = None, logprob: float = -0.5) -> None:
         self.mode = mode
         self.script = script or []
+        self.logprob = logprob
         self.calls = 0
         self.prompts: list[list[int]] = []
         self.stream_intervals: list[int] = []
@@ -24,7 +25,8 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
         if self.mode == "script":
             for start in range(0, len(self.script), 3):
                 ids = self.script[start:start + 3]
-                chunk = actor_pb2.GenerateChunk(request_id=request.request_id, token_ids=ids, logprobs=[-0.5] * len(ids),
+                chunk = actor_pb2.GenerateChunk(request_id=request.request_id, token_ids=ids,
+                                                logprobs=[self.logprob] * len(ids),
                                                 weight_versions=[7] * len(ids), actor="scripted")
                 if start + 3 >= len(self.script):
                     chunk.finish_reason = common_pb2.FINISH_REASON_STOP
@@ -42,7 +44,7 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
         return actor_pb2.AbortResponse(found=False)
 
 
-def serve_fake_actor(mode: str, script: list[int] | None = None):
-    servicer = FakeActor(mode, script)
+def serve_fake_actor(mode: str, script: list[int] | None = None, logprob: float = -0.5):
+    servicer = FakeActor(mode, script, logprob)
     server = serve([ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2, "Actor")])
     return server, servicer
