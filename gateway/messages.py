@@ -1,5 +1,6 @@
 """One chat call as the gateway runs it, whichever front end it came from: template-ready messages, tools, the
-sampling parameters as applied and stop strings; with the checks shared by HTTP and gRPC."""
+sampling parameters as applied and stop strings; with the checks shared by HTTP and gRPC, so that both accept and
+refuse the same messages, tools and values."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from forge.model.sampling import MAX_TOP_LOGPROBS, temperature_problem
 from forge.tokenizer.tokenizer import NAMED_SPECIAL_TOKENS
 from forge.v1 import common_pb2, gateway_pb2
 
-ROLES = ("system", "user", "assistant", "tool")
+ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 WHOLE_TEXT_ROLES = ("system", "user", "tool")      # chat templates show these messages' content whole
 MAX_SEED = 2**63
+INT32_MAX = 2**31 - 1
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 # Variables the gateway itself gives the chat template: chat_template_kwargs may not replace them.
@@ -41,6 +43,85 @@ def shown_chars(call: ChatCall) -> int:
         if message.get("role") in WHOLE_TEXT_ROLES and isinstance(content, str):
             total += len(content.strip())
     return total
+
+
+def has_surrogate(text: str) -> bool:
+    """A lone UTF-16 surrogate (JSON "\\ud800", or an undecodable header byte): no UTF-8 form, so neither the
+    tokenizer nor a protobuf string can take it."""
+    return not text.isascii() and any("\ud800" <= c <= "\udfff" for c in text)
+
+
+def check_text(text: str, where: str) -> str:
+    if has_surrogate(text):
+        raise BadRequest(f"{where} contains a lone surrogate (not valid Unicode text)", where)
+    return text
+
+
+def surrogate_path(value: object) -> str | None:
+    """Where in decoded JSON the first string (or key) with a lone surrogate is, e.g. ``messages[0].content``;
+    None when there is none. Iterative, so any depth that decoded can be walked."""
+    stack: list[tuple[object, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if has_surrogate(item):
+                return path or "body"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                here = f"{path}.{key}" if path else str(key)
+                if has_surrogate(str(key)):
+                    return path or "body"
+                stack.append((child, here))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+    return None
+
+
+def check_int32(value: int, name: str) -> int:
+    if not -INT32_MAX - 1 <= value <= INT32_MAX:
+        raise BadRequest(f"{name} must be at most {INT32_MAX} in magnitude, got {value}", name)
+    return value
+
+
+def check_token_ids(ids: list[int], vocab_size: int, name: str) -> list[int]:
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise BadRequest(f"{name} outside the vocabulary [0, {vocab_size}): {bad[:5]}", name)
+    return ids
+
+
+def chat_message(where: str, role: str, content: str | None, tool_calls: list[dict] | None = None,
+                 extras: dict[str, str] | None = None, reasoning: str | None = None) -> dict:
+    """A template-ready message: the role checked (``developer`` is ``system``), content required except on an
+    assistant message, tool calls only on an assistant message, reasoning kept on assistant messages only."""
+    canonical = ROLE_ALIASES.get(role)
+    if canonical is None:
+        raise BadRequest(f"{where}.role must be one of {', '.join(ROLE_ALIASES)} (got {role!r})", f"{where}.role")
+    message: dict = {"role": canonical, "content": content}
+    if canonical == "assistant":
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        if reasoning:
+            message["reasoning_content"] = reasoning
+    else:
+        if tool_calls:
+            raise BadRequest(f"{where}: only assistant messages carry tool_calls", f"{where}.tool_calls")
+        if content is None:
+            raise BadRequest(f"{where}.content is required for role {role!r}", f"{where}.content")
+    message.update({name: value for name, value in (extras or {}).items() if value})
+    return message
+
+
+def tool_function(where: str, function: dict) -> dict:
+    """A tool in OpenAI's form from its function part: a non-empty name, and parameters (if any) a JSON schema
+    object."""
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        raise BadRequest(f"{where}.function.name must be a non-empty string", f"{where}.function.name")
+    if not isinstance(function.get("description"), str | None):
+        raise BadRequest(f"{where}.function.description must be a string", f"{where}.function.description")
+    if not isinstance(function.get("parameters"), dict | None):
+        raise BadRequest(f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters")
+    return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
 
 
 def check_sampling(sampling: common_pb2.SamplingParams, vocab_size: int, context_length: int | None = None
@@ -77,9 +158,7 @@ def check_sampling(sampling: common_pb2.SamplingParams, vocab_size: int, context
                          "top_logprobs")
     if sampling.HasField("seed") and sampling.seed >= MAX_SEED:
         raise BadRequest(f"seed must be in [0, 2**63), got {sampling.seed}", "seed")
-    bad = [t for t in sampling.stop_token_ids if not 0 <= t < vocab_size]
-    if bad:
-        raise BadRequest(f"stop token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}", "stop_token_ids")
+    check_token_ids(list(sampling.stop_token_ids), vocab_size, "stop_token_ids")
     return checked
 
 
@@ -88,6 +167,8 @@ def check_stop(stop: list[str]) -> list[str]:
         raise BadRequest(f"at most {MAX_STOP_STRINGS} stop strings (got {len(stop)})", "stop")
     if any(not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS for s in stop):
         raise BadRequest(f"stop strings must be non-empty strings of at most {MAX_STOP_CHARS} characters", "stop")
+    for s in stop:
+        check_text(s, "stop")
     return list(stop)
 
 
@@ -113,33 +194,22 @@ def chat_call_from_proto(request: gateway_pb2.ChatRequest, vocab_size: int, cont
                          ) -> ChatCall:
     if not request.messages:
         raise BadRequest("messages is empty", "messages")
-    messages = []
-    for i, m in enumerate(request.messages):
-        if m.role not in ROLES:
-            raise BadRequest(f"messages[{i}].role must be one of {', '.join(ROLES)} (got {m.role!r})",
-                             f"messages[{i}].role")
-        message: dict = {"role": m.role, "content": m.content}
-        if m.tool_calls:
-            if m.role != "assistant":
-                raise BadRequest(f"messages[{i}]: only assistant messages carry tool_calls", f"messages[{i}]")
-            message["tool_calls"] = [tool_call_dict(c) for c in m.tool_calls]
-        for name in ("tool_call_id", "name", "reasoning_content"):
-            if getattr(m, name):
-                message[name] = getattr(m, name)
-        messages.append(message)
+    messages = [chat_message(f"messages[{i}]", m.role, m.content, [tool_call_dict(c) for c in m.tool_calls],
+                             {"tool_call_id": m.tool_call_id, "name": m.name}, m.reasoning_content)
+                for i, m in enumerate(request.messages)]
     tools = []
     for i, tool in enumerate(request.tools):
-        if not tool.name:
-            raise BadRequest(f"tools[{i}].name is empty", f"tools[{i}].name")
-        function: dict = {"name": tool.name}
-        if tool.description:
-            function["description"] = tool.description
+        function: dict = {"name": tool.name, "description": tool.description or None}
         if tool.parameters_json:
             try:
                 function["parameters"] = json.loads(tool.parameters_json)
             except ValueError as exc:
-                raise BadRequest(f"tools[{i}].parameters_json is not JSON: {exc}", f"tools[{i}]") from exc
-        tools.append({"type": "function", "function": function})
+                raise BadRequest(f"tools[{i}].parameters_json is not JSON: {exc}", f"tools[{i}].parameters_json"
+                                 ) from exc
+            except RecursionError as exc:
+                raise BadRequest(f"tools[{i}].parameters_json is nested too deeply", f"tools[{i}].parameters_json"
+                                 ) from exc
+        tools.append(tool_function(f"tools[{i}]", function))
     choice = request.tool_choice or "auto"
     if choice not in ("auto", "none"):
         raise BadRequest(f"tool_choice must be 'auto' or 'none' (got {choice!r})", "tool_choice")

@@ -296,3 +296,76 @@ def test_open_grpc_calls_hold_no_gateway_thread(gateway):
         while stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges["in_flight"] and time.monotonic() < deadline:
             time.sleep(0.1)
     assert open_calls >= 40 and during - before < 20, (open_calls, before, during)
+
+
+DEEP_SCHEMA = '{"a": ' * 100000 + "1" + "}" * 100000
+# (name, HTTP message and tool, gRPC message and tool, accepted): the two front ends must decide alike
+AGREEMENT = [
+    ("developer role", {"role": "developer", "content": "Be brief."}, None,
+     gateway_pb2.ChatMessage(role="developer", content="Be brief."), None, True),
+    ("object schema", None, {"name": "f", "parameters": {"type": "object"}},
+     None, gateway_pb2.Tool(name="f", parameters_json='{"type": "object"}'), True),
+    ("reasoning on a user message (ignored)", {"role": "user", "content": "x", "reasoning_content": "r"}, None,
+     gateway_pb2.ChatMessage(role="user", content="x", reasoning_content="r"), None, True),
+    ("list schema", None, {"name": "f", "parameters": [1, 2]}, None, gateway_pb2.Tool(name="f", parameters_json="[1, 2]"),
+     False),
+    ("string schema", None, {"name": "f", "parameters": "x"}, None, gateway_pb2.Tool(name="f", parameters_json='"x"'),
+     False),
+    ("empty tool name", None, {"name": "", "parameters": {}}, None, gateway_pb2.Tool(name="", parameters_json="{}"),
+     False),
+    ("unknown role", {"role": "bot", "content": "x"}, None, gateway_pb2.ChatMessage(role="bot", content="x"), None,
+     False),
+    ("tool calls on a user message", {"role": "user", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}, None,
+     gateway_pb2.ChatMessage(role="user", content="x", tool_calls=[gateway_pb2.ToolCall(id="c", name="f")]), None,
+     False),
+]
+
+
+def test_http_and_grpc_accept_and_refuse_the_same_messages_and_tools(gateway):
+    with grpc.insecure_channel(gateway.grpc_address) as channel, httpx.Client(timeout=60) as http:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        session_id = stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30).session.session_id
+        for name, http_message, http_tool, grpc_message, grpc_tool, accepted in AGREEMENT:
+            messages = [*([http_message] if http_message else []), {"role": "user", "content": "hi"}]
+            body = {"messages": messages, "max_tokens": 1,
+                    "tools": [{"type": "function", "function": http_tool}] if http_tool else None}
+            response = http.post(f"{gateway.http}/s/{session_id}/v1/chat/completions", json=body)
+            request = gateway_pb2.ChatRequest(session_id=session_id, messages=[
+                *([grpc_message] if grpc_message else []), user("hi")], tools=[grpc_tool] if grpc_tool else [],
+                sampling=common_pb2.SamplingParams(max_tokens=1))
+            try:
+                list(stub.Chat(request, timeout=60))
+                code = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                code = exc.code()
+            assert (response.status_code == 200, code == grpc.StatusCode.OK) == (accepted, accepted), (name, response.text)
+            if not accepted:
+                assert response.status_code == 400 and code == grpc.StatusCode.INVALID_ARGUMENT, name
+
+
+def test_grpc_bad_input_is_invalid_argument_without_a_traceback(gateway):
+    with grpc.insecure_channel(gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        session_id = stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30).session.session_id
+        deep = gateway_pb2.ChatRequest(session_id=session_id, messages=[user("hi")],
+                                       tools=[gateway_pb2.Tool(name="f", parameters_json=DEEP_SCHEMA)])
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Chat(deep, timeout=60))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "nested too deeply" in err.value.details()
+        identity = {"request_serializer": lambda b: b, "response_deserializer": lambda b: b}
+        for method, streaming in (("Chat", True), ("Generate", True), ("StartSession", False), ("AddReward", False),
+                                  ("EndSession", False), ("Stats", False)):
+            full = f"/forge.v1.Gateway/{method}"
+            with pytest.raises(grpc.RpcError) as err:
+                if streaming:
+                    list(channel.unary_stream(full, **identity)(b"\xff\xff\xff\xff", timeout=30))
+                else:
+                    channel.unary_unary(full, **identity)(b"\xff\xff\xff\xff", timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "could not be decoded" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:      # a negative call index is no call, not a pool failure
+            stub.AddReward(gateway_pb2.AddRewardRequest(session_id=session_id, call_index=-1, reward=1), timeout=30)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with PoolReader(gateway.pool_path) as reader:
+        assert reader.get_session(session_id).session.num_calls == 0
+    assert "Traceback" not in gateway.log()

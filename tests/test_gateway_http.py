@@ -524,6 +524,51 @@ def test_parallel_tool_calls_false_returns_one_tool_call(tmp_path):
         server.stop(0)
 
 
+def test_integers_beyond_int32_surrogates_and_odd_headers_are_400s_naming_the_parameter(stack):
+    _actor, gateway, reader = stack
+    url = f"{gateway.base_url}/chat/completions"
+    good = {"model": "forge-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    opened = httpx.post(f"{gateway.http}/v1/sessions", json={}).json()["session"]["session_id"]
+    before = pool_counts(reader)
+    cases = [
+        ({**good, "top_k": 2**40}, {}, "top_k"),
+        ({**good, "stop_token_ids": [2**40]}, {}, "stop_token_ids"),
+        ({**good, "temperature": 1e-50}, {}, "temperature"),            # float32 would make it greedy 0
+        ({**good, "top_p": 1e-300}, {}, "top_p"),                       # float32 would make it 0, meaning 1
+        ({**good, "messages": [{"role": "user", "content": "\ud800"}]}, {}, "messages[0].content"),
+        ({**good, "messages": [{"role": "user", "content": [{"type": "text", "text": "a\udfffb"}]}]}, {},
+         "messages[0].content[0].text"),
+        ({**good, "stop": ["\udc80"]}, {}, "stop[0]"),
+        ({**good, "messages": [{"role": "user", "content": "hi", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, {},
+         "messages[0].tool_calls"),
+        ({**good, "tools": [{"type": "function", "function": {"name": "f", "parameters": [1, 2]}}]}, {},
+         "tools[0].function.parameters"),
+        (good, {"X-Forge-Group-Size": str(2**40), "X-Forge-Group-Id": "g"}, "X-Forge-Group-Size"),
+        (good, {"X-Forge-Group-Size": "\u00b2".encode()}, "X-Forge-Group-Size"),
+        (good, {"X-Forge-Task-Id": b"\xff\xfe"}, "X-Forge-Task-Id"),
+        (good, {"X-Forge-Session-Id": b"s\xed\xa0\x80"}, SESSION_HEADER),
+    ]
+    with httpx.Client(timeout=60) as http:
+        for body, headers, param in cases:
+            response = http.post(url, content=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **headers})
+            assert response.status_code == 400 and response.json()["error"]["param"] == param, (body, response.text)
+        for path, body, param in ((f"/v1/sessions/{opened}/rewards", {"call_index": 2**40, "reward": 1}, "call_index"),
+                                  ("/v1/sessions", {"group_size": 2**40, "group_id": "g"}, "group_size"),
+                                  ("/v1/sessions", {"task_id": "\ud800"}, "task_id"),
+                                  ("/v1/sessions", {"metadata": {"k\udfff": "v"}}, "metadata")):
+            response = http.post(f"{gateway.http}{path}", content=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+            assert response.status_code == 400 and response.json()["error"]["param"] == param, (path, response.text)
+        assert pool_counts(reader) == before
+        # both front ends accept the developer role; 0.01 survives its float32 rounding
+        developer = {**good, "messages": [{"role": "developer", "content": "Be brief."},
+                                          {"role": "user", "content": "hi"}], "temperature": 0.01}
+        assert http.post(url, json=developer).status_code == 200
+    assert "Traceback" not in gateway.log()
+
+
 def test_a_call_the_pool_would_refuse_leaves_no_session_behind(tmp_path):
     """An actor's completion the pool cannot record (here a -inf log-probability) fails the call before the session
     it would have opened is opened: no empty open session, no queue entry, whichever way the session was named."""

@@ -32,6 +32,7 @@ from forge.gateway.http.sessions_json import (
     session_with_calls_json,
 )
 from forge.gateway.http.tokenize import detokenize, tokenize
+from forge.gateway.messages import INT32_MAX, check_text, surrogate_path
 from forge.gateway.offload import INLINE_SIZE
 from forge.gateway.service import Gateway
 from forge.prometheus import stats_registry
@@ -57,12 +58,15 @@ def _object(pairs: list[tuple[str, Any]]) -> dict:
 
 
 def decode_json(raw: bytes) -> Any:
-    """The JSON value of a body. A large one is decoded with an object hook written in Python: the GIL can pass to
-    the event loop each time it runs, so a body of many small messages decoded in a worker thread does not hold
-    the loop for its whole length (the C decoder alone holds the GIL from start to end)."""
-    if len(raw) <= INLINE_SIZE:
-        return json.loads(raw)
-    return json.loads(raw, object_pairs_hook=_object)
+    """The JSON value of a body, refused where a string holds a lone surrogate. A large one is decoded with an
+    object hook written in Python: the GIL can pass to the event loop each time it runs, so a body of many small
+    messages decoded in a worker thread does not hold the loop for its whole length (the C decoder alone holds the
+    GIL from start to end)."""
+    body = json.loads(raw) if len(raw) <= INLINE_SIZE else json.loads(raw, object_pairs_hook=_object)
+    where = surrogate_path(body)
+    if where is not None:
+        raise BadRequest(f"{where} contains a lone surrogate (not valid Unicode text)", where)
+    return body
 
 
 def json_error(error: GatewayError, headers: dict | None = None) -> web.Response:
@@ -148,8 +152,9 @@ class HttpFrontEnd:
         session the call acts on in ``request["session_id"]``."""
 
         async def allowed(request: web.Request) -> web.StreamResponse:
+            sid = request.match_info.get("sid")
             request["session_id"] = self.gateway.policy.authorize(request["caller"], operation,
-                                                                  request.match_info.get("sid"))
+                                                                  sid and check_text(sid, "session_id"))
             return await handler(request)
 
         return allowed
@@ -245,12 +250,12 @@ class HttpFrontEnd:
         key confines the call and the path names no session: the key's session must exist."""
         if "sid" not in request.match_info and not request["caller"].privileged:
             return None
-        opening = pool_pb2.OpenSessionRequest(**{name: request.headers[h] for h, name in HEADER_FIELDS.items()
-                                                 if h in request.headers})
+        opening = pool_pb2.OpenSessionRequest(**{name: check_text(request.headers[h], h)
+                                                 for h, name in HEADER_FIELDS.items() if h in request.headers})
         size = request.headers.get("X-Forge-Group-Size", "")
         if size:
-            if not size.isdigit():
-                raise BadRequest("X-Forge-Group-Size must be a non-negative integer")
+            if not (size.isascii() and size.isdigit() and int(size) <= INT32_MAX):
+                raise BadRequest(f"X-Forge-Group-Size must be an integer in [0, {INT32_MAX}]", "X-Forge-Group-Size")
             opening.group_size = int(size)
         return opening
 
@@ -262,6 +267,8 @@ class HttpFrontEnd:
         call, options = await self.gateway.work.run(size, parse_chat_request, body, model.vocab_size,
                                                     model.context_length)
         session_id = request["session_id"] or request.headers.get(SESSION_HEADER)
+        if session_id:
+            check_text(session_id, SESSION_HEADER)
         chat = await self.gateway.chat(call, session_id, self._open_as(request), stream=options.stream, size=size)
         headers = {SESSION_HEADER: chat.session_id}
         if options.stream:

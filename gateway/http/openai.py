@@ -10,11 +10,20 @@ from typing import Any
 
 from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest
-from forge.gateway.messages import ChatCall, check_sampling, check_stop, check_template_kwargs
+from forge.gateway.messages import (
+    ChatCall,
+    chat_message,
+    check_int32,
+    check_sampling,
+    check_stop,
+    check_template_kwargs,
+    check_token_ids,
+    tool_function,
+)
 from forge.gateway.modelinfo import ModelInfo
+from forge.model.sampling import temperature_problem
 from forge.v1 import common_pb2
 
-ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 # The request fields the gateway implements (OpenAI's and vLLM's names); every other field is refused.
 SUPPORTED = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
@@ -101,23 +110,14 @@ def parse_messages(value: Any) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(raw, dict):
             raise BadRequest(f"{where} must be an object", where)
-        role = ROLE_ALIASES.get(raw.get("role")) if isinstance(raw.get("role"), str) else None
-        if role is None:
-            raise BadRequest(f"{where}.role must be one of system, developer, user, assistant, tool (got "
-                             f"{raw.get('role')!r})", f"{where}.role")
-        content = _content(raw.get("content"), where)
-        message: dict = {"role": role, "content": content}
-        if role == "assistant":
-            if raw.get("tool_calls"):
-                message["tool_calls"] = _tool_calls(raw["tool_calls"], where)
-            reasoning = raw.get("reasoning_content", raw.get("reasoning"))
-            if isinstance(reasoning, str):
-                message["reasoning_content"] = reasoning
-        elif content is None:
-            raise BadRequest(f"{where}.content is required for role {role!r}", f"{where}.content")
-        for name in ("tool_call_id", "name"):
-            if isinstance(raw.get(name), str):
-                message[name] = raw[name]
+        role = raw.get("role")
+        if not isinstance(role, str):
+            raise BadRequest(f"{where}.role must be a string (got {role!r})", f"{where}.role")
+        reasoning = raw.get("reasoning_content", raw.get("reasoning"))
+        tool_calls = _tool_calls(raw["tool_calls"], where) if raw.get("tool_calls") else None
+        message = chat_message(where, role, _content(raw.get("content"), where), tool_calls,
+                               {name: raw[name] for name in ("tool_call_id", "name") if isinstance(raw.get(name), str)},
+                               reasoning if isinstance(reasoning, str) else None)
         messages.append(message)
     return messages
 
@@ -129,13 +129,10 @@ def parse_tools(body: dict) -> list[dict] | None:
     checked = []
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
-        if (not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict)
-                or not isinstance(function.get("name"), str) or not function["name"]):
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict):
             raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': "
                              "...}}", f"tools[{i}]")
-        if "parameters" in function and not isinstance(function["parameters"], dict | None):
-            raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema object", f"tools[{i}]")
-        checked.append({"type": "function", "function": {k: v for k, v in function.items() if v is not None}})
+        checked.append(tool_function(f"tools[{i}]", function))
     return checked
 
 
@@ -154,16 +151,19 @@ def parse_sampling(body: dict, vocab_size: int, context_length: int | None = Non
     sampling = common_pb2.SamplingParams()
     temperature = _get(body, "temperature", "number")
     if temperature is not None:
+        problem = temperature_problem(temperature)     # before float32 rounding: 1e-50 is no greedy 0
+        if problem:
+            raise BadRequest(problem, "temperature")
         sampling.temperature = temperature
     top_p = _get(body, "top_p", "number")
     if top_p is not None:
-        if not 0 < top_p <= 1:
+        sampling.top_p = top_p if 0 < top_p <= 1 else 0.0
+        if sampling.top_p == 0.0:                      # out of range, or too small for float32 (0 would mean 1)
             raise BadRequest(f"top_p must be in (0, 1], got {top_p}", "top_p")
-        sampling.top_p = top_p
     top_k = _get(body, "top_k", "int", 0)
     if top_k < -1:
         raise BadRequest(f"top_k must be >= 0 (or -1 for off), got {top_k}", "top_k")
-    sampling.top_k = max(top_k, 0)
+    sampling.top_k = max(check_int32(top_k, "top_k"), 0)
     for name in ("max_completion_tokens", "max_tokens"):
         value = _get(body, name, "int")
         if value is not None:
@@ -182,7 +182,7 @@ def parse_sampling(body: dict, vocab_size: int, context_length: int | None = Non
     stop_ids = _get(body, "stop_token_ids", "list", [])
     if not all(_is_int(t) for t in stop_ids):
         raise BadRequest("stop_token_ids must be a list of token ids", "stop_token_ids")
-    sampling.stop_token_ids.extend(stop_ids)
+    sampling.stop_token_ids.extend(check_token_ids(stop_ids, vocab_size, "stop_token_ids"))
     sampling.ignore_eos = _get(body, "ignore_eos", "bool", False)
     min_tokens = _get(body, "min_tokens", "int", 0)
     if not 0 <= min_tokens < 2**31:

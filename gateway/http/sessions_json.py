@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from forge.gateway.errors import BadRequest
+from forge.gateway.messages import INT32_MAX
 from forge.pool import SESSION_STATUS_NAMES
 from forge.v1 import common_pb2, pool_pb2
 
@@ -39,8 +40,8 @@ def _numbers(body: dict, name: str) -> dict[str, float]:
 def open_request(body: Any) -> tuple[pool_pb2.OpenSessionRequest, bool]:
     body = _object(body)
     size = body.get("group_size", 0) or 0
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise BadRequest("group_size must be a non-negative integer", "group_size")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= INT32_MAX:
+        raise BadRequest(f"group_size must be an integer in [0, {INT32_MAX}]", "group_size")
     metadata = body.get("metadata") or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise BadRequest("metadata must map names to strings", "metadata")
@@ -67,8 +68,8 @@ def close_request(session_id: str, body: Any) -> pool_pb2.CloseSessionRequest:
 def reward_request(body: Any) -> tuple[int, float]:
     body = _object(body)
     index, reward = body.get("call_index"), body.get("reward")
-    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-        raise BadRequest("call_index must be a non-negative integer", "call_index")
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= INT32_MAX:
+        raise BadRequest(f"call_index must be an integer in [0, {INT32_MAX}]", "call_index")
     if not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward):
         raise BadRequest("reward must be a finite number", "reward")
     return index, float(reward)
