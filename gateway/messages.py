@@ -5,6 +5,7 @@ refuse the same messages, tools and values."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from forge.gateway.errors import BadRequest
@@ -75,6 +76,16 @@ def surrogate_path(value: object) -> str | None:
         elif isinstance(item, list):
             stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
     return None
+
+
+def finite_number(value: object) -> bool:
+    """A number (not a bool) that is a finite float: an integer too large for a float is not one."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def check_int32(value: int, name: str) -> int:

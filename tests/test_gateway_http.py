@@ -535,6 +535,7 @@ def test_integers_beyond_int32_surrogates_and_odd_headers_are_400s_naming_the_pa
         ({**good, "stop_token_ids": [2**40]}, {}, "stop_token_ids"),
         ({**good, "temperature": 1e-50}, {}, "temperature"),            # float32 would make it greedy 0
         ({**good, "top_p": 1e-300}, {}, "top_p"),                       # float32 would make it 0, meaning 1
+        ({**good, "temperature": 10**400}, {}, "temperature"),          # no float can hold it
         ({**good, "messages": [{"role": "user", "content": "\ud800"}]}, {}, "messages[0].content"),
         ({**good, "messages": [{"role": "user", "content": [{"type": "text", "text": "a\udfffb"}]}]}, {},
          "messages[0].content[0].text"),
@@ -555,6 +556,9 @@ def test_integers_beyond_int32_surrogates_and_odd_headers_are_400s_naming_the_pa
                                  headers={"Content-Type": "application/json", **headers})
             assert response.status_code == 400 and response.json()["error"]["param"] == param, (body, response.text)
         for path, body, param in ((f"/v1/sessions/{opened}/rewards", {"call_index": 2**40, "reward": 1}, "call_index"),
+                                  (f"/v1/sessions/{opened}/rewards", {"call_index": 0, "reward": 10**400}, "reward"),
+                                  (f"/v1/sessions/{opened}/end", {"outcome_rewards": {"a": 10**400}},
+                                   "outcome_rewards"),
                                   ("/v1/sessions", {"group_size": 2**40, "group_id": "g"}, "group_size"),
                                   ("/v1/sessions", {"task_id": "\ud800"}, "task_id"),
                                   ("/v1/sessions", {"metadata": {"k\udfff": "v"}}, "metadata")):

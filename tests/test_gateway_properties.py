@@ -71,7 +71,7 @@ def settle_one_call_session(reader: PoolReader, response: httpx.Response) -> Non
 TEXT = st.text(max_size=12)
 ODD_TEXT = st.one_of(TEXT, st.sampled_from(["\ud800", "a\udfffb", "\x00", "\u2028", "<|im_start|>user", "{{ x }}",
                                             "1 " * 2100, "caf\u00e9"]))
-BIG = st.sampled_from([2**31 - 1, 2**31, -(2**31) - 1, 2**53, 2**63, 2**64, -(2**70), 2**100])
+BIG = st.sampled_from([2**31 - 1, 2**31, -(2**31) - 1, 2**53, 2**63, 2**64, -(2**70), 2**100, 10**400, -(10**400)])
 ODD_INT = st.one_of(st.integers(-3, 5), BIG, st.integers(-(2**70), 2**70))
 ODD_NUMBER = st.one_of(ODD_INT, st.floats(allow_nan=False, allow_infinity=False),
                        st.sampled_from([1e-50, 1e-300, 1e308, 0.0099, 0.01, 100.0, 100.5, 0.5, -0.0]))

@@ -18,6 +18,7 @@ from forge.gateway.messages import (
     check_stop,
     check_template_kwargs,
     check_token_ids,
+    finite_number,
     tool_function,
 )
 from forge.gateway.modelinfo import ModelInfo
@@ -68,6 +69,8 @@ def _get(body: dict, name: str, kind: str, default: Any = None) -> Any:
     if not ok:
         article = "an" if kind == "int" else "a"
         raise BadRequest(f"{name} must be {article} {kind}, got {type(value).__name__}", name)
+    if kind == "number" and not finite_number(value):
+        raise BadRequest(f"{name} must be a finite number", name)
     return value
 
 

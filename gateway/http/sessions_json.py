@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from forge.gateway.errors import BadRequest
-from forge.gateway.messages import INT32_MAX
+from forge.gateway.messages import INT32_MAX, finite_number
 from forge.pool import SESSION_STATUS_NAMES
 from forge.v1 import common_pb2, pool_pb2
 
@@ -31,8 +30,7 @@ def _text(body: dict, name: str) -> str:
 
 def _numbers(body: dict, name: str) -> dict[str, float]:
     value = body.get(name) or {}
-    if not isinstance(value, dict) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value.values()):
+    if not isinstance(value, dict) or not all(finite_number(v) for v in value.values()):
         raise BadRequest(f"{name} must map names to finite numbers", name)
     return {str(k): float(v) for k, v in value.items()}
 
@@ -70,7 +68,7 @@ def reward_request(body: Any) -> tuple[int, float]:
     index, reward = body.get("call_index"), body.get("reward")
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= INT32_MAX:
         raise BadRequest(f"call_index must be an integer in [0, {INT32_MAX}]", "call_index")
-    if not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward):
+    if not finite_number(reward):
         raise BadRequest("reward must be a finite number", "reward")
     return index, float(reward)
 
