@@ -295,8 +295,8 @@ def test_learner_metrics_are_its_stats(tmp_path):
 
 
 COMMANDS = {"actor": ["forge-actor"], "cache": ["forge-cache", "--dir", "{tmp}/blocks"],
-            "learner": ["forge-learner", "--pool", "{tmp}/pool"], "pool": ["forge", "pool", "serve", "--path",
-                                                                          "{tmp}/pool"]}
+            "learner": ["forge-learner", "--pool", "{tmp}/pool", "--create-pool"],
+            "pool": ["forge", "pool", "serve", "--path", "{tmp}/pool"]}
 
 
 @pytest.mark.parametrize("service", sorted(COMMANDS))
