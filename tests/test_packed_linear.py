@@ -33,18 +33,29 @@ def pack_small(monkeypatch):
     monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 0)
 
 
+def recorded_calls(monkeypatch, kernel_name: str) -> list[tuple[int, ...]]:
+    """The row shapes of every call of ``packed_linear.<kernel_name>`` from here on."""
+    calls: list[tuple[int, ...]] = []
+    kernel = getattr(packed_linear, kernel_name)
+
+    def counted(x, weight, bias):
+        calls.append(tuple(x.shape[:-1]))
+        return kernel(x, weight, bias)
+
+    monkeypatch.setattr(packed_linear, kernel_name, counted)
+    return calls
+
+
 @pytest.fixture
 def kernel_calls(monkeypatch) -> list[tuple[int, ...]]:
-    """The row shapes of every call of the packed kernel from here on."""
-    calls: list[tuple[int, ...]] = []
-    kernel = packed_linear.packed_kernel
+    """The row shapes of every call of the packed (oneDNN) kernel."""
+    return recorded_calls(monkeypatch, "packed_kernel")
 
-    def counted(x, packed, bias):
-        calls.append(tuple(x.shape[:-1]))
-        return kernel(x, packed, bias)
 
-    monkeypatch.setattr(packed_linear, "packed_kernel", counted)
-    return calls
+@pytest.fixture
+def single_row_calls(monkeypatch) -> list[tuple[int, ...]]:
+    """The row shapes of every call of the single-row kernel."""
+    return recorded_calls(monkeypatch, "single_row_kernel")
 
 
 def assert_fp32_close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -136,20 +147,6 @@ def test_the_output_head_is_packed_and_a_detached_head_is_not(pack_small, kernel
         detached = model.mtp_logits(hidden, detach_head=True)       # the learner's draft co-training: not packed
         assert kernel_calls == [(3,)]
     assert_fp32_close(detached, F.linear(model.mtp[0].norm(hidden), model.output_weight))
-
-
-@pytest.fixture
-def single_row_calls(monkeypatch) -> list[tuple[int, ...]]:
-    """The row shapes of every call of the single-row kernel from here on."""
-    calls: list[tuple[int, ...]] = []
-    kernel = packed_linear.single_row_kernel
-
-    def counted(x, transposed, bias):
-        calls.append(tuple(x.shape[:-1]))
-        return kernel(x, transposed, bias)
-
-    monkeypatch.setattr(packed_linear, "single_row_kernel", counted)
-    return calls
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
