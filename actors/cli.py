@@ -18,7 +18,7 @@ from forge.actors.parts import (
     vllm_backend,
     weight_subscriber,
 )
-from forge.cli.common import check_port_option, setup_logging, write_ready_file
+from forge.cli.common import check_port_option, setup_logging, start_metrics, write_ready_file
 from forge.cli.options import settings_command
 
 log = logging.getLogger("forge.actor")
@@ -52,7 +52,6 @@ def actor(config: ActorConfig) -> None:
     import torch
 
     from forge.actors.server import ActorServicer
-    from forge.prometheus import serve_metrics
     from forge.rpc import ServerOptions, ServiceBinding
     from forge.rpc.aio_server import AioGrpcServer
     from forge.v1 import actor_pb2, actor_pb2_grpc
@@ -157,11 +156,7 @@ def actor(config: ActorConfig) -> None:
     servicer.instance = config.name or f"actor-{server.port}"
     if event_source is not None:
         event_source.instance = servicer.instance
-    try:
-        metrics = serve_metrics(servicer.report, config.host, config.metrics_port, config.api_keys)
-    except OSError as exc:             # taken since the check at start
-        stop()
-        raise click.ClickException(str(exc)) from None
+    metrics = start_metrics(servicer.report, config.host, config.metrics_port, config.api_keys, on_failure=stop)
 
     def ready() -> None:
         log.info("actor %s serving %s on %s (device %s)", servicer.instance, model_id, server.address, device)

@@ -8,7 +8,7 @@ import logging
 import click
 
 from forge.cache.config import CacheConfig
-from forge.cli.common import check_port_option, setup_logging, write_ready_file
+from forge.cli.common import check_port_option, setup_logging, start_metrics, write_ready_file
 from forge.cli.options import settings_command
 
 log = logging.getLogger("forge.cache")
@@ -23,7 +23,6 @@ def cache(config: CacheConfig) -> None:
     check_port_option(config.host, config.metrics_port, "--metrics-port")
     from forge.cache.service import CacheServicer
     from forge.cache.store import BlockStore, DirectoryInUse
-    from forge.prometheus import serve_metrics
     from forge.rpc import GrpcServer, ServerOptions, ServiceBinding
     from forge.v1 import cache_pb2, cache_pb2_grpc
 
@@ -40,12 +39,12 @@ def cache(config: CacheConfig) -> None:
         store.close()
         raise click.ClickException(str(exc)) from exc
     servicer.instance = config.name or f"cache-{server.port}"
-    try:
-        metrics = serve_metrics(servicer.report, config.host, config.metrics_port, config.api_keys)
-    except OSError as exc:             # taken since the check at start
+    def stop_started() -> None:
         server.stop(0)
         store.close()
-        raise click.ClickException(str(exc)) from None
+
+    metrics = start_metrics(servicer.report, config.host, config.metrics_port, config.api_keys,
+                            on_failure=stop_started)
 
     def stop() -> None:
         if metrics is not None:

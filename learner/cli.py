@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from forge.cli.common import check_port_option, setup_logging, write_ready_file
+from forge.cli.common import check_port_option, setup_logging, start_metrics, write_ready_file
 from forge.cli.options import settings_command
 from forge.learner.config import LearnerConfig
 
@@ -118,16 +118,12 @@ def learner(config: LearnerConfig) -> None:
 
     if distributed.is_main:
         from forge.learner.service import LearnerServicer, serve_learner
-        from forge.prometheus import serve_metrics
         from forge.rpc import ServerOptions
 
         servicer = LearnerServicer(lambda: trainer.last, labels={"run_dir": str(config.run_dir)})
         server = serve_learner(servicer, ServerOptions(host=config.host, port=config.port))
-        try:
-            prometheus = serve_metrics(servicer.report, config.host, config.metrics_port)
-        except OSError as exc:         # taken since the check at start
-            server.stop(0)
-            raise click.ClickException(str(exc)) from None
+        prometheus = start_metrics(servicer.report, config.host, config.metrics_port,
+                                   on_failure=lambda: server.stop(0))
         if publisher is not None:                 # actors start from the learner's current version
             publisher.publish(trainer.state.version, full_state_dict(policy, distributed))
             checkpointer.record_published(trainer.state.version)

@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from forge.cli.options import CONTEXT_SETTINGS, config_option
 from forge.settings import LOG_LEVELS
 
 __all__ = ["CONTEXT_SETTINGS", "check_port_option", "config_option", "entry_point", "log_level_option", "setup_logging",
-           "write_ready_file"]
+           "start_metrics", "write_ready_file"]
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -52,6 +52,19 @@ def write_ready_file(path: Path, **fields: object) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps({**fields, "pid": os.getpid()}))
     os.replace(temporary, path)
+
+
+def start_metrics(report: Callable[[], Any], host: str, port: int | None, api_keys: Sequence[str] = (), *,
+                  on_failure: Callable[[], None]) -> Any:
+    """A service's ``/metrics`` server (``forge.prometheus.serve_metrics``; None when ``port`` is None). Where the port
+    was taken since the start-up check, ``on_failure()`` stops what was started and the command fails in one line."""
+    from forge.prometheus import serve_metrics
+
+    try:
+        return serve_metrics(report, host, port, api_keys)
+    except OSError as exc:
+        on_failure()
+        raise click.ClickException(str(exc)) from None
 
 
 def check_port_option(host: str, port: int | None, option: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 from google.protobuf import json_format
 
-from forge.cli.common import CONTEXT_SETTINGS, check_port_option, config_option, setup_logging
+from forge.cli.common import CONTEXT_SETTINGS, check_port_option, config_option, setup_logging, start_metrics
 from forge.cli.options import settings_command
 from forge.pool.config import PoolServeConfig
 from forge.pool.errors import PoolError
@@ -197,7 +197,6 @@ def serve_command(config: PoolServeConfig) -> None:
     """Serve the pool at --path as the forge.v1.Pool gRPC service (with health and reflection) until SIGTERM."""
     from forge.pool.pool import Pool
     from forge.pool.service import PoolServicer, serve_pool
-    from forge.prometheus import serve_metrics
     from forge.rpc import ServerOptions
 
     setup_logging(config.log_level)
@@ -213,12 +212,12 @@ def serve_command(config: PoolServeConfig) -> None:
     except OSError as exc:
         pool.close()
         raise click.ClickException(str(exc)) from exc
-    try:
-        metrics = serve_metrics(servicer.report, config.host, config.metrics_port, config.api_keys)
-    except OSError as exc:             # taken since the check at start
+    def stop_started() -> None:
         server.stop(0)
         pool.close()
-        raise click.ClickException(str(exc)) from None
+
+    metrics = start_metrics(servicer.report, config.host, config.metrics_port, config.api_keys,
+                            on_failure=stop_started)
 
     def stop() -> None:
         if metrics is not None:
