@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 from forge.gateway.errors import BadRequest
@@ -14,6 +15,7 @@ from forge.tokenizer.tokenizer import NAMED_SPECIAL_TOKENS
 from forge.v1 import common_pb2, gateway_pb2
 
 ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+SURROGATE = re.compile("[\ud800-\udfff]")
 WHOLE_TEXT_ROLES = ("system", "user", "tool")      # chat templates show these messages' content whole
 MAX_SEED = 2**63
 INT32_MAX = 2**31 - 1
@@ -49,7 +51,7 @@ def shown_chars(call: ChatCall) -> int:
 def has_surrogate(text: str) -> bool:
     """A lone UTF-16 surrogate (JSON "\\ud800", or an undecodable header byte): no UTF-8 form, so neither the
     tokenizer nor a protobuf string can take it."""
-    return not text.isascii() and any("\ud800" <= c <= "\udfff" for c in text)
+    return not text.isascii() and SURROGATE.search(text) is not None
 
 
 def check_text(text: str, where: str) -> str:
