@@ -23,6 +23,7 @@ from forge import __version__
 from forge.gateway.auth import Operation
 from forge.gateway.calls import ChatResult
 from forge.gateway.errors import BadRequest, GatewayError, MethodNotAllowed, ModelNotFound, NotFound, TooLarge
+from forge.gateway.http.body import read_body
 from forge.gateway.http.openai import ChunkWriter, completion_json, parse_chat_request
 from forge.gateway.http.sessions_json import (
     close_request,
@@ -57,7 +58,7 @@ def _object(pairs: list[tuple[str, Any]]) -> dict:
     return dict(pairs)
 
 
-def decode_json(raw: bytes) -> Any:
+def decode_json(raw: bytes | bytearray) -> Any:
     """The JSON value of a body, refused where a string holds a lone surrogate. A large one is decoded with an
     object hook written in Python: the GIL can pass to the event loop each time it runs, so a body of many small
     messages decoded in a worker thread does not hold the loop for its whole length (the C decoder alone holds the
@@ -160,14 +161,9 @@ class HttpFrontEnd:
         return allowed
 
     async def _json(self, request: web.Request, required: bool = True) -> Any:
-        if request.content_length is not None and request.content_length > self.max_body_bytes:
-            raise TooLarge(f"the request body exceeds {self.max_body_bytes} bytes")
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge as exc:
-            raise TooLarge(f"the request body exceeds {self.max_body_bytes} bytes") from exc
+        raw = await read_body(request, self.max_body_bytes)
         request["body_bytes"] = len(raw)
-        if not raw.strip():
+        if not raw or raw.isspace():
             if required:
                 raise BadRequest("the request body is empty; send a JSON object")
             return {}
