@@ -242,6 +242,23 @@ def test_bad_input_gets_an_openai_error_and_leaves_no_record(stack):
     assert gateway.alive()
 
 
+def test_a_body_without_content_length_is_read_whole_and_bounded(stack):
+    """A chunked body (no Content-Length) is joined once and refused with 413 as soon as it passes the limit."""
+    _actor, gateway, _reader = stack
+    good = json.dumps({"model": "forge-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+
+    def chunks(text: str, size: int = 7):
+        yield from (text[i:i + size].encode() for i in range(0, len(text), size))
+
+    with httpx.Client(timeout=60) as http:
+        url, headers = f"{gateway.base_url}/chat/completions", {"Content-Type": "application/json"}
+        ok = http.post(url, content=chunks(good), headers=headers)
+        assert ok.status_code == 200 and ok.request.headers.get("Transfer-Encoding") == "chunked", ok.text
+        big = http.post(url, content=chunks(" " * (MAX_BODY + 1) + good, 4096), headers=headers)
+        assert big.status_code == 413 and "exceeds" in big.json()["error"]["message"]
+        assert http.get(f"{gateway.http}/health").json() == {"status": "ok"}
+
+
 def test_a_hundred_concurrent_sessions_are_kept_apart(stack):
     _actor, gateway, reader = stack
     run = uuid.uuid4().hex[:8]
