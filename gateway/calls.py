@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from forge.gateway.actors import ActorCall, ActorSet
 from forge.gateway.detokenize import TextAssembler
 from forge.gateway.errors import BadRequest, UpstreamFailed
-from forge.gateway.messages import ChatCall, shown_chars
+from forge.gateway.messages import ChatCall
 from forge.gateway.metrics import Metrics
 from forge.gateway.modelinfo import ModelInfo
 from forge.gateway.offload import OffLoop
@@ -102,20 +102,9 @@ class CallRunner:
         self.metrics = metrics
         self.work = work or OffLoop()
 
-    def _too_long(self, what: str, chars: int, at_least: str = "") -> BadRequest:
-        per_token = self.model.chars_per_token
-        return BadRequest(f"{what} has {at_least}{chars} characters; no token covers more than {per_token}, so it "
-                          f"takes at least {-(-chars // per_token)} tokens and cannot fit the model's context of "
-                          f"{self.model.context_length} tokens with room to generate", "messages",
-                          "context_length_exceeded")
-
     def check_size(self, call: ChatCall) -> None:
         """Refuse, before any rendering, a call whose message text alone cannot fit the context."""
-        limit = self.model.max_prompt_chars
-        if limit is not None:
-            chars = shown_chars(call)
-            if chars > limit:
-                raise self._too_long("the text of the messages", chars)
+        self.model.limits.check_size(call)
 
     def render(self, call: ChatCall) -> str:
         """The prompt text of a chat call (the template with the generation prompt), refused as too long as soon
@@ -125,7 +114,7 @@ class CallRunner:
             return self.tokenizer.render_chat(call.messages, call.tools, add_generation_prompt=True,
                                               max_chars=self.model.max_prompt_chars, **call.template_kwargs)
         except RenderLimitExceeded as exc:
-            raise self._too_long("the prompt", exc.chars, "at least ") from None
+            raise self.model.limits.too_long("the prompt", exc.chars, "at least ") from None
         except (ChatTemplateError, TypeError, ValueError) as exc:
             raise BadRequest(f"the messages cannot be rendered with the model's chat template: {exc}",
                              "messages") from exc

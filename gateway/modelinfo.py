@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from forge.builtin import resolve_model
+from forge.gateway.prompt_limits import PromptLimits
 from forge.gateway.token_bound import chars_per_token
 from forge.tokenizer import Tokenizer
 
@@ -50,11 +51,13 @@ class ModelInfo:
         return cls(tokenizer, context, ref.model_id, chars_per_token(tokenizer))
 
     @property
+    def limits(self) -> PromptLimits:
+        return PromptLimits(self.context_length, self.chars_per_token)
+
+    @property
     def max_prompt_chars(self) -> int | None:
         """The longest prompt text (in characters) that may still fit the context with room for one new token."""
-        if self.chars_per_token is None:
-            return None
-        return (self.context_length - 1) * self.chars_per_token
+        return self.limits.max_prompt_chars
 
     @property
     def vocab_size(self) -> int:

@@ -18,6 +18,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from forge.assets import TINY_DIR
 from forge.gateway.modelinfo import ModelInfo
+from forge.gateway.offload import PROCESS_SIZE
 from forge.gateway.token_bound import chars_per_token
 from forge.pool import PoolReader
 from forge.tokenizer import RenderLimitExceeded, Tokenizer
@@ -178,6 +179,25 @@ def test_a_prompt_just_under_the_bound_is_rendered_and_runs(stack):
         error = counted.json()["error"]
         assert counted.status_code == 400 and error["code"] == "context_length_exceeded"
         assert "tokens; the model's context is" in error["message"]
+
+
+def test_a_large_body_that_fits_is_decoded_apart_and_runs(stack):
+    """A body past the size decoded in a separate process (2 MiB, nearly all whitespace) is answered as the same
+    body without the whitespace is; bad JSON, an unknown model and a lone surrogate in it are refused the same."""
+    gateway, _ = stack
+    small = body([user("Compute 2 + 2.")], seed=7, return_token_ids=True)
+    padding = b" " * (2 * PROCESS_SIZE)
+    with httpx.Client(timeout=120) as http:
+        plain, padded = post(http, gateway, small), post(http, gateway, small[:-1] + padding + b"}")
+        assert plain.status_code == padded.status_code == 200, padded.text[:300]
+        fields = ("prompt_token_ids", "choices")
+        assert [padded.json()[f] for f in fields] == [plain.json()[f] for f in fields]
+        for content, status, message in (
+                (small[:-1] + padding, 400, "not valid JSON"),
+                (body([user("hi")], model="other")[:-1] + padding + b"}", 404, "does not exist"),
+                (json.dumps({"messages": [user("\ud800")]}).encode()[:-1] + padding + b"}", 400, "lone surrogate")):
+            response = post(http, gateway, content)
+            assert response.status_code == status and message in response.json()["error"]["message"]
 
 
 def test_health_and_small_calls_are_answered_while_big_bodies_arrive(stack):

@@ -22,9 +22,10 @@ from prometheus_client.exposition import choose_encoder
 from forge import __version__
 from forge.gateway.auth import Operation
 from forge.gateway.calls import ChatResult
-from forge.gateway.errors import BadRequest, GatewayError, MethodNotAllowed, ModelNotFound, NotFound, TooLarge
+from forge.gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, TooLarge
 from forge.gateway.http.body import read_body
-from forge.gateway.http.openai import ChunkWriter, completion_json, parse_chat_request
+from forge.gateway.http.decode import check_model, decode_json, prepare_chat
+from forge.gateway.http.openai import ChunkWriter, completion_json
 from forge.gateway.http.sessions_json import (
     close_request,
     open_request,
@@ -33,8 +34,7 @@ from forge.gateway.http.sessions_json import (
     session_with_calls_json,
 )
 from forge.gateway.http.tokenize import detokenize, tokenize
-from forge.gateway.messages import INT32_MAX, check_text, surrogate_path
-from forge.gateway.offload import INLINE_SIZE
+from forge.gateway.messages import INT32_MAX, check_text
 from forge.gateway.service import Gateway
 from forge.prometheus import stats_registry
 from forge.v1 import pool_pb2
@@ -52,22 +52,6 @@ def request_key(request: web.Request) -> str | None:
     if header.lower().startswith("bearer "):
         return header[7:].strip() or None
     return request.headers.get("X-Api-Key") or None
-
-
-def _object(pairs: list[tuple[str, Any]]) -> dict:
-    return dict(pairs)
-
-
-def decode_json(raw: bytes | bytearray) -> Any:
-    """The JSON value of a body, refused where a string holds a lone surrogate. A large one is decoded with an
-    object hook written in Python: the GIL can pass to the event loop each time it runs, so a body of many small
-    messages decoded in a worker thread does not hold the loop for its whole length (the C decoder alone holds the
-    GIL from start to end)."""
-    body = json.loads(raw) if len(raw) <= INLINE_SIZE else json.loads(raw, object_pairs_hook=_object)
-    where = surrogate_path(body)
-    if where is not None:
-        raise BadRequest(f"{where} contains a lone surrogate (not valid Unicode text)", where)
-    return body
 
 
 def json_error(error: GatewayError, headers: dict | None = None) -> web.Response:
@@ -160,19 +144,18 @@ class HttpFrontEnd:
 
         return allowed
 
-    async def _json(self, request: web.Request, required: bool = True) -> Any:
+    async def _raw(self, request: web.Request, required: bool = True) -> bytes | bytearray:
+        """The body's bytes; empty (or only whitespace) is refused when ``required``, else read as no body."""
         raw = await read_body(request, self.max_body_bytes)
-        request["body_bytes"] = len(raw)
         if not raw or raw.isspace():
             if required:
                 raise BadRequest("the request body is empty; send a JSON object")
-            return {}
-        try:
-            return await self.gateway.work.run(len(raw), decode_json, raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
-        except RecursionError as exc:
-            raise BadRequest("the request body is nested too deeply") from exc
+            return b""
+        return raw
+
+    async def _json(self, request: web.Request, required: bool = True) -> Any:
+        raw = await self._raw(request, required)
+        return await self.gateway.work.run_isolated(len(raw), decode_json, raw) if raw else {}
 
     # -------------------------------------------------------------------------------------- routes
 
@@ -184,16 +167,16 @@ class HttpFrontEnd:
                 "owned_by": "forge", "root": self.gateway.model.model_id,
                 "max_model_len": self.gateway.model.context_length}
 
-    def _served(self, name: Any) -> None:
-        """ModelNotFound unless ``name`` is absent or one the gateway serves: its model name or the model's id."""
-        if isinstance(name, str) and name not in (self.gateway.config.model_name, self.gateway.model.model_id):
-            raise ModelNotFound(name)
+    @property
+    def served(self) -> frozenset[str]:
+        """The model names a request may give: the gateway's model name and the model's id."""
+        return frozenset((self.gateway.config.model_name, self.gateway.model.model_id))
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._model_json()]})
 
     async def model_info(self, request: web.Request) -> web.Response:
-        self._served(request.match_info["model"])
+        check_model({"model": request.match_info["model"]}, self.served)
         return web.json_response(self._model_json())
 
     async def version(self, request: web.Request) -> web.Response:
@@ -201,12 +184,12 @@ class HttpFrontEnd:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await self._json(request)
-        self._served(body.get("model") if isinstance(body, dict) else None)
+        check_model(body, self.served)
         return web.json_response(tokenize(self.gateway.model, body))
 
     async def detokenize(self, request: web.Request) -> web.Response:
         body = await self._json(request)
-        self._served(body.get("model") if isinstance(body, dict) else None)
+        check_model(body, self.served)
         return web.json_response(detokenize(self.gateway.model, body))
 
     async def stats(self, request: web.Request) -> web.Response:
@@ -256,12 +239,10 @@ class HttpFrontEnd:
         return opening
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._json(request)
-        self._served(body.get("model") if isinstance(body, dict) else None)
-        model = self.gateway.model
-        size = request["body_bytes"]
-        call, options = await self.gateway.work.run(size, parse_chat_request, body, model.vocab_size,
-                                                    model.context_length)
+        raw = await self._raw(request)
+        model, size = self.gateway.model, len(raw)
+        call, options = await self.gateway.work.run_isolated(size, prepare_chat, raw, self.served, model.vocab_size,
+                                                             model.limits)
         session_id = request["session_id"] or request.headers.get(SESSION_HEADER)
         if session_id:
             check_text(session_id, SESSION_HEADER)

@@ -1,0 +1,51 @@
+"""From the bytes of an HTTP request body to checked values: the JSON, and for a chat completion its call and
+options refused early when its text cannot fit the context. Pure functions of picklable arguments, so that the
+gateway can run them in a separate process for large bodies (``OffLoop.run_isolated``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from forge.gateway.errors import BadRequest, ModelNotFound
+from forge.gateway.http.openai import ChatOptions, parse_chat_request
+from forge.gateway.messages import ChatCall, surrogate_path
+from forge.gateway.offload import INLINE_SIZE
+from forge.gateway.prompt_limits import PromptLimits
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    return dict(pairs)
+
+
+def decode_json(raw: bytes | bytearray) -> Any:
+    """The JSON value of a body, refused where it is not JSON or a string holds a lone surrogate. A large one is
+    decoded with an object hook written in Python: where it runs in a thread, the GIL can pass to the event loop
+    each time the hook runs (the C decoder alone holds the GIL from start to end)."""
+    try:
+        body = json.loads(raw) if len(raw) <= INLINE_SIZE else json.loads(raw, object_pairs_hook=_object)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequest("the request body is nested too deeply") from exc
+    where = surrogate_path(body)
+    if where is not None:
+        raise BadRequest(f"{where} contains a lone surrogate (not valid Unicode text)", where)
+    return body
+
+
+def check_model(body: Any, served: frozenset[str]) -> None:
+    """ModelNotFound unless the body names no model or one in ``served``."""
+    name = body.get("model") if isinstance(body, dict) else None
+    if isinstance(name, str) and name not in served:
+        raise ModelNotFound(name)
+
+
+def prepare_chat(raw: bytes | bytearray, served: frozenset[str], vocab_size: int, limits: PromptLimits
+                 ) -> tuple[ChatCall, ChatOptions]:
+    """A chat completion body's call and options, refused as too long when its message text alone cannot fit."""
+    body = decode_json(raw)
+    check_model(body, served)
+    call, options = parse_chat_request(body, vocab_size, limits.context_length)
+    limits.check_size(call)
+    return call, options
