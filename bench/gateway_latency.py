@@ -16,7 +16,8 @@ Reported per concurrency level: median over repeats of p50 and p99 latency, call
 chat bodies of ``--body-mib`` MiB in a loop (one user message far over the context; the gateway refuses them with
 context_length_exceeded), while one client times ``GET /health`` and small chat calls (1 new token) one after
 another for ``--seconds``; the same probe runs first on the idle gateway. Reported: p50 / p99 of both, idle and
-loaded side by side, the big bodies refused per second, and the gateway's peak and final resident memory.
+loaded side by side, the big bodies refused per second, the gateway's CPU and its peak and final resident memory,
+and the same of its child processes (the one that decodes large bodies).
 
 Usage: python bench/gateway_latency.py [--concurrency 1 32 256] [--calls-per-session 4] [--max-tokens 8]
        [--repeats 3] [--paths direct http grpc] [--actor-threads 1] [--json]
@@ -185,6 +186,14 @@ def memory_mib(pid: int) -> dict[str, float]:
     return {name: int(fields[key].split()[0]) / 1024 for name, key in (("peak", "VmHWM"), ("now", "VmRSS"))}
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux), e.g. the gateway's body-decoding process."""
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(k) for k in (task / "children").read_text().split()]
+    return kids
+
+
 def big_bodies(args: argparse.Namespace, gateway_info: dict, gateway_pid: int) -> None:
     http_address = gateway_info["http_address"]
     asyncio.run(probe(http_address, 2))                                    # warm up
@@ -197,10 +206,14 @@ def big_bodies(args: argparse.Namespace, gateway_info: dict, gateway_pid: int) -
         sender.start()
     while refused.value < args.senders:                                    # every sender is under way
         time.sleep(0.05)
-    counted_from, started, cpu_before = refused.value, time.perf_counter(), cpu_s(gateway_pid)
+    helpers = children(gateway_pid)
+    counted_from, started = refused.value, time.perf_counter()
+    cpu_before = {pid: cpu_s(pid) for pid in (gateway_pid, *helpers)}
     loaded = asyncio.run(probe(http_address, args.seconds))
     wall = time.perf_counter() - started
-    rate, cpu_share = (refused.value - counted_from) / wall, (cpu_s(gateway_pid) - cpu_before) / wall
+    rate, cpu_share = (refused.value - counted_from) / wall, (cpu_s(gateway_pid) - cpu_before[gateway_pid]) / wall
+    helper_cpu = sum(cpu_s(pid) - cpu_before[pid] for pid in helpers) / wall
+    helper_peak = sum(memory_mib(pid)["peak"] for pid in helpers)
     stop.set()
     for sender in senders:
         sender.join(timeout=120)
@@ -209,7 +222,8 @@ def big_bodies(args: argparse.Namespace, gateway_info: dict, gateway_pid: int) -
         figures = {phase: {name: dict(zip(("p50_ms", "p99_ms"), np.percentile(ts, [50, 99]) * 1e3, strict=True))
                            for name, ts in took.items()} for phase, took in (("idle", idle), ("loaded", loaded))}
         print(json.dumps({"senders": args.senders, "body_mib": args.body_mib, "refused_per_s": rate,
-                          "gateway_cpu_cores": cpu_share, "gateway_memory_mib": memory, "latency": figures},
+                          "gateway_cpu_cores": cpu_share, "gateway_memory_mib": memory,
+                          "helper_cpu_cores": helper_cpu, "helper_peak_mib": helper_peak, "latency": figures},
                          indent=2))
         return
     print(f"{args.senders} clients posting {args.body_mib} MiB chat bodies in a loop ({rate:.1f} refused/s); "
@@ -221,6 +235,8 @@ def big_bodies(args: argparse.Namespace, gateway_info: dict, gateway_pid: int) -
               f"{busy[0]:>7.1f} {busy[1]:>7.1f}")
     print(f"gateway while loaded: {cpu_share:.2f} cores of CPU; resident memory: peak {memory['peak']:.0f} MiB, "
           f"at the end {memory['now']:.0f} MiB")
+    print(f"its {len(helpers)} child processes (decoding large bodies): {helper_cpu:.2f} cores of CPU, resident "
+          f"memory peak {helper_peak:.0f} MiB")
 
 
 def main() -> None:
