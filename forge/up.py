@@ -85,6 +85,9 @@ class UpConfig(Settings):
     keys: bool = setting(True, help="Secure the run with API keys: fresh random ones per run for the gateways, actors "
                                     "and cache, given to them as files in RUN_DIR/keys (mode 0600); --no-keys "
                                     "serves them without keys.")
+    metrics: bool = setting(True, help="Give the learner, actors and cache a Prometheus /metrics port each (a free "
+                                       "one, keyed as the service is; the gateways serve /metrics on their HTTP "
+                                       "port anyway); services.json lists every metrics_url.")
     log_level: str = log_level_setting("WARNING")
     model: ModelChoice = field(default_factory=ModelChoice)
     tasks: TasksConfig = field(default_factory=TasksConfig)
@@ -176,9 +179,10 @@ class System:
         self.keys = generate(run / "keys") if c.keys else None
         actor_table = self.tables.get("actor", {})
         backend = actor_table.get("backend", c.backend) if isinstance(actor_table, dict) else c.backend
+        metrics: dict[str, Any] = {"metrics_port": 0} if c.metrics else {}
         l3: dict[str, Any] = {}
         if c.cache and backend == "torch":
-            cache = self._start("cache", "forge-cache", {"dir": run / "cache", "port": 0,
+            cache = self._start("cache", "forge-cache", {"dir": run / "cache", "port": 0, **metrics,
                                                          **self._key_files(api_key_file="cache")},
                                 {"capacity_mb": c.cache_mb})
             l3 = {"l3_cache": cache.info["address"], **self._key_files(l3_api_key_file="cache")}
@@ -191,14 +195,14 @@ class System:
                           for i in range(c.actors)]
         learner = self._start("learner", "forge-learner", {
             "pool": run / "pool", "run_dir": run / "learner", "weights_fetch": "tcp://127.0.0.1:*",
-            "weights_announce": "tcp://127.0.0.1:*", "port": 0, "create_pool": True, **curve}, {
+            "weights_announce": "tcp://127.0.0.1:*", "port": 0, "create_pool": True, **metrics, **curve}, {
             "model": c.model.path, "batch_groups": c.batch_groups, "window": c.window, "lr": c.lr,
             "warmup_steps": c.warmup_steps, "token_norm": c.token_norm, "normalize": c.advantage_norm,
             "beta": c.speed_weight, "speed_domains": ",".join(c.speed_domains), "max_wait": 10,
             "checkpoint_every": 25, "seed": c.seed}, env={"OMP_NUM_THREADS": "1"})
         weights = {"weights_fetch": learner.info["weights_fetch"], "weights_announce": learner.info["weights_announce"]}
         actors = [self._start(f"actor-{i}", "forge-actor", {"port": 0, "name": f"actor-{i}", **weights,
-                                                            **actor_keys[i], **l3,
+                                                            **actor_keys[i], **l3, **metrics,
                                                             **self._key_files(api_key_file="actor")},
                               {"model": c.model.path, "backend": backend, "threads": 1, "kv_cache_mb": 96,
                                "seed": c.seed + i}, timeout_s=ACTOR_START_S[backend])
@@ -215,6 +219,8 @@ class System:
         """The service's entry in services.json: name, kind, ready-file fields, and its key file in a keyed run."""
         kind = service.name.split("-")[0]
         entry = {"name": service.name, "kind": kind, **service.info}
+        if kind == "gateway":
+            entry["metrics_url"] = f"{service.info['http_address']}/metrics"
         if self.key(kind) is not None:
             entry["api_key_file"] = str(self.keys.file(kind))
         return entry

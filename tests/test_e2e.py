@@ -79,6 +79,17 @@ def inspect_keyed_services(run_dir: Path, seen: dict, stop: threading.Event) -> 
             except grpc.RpcError as exc:
                 seen[name] = exc.code()
     seen["api_key_files"] = {s["name"]: s.get("api_key_file") for s in services.values()}
+    seen["metrics"] = {}
+    for name, service in services.items():
+        url, key_file = service.get("metrics_url"), service.get("api_key_file")
+        if url is None:
+            continue
+        headers = {}
+        if key_file:
+            service_key = next(line for line in Path(key_file).read_text().splitlines() if not line.startswith("#"))
+            headers = {"Authorization": f"Bearer {service_key}"}
+        keyed, unkeyed = httpx.get(url, headers=headers, timeout=30), httpx.get(url, timeout=30)
+        seen["metrics"][name] = (keyed.status_code, unkeyed.status_code, "forge_uptime_seconds" in keyed.text)
 
 
 @pytest.mark.timeout(2400)
@@ -106,6 +117,8 @@ def test_a_short_forge_up_run_learns(tmp_path):
     assert seen["unkeyed"] == 401 and seen["keyed"] == 200
     assert seen["actor-0"] == seen["cache"] == grpc.StatusCode.UNAUTHENTICATED
     assert seen["api_key_files"]["gateway"] == str(config.run_dir / "keys" / "gateway.key")
+    assert seen["metrics"] == {"learner": (200, 200, True), "cache": (200, 401, True), "actor-0": (200, 401, True),
+                               "gateway": (200, 401, True)}, seen["metrics"]
     logs = "".join(path.read_text(errors="replace") for path in (config.run_dir / "logs").glob("*.log"))
     assert not [k for k in keys if k in logs + console.export_text(clear=False)], "a key in the logs"
     report(result, console)
