@@ -40,12 +40,24 @@ class Overloaded(RuntimeError):
 
 
 @dataclass
+class Continuation:
+    """The first tokens of a request, sampled by another actor (disaggregated serving): the backend continues after
+    them as if it had sampled them itself. One weight version produced them all."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_version: int
+
+
+@dataclass
 class GenerationRequest:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
     session_id: str = ""
     stream_interval: int = 0        # tokens per chunk after the first, 0 = the backend's (TensorRT-LLM: its own)
+    prefill_only: bool = False      # sample the first token only, and store the prompt's KV blocks in the L3 cache
+    continuation: Continuation | None = None
 
 
 TopTokens = tuple[list[int], list[float]]      # the most likely token ids of one distribution and their log-probs
@@ -62,6 +74,8 @@ class TokenChunk:
     finish_reason: FinishReason | None = None
     error: str = ""
     cached_prompt_tokens: int = 0
+    handover_blocks: int = 0        # final chunk of a prefill_only request: the prompt's blocks stored in L3
+    retryable: bool = False         # with ERROR: nothing was sampled, the request may be sent again (elsewhere)
     queue_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -193,6 +207,7 @@ class Backend(ABC):
     """An inference backend. Implementations are thread-safe: any thread may submit, abort or load weights."""
 
     name: str = "backend"
+    hands_over: ClassVar[bool] = False     # serves prefill_only requests and continuations (disaggregated serving)
 
     @abstractmethod
     def submit(self, request: GenerationRequest) -> RequestStream:

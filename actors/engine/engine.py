@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 import threading
 import time
@@ -120,7 +121,33 @@ class RequestLimits:
             raise InvalidRequest(f"min_tokens is {params.min_tokens}, but the prompt of {len(prompt)} tokens leaves "
                                  f"room for {room}")
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
-        return min(params.max_tokens or room, room), stops
+        max_tokens = min(params.max_tokens or room, room)
+        if request.continuation is not None:
+            self._check_continuation(request, max_tokens, stops)
+        return (1 if request.prefill_only else max_tokens), stops
+
+    def _check_continuation(self, request: GenerationRequest, max_tokens: int, stops: frozenset[int]) -> None:
+        given = request.continuation
+        if request.prefill_only:
+            raise InvalidRequest("a request is prefill_only or a continuation, not both")
+        tokens, logprobs = given.token_ids, given.logprobs
+        if len(logprobs) != len(tokens):
+            raise InvalidRequest(f"a continuation needs one log-probability per token; got {len(tokens)} tokens and "
+                                 f"{len(logprobs)} log-probabilities")
+        if len(tokens) != 1:
+            raise InvalidRequest(f"a continuation carries the one token its prefill sampled, got {len(tokens)}")
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequest(f"continuation token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        if not all(math.isfinite(lp) and lp <= 0 for lp in logprobs):
+            raise InvalidRequest("continuation log-probabilities must be finite and at most 0")
+        if given.weight_version < 0:
+            raise InvalidRequest(f"the continuation's weight version must be 0 or more, got {given.weight_version}")
+        if len(tokens) >= max_tokens:
+            raise InvalidRequest(f"the continuation already has {len(tokens)} tokens of the request's {max_tokens}")
+        stopped = [i for i, t in enumerate(tokens) if t in stops]
+        if stopped:
+            raise InvalidRequest(f"continuation token {stopped[0]} is a stop token: the request had already finished")
 
 
 def check_weights(version: int, state_dict: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]]) -> None:
@@ -148,6 +175,7 @@ def reserve_cpu_threads(threads: int = 0) -> int:
 
 class TorchEngine(Backend):
     name = "torch"
+    hands_over = True
 
     def __init__(self, model: CausalLM, config: EngineConfig | None = None, initial_version: int = 0) -> None:
         self.config = config = config or EngineConfig()
@@ -311,8 +339,16 @@ class TorchEngine(Backend):
         prompt = list(request.prompt_ids)
         banned = tuple(sorted(set(params.stop_token_ids) | set(self._limits.eos_token_ids))) \
             if params.min_tokens else ()
-        return Sequence(request_id, prompt, len(prompt), params, self.stream_factory(request_id), max_tokens, stops,
-                        seed=seed, stream_interval=request.stream_interval, banned_ids=banned)
+        if request.prefill_only and (self.connector is None or self.connector.client is None):
+            raise InvalidRequest("prefill_only needs an L3 cache to hand the prompt's KV blocks over (--l3-cache)")
+        seq = Sequence(request_id, prompt, len(prompt), params, self.stream_factory(request_id), max_tokens, stops,
+                       seed=seed, stream_interval=request.stream_interval, banned_ids=banned,
+                       prefill_only=request.prefill_only)
+        given = request.continuation
+        if given is not None:
+            seq.forced = (given.token_ids[0], given.logprobs[0])
+            seq.handover_version = given.weight_version
+        return seq
 
     # ------------------------------------------------------------------ loop
 
@@ -331,11 +367,14 @@ class TorchEngine(Backend):
                 weights, self._pending_weights = self._pending_weights, None
             connector = self.connector
             for seq in incoming:
+                if self._stale_handover(seq):
+                    continue
                 if connector is None or not connector.intercept(seq):   # L3: held while its blocks are fetched
                     self.scheduler.add(seq)
             if connector is not None:
                 for seq in connector.take_ready():
-                    self.scheduler.add(seq)
+                    if not self._stale_handover(seq):
+                        self.scheduler.add(seq)
             for request_id in aborts:
                 seq = self._live.get(request_id)
                 if seq is not None:
@@ -365,6 +404,10 @@ class TorchEngine(Backend):
         if self.config.abort_on_weight_swap:
             for seq in list(self.scheduler.running):
                 self._finish(seq, FinishReason.ABORT, error="aborted by a weight swap")
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            if (seq.prefill_only and seq.num_computed) or (seq.handover_version is not None and seq.first_token is None):
+                self._finish(seq, FinishReason.ERROR, retryable=True,
+                             error=f"the weights changed to version {version} during a handover; send it again")
         for seq in self.scheduler.running:
             seq.draft = None        # drafted by the old weights' MTP head
         log.info("applied weight version %d in %.1f ms", version, (time.perf_counter() - started) * 1e3)
@@ -413,6 +456,12 @@ class TorchEngine(Backend):
 
     def _emit(self, item: Work, result: Sampled, interval: int) -> None:
         seq = item.seq
+        if seq.forced is not None:      # the continuation's given token: recorded, not streamed (the caller has it)
+            seq.forced = None
+            seq.token_ids.extend(result.tokens)
+            seq.logprobs.extend(result.logprobs)
+            seq.versions.append(seq.handover_version)
+            return
         cached, first = 0, seq.first_token is None
         if first:                   # sent at once, whatever the stream interval: time to first token
             seq.first_token = time.perf_counter()
@@ -441,20 +490,32 @@ class TorchEngine(Backend):
             seq.unsent = None
             seq.stream.put(chunk)
 
-    def _finish(self, seq: Sequence, reason: FinishReason, error: str = "") -> None:
+    def _stale_handover(self, seq: Sequence) -> bool:
+        """Refuse (retryably) a continuation whose first tokens another weight version sampled."""
+        if seq.handover_version is None or seq.handover_version == self._version:
+            return False
+        self._finish(seq, FinishReason.ERROR, retryable=True,
+                     error=f"the continuation was sampled by weight version {seq.handover_version}, this actor runs "
+                           f"{self._version}; prefill it again")
+        return True
+
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str = "", retryable: bool = False) -> None:
         if seq.status is Status.FINISHED:
             return
+        deliver = seq.stream.put
+        if seq.prefill_only and reason in (FinishReason.STOP, FinishReason.LENGTH):
+            deliver = self.connector.hand_over(seq)      # its blocks are copied now, before they are freed
         self.scheduler.finish(seq)
         self._live.pop(seq.request_id, None)
         self._counters["finished"] += 1
         now = time.perf_counter()
         chunk, seq.unsent = seq.unsent or TokenChunk(), None       # tokens not sent yet end with the request
-        chunk.finish_reason, chunk.error = reason, error
+        chunk.finish_reason, chunk.error, chunk.retryable = reason, error, retryable
         admitted = seq.admitted or now
         first = seq.first_token or now
         chunk.queue_s, chunk.prefill_s = admitted - seq.arrived, first - admitted
         chunk.decode_s, chunk.total_s = now - first, now - seq.arrived
-        seq.stream.put(chunk)
+        deliver(chunk)
 
 
 @functools.lru_cache(maxsize=64)

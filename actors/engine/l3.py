@@ -24,12 +24,14 @@ import queue
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
+from forge.actors.backend import RequestStream, TokenChunk
 from forge.actors.engine.sequence import Sequence, Status
 from forge.cache.blocks import KVBlock
 from forge.cache.client import FETCH_POLICIES, CacheClient
@@ -51,6 +53,7 @@ class _Fetch:
     salt: bytes
     hashes: list[bytes]                 # every full prompt block's chained hash
     local: int                          # leading blocks cached locally when the request arrived
+    always: bool = False                # fetch whatever L3 holds (a handover), not only where it is estimated cheaper
     tensors: list[torch.Tensor] = field(default_factory=list)
 
 
@@ -76,13 +79,16 @@ class KVConnector:
         self.fetch_bps = Ewma(1e9)         # optimistic priors: the first fetches measure the real figures
         self.lookup_s = Ewma(1e-3)
         self.counters = dict(l3_lookups=0, l3_fetched_blocks=0, l3_fetch_skipped=0, l3_fetch_failures=0,
-                             l3_published_blocks=0, l3_publish_dropped=0, l3_publish_failures=0, l3_stale_dropped=0)
+                             l3_published_blocks=0, l3_publish_dropped=0, l3_publish_failures=0, l3_stale_dropped=0,
+                             l3_handovers=0, l3_handover_failures=0)
         self._in_l3: OrderedDict[bytes, None] = OrderedDict()   # published or fetched: not published again
         self._ready: deque[_Fetch] = deque()
+        self._delivered: list[tuple[RequestStream, TokenChunk]] = []     # handovers stored, their chunk not sent
         self._lock = threading.Lock()
         self._closed = False
         self._publish: queue.Queue = queue.Queue(maxsize=publish_queue)
         self._fetchers = ThreadPoolExecutor(fetch_workers, thread_name_prefix="l3-fetch") if client else None
+        self._handovers = ThreadPoolExecutor(fetch_workers, thread_name_prefix="l3-handover") if client else None
         self._publisher = threading.Thread(target=self._publish_loop, name="l3-publish", daemon=True) \
             if client else None
         if self._publisher is not None:
@@ -99,18 +105,24 @@ class KVConnector:
         hashes = self.blocks.prompt_block_hashes(seq, salt)
         local = leading(hashes, self.blocks.by_hash.__contains__)
         missing_s = (len(hashes) - local) * self.blocks.block_size / self.prefill_tps.value
-        if local == len(hashes) or (self.fetch_policy == "auto" and missing_s <= self.lookup_s.value):
+        handed_over = seq.handover_version is not None     # its blocks were put to L3 for it: always fetched
+        if local == len(hashes) or (self.fetch_policy == "auto" and not handed_over
+                                    and missing_s <= self.lookup_s.value):
             return False
-        self._fetchers.submit(self._fetch, _Fetch(seq, salt, hashes, local))
+        self._fetchers.submit(self._fetch, _Fetch(seq, salt, hashes, local, always=handed_over))
         return True
 
     def has_ready(self) -> bool:
-        return bool(self._ready)
+        return bool(self._ready or self._delivered)
 
     def take_ready(self) -> list[Sequence]:
-        """Requests whose lookup is done, their fetched blocks installed; the engine schedules them."""
+        """Requests whose lookup is done, their fetched blocks installed; the engine schedules them. Handed-over
+        prefills whose blocks are stored get their final chunk here."""
         with self._lock:
             jobs, self._ready = list(self._ready), deque()
+            delivered, self._delivered = self._delivered, []
+        for stream, chunk in delivered:
+            stream.put(chunk)
         admitted = []
         for job in jobs:
             if job.seq.status is Status.FINISHED:       # aborted while held
@@ -167,6 +179,38 @@ class KVConnector:
             self._publish.put_nowait((block_hash, torch.stack((keys[:, block_id], values[:, block_id]))))
             self._mark_in_l3(block_hash)
 
+    def hand_over(self, seq: Sequence) -> Callable[[TokenChunk], None]:
+        """For a prefill-only request as it finishes (engine thread, its blocks still held): copy its prompt's full
+        blocks and return how to deliver its final chunk: once a worker has stored the blocks in L3, with their
+        count in ``handover_blocks`` (0 where storing failed: the decode actor then recomputes them)."""
+        size = self.blocks.block_size
+        count = (seq.num_prompt - 1) // size      # a prompt's last token is always computed: its block is not reused
+        hashes = list(seq.hashes(self.engine.salt(seq.kv_version), size, count)[:count])
+        block_ids = seq.block_table[:count]
+        tensors = [torch.stack((self.kv.keys[:, b], self.kv.values[:, b])) for b in block_ids]
+        stream = seq.stream
+
+        def store_then_deliver(chunk: TokenChunk) -> None:
+            def run() -> None:
+                try:
+                    if hashes:
+                        self._put(list(zip(hashes, tensors, strict=True)), raise_errors=True)
+                        for block_hash in hashes:
+                            self._mark_in_l3(block_hash)
+                    chunk.handover_blocks = len(hashes)
+                    self.counters["l3_handovers"] += 1
+                except Exception:
+                    self.counters["l3_handover_failures"] += 1
+                    log.exception("handing %d prompt blocks over through L3 failed; the decode actor recomputes them",
+                                  len(hashes))
+                with self._lock:              # delivered by the engine thread, like every other chunk
+                    self._delivered.append((stream, chunk))
+                self.engine.wake()
+
+            self._handovers.submit(run)
+
+        return store_then_deliver
+
     def _mark_in_l3(self, block_hash: bytes) -> None:
         self._in_l3[block_hash] = None
         self._in_l3.move_to_end(block_hash)
@@ -182,7 +226,7 @@ class KVConnector:
             count = self.client.lookup(wanted)
             self.lookup_s.update(time.perf_counter() - started)
             self.counters["l3_lookups"] += 1
-            if count and self.fetch_policy == "auto":
+            if count and self.fetch_policy == "auto" and not job.always:
                 fetch_s = self.lookup_s.value + count * self.block_bytes / self.fetch_bps.value
                 if fetch_s >= count * self.blocks.block_size / self.prefill_tps.value:
                     self.counters["l3_fetch_skipped"] += 1
@@ -230,7 +274,7 @@ class KVConnector:
             if len(live) < len(batch):
                 return
 
-    def _put(self, batch: list[tuple[bytes, torch.Tensor]]) -> None:
+    def _put(self, batch: list[tuple[bytes, torch.Tensor]], raise_errors: bool = False) -> None:
         try:
             blocks = [KVBlock.build(block_hash, self.blocks.block_size, self.dtype_name, self.block_shape,
                                     tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
@@ -238,6 +282,8 @@ class KVConnector:
             self.client.put(blocks)
             self.counters["l3_published_blocks"] += len(blocks)
         except Exception:
+            if raise_errors:
+                raise
             self.counters["l3_publish_failures"] += 1
             log.exception("publishing %d blocks to L3 failed", len(batch))
 
@@ -267,6 +313,12 @@ class KVConnector:
         self._closed = True
         if self._fetchers is not None:
             self._fetchers.shutdown(wait=True, cancel_futures=True)
+        if self._handovers is not None:
+            self._handovers.shutdown(wait=True)          # a finished prefill's chunk is delivered, not dropped
+            with self._lock:
+                delivered, self._delivered = self._delivered, []
+            for stream, chunk in delivered:
+                stream.put(chunk)
         if self._publisher is not None:
             try:
                 self._publish.put(None, timeout=5)

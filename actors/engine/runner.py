@@ -176,6 +176,9 @@ class ModelRunner:
                 tops = self._tops(chosen, seqs)
                 for i, ((b, _), token, logprob) in enumerate(zip(plain, tokens.tolist(), picked.tolist(),
                                                                  strict=True)):
+                    forced = work[b].seq.forced          # a continuation: another actor drew its first token
+                    if forced is not None:
+                        token, logprob = forced
                     results[b] = Sampled([token], [logprob], top=None if tops is None else [tops[i]])
             if drafted:
                 for (b, _), result in zip(drafted, self._verify(logprobs, drafted, work), strict=True):
