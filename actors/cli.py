@@ -133,7 +133,7 @@ def actor(config: ActorConfig) -> None:
         engine.close()
 
     options = ServerOptions(host=config.host, port=config.port, api_keys=config.api_keys)
-    servicer = ActorServicer(engine, config.name or "actor", {"model": model_id, "device": device})
+    servicer = ActorServicer(engine, config.name or "actor", {"model": model_id, "device": device}, config.role)
     bindings = [ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2, "Actor")]
     event_source = None
     if events is not None:

