@@ -1,5 +1,11 @@
 """The actors behind the gateway: one asyncio gRPC channel each, health checks, in-flight counts, and generation
-streams that move to another actor when one fails before its first token (after it, the call fails)."""
+streams that move to another actor when one fails before its first token (after it, the call fails).
+
+With prefill actors (disaggregated serving), a call is first prefilled on one of them (its first token sampled,
+its prompt's KV blocks stored in the L3 cache), then continued on a decode actor chosen by the router. The first
+token is held until the decode actor streams, so that a handover the decode actor refuses (another weight version)
+can be prefilled again without the agent having seen a token that would then change. A prefill actor that fails is
+replaced by another; with none left, or after repeated refusals, the decode actor serves the whole call."""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from forge.gateway.errors import BadRequest, Unavailable, UpstreamFailed
+from forge.gateway.prefill import PrefillPool
 from forge.gateway.routing import ActorEndpoint, NoActorAvailable, Router, RouteRequest, make_router
 from forge.rpc.auth import bearer_metadata
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
@@ -40,13 +47,35 @@ class _Retry(Exception):
     pass
 
 
+class _StaleHandover(Exception):
+    """The decode actor refused a continuation sampled under another weight version: prefill it again."""
+
+
+HANDOVER_TRIES = 3
+LENGTH = common_pb2.FINISH_REASON_LENGTH
+
+
+def joined(first: actor_pb2.GenerateChunk, chunk: actor_pb2.GenerateChunk) -> actor_pb2.GenerateChunk:
+    """The prefill's chunk (its one token) followed by the decode actor's first chunk, as one chunk of the decode
+    actor's: the call's first chunk, as a single actor would have streamed it."""
+    merged = actor_pb2.GenerateChunk(token_ids=first.token_ids, logprobs=first.logprobs,
+                                     weight_versions=first.weight_versions, top_logprobs=first.top_logprobs)
+    merged.MergeFrom(chunk)             # appends the repeated fields, takes the decode actor's others
+    merged.cached_prompt_tokens = first.cached_prompt_tokens
+    return merged
+
+
 class ActorSet:
     def __init__(self, addresses: Sequence[str], router: str = "least-loaded", session_affinity: bool = True,
-                 api_key: str | None = None, health_interval_s: float = 2.0) -> None:
+                 api_key: str | None = None, health_interval_s: float = 2.0, prefill_addresses: Sequence[str] = (),
+                 prefill_min_tokens: int = 64) -> None:
         if not addresses:
             raise ValueError("no actors: give at least one --actor host:port")
         self.actors = [ActorState(ActorEndpoint(a)) for a in dict.fromkeys(addresses)]
-        self.by_address = {a.endpoint.address: a for a in self.actors}
+        prefill = [ActorState(ActorEndpoint(a)) for a in dict.fromkeys(prefill_addresses)]
+        self.prefill = PrefillPool(prefill, prefill_min_tokens)
+        self.every = [*self.actors, *prefill]
+        self.by_address = {a.endpoint.address: a for a in self.every}
         self.router: Router = make_router(router, self.actors, session_affinity)
         self.router_name = router
         self.metadata = bearer_metadata(api_key)
@@ -58,18 +87,37 @@ class ActorSet:
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.keepalive_time_ms", 30_000),
                    ("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 5_000)]
-        for actor in self.actors:
+        for actor in self.every:
             actor.channel = grpc.aio.insecure_channel(actor.endpoint.address, options=options)
             actor.stub = actor_pb2_grpc.ActorStub(actor.channel)
             actor.health = health_pb2_grpc.HealthStub(actor.channel)
+        await self._check_roles()
         self._health_task = asyncio.create_task(self._watch_health(), name="actor-health")
         await self.router.start(self.metadata)
+
+    async def _check_roles(self) -> None:
+        """Refuse to start with an actor whose role (Stats label) does not fit where it was given; an actor not
+        reachable yet is checked by its calls instead."""
+        if not self.prefill.actors:
+            return
+        prefill = {a.endpoint.address for a in self.prefill.actors}
+        for actor in self.every:
+            try:
+                report = await actor.stub.Stats(common_pb2.StatsRequest(), metadata=self.metadata, timeout=5.0)
+            except grpc.aio.AioRpcError:
+                continue
+            role = report.labels.get("role", "both")
+            address = actor.endpoint.address
+            if address in prefill and role != "prefill":
+                raise ValueError(f"--prefill-actor {address} is a {role} actor; start it with --role prefill")
+            if address not in prefill and role == "prefill":
+                raise ValueError(f"--actor {address} is a prefill actor; give it as --prefill-actor")
 
     async def close(self) -> None:
         if self._health_task:
             self._health_task.cancel()
         await self.router.close()
-        for actor in self.actors:
+        for actor in self.every:
             if actor.channel is not None:
                 await actor.channel.close(grace=None)
 
@@ -86,7 +134,7 @@ class ActorSet:
 
     async def _watch_health(self) -> None:
         while True:
-            await asyncio.gather(*(self._check(a) for a in self.actors))
+            await asyncio.gather(*(self._check(a) for a in self.every))
             await asyncio.sleep(self.health_interval_s)
 
     def call(self, route: RouteRequest, sampling: common_pb2.SamplingParams, stream_interval: int = 0) -> ActorCall:
@@ -95,13 +143,16 @@ class ActorSet:
     def gauges(self) -> dict[str, float]:
         figures = {"actors": float(len(self.actors)), "actors_healthy": float(sum(a.healthy for a in self.actors)),
                    "in_flight": float(sum(a.in_flight for a in self.actors)), "actor_retries": float(self.retries)}
-        for a in self.actors:
+        for a in self.every:
             name = a.endpoint.address
             figures[f"actor_in_flight/{name}"] = float(a.in_flight)
             figures[f"actor_healthy/{name}"] = float(a.healthy)
             figures[f"actor_calls/{name}"] = float(a.calls)
             figures[f"actor_failures/{name}"] = float(a.failures)
         figures.update(self.router.gauges())
+        if self.prefill.actors:
+            figures["prefill_actors"] = float(len(self.prefill.actors))
+            figures.update(self.prefill.gauges())
         return figures
 
 
@@ -122,6 +173,78 @@ class ActorCall:
         self.attempts = 0
 
     async def chunks(self) -> AsyncIterator[actor_pb2.GenerateChunk]:
+        pool = self.actors.prefill
+        prompt_tokens = len(self.route.prompt_ids)
+        for attempt in range(HANDOVER_TRIES):
+            if not pool.wanted(prompt_tokens, self.actors.router.cached_tokens(self.route)):
+                break
+            first = await self._prefill()
+            if first is None:                   # no prefill actor could: the decode actor prefills
+                pool.counters["handover_fallbacks"] += 1
+                break
+            if first.finish_reason != LENGTH or self.sampling.max_tokens == 1 or self.aborted:
+                yield first                     # the call ended at its first token (or was aborted)
+                return
+            continuation = actor_pb2.Continuation(token_ids=first.token_ids, logprobs=first.logprobs,
+                                                  weight_version=first.weight_versions[0])
+            try:
+                async for chunk in self._decode(continuation, first):
+                    yield chunk
+                return
+            except _StaleHandover as exc:
+                pool.counters["handover_redone"] += 1
+                log.info("handover refused (%s); prefilling again (%d)", exc, attempt + 1)
+        else:
+            pool.counters["handover_fallbacks"] += 1
+        async for chunk in self._decode(None, None):
+            yield chunk
+
+    async def _prefill(self) -> actor_pb2.GenerateChunk | None:
+        """The call's first token from a prefill actor, its prompt's blocks stored in L3; None when no prefill
+        actor could give it."""
+        pool, route = self.actors.prefill, self.route
+        tried: set[str] = set()
+        tokens = len(route.prompt_ids)
+        while True:
+            try:
+                actor = pool.choose(route.session_id, tokens, tried)
+            except NoActorAvailable:
+                return None
+            address = actor.endpoint.address
+            tried.add(address)
+            if len(tried) > 1:
+                pool.counters["prefill_retries"] += 1
+            self.actor, self.request_id = actor, uuid.uuid4().hex
+            request = actor_pb2.GenerateRequest(request_id=self.request_id, prompt_ids=route.prompt_ids,
+                                                sampling=self.sampling, session_id=route.session_id,
+                                                prefill_only=True)
+            pool.started(route.session_id, address, tokens)
+            actor.in_flight += 1
+            actor.calls += 1
+            try:
+                chunks = [c async for c in actor.stub.Generate(request, metadata=self.actors.metadata)]
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise BadRequest(f"the actor refused the request: {exc.details()}") from exc
+                actor.failures += 1
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    actor.healthy = False
+                log.warning("prefill actor %s failed (%s); trying another", address, exc.code().name)
+                continue
+            finally:
+                actor.in_flight -= 1
+                pool.finished(address, tokens)
+            last = chunks[-1] if chunks else None
+            if last is not None and (last.finish_reason not in (ERROR, ABORT) or self.aborted):
+                return last                     # a prefill answers in one chunk
+            actor.failures += 1
+            log.warning("prefill actor %s failed: %s; trying another", address,
+                        last.error if last is not None else "the stream ended without a chunk")
+
+    async def _decode(self, continuation: actor_pb2.Continuation | None, held: actor_pb2.GenerateChunk | None
+                      ) -> AsyncIterator[actor_pb2.GenerateChunk]:
+        """The call on a decode actor (or a ``both`` one): whole, or after ``continuation``, with ``held`` (the
+        prefill's chunk) joined to the front of its first chunk."""
         tried: set[str] = set()
         last_error = ""
         while True:
@@ -139,7 +262,7 @@ class ActorCall:
             actor.calls += 1
             request = actor_pb2.GenerateRequest(request_id=self.request_id, prompt_ids=self.route.prompt_ids,
                                                 sampling=self.sampling, session_id=self.route.session_id,
-                                                stream_interval=self.stream_interval)
+                                                stream_interval=self.stream_interval, continuation=continuation)
             stream = actor.stub.Generate(request, metadata=self.actors.metadata)
             started = False
             sent = time.monotonic()
@@ -153,7 +276,11 @@ class ActorCall:
                                                else "the actor failed")
                         if started or chunk.token_ids:
                             raise UpstreamFailed(f"actor {endpoint.address} failed mid-stream: {what}")
+                        if continuation is not None and chunk.retryable:
+                            raise _StaleHandover(what)
                         raise _Retry(what)
+                    if held is not None and not started:
+                        chunk = joined(held, chunk)
                     started = started or bool(chunk.token_ids)
                     yield chunk
                     if chunk.finish_reason:

@@ -19,6 +19,13 @@ class GatewayConfig(Settings):
     model_name: str = setting("forge-tiny", help="The model name served at /v1/models and echoed in responses.")
     actors: tuple[str, ...] = setting((), flag="actor", metavar="HOST:PORT", validate=check_addresses,
                                       help="An actor to route calls to (repeatable; at least one).")
+    prefill_actors: tuple[str, ...] = setting((), flag="prefill-actor", metavar="HOST:PORT", validate=check_addresses,
+                                              help="A prefill actor (forge-actor --role prefill, repeatable): calls "
+                                                   "are then prefilled there and continued on the --actor ones "
+                                                   "(decode actors), their KV handed over through the L3 cache.")
+    prefill_min_tokens: int = setting(64, min=1, help="With --prefill-actor: a call whose prompt has fewer tokens "
+                                                      "not already cached on its decode actor skips the prefill "
+                                                      "pool.")
     actor_api_key: str | None = setting(None, env="FORGE_GATEWAY_ACTOR_API_KEY", secret=True,
                                         help="API key the actors require.")
     pool_path: str | None = setting(None, flag="pool", help="Data Pool directory (LMDB), opened in this process.")
@@ -66,6 +73,9 @@ class GatewayConfig(Settings):
     def check(self) -> None:
         if not self.actors:
             raise SettingsError("give at least one --actor HOST:PORT")
+        both = set(self.actors) & set(self.prefill_actors)
+        if both:
+            raise SettingsError(f"{sorted(both)[0]} is given as --actor and as --prefill-actor; an actor has one role")
         if (self.pool_path is None) == (self.pool_address is None):
             raise SettingsError("give exactly one of --pool PATH and --pool-address HOST:PORT")
 

@@ -58,7 +58,7 @@ class Gateway:
         self.policy = KeyPolicy(self.keys)
         self.pool = AsyncPool(pool)
         self.actors = ActorSet(config.actors, config.router, config.session_affinity, config.actor_api_key,
-                               config.health_interval_s)
+                               config.health_interval_s, config.prefill_actors, config.prefill_min_tokens)
         self.sessions = SessionRegistry(self.pool, self.keys, self.metrics, config.tito_max_calls,
                                         config.fail_sessions_on_call_error)
         self.sessions.on_forget.append(self.actors.router.forget)

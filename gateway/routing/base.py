@@ -90,6 +90,12 @@ class Router(abc.ABC):
         """The call's attempt on ``address`` ended: finished, failed, or moved to another actor (then ``choose``
         is asked again with ``address`` in ``exclude``). Default: nothing."""
 
+    def cached_tokens(self, request: RouteRequest) -> int | None:
+        """How many leading prompt tokens of ``request`` the best-placed actor holds in its KV cache, as far as the
+        router knows (a disaggregated gateway skips the prefill pool when few remain); None: it does not know.
+        Default: None."""
+        return None
+
     def gauges(self) -> dict[str, float]:
         """Figures reported in the gateway's Stats beside its own. Default: none."""
         return {}

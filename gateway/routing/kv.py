@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import grpc
 
 from forge.cache.meters import Ewma
-from forge.gateway.routing.base import ActorEndpoint, ActorView, Router, RouteRequest, candidates
+from forge.gateway.routing.base import ActorEndpoint, ActorView, NoActorAvailable, Router, RouteRequest, candidates
 from forge.gateway.routing.fleet import ActorModel, L3Model, Layout, Pending, Sample
 from forge.kvhash import block_hash, leading
 from forge.v1 import router_pb2, router_pb2_grpc
@@ -117,6 +117,14 @@ class KVRouter(Router):
         self.decisions[reason] += 1
         self._commit(request, chosen)
         return chosen.view.endpoint
+
+    def cached_tokens(self, request: RouteRequest) -> int | None:
+        try:
+            allowed = candidates(self.actors, set())
+        except NoActorAvailable:
+            return None
+        return max(self.option(request, view, 0).local * self.models[view.endpoint.address].block_size
+                   for view in allowed)
 
     @abc.abstractmethod
     def pick(self, request: RouteRequest, options: list[Option]) -> tuple[Option, str]:

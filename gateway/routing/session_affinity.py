@@ -53,5 +53,8 @@ class SessionAffinityRouter(Router):
     def on_done(self, request: RouteRequest, address: str) -> None:
         self.inner.on_done(request, address)
 
+    def cached_tokens(self, request: RouteRequest) -> int | None:
+        return self.inner.cached_tokens(request)
+
     def gauges(self) -> dict[str, float]:
         return self.inner.gauges()

@@ -1,0 +1,97 @@
+"""A disaggregated gateway against real processes: a prefill actor and a decode actor with a ``forge-cache``
+between them serve chat calls with the tokens, log-probabilities and weight versions that a gateway in front of one
+``both`` actor records; with its prefill actor killed (``kill -9``), calls fall back to the decode actor and still
+record the same; an actor given in the wrong role stops the gateway at start."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+
+import httpx
+import pytest
+
+from forge.pool import PoolReader
+
+from helpers.gateway_procs import start_actor, start_gateway
+from helpers.processes import start_cache
+from helpers.random_model import random_tiny
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("pd-gateway")
+    model = str(random_tiny(directory))
+    cache = start_cache(directory, "pd-cache")
+    l3 = ("--l3-cache", cache.address)
+    both = start_actor(directory, "both", "--model", model)
+    prefill = start_actor(directory, "prefill", "--model", model, "--role", "prefill", *l3)
+    decode = start_actor(directory, "decode", "--model", model, "--role", "decode", *l3)
+    whole = start_gateway(directory, [both.address], directory / "pool-whole", name="gateway-whole")
+    split = start_gateway(directory, [decode.address], directory / "pool-split", "--prefill-actor", prefill.address,
+                          "--prefill-min-tokens", "1", name="gateway-split")
+    yield {"whole": whole, "split": split, "prefill": prefill, "decode": decode, "both": both, "dir": directory}
+    for proc in (split, whole, decode, prefill, both, cache):
+        proc.stop()
+
+
+def chat_calls(gateway, run: str, count: int) -> list[str]:
+    """``count`` seeded two-turn sessions; their ids."""
+    sessions = []
+    with httpx.Client(timeout=120) as http:
+        for i in range(count):
+            session = f"{run}-{i}"
+            url = f"{gateway.http}/s/{session}/v1/chat/completions"
+            messages = [{"role": "system", "content": "You are a careful assistant. " * 6},
+                        {"role": "user", "content": f"Question {i}: what is {i} + {3 * i}?"}]
+            for turn in range(2):
+                response = http.post(url, json={"messages": messages, "max_tokens": 10, "seed": 100 * i + turn,
+                                                "temperature": 0.9, "stream": turn == 1})
+                assert response.status_code == 200, response.text
+                if turn == 0:
+                    messages += [response.json()["choices"][0]["message"], {"role": "user", "content": "And?"}]
+            sessions.append(session)
+    return sessions
+
+
+def recorded(pool, sessions: list[str]) -> list[tuple]:
+    with PoolReader(pool) as reader:
+        calls = [c for s in sessions for c in reader.get_session(s).calls]
+    return [(list(c.prompt_ids), list(c.completion_ids), list(c.weight_versions)) for c in calls], \
+        [list(c.logprobs) for c in calls]
+
+
+def assert_same_records(fleet, run: str, count: int) -> None:
+    whole = chat_calls(fleet["whole"], f"whole-{run}", count)
+    split = chat_calls(fleet["split"], f"split-{run}", count)
+    expected, expected_logprobs = recorded(fleet["dir"] / "pool-whole", whole)
+    got, got_logprobs = recorded(fleet["dir"] / "pool-split", split)
+    assert got == expected
+    for a, b in zip(got_logprobs, expected_logprobs, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def gauges(gateway) -> dict[str, float]:
+    return httpx.get(f"{gateway.http}/v1/stats", timeout=30).json()["gauges"]
+
+
+def test_disaggregated_calls_record_what_one_actor_records(fleet):
+    assert_same_records(fleet, uuid.uuid4().hex[:6], 5)
+    figures = gauges(fleet["split"])
+    assert figures["prefills"] >= 10 and figures["handover_fallbacks"] == 0 and figures["prefill_actors"] == 1
+
+
+def test_with_its_prefill_actor_killed_the_decode_actor_serves_whole_calls(fleet):
+    prefill = fleet["prefill"]
+    prefill.proc.send_signal(signal.SIGKILL)
+    prefill.proc.wait(timeout=60)
+    before = gauges(fleet["split"])["handover_fallbacks"]
+    assert_same_records(fleet, uuid.uuid4().hex[:6], 3)
+    assert gauges(fleet["split"])["handover_fallbacks"] >= before + 6
+
+
+def test_an_actor_in_the_wrong_role_stops_the_gateway_at_start(fleet, tmp_path):
+    with pytest.raises(RuntimeError) as err:
+        start_gateway(tmp_path, [fleet["decode"].address], tmp_path / "pool", "--prefill-actor",
+                      fleet["both"].address, name="gateway-wrong")
+    assert "start it with --role prefill" in str(err.value)
