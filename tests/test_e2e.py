@@ -161,6 +161,27 @@ def test_a_short_forge_up_run_learns(tmp_path):
     assert {s["kind"] for s in services} == {"learner", "cache", "actor", "gateway"}
 
 
+@pytest.mark.timeout(1800)
+def test_forge_up_disaggregated_trains_through_its_prefill_actor(tmp_path):
+    """The main job with one prefill and one decode actor, stopped by learner steps: calls go through the prefill
+    actor, the learner trains on them, and both actors apply its versions."""
+    config = UpConfig(run_dir=tmp_path / "run", prefill_actors=1, minutes=20.0, steps=4, eval_size=8,
+                      eval_samples=1)
+    result = asyncio.run(run(config, Console(record=True, width=120)))
+    assert result["learner"].get("version", 0) >= 4
+    gateway = result["gateway"]
+    # short prompts, and turns whose earlier ones the decode actor holds, skip the prefill actor
+    assert gateway["prefills"] >= 5 and gateway["prefill_skipped"] >= 1, gateway
+    services = {s["name"]: s for s in json.loads((config.run_dir / "services.json").read_text())}
+    assert set(services) >= {"actor-0", "actor-prefill-0", "gateway", "cache", "learner"}
+    with PoolReader(config.run_dir / "pool") as pool:
+        entries = pool.entries(start=0, limit=100_000)
+        calls = [c for e in entries for s in e.members for c in pool.get_session(s).calls]
+    assert calls and max(v for c in calls for v in c.weight_versions) >= 1, "no call used a learner version"
+    logs = {p.name: p.read_text(errors="replace") for p in (config.run_dir / "logs").glob("*.log")}
+    assert "applied weight version" in logs["actor-prefill-0.log"]
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(1800)

@@ -127,6 +127,19 @@ def test_render_shows_every_section_and_only_reported_gauges(states):
     assert "ttft" not in text and "spec acc" in text       # gauges nobody reports get no column
 
 
+def test_render_shows_the_prefill_and_decode_pools_apart():
+    prefill = _state("actor-prefill-0", "actor", {"tokens_per_s": 5.0, "l3_handovers": 31})
+    prefill.report.labels["role"] = "prefill"
+    decode = _state("actor-0", "actor", {"tokens_per_s": 700.0})
+    decode.report.labels["role"] = "decode"
+    console = Console(record=True, width=200)
+    console.print(render([decode, prefill, _state("actor-9", "actor", {"tokens_per_s": 1.0})], now=1010.0))
+    text = console.export_text()
+    assert text.index("Actors") < text.index("actor-9") < text.index("Prefill actors") < text.index(
+        "handovers") < text.index("actor-prefill-0") < text.index("Decode actors") < text.index("actor-0 ")
+    assert "31" in text and text.count("handovers") == 1
+
+
 def test_render_fits_a_narrow_terminal(states):
     console = Console(record=True, width=80)
     console.print(render(states, None, now=1010.0, width=80))

@@ -119,6 +119,15 @@ SECTIONS: dict[str, tuple[str, list[Column]]] = {
 TITLES = {"cache": "Cache", "router": "Router"}
 
 
+ROLE_TITLES = ["Actors", "Prefill actors", "Decode actors"]
+
+
+def _role(state: ServiceState) -> str:
+    """The title of an actor's pool, from its ``role`` label (``both``, ``prefill``, ``decode``)."""
+    role = state.report.labels.get("role", "both") if state.report else "both"
+    return {"prefill": "Prefill actors", "decode": "Decode actors"}.get(role, "Actors")
+
+
 def _name(state: ServiceState, instance: bool = True) -> Text:
     """The service's name, and its instance name when that says more (not when it is just its address)."""
     text = Text(state.name, style="bold")
@@ -274,7 +283,14 @@ def render(states: list[ServiceState], local: LocalMachine | None = None, source
         members = [s for s in up if section(s) == kind]
         if not members:
             continue
-        if kind in SECTIONS:
+        if kind == "actor":             # disaggregated: the prefill and decode pools apart
+            title, columns = SECTIONS[kind]
+            roles = sorted({_role(s) for s in members}, key=ROLE_TITLES.index)
+            for role in roles:
+                pool = [s for s in members if _role(s) == role]
+                extra = [gauge("l3_handovers", "handovers")] if role == "Prefill actors" else []
+                parts.append(_table(role, pool, [*columns[:-1], *extra, columns[-1]], width))
+        elif kind in SECTIONS:
             title, columns = SECTIONS[kind]
             parts.append(_table(title, members, columns, width))
         else:
