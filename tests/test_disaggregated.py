@@ -202,3 +202,26 @@ def test_prefill_and_decode_actors_serve_what_a_both_actor_serves(tmp_path, cach
 def test_a_role_that_cannot_work_is_refused_at_start(args, message):
     result = subprocess.run([str(Path(sys.executable).parent / "forge-actor"), *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("with_l3", [False, True], ids=["queued", "fetching"])
+def test_a_weight_swap_before_a_continuation_starts_refuses_it_retryably(model, cache_server, with_l3):
+    """The continuation and a new weight version reach the engine loop in one pass (the test holds the loop's
+    lock while it hands both over): the continuation, queued or still fetching its blocks, never runs on the new
+    weights after a token of the old."""
+    prompt, params = cases()[3]
+    prefill = make_engine(model, cache_server.address)
+    decode = make_engine(model, cache_server.address if with_l3 else None)
+    try:
+        first = collect(prefill.submit(GenerationRequest("", prompt, params, prefill_only=True)))
+        given = Continuation(first[0], first[1], first[2][0])
+        with decode._lock:                      # the loop waits on this condition: it sees both at once
+            stream = decode.submit(GenerationRequest("", prompt, params, continuation=given))
+            decode.load_weights(1, model.state_dict())
+        ids, _, _, last, _ = collect(stream)
+        assert ids == [] and last.finish_reason is FinishReason.ERROR and last.retryable, last
+        assert "weight" in last.error and "version" in last.error
+        assert decode.wait_for_version(1)
+    finally:
+        prefill.close()
+        decode.close()
