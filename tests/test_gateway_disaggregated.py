@@ -1,17 +1,20 @@
 """A disaggregated gateway against real processes: a prefill actor and a decode actor with a ``forge-cache``
 between them serve chat calls with the tokens, log-probabilities and weight versions that a gateway in front of one
 ``both`` actor records; with its prefill actor killed (``kill -9``), calls fall back to the decode actor and still
-record the same; an actor given in the wrong role stops the gateway at start."""
+record the same; a decode actor killed mid-call fails that call alone, recording nothing of it; an actor given in
+the wrong role stops the gateway at start."""
 
 from __future__ import annotations
 
 import signal
 import uuid
 
+import grpc
 import httpx
 import pytest
 
 from forge.pool import PoolReader
+from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from helpers.gateway_procs import start_actor, start_gateway
 from helpers.processes import start_cache
@@ -26,12 +29,12 @@ def fleet(tmp_path_factory):
     l3 = ("--l3-cache", cache.address)
     both = start_actor(directory, "both", "--model", model)
     prefill = start_actor(directory, "prefill", "--model", model, "--role", "prefill", *l3)
-    decode = start_actor(directory, "decode", "--model", model, "--role", "decode", *l3)
+    decode = [start_actor(directory, f"decode-{i}", "--model", model, "--role", "decode", *l3) for i in range(2)]
     whole = start_gateway(directory, [both.address], directory / "pool-whole", name="gateway-whole")
-    split = start_gateway(directory, [decode.address], directory / "pool-split", "--prefill-actor", prefill.address,
-                          "--prefill-min-tokens", "1", name="gateway-split")
+    split = start_gateway(directory, [d.address for d in decode], directory / "pool-split", "--prefill-actor",
+                          prefill.address, "--prefill-min-tokens", "1", name="gateway-split")
     yield {"whole": whole, "split": split, "prefill": prefill, "decode": decode, "both": both, "dir": directory}
-    for proc in (split, whole, decode, prefill, both, cache):
+    for proc in (split, whole, *decode, prefill, both, cache):
         proc.stop()
 
 
@@ -81,6 +84,29 @@ def test_disaggregated_calls_record_what_one_actor_records(fleet):
     assert figures["prefills"] >= 10 and figures["handover_fallbacks"] == 0 and figures["prefill_actors"] == 1
 
 
+def test_a_decode_actor_killed_mid_call_fails_that_call_only_and_records_nothing_of_it(fleet):
+    gateway = fleet["split"]
+    by_instance = {d.info["instance"]: d for d in fleet["decode"]}
+    with grpc.insecure_channel(gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        session = stub.StartSession(gateway_pb2.StartSessionRequest(task_id="kill"), timeout=30).session.session_id
+        sampling = common_pb2.SamplingParams(temperature=1.0, seed=3, max_tokens=1900, ignore_eos=True)
+        stream = stub.Generate(gateway_pb2.SessionGenerateRequest(session_id=session, prompt_ids=list(range(5, 90)),
+                                                                  sampling=sampling), timeout=300)
+        first = next(stream)
+        assert first.token_ids and first.actor in by_instance      # the prefill's token, joined to the decode's
+        victim = by_instance[first.actor]
+        victim.proc.send_signal(signal.SIGKILL)
+        with pytest.raises(grpc.RpcError) as err:
+            list(stream)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "mid-stream" in err.value.details()
+        victim.proc.wait(timeout=60)
+    with PoolReader(fleet["dir"] / "pool-split") as reader:
+        assert list(reader.get_session(session).calls) == []
+    fleet["decode"] = [d for d in fleet["decode"] if d is not victim]
+    assert_same_records(fleet, uuid.uuid4().hex[:6], 2)       # the other decode actor serves the next calls
+
+
 def test_with_its_prefill_actor_killed_the_decode_actor_serves_whole_calls(fleet):
     prefill = fleet["prefill"]
     prefill.proc.send_signal(signal.SIGKILL)
@@ -92,6 +118,6 @@ def test_with_its_prefill_actor_killed_the_decode_actor_serves_whole_calls(fleet
 
 def test_an_actor_in_the_wrong_role_stops_the_gateway_at_start(fleet, tmp_path):
     with pytest.raises(RuntimeError) as err:
-        start_gateway(tmp_path, [fleet["decode"].address], tmp_path / "pool", "--prefill-actor",
+        start_gateway(tmp_path, [fleet["decode"][0].address], tmp_path / "pool", "--prefill-actor",
                       fleet["both"].address, name="gateway-wrong")
     assert "start it with --role prefill" in str(err.value)
