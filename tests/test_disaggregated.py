@@ -195,12 +195,17 @@ def test_prefill_and_decode_actors_serve_what_a_both_actor_serves(tmp_path, cach
             actor.stop()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--role", "prefill"], "--role prefill needs --l3-cache"),
-    (["--role", "decode", "--backend", "vllm"], "--role decode needs the torch backend"),
+@pytest.mark.parametrize("command, args, message", [
+    ("forge-actor", ["--role", "prefill"], "--role prefill needs --l3-cache"),
+    ("forge-actor", ["--role", "decode", "--backend", "vllm"], "--role decode needs the torch backend"),
+    ("forge-gateway", ["--actor", "127.0.0.1:1", "--prefill-actor", "127.0.0.1:1", "--pool", "p"],
+     "given as --actor and as --prefill-actor"),
+    ("forge", ["up", "--decode-actors", "2"], "--decode-actors goes with --prefill-actors"),
+    ("forge", ["up", "--prefill-actors", "1", "--no-cache"], "--prefill-actors needs the torch backend and forge-cache"),
 ])
-def test_a_role_that_cannot_work_is_refused_at_start(args, message):
-    result = subprocess.run([str(Path(sys.executable).parent / "forge-actor"), *args], capture_output=True, text=True, timeout=120)
+def test_a_role_that_cannot_work_is_refused_at_start(tmp_path, command, args, message):
+    result = subprocess.run([str(Path(sys.executable).parent / command), *args], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
