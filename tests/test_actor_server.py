@@ -114,13 +114,21 @@ def test_cancelled_streams_and_abort_free_their_kv_blocks(actor):
             prompt_ids=list(range(40)), sampling=common_pb2.SamplingParams(max_tokens=1500, ignore_eos=True)))
         next(stream)
         stream.cancel()
-        aborted = stub.Generate(actor_pb2.GenerateRequest(
-            request_id="to-abort", prompt_ids=list(range(40)),
-            sampling=common_pb2.SamplingParams(max_tokens=1500, ignore_eos=True)))
-        next(aborted)
-        assert stub.Abort(actor_pb2.AbortRequest(request_id="to-abort")).found
+        # A fast engine on a slow machine may finish the request before the abort arrives: then it is not found,
+        # its stream ended on its own, and the attempt is repeated with another request.
+        for attempt in range(5):
+            request_id = f"to-abort-{attempt}"
+            aborted = stub.Generate(actor_pb2.GenerateRequest(
+                request_id=request_id, prompt_ids=list(range(40)),
+                sampling=common_pb2.SamplingParams(max_tokens=2000, ignore_eos=True)))
+            next(aborted)
+            if stub.Abort(actor_pb2.AbortRequest(request_id=request_id)).found:
+                break
+            assert list(aborted)[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+        else:
+            pytest.fail("no request was still running when its abort arrived")
         assert list(aborted)[-1].finish_reason == common_pb2.FINISH_REASON_ABORT
-        assert not stub.Abort(actor_pb2.AbortRequest(request_id="to-abort")).found
+        assert not stub.Abort(actor_pb2.AbortRequest(request_id=request_id)).found
         generate(stub, [1], max_tokens=1)
         stats = stub.Stats(common_pb2.StatsRequest()).gauges
     assert stats["running"] == 0 and stats["kv_used_frac"] == 0
@@ -148,7 +156,8 @@ def wait_for(condition, timeout: float = 60.0) -> None:
 
 def test_more_open_streams_than_server_threads_are_all_admitted_and_stats_still_answer(actor):
     """100 streams open at once (the threaded server had 64 threads: the rest, Stats and health included, queued
-    behind them)."""
+    behind them): Stats and health answer while they are open, and every stream is admitted (its first chunk
+    comes, whenever its turn is)."""
     with grpc.insecure_channel(actor.address) as channel:
         stub = actor_pb2_grpc.ActorStub(channel)
         sampling = common_pb2.SamplingParams(max_tokens=1000, ignore_eos=True)
@@ -158,9 +167,10 @@ def test_more_open_streams_than_server_threads_are_all_admitted_and_stats_still_
         def gauges() -> dict[str, float]:
             return stub.Stats(common_pb2.StatsRequest(), timeout=10).gauges
 
-        wait_for(lambda: gauges()["running"] + gauges()["waiting"] == 100)
+        assert "running" in gauges()                    # Stats answers beside 100 open streams
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
+        assert all(next(stream).token_ids for stream in streams)
         for stream in streams:
             stream.cancel()
         wait_for(lambda: gauges()["running"] + gauges()["waiting"] == 0)
