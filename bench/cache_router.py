@@ -22,7 +22,12 @@ cache, local or L3) against the oracle's (every block ever computed available ev
 L3; load imbalance (max / mean of per-actor busy time in the simulation, of per-actor prefill tokens computed in
 the real run); for the KV-aware routers the mean absolute error of their TTFT estimate.
 
-Usage: python bench/cache_router.py [--quick] [--part sim|real|both] [--seeds 0 1 2] [--load 1] [--actors 3] [--json]
+With ``--part pd`` the simulation instead compares, under the cost-aware router, the 8 actors co-located against the
+same actors split into P prefill and 8 - P decode actors (``--pd-splits``), by the gateway's rules: a call with at
+least 64 tokens not cached on a decode actor is prefilled on the least busy prefill actor, its blocks go to L3, and
+its decode actor fetches them all and continues; reported: TTFT and time per output token (mean, p99).
+
+Usage: python bench/cache_router.py [--quick] [--part sim|real|both|pd] [--seeds 0 1 2] [--load 1] [--actors 3] [--json]
 """
 
 from __future__ import annotations
@@ -179,9 +184,11 @@ class Tally:
     l3_tokens: int = 0
     imbalances: list[float] = field(default_factory=list)
     errors_ms: list[float] = field(default_factory=list)
+    tpots: list[float] = field(default_factory=list)        # time per output token after the first, per call
 
     def add(self, other: Tally) -> None:
         self.ttfts += other.ttfts
+        self.tpots += other.tpots
         self.prompt_tokens += other.prompt_tokens
         self.hit_tokens += other.hit_tokens
         self.oracle_tokens += other.oracle_tokens
@@ -196,7 +203,9 @@ class Tally:
                 "ttft_p99_ms": float(p99), "hit_rate": self.hit_tokens / tokens,
                 "oracle_hit_rate": self.oracle_tokens / tokens, "l3_share": self.l3_tokens / tokens,
                 "imbalance": float(np.mean(self.imbalances)),
-                "ttft_abs_error_ms": float(np.mean(self.errors_ms)) if self.errors_ms else float("nan")}
+                "ttft_abs_error_ms": float(np.mean(self.errors_ms)) if self.errors_ms else float("nan"),
+                "tpot_mean_ms": float(np.mean(self.tpots) * 1e3) if self.tpots else float("nan"),
+                "tpot_p99_ms": float(np.percentile(self.tpots, 99) * 1e3) if self.tpots else float("nan")}
 
 
 # ====================================================================== simulation
@@ -219,6 +228,8 @@ class Hardware:
     l3_lookup_s: float = 0.001
     l3_blocks: int = 2_000_000
     poll_s: float = 0.2                  # how often the router sees KV events and figures
+    prefill_actors: int = 0              # disaggregated: the first N actors prefill, the others decode
+    prefill_min_tokens: int = 64         # a call with fewer tokens not cached on a decode actor skips the prefill
 
 
 @dataclass(eq=False)
@@ -236,6 +247,10 @@ class SimCall:
     fetched: int = 0
     remaining: int = 0
     generated: int = 0
+    first_at: float = 0.0
+    handover: bool = False               # on its prefill actor: ends at its first token, then moves to decode
+    handed_over: bool = False            # on its decode actor after a prefill elsewhere: fetches what L3 holds
+    decode_sent: float = 0.0
 
 
 @dataclass(eq=False)
@@ -279,6 +294,7 @@ class SimActor:
         self.evicted: list[bytes] = []
         self.last_decode_s = hw.decode_base_s / speed
         self.tps = hw.prefill_tps * speed
+        self.queued_tokens = 0           # a prefill actor: prompt tokens it has been given and not finished
 
     def register(self, hashes: list[bytes]) -> None:
         for h in hashes:
@@ -299,11 +315,11 @@ class SimActor:
         hw, n = self.hw, len(call.hashes)
         local = prefix_in(call.hashes, self.cache)
         delay = 0.0
-        if hw.l3 and local < n and (n - local) * hw.block_size / self.tps > hw.l3_lookup_s:
+        if hw.l3 and local < n and (call.handed_over or (n - local) * hw.block_size / self.tps > hw.l3_lookup_s):
             delay = hw.l3_lookup_s
             available = prefix_in(call.hashes[local:], self.sim.l3)
             per_block = hw.block_bytes / hw.l3_bytes_per_s
-            if available and per_block < hw.block_size / self.tps:
+            if available and (call.handed_over or per_block < hw.block_size / self.tps):
                 delay += available * per_block
                 call.fetched = available
         self.sim.at(self.sim.now + delay, lambda: self._arrive(call, local))
@@ -367,6 +383,9 @@ class SimActor:
             if call.remaining == 0:
                 self.prefilling.remove(call)
                 self.register(call.hashes)
+                if call.handover:
+                    self.sim.hand_over(call)
+                    continue
                 call.generated = 1
                 self.sim.first_token(call)
                 if call.generated >= call.output_len:
@@ -414,11 +433,13 @@ class Simulation:
         speeds = [hw.speeds[i % len(hw.speeds)] for i in range(hw.actors)]
         self.actors = [SimActor(self, i, speeds[i]) for i in range(hw.actors)]
         self.by_address = {a.endpoint.address: a for a in self.actors}
+        self.prefill, self.decode = self.actors[:hw.prefill_actors], self.actors[hw.prefill_actors:]
         kind = router_class(policy)
         if issubclass(kind, KVRouter):
-            self.router = kind(self.actors, True, clock=lambda: self.now, prior_prefill_tps=hw.prefill_tps)
+            self.router = kind(self.decode, True, clock=lambda: self.now, prior_prefill_tps=hw.prefill_tps)
         else:
-            self.router = make_router(policy, self.actors, session_affinity=True)
+            self.router = make_router(policy, self.decode, session_affinity=True)
+        self.prefills = 0
         self.l3: OrderedDict[bytes, None] = OrderedDict()
         self.oracle: set[bytes] = set()
         self.live = 0
@@ -453,7 +474,7 @@ class Simulation:
         return self.tally
 
     def poll(self) -> None:
-        for actor in self.actors:
+        for actor in self.decode:
             self.router.apply(actor.endpoint.address, actor.kv_events())
         if self.live:
             self.at(self.now + self.hw.poll_s, self.poll)
@@ -470,22 +491,48 @@ class Simulation:
         oracle = prefix_in(hashes, self.oracle)
         self.oracle.update(hashes)
         call = SimCall(session, k, prompt_len, hashes, spec.turns[k].output_len, request, self.now, oracle)
-        actor = self.by_address[self.router.choose(request, set()).address]
+        if self.prefill:
+            cached = self.router.cached_tokens(request) or 0
+            if prompt_len - cached >= self.hw.prefill_min_tokens:     # the gateway's rule (gateway/prefill.py)
+                self.prefills += 1
+                call.handover = True
+                prefill = min(self.prefill, key=lambda a: (a.queued_tokens, a.in_flight))
+                prefill.queued_tokens += prompt_len
+                prefill.in_flight += 1
+                prefill.submit(call)
+                return
+        self.to_decode(call)
+
+    def to_decode(self, call: SimCall) -> None:
+        call.decode_sent = self.now
+        actor = self.by_address[self.router.choose(call.request, set()).address]
         actor.in_flight += 1
         actor.submit(call)
 
+    def hand_over(self, call: SimCall) -> None:
+        """A prefill is done, its blocks in L3: the call continues on a decode actor (its first token waits)."""
+        prefill = call.actor
+        prefill.queued_tokens -= call.prompt_len
+        prefill.in_flight -= 1
+        call.handover, call.handed_over = False, True
+        call.cached = call.fetched = call.remaining = 0
+        self.to_decode(call)
+
     def first_token(self, call: SimCall) -> None:
         ttft = self.now - call.sent
+        call.first_at = self.now
         tally, size = self.tally, self.hw.block_size
         tally.ttfts.append(ttft)
         tally.prompt_tokens += call.prompt_len
         tally.hit_tokens += min(call.cached * size, call.prompt_len - 1)
         tally.oracle_tokens += call.oracle_blocks * size
         tally.l3_tokens += min(call.fetched, call.cached) * size
-        self.router.on_first_token(call.request, call.actor.endpoint.address, ttft)
+        self.router.on_first_token(call.request, call.actor.endpoint.address, self.now - call.decode_sent)
 
     def finish(self, call: SimCall) -> None:
         actor, session = call.actor, call.session
+        if call.output_len > 1:
+            self.tally.tpots.append((self.now - call.first_at) / (call.output_len - 1))
         actor.in_flight -= 1
         self.router.on_done(call.request, actor.endpoint.address)
         done = session.chain.hashes[:(call.prompt_len + call.output_len - 1) // self.hw.block_size]
@@ -514,6 +561,37 @@ def run_simulation(w: Workload, hw: Hardware, seeds: list[int], policies: tuple[
 
 
 _TRACES: dict[tuple, tuple] = {}
+
+
+def run_pd(w: Workload, hw: Hardware, seeds: list[int], splits: list[int]) -> dict[str, dict]:
+    """The cost-aware router over co-located actors against the same actors split into P prefill and the rest
+    decode, for each P in ``splits`` (0: co-located); calls pooled over the seeds."""
+    results = {}
+    for prefill in splits:
+        tally, prefills, calls = Tally(), 0, 0
+        for seed in seeds:
+            key = (w, seed, hw.block_size)
+            if key not in _TRACES:
+                trace = make_trace(w, seed)
+                _TRACES[key] = trace, sim_sessions(trace, Tokens(w, seed, content_seed=seed), hw.block_size)
+            trace, contexts = _TRACES[key]
+            sim = Simulation(trace, contexts, replace(hw, prefill_actors=prefill), "cost-aware")
+            tally.add(sim.run())
+            prefills += sim.prefills
+        calls = len(tally.ttfts)
+        label = "co-located" if not prefill else f"{prefill} prefill + {hw.actors - prefill} decode"
+        results[label] = {**tally.summary(), "through_prefill": prefills / max(1, calls)}
+    return results
+
+
+def pd_table(title: str, results: dict[str, dict]) -> str:
+    lines = [title, f"{'set-up':<22} {'calls':>6} {'TTFT mean':>10} {'p99':>9} {'TPOT mean':>10} {'p99':>8} "
+             f"{'hit rate':>9} {'prefilled apart':>16}"]
+    for label, r in results.items():
+        lines.append(f"{label:<22} {r['calls']:>6} {r['ttft_mean_ms']:>7.0f} ms {r['ttft_p99_ms']:>6.0f} ms "
+                     f"{r['tpot_mean_ms']:>7.1f} ms {r['tpot_p99_ms']:>5.1f} ms {r['hit_rate']:>9.1%} "
+                     f"{r['through_prefill']:>16.0%}")
+    return "\n".join(lines)
 
 
 # ====================================================================== real run
@@ -732,7 +810,10 @@ def table(title: str, results: dict[str, dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small trace of each part (under a minute)")
-    parser.add_argument("--part", choices=["sim", "real", "both"], default="both")
+    parser.add_argument("--part", choices=["sim", "real", "both", "pd"], default="both",
+                        help="pd: the simulation's co-located actors against prefill/decode pools (cost-aware)")
+    parser.add_argument("--pd-splits", type=int, nargs="+", default=[0, 2, 3, 4],
+                        help="pd: prefill actors out of the 8 simulated (0: co-located)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
                         help="simulation traces (pooled) [default: 0 with --quick, else 0 1 2]; the real run uses the first")
@@ -750,6 +831,15 @@ def main() -> None:
             label = f"sim, {len(seeds)} trace(s) pooled, load x{args.load:g}, L3 {'on' if l3 else 'off'}"
             hw = replace(Hardware(), l3=l3)
             out[label] = run_simulation(sim_w, hw, seeds, policies)
+    if args.part == "pd":
+        label = f"sim, {len(seeds)} trace(s) pooled, load x{args.load:g}: co-located against prefill/decode pools"
+        out[label] = run_pd(sim_w, Hardware(), seeds, args.pd_splits)
+        if args.json:
+            print(json.dumps(out, indent=2))
+            return
+        for label, results in out.items():
+            print(pd_table(label, results))
+        return
     if args.part in ("real", "both"):
         real_w = Workload(groups=18, group_size=4, groups_per_s=1.5, systems=3, system_len=(350, 650),
                           task_len=(40, 120), max_turns=6, tool_median=60, output_median=10, output_cap=24,
