@@ -147,7 +147,8 @@ def test_stats_and_health(actor):
     assert report.host.gpu_available or report.host.gpu_unavailable_reason
 
 
-def wait_for(condition, timeout: float = 60.0) -> None:
+def wait_for(condition, timeout: float = 300.0) -> None:
+    """Until ``condition()`` holds: an event that comes whatever the machine's speed (the bound only ends a hang)."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -156,21 +157,29 @@ def wait_for(condition, timeout: float = 60.0) -> None:
 
 def test_more_open_streams_than_server_threads_are_all_admitted_and_stats_still_answer(actor):
     """100 streams open at once (the threaded server had 64 threads: the rest, Stats and health included, queued
-    behind them): Stats and health answer while they are open, and every stream is admitted (its first chunk
-    comes, whenever its turn is)."""
+    behind them): Stats and health answer while they are open, and every stream is admitted: each is counted
+    running, waiting or finished (a fast engine may finish some before the last arrive), none refused. The streams
+    are not read: unread, they fill the connection's flow-control window, which would hold back later streams'
+    first messages."""
     with grpc.insecure_channel(actor.address) as channel:
         stub = actor_pb2_grpc.ActorStub(channel)
-        sampling = common_pb2.SamplingParams(max_tokens=1000, ignore_eos=True)
-        streams = [stub.Generate(actor_pb2.GenerateRequest(prompt_ids=[1, i % 50 + 2], sampling=sampling))
-                   for i in range(100)]
 
         def gauges() -> dict[str, float]:
             return stub.Stats(common_pb2.StatsRequest(), timeout=10).gauges
 
-        assert "running" in gauges()                    # Stats answers beside 100 open streams
+        before = gauges()
+        sampling = common_pb2.SamplingParams(max_tokens=1000, ignore_eos=True)
+        streams = [stub.Generate(actor_pb2.GenerateRequest(prompt_ids=[1, i % 50 + 2], sampling=sampling))
+                   for i in range(100)]
+
+        def admitted() -> float:
+            now = gauges()
+            return now["running"] + now["waiting"] + now["finished"] - before["finished"]
+
+        wait_for(lambda: admitted() == 100)
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
-        assert all(next(stream).token_ids for stream in streams)
+        assert gauges()["refused"] == before["refused"]
         for stream in streams:
             stream.cancel()
         wait_for(lambda: gauges()["running"] + gauges()["waiting"] == 0)
