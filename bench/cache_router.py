@@ -550,17 +550,22 @@ def run_simulation(w: Workload, hw: Hardware, seeds: list[int], policies: tuple[
     """Every policy on the traces of every seed; each policy's calls are pooled over the seeds."""
     tallies = {policy: Tally() for policy in policies}
     for seed in seeds:
-        key = (w, seed, hw.block_size)
-        if key not in _TRACES:
-            trace = make_trace(w, seed)
-            _TRACES[key] = trace, sim_sessions(trace, Tokens(w, seed, content_seed=seed), hw.block_size)
-        trace, contexts = _TRACES[key]
+        trace, contexts = traced(w, seed, hw.block_size)
         for policy in policies:
             tallies[policy].add(Simulation(trace, contexts, hw, policy).run())
     return {policy: tally.summary() for policy, tally in tallies.items()}
 
 
 _TRACES: dict[tuple, tuple] = {}
+
+
+def traced(w: Workload, seed: int, block_size: int) -> tuple:
+    """The trace of ``seed`` and its sessions' contexts, made once per workload, seed and block size."""
+    key = (w, seed, block_size)
+    if key not in _TRACES:
+        trace = make_trace(w, seed)
+        _TRACES[key] = trace, sim_sessions(trace, Tokens(w, seed, content_seed=seed), block_size)
+    return _TRACES[key]
 
 
 def run_pd(w: Workload, hw: Hardware, seeds: list[int], splits: list[int]) -> dict[str, dict]:
@@ -570,11 +575,7 @@ def run_pd(w: Workload, hw: Hardware, seeds: list[int], splits: list[int]) -> di
     for prefill in splits:
         tally, prefills, calls = Tally(), 0, 0
         for seed in seeds:
-            key = (w, seed, hw.block_size)
-            if key not in _TRACES:
-                trace = make_trace(w, seed)
-                _TRACES[key] = trace, sim_sessions(trace, Tokens(w, seed, content_seed=seed), hw.block_size)
-            trace, contexts = _TRACES[key]
+            trace, contexts = traced(w, seed, hw.block_size)
             sim = Simulation(trace, contexts, replace(hw, prefill_actors=prefill), "cost-aware")
             tally.add(sim.run())
             prefills += sim.prefills
