@@ -176,7 +176,8 @@ class ActorCall:
         pool = self.actors.prefill
         prompt_tokens = len(self.route.prompt_ids)
         for attempt in range(HANDOVER_TRIES):
-            if not pool.wanted(prompt_tokens, self.actors.router.cached_tokens(self.route)):
+            # without a prefill pool, the router's cache estimate is not computed at all
+            if not (pool.actors and pool.wanted(prompt_tokens, self.actors.router.cached_tokens(self.route))):
                 break
             first = await self._prefill()
             if first is None:                   # no prefill actor could: the decode actor prefills

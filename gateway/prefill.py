@@ -34,8 +34,7 @@ class PrefillPool:
                          "handover_fallbacks": 0}
 
     def wanted(self, prompt_tokens: int, cached_tokens: int | None) -> bool:
-        if not self.actors:
-            return False
+        """Whether a call goes to the pool (which has actors)."""
         if prompt_tokens - (cached_tokens or 0) >= self.min_tokens:
             return True
         self.counters["prefill_skipped"] += 1

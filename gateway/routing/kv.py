@@ -123,8 +123,11 @@ class KVRouter(Router):
             allowed = candidates(self.actors, set())
         except NoActorAvailable:
             return None
-        return max(self.option(request, view, 0).local * self.models[view.endpoint.address].block_size
-                   for view in allowed)
+        cached = 0
+        for view in allowed:
+            model = self.models[view.endpoint.address]
+            cached = max(cached, model.blocks.prefix(self.hashes_for(request, model)) * model.block_size)
+        return cached
 
     @abc.abstractmethod
     def pick(self, request: RouteRequest, options: list[Option]) -> tuple[Option, str]:
