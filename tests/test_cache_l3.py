@@ -15,27 +15,21 @@ import torch
 
 from forge import kvhash
 from forge.actors.backend import GenerationRequest
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.engine.engine import TorchEngine
 from forge.actors.engine.l3 import KVConnector
 from forge.cache.blocks import KVBlock
 from forge.cache.client import CacheClient
 from forge.kvhash import chain_hashes, kv_salt
-from forge.model import CausalLM, ModelConfig
+from forge.model import CausalLM
 from forge.model.sampling import SamplingParams
 
+from helpers.l3_engines import BLOCK, CONFIG, l3_engine, small_model
 from helpers.processes import start_cache
-
-CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                     num_nextn_predict_layers=1, eos_token_id=100)
-BLOCK = 8
 
 
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
-    model = CausalLM(CONFIG)
-    model.init_weights(std=0.15, seed=0)
-    return model.eval()
+    return small_model()
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +39,7 @@ def cache_server(tmp_path_factory):
     proc.stop()
 
 
-def make_engine(model, cache=None, speculative=False, version=0, fetch="always", **overrides) -> TorchEngine:
-    config = EngineConfig(kv_cache_bytes=4 * 2**20, block_size=BLOCK, speculative=speculative, model_id="l3-test",
-                          **overrides)
-    engine = TorchEngine(model, config, initial_version=version)
-    KVConnector(engine, CacheClient([cache]) if cache else None, fetch=fetch)
-    return engine
+make_engine = l3_engine
 
 
 def record_logits(engine: TorchEngine) -> list[torch.Tensor]:

@@ -5,6 +5,7 @@ another weight version is refused, retryably; malformed handovers are refused be
 
 from __future__ import annotations
 
+import functools
 import random
 import subprocess
 import sys
@@ -14,28 +15,21 @@ import grpc
 import pytest
 
 from forge.actors.backend import Continuation, FinishReason, GenerationRequest, InvalidRequest
-from forge.actors.engine.engine import EngineConfig, TorchEngine
-from forge.actors.engine.l3 import KVConnector
-from forge.cache.client import CacheClient
-from forge.model import CausalLM, ModelConfig
+from forge.actors.engine.engine import EngineConfig
+from forge.model import CausalLM
 from forge.model.sampling import SamplingParams
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
+from helpers.l3_engines import BLOCK, l3_engine, small_model
 from helpers.processes import start_actor, start_cache
 from helpers.random_model import random_tiny
 
-CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                     num_nextn_predict_layers=1, eos_token_id=100)
-BLOCK = 8
 ACTOR_BLOCK = EngineConfig().block_size       # forge-actor's default
 
 
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
-    model = CausalLM(CONFIG)
-    model.init_weights(std=0.15, seed=0)
-    return model.eval()
+    return small_model()
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +39,7 @@ def cache_server(tmp_path_factory):
     proc.stop()
 
 
-def make_engine(model, cache=None, version=0, fetch="auto", **overrides) -> TorchEngine:
-    config = EngineConfig(kv_cache_bytes=4 * 2**20, block_size=BLOCK, model_id="pd-test", **overrides)
-    engine = TorchEngine(model, config, initial_version=version)
-    KVConnector(engine, CacheClient([cache]) if cache else None, fetch=fetch)
-    return engine
+make_engine = functools.partial(l3_engine, fetch="auto", model_id="pd-test")
 
 
 def collect(stream) -> tuple[list[int], list[float], list[int], object, int]:

@@ -1,0 +1,30 @@
+"""Small torch engines linked to an L3 cache, for the tests of the cache link and of disaggregated serving: one
+random-weight model with an MTP layer, 8-token blocks, and an engine built around it."""
+
+from __future__ import annotations
+
+from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.engine.l3 import KVConnector
+from forge.cache.client import CacheClient
+from forge.model import CausalLM, ModelConfig
+
+CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                     num_nextn_predict_layers=1, eos_token_id=100)
+BLOCK = 8
+
+
+def small_model() -> CausalLM:
+    model = CausalLM(CONFIG)
+    model.init_weights(std=0.15, seed=0)
+    return model.eval()
+
+
+def l3_engine(model: CausalLM, cache: str | None = None, speculative: bool = False, version: int = 0,
+              fetch: str = "always", model_id: str = "l3-test", **overrides) -> TorchEngine:
+    """An engine on ``model`` with 4 MiB of KV and a connector to the cache server at ``cache`` (None: no L3)."""
+    config = EngineConfig(kv_cache_bytes=4 * 2**20, block_size=BLOCK, speculative=speculative, model_id=model_id,
+                          **overrides)
+    engine = TorchEngine(model, config, initial_version=version)
+    KVConnector(engine, CacheClient([cache]) if cache else None, fetch=fetch)
+    return engine
