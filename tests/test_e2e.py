@@ -165,19 +165,25 @@ def test_a_short_forge_up_run_learns(tmp_path):
 def test_forge_up_disaggregated_trains_through_its_prefill_actor(tmp_path):
     """The main job with one prefill and one decode actor, stopped by learner steps: calls go through the prefill
     actor, the learner trains on them, and both actors apply its versions."""
+    # Which calls skip the prefill pool by default depends on what the router has heard when they come; with a
+    # threshold of one token none can (a prompt's last token is never counted as cached), so every call must be
+    # prefilled apart, whatever the machine's speed.
+    run_file = tmp_path / "forge.toml"
+    run_file.write_text("[gateway]\nprefill_min_tokens = 1\n")
     config = UpConfig(run_dir=tmp_path / "run", prefill_actors=1, minutes=20.0, steps=4, eval_size=8,
                       eval_samples=1)
-    result = asyncio.run(run(config, Console(record=True, width=120)))
+    result = asyncio.run(run(config, Console(record=True, width=120), run_file))
     assert result["learner"].get("version", 0) >= 4
-    gateway = result["gateway"]
-    # short prompts, and turns whose earlier ones the decode actor holds, skip the prefill actor
-    assert gateway["prefills"] >= 5 and gateway["prefill_skipped"] >= 1, gateway
     services = {s["name"]: s for s in json.loads((config.run_dir / "services.json").read_text())}
     assert set(services) >= {"actor-0", "actor-prefill-0", "gateway", "cache", "learner"}
     with PoolReader(config.run_dir / "pool") as pool:
         entries = pool.entries(start=0, limit=100_000)
         calls = [c for e in entries for s in e.members for c in pool.get_session(s).calls]
     assert calls and max(v for c in calls for v in c.weight_versions) >= 1, "no call used a learner version"
+    gateway = result["gateway"]
+    assert gateway["prefill_skipped"] == 0 and gateway["prefills"] >= 1, gateway
+    # a call whose prefill actor was briefly unreachable is served whole by its decode actor
+    assert gateway["prefills"] + gateway["handover_fallbacks"] >= len(calls), (len(calls), gateway)
     logs = {p.name: p.read_text(errors="replace") for p in (config.run_dir / "logs").glob("*.log")}
     assert "applied weight version" in logs["actor-prefill-0.log"]
 
@@ -198,3 +204,4 @@ def test_forge_up_on_vllm_actors_trains(tmp_path):
     assert calls and max(v for c in calls for v in c.weight_versions) >= 1, "no call used a learner version"
     services = json.loads((config.run_dir / "services.json").read_text())
     assert {s["kind"] for s in services} == {"learner", "actor", "gateway"}        # no L3 cache beside vLLM
+
