@@ -76,6 +76,7 @@ class TokenChunk:
     cached_prompt_tokens: int = 0
     handover_blocks: int = 0        # final chunk of a prefill_only request: the prompt's blocks stored in L3
     retryable: bool = False         # with ERROR: nothing was sampled, the request may be sent again (elsewhere)
+    continues: bool = False         # final chunk of a prefill_only request: there is room for more tokens
     queue_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0

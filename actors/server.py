@@ -75,6 +75,7 @@ def chunk_to_proto(request_id: str, chunk: TokenChunk, actor: str, first: bool) 
         message.error = chunk.error
         message.handover_blocks = chunk.handover_blocks
         message.retryable = chunk.retryable
+        message.continues = chunk.continues
         message.timing.CopyFrom(common_pb2.Timing(queue_s=chunk.queue_s, prefill_s=chunk.prefill_s,
                                                   decode_s=chunk.decode_s, total_s=chunk.total_s))
     return message

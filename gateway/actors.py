@@ -52,7 +52,6 @@ class _StaleHandover(Exception):
 
 
 HANDOVER_TRIES = 3
-LENGTH = common_pb2.FINISH_REASON_LENGTH
 
 
 def joined(first: actor_pb2.GenerateChunk, chunk: actor_pb2.GenerateChunk) -> actor_pb2.GenerateChunk:
@@ -183,7 +182,7 @@ class ActorCall:
             if first is None:                   # no prefill actor could: the decode actor prefills
                 pool.counters["handover_fallbacks"] += 1
                 break
-            if first.finish_reason != LENGTH or self.sampling.max_tokens == 1 or self.aborted:
+            if not first.continues or self.aborted:
                 yield first                     # the call ended at its first token (or was aborted)
                 return
             continuation = actor_pb2.Continuation(token_ids=first.token_ids, logprobs=first.logprobs,

@@ -20,7 +20,7 @@ from forge.model import CausalLM
 from forge.model.sampling import SamplingParams
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
-from helpers.l3_engines import BLOCK, l3_engine, small_model
+from helpers.l3_engines import BLOCK, CONFIG, l3_engine, small_model
 from helpers.processes import start_actor, start_cache
 from helpers.random_model import random_tiny
 
@@ -77,7 +77,7 @@ def test_a_handed_over_call_samples_what_one_engine_samples(model, cache_server,
         for prompt, params in cases():
             expected = collect(whole.submit(GenerationRequest("", prompt, params)))
             first = collect(prefill.submit(GenerationRequest("", prompt, params, prefill_only=True)))
-            assert len(first[0]) == 1 and first[3].finish_reason is FinishReason.LENGTH
+            assert len(first[0]) == 1 and first[3].finish_reason is FinishReason.LENGTH and first[3].continues
             reusable = (len(prompt) - 1) // BLOCK          # full blocks before the prompt's last token
             assert first[3].handover_blocks == reusable
             given = Continuation(first[0], first[1], first[2][0])
@@ -92,6 +92,31 @@ def test_a_handed_over_call_samples_what_one_engine_samples(model, cache_server,
         assert decode.stats()["l3_fetched_blocks"] >= 3         # the shared prefix, once; the other prompts' blocks
     finally:
         for engine in (whole, prefill, decode):
+            engine.close()
+
+
+def test_a_prefill_whose_first_token_ends_the_call_says_nothing_follows(model, cache_server):
+    """max_tokens 1, a prompt that leaves room for one token only, and a stop token end the call at its first
+    token, exactly as one engine serving it whole ends it; only a call with room for more continues."""
+    whole, prefill = make_engine(model), make_engine(model, cache_server.address)
+    rng = random.Random(7)
+    short = [rng.randrange(100) for _ in range(20)]
+    filling = [rng.randrange(100) for _ in range(CONFIG.max_position_embeddings - 1)]
+    calls = {"max_tokens 1": (short, SamplingParams(temperature=0.9, seed=1, max_tokens=1)),
+             "context full": (filling, SamplingParams(temperature=0.9, seed=2)),
+             "stop token": (short, SamplingParams(temperature=0.9, seed=3, max_tokens=8,
+                                                  stop_token_ids=list(range(CONFIG.vocab_size)))),
+             "room for more": (short, SamplingParams(temperature=0.9, seed=4, max_tokens=8, ignore_eos=True))}
+    try:
+        for name, (prompt, params) in calls.items():
+            first = collect(prefill.submit(GenerationRequest("", prompt, params, prefill_only=True)))
+            assert len(first[0]) == 1 and first[3].continues == (name == "room for more"), name
+            expected = collect(whole.submit(GenerationRequest("", prompt, params)))
+            assert first[0] == expected[0][:1], name
+            if not first[3].continues:
+                assert first[3].finish_reason is expected[3].finish_reason, name
+    finally:
+        for engine in (whole, prefill):
             engine.close()
 
 

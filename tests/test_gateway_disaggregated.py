@@ -6,8 +6,10 @@ the wrong role stops the gateway at start."""
 
 from __future__ import annotations
 
+import json
 import signal
 import uuid
+from pathlib import Path
 
 import grpc
 import httpx
@@ -33,7 +35,8 @@ def fleet(tmp_path_factory):
     whole = start_gateway(directory, [both.address], directory / "pool-whole", name="gateway-whole")
     split = start_gateway(directory, [d.address for d in decode], directory / "pool-split", "--prefill-actor",
                           prefill.address, "--prefill-min-tokens", "1", name="gateway-split")
-    yield {"whole": whole, "split": split, "prefill": prefill, "decode": decode, "both": both, "dir": directory}
+    yield {"whole": whole, "split": split, "prefill": prefill, "decode": decode, "both": both, "dir": directory,
+           "model": model}
     for proc in (split, whole, *decode, prefill, both, cache):
         proc.stop()
 
@@ -82,6 +85,24 @@ def test_disaggregated_calls_record_what_one_actor_records(fleet):
     assert_same_records(fleet, uuid.uuid4().hex[:6], 5)
     figures = gauges(fleet["split"])
     assert figures["prefills"] >= 10 and figures["handover_fallbacks"] == 0 and figures["prefill_actors"] == 1
+
+
+def test_a_prompt_that_leaves_room_for_one_token_is_answered_by_its_prefill(fleet):
+    """No max_tokens and a prompt one token short of the context: the prefill's token is the whole answer, as on
+    a ``both`` actor (the decode actor would have no room to continue it)."""
+    context = json.loads((Path(fleet["model"]) / "config.json").read_text())["max_position_embeddings"]
+    prompt = [5 + i % 90 for i in range(context - 1)]
+    answers = []
+    for name in ("whole", "split"):
+        with grpc.insecure_channel(fleet[name].grpc_address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            session = stub.StartSession(gateway_pb2.StartSessionRequest(task_id="full"), timeout=30).session.session_id
+            sampling = common_pb2.SamplingParams(temperature=1.0, seed=11)
+            chunks = list(stub.Generate(gateway_pb2.SessionGenerateRequest(session_id=session, prompt_ids=prompt,
+                                                                           sampling=sampling), timeout=300))
+        answers.append(([t for c in chunks for t in c.token_ids], chunks[-1].finish_reason))
+    assert answers[1] == answers[0] and answers[0][1] == common_pb2.FINISH_REASON_LENGTH
+    assert len(answers[0][0]) == 1
 
 
 def test_a_decode_actor_killed_mid_call_fails_that_call_only_and_records_nothing_of_it(fleet):

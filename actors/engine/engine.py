@@ -124,7 +124,7 @@ class RequestLimits:
         max_tokens = min(params.max_tokens or room, room)
         if request.continuation is not None:
             self._check_continuation(request, max_tokens, stops)
-        return (1 if request.prefill_only else max_tokens), stops
+        return max_tokens, stops
 
     def _check_continuation(self, request: GenerationRequest, max_tokens: int, stops: frozenset[int]) -> None:
         given = request.continuation
@@ -341,9 +341,10 @@ class TorchEngine(Backend):
             if params.min_tokens else ()
         if request.prefill_only and (self.connector is None or self.connector.client is None):
             raise InvalidRequest("prefill_only needs an L3 cache to hand the prompt's KV blocks over (--l3-cache)")
-        seq = Sequence(request_id, prompt, len(prompt), params, self.stream_factory(request_id), max_tokens, stops,
-                       seed=seed, stream_interval=request.stream_interval, banned_ids=banned,
-                       prefill_only=request.prefill_only)
+        seq = Sequence(request_id, prompt, len(prompt), params, self.stream_factory(request_id),
+                       1 if request.prefill_only else max_tokens, stops, seed=seed,
+                       stream_interval=request.stream_interval, banned_ids=banned, prefill_only=request.prefill_only,
+                       room=max_tokens)
         given = request.continuation
         if given is not None:
             seq.forced = (given.token_ids[0], given.logprobs[0])
@@ -511,6 +512,7 @@ class TorchEngine(Backend):
         now = time.perf_counter()
         chunk, seq.unsent = seq.unsent or TokenChunk(), None       # tokens not sent yet end with the request
         chunk.finish_reason, chunk.error, chunk.retryable = reason, error, retryable
+        chunk.continues = seq.prefill_only and reason is FinishReason.LENGTH and seq.room > 1
         admitted = seq.admitted or now
         first = seq.first_token or now
         chunk.queue_s, chunk.prefill_s = admitted - seq.arrived, first - admitted

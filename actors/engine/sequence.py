@@ -57,6 +57,7 @@ class Sequence:
     preemptions: int = 0
     banned_ids: tuple[int, ...] = ()    # kept out of the first params.min_tokens tokens: stop ids and end of sequence
     prefill_only: bool = False          # finish after the first token, once the prompt's blocks are in L3
+    room: int = 0                       # prefill_only: the tokens the request may have in all, its first included
     handover_version: int | None = None  # a continuation: the weight version that sampled its first token
     forced: tuple[int, float] | None = None  # a continuation's first token and its log-prob, taken instead of a draw
 
