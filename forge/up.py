@@ -271,13 +271,18 @@ def poll_stats(system: System, live: RunState, stop: threading.Event) -> None:
              "gateway": gateway_pb2_grpc.GatewayStub, "cache": cache_pb2_grpc.CacheStub}
     channels = {s.name: connect(s.info.get("address") or s.info["grpc_address"], system.key(s.name.split("-")[0]))
                 for s in system.services}
-    while not stop.wait(2.0):
+
+    def poll_once(timeout_s: float) -> None:
         for name, channel in channels.items():
             try:
-                report = stubs[name.split("-")[0]](channel).Stats(common_pb2.StatsRequest(), timeout=2)
+                report = stubs[name.split("-")[0]](channel).Stats(common_pb2.StatsRequest(), timeout=timeout_s)
                 live.gauges[name] = dict(report.gauges)
             except Exception:  # a busy or restarting service: keep its last figures
                 continue
+
+    while not stop.wait(2.0):
+        poll_once(2.0)
+    poll_once(10.0)             # the figures as the rollouts ended, not as they were up to a poll interval before
     for channel in channels.values():
         channel.close()
 
@@ -384,6 +389,8 @@ async def run(config: UpConfig, console: Console, run_file: Path | None = None, 
                 view.update(summary_table(config, live, driver))
         stop.set()
         await driving
+        stop_polling.set()
+        await asyncio.to_thread(poller.join)
         with console.status("held-out evaluation at the end …"):
             live.eval_end, live.eval_greedy_end = await evaluate()
         result = {"config": {k: str(v) for k, v in asdict(config).items()}, "domains": list(workload.domains),
