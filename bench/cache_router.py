@@ -23,11 +23,15 @@ L3; load imbalance (max / mean of per-actor busy time in the simulation, of per-
 the real run); for the KV-aware routers the mean absolute error of their TTFT estimate.
 
 With ``--part pd`` the simulation instead compares, under the cost-aware router, the 8 actors co-located against the
-same actors split into P prefill and 8 - P decode actors (``--pd-splits``), by the gateway's rules: a call with at
-least 64 tokens not cached on a decode actor is prefilled on the least busy prefill actor, its blocks go to L3, and
-its decode actor fetches them all and continues; reported: TTFT and time per output token (mean, p99).
+same actors split into P prefill and 8 - P decode actors (``--pd-splits``), by the gateway's rules and its own
+``PrefillPool``: a call with at least 64 tokens not cached on a decode actor is prefilled on the least queued prefill
+actor (a session keeps its own while it is not a prompt busier), its blocks go to L3, and its decode actor fetches
+what it lacks and continues; reported: TTFT and time per output token (mean, p99) and the p99 gap between a call's consecutive tokens
+(where a prefill step that stalls the decodes shows). ``--workload long-prompts``
+makes most of each prompt new (long documents and tool results).
 
-Usage: python bench/cache_router.py [--quick] [--part sim|real|both|pd] [--seeds 0 1 2] [--load 1] [--actors 3] [--json]
+Usage: python bench/cache_router.py [--quick] [--part sim|real|both|pd] [--seeds 0 1 2] [--load 1] [--actors 3]
+       [--workload agent|long-prompts] [--json]
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
+from forge.gateway.prefill import PrefillPool
 from forge.gateway.routing import ActorEndpoint, KVRouter, RouteRequest, make_router, router_class
 from forge.gateway.routing.fleet import Layout, leading
 from forge.kvhash import block_hash, kv_salt
@@ -81,6 +86,13 @@ class Workload:
     think_median_s: float = 2.0          # tool / think time between turns (log-normal, sigma 1)
     max_context: int = 32_000
     vocab: int = 1000
+
+
+# ``--workload``: the agent sessions above, or sessions that each read a long document of their own and append long
+# tool results (file reads, search pages), so most prompt tokens of a call are new: the case prefill/decode
+# disaggregation is for.
+WORKLOADS = {"agent": Workload(),
+             "long-prompts": Workload(task_len=(6000, 12000), tool_median=1500, max_turns=8, output_median=300)}
 
 
 @dataclass
@@ -185,10 +197,12 @@ class Tally:
     imbalances: list[float] = field(default_factory=list)
     errors_ms: list[float] = field(default_factory=list)
     tpots: list[float] = field(default_factory=list)        # time per output token after the first, per call
+    gaps: array = field(default_factory=lambda: array("d"))  # time between a call's consecutive tokens, every one
 
     def add(self, other: Tally) -> None:
         self.ttfts += other.ttfts
         self.tpots += other.tpots
+        self.gaps += other.gaps
         self.prompt_tokens += other.prompt_tokens
         self.hit_tokens += other.hit_tokens
         self.oracle_tokens += other.oracle_tokens
@@ -205,7 +219,8 @@ class Tally:
                 "imbalance": float(np.mean(self.imbalances)),
                 "ttft_abs_error_ms": float(np.mean(self.errors_ms)) if self.errors_ms else float("nan"),
                 "tpot_mean_ms": float(np.mean(self.tpots) * 1e3) if self.tpots else float("nan"),
-                "tpot_p99_ms": float(np.percentile(self.tpots, 99) * 1e3) if self.tpots else float("nan")}
+                "tpot_p99_ms": float(np.percentile(self.tpots, 99) * 1e3) if self.tpots else float("nan"),
+                "token_gap_p99_ms": float(np.percentile(self.gaps, 99) * 1e3) if self.gaps else float("nan")}
 
 
 # ====================================================================== simulation
@@ -248,6 +263,7 @@ class SimCall:
     remaining: int = 0
     generated: int = 0
     first_at: float = 0.0
+    last_at: float = 0.0                 # when its last token came
     handover: bool = False               # on its prefill actor: ends at its first token, then moves to decode
     handed_over: bool = False            # on its decode actor after a prefill elsewhere: fetches what L3 holds
     decode_sent: float = 0.0
@@ -294,7 +310,6 @@ class SimActor:
         self.evicted: list[bytes] = []
         self.last_decode_s = hw.decode_base_s / speed
         self.tps = hw.prefill_tps * speed
-        self.queued_tokens = 0           # a prefill actor: prompt tokens it has been given and not finished
 
     def register(self, hashes: list[bytes]) -> None:
         for h in hashes:
@@ -397,8 +412,11 @@ class SimActor:
 
     def _decoded(self, duration: float) -> None:
         self.busy_s += duration
+        now, gaps = self.sim.now, self.sim.tally.gaps
         for call in list(self.running):
             call.generated += 1
+            gaps.append(now - call.last_at)
+            call.last_at = now
             if call.generated >= call.output_len:
                 self.running.remove(call)
                 self.sim.finish(call)
@@ -433,7 +451,8 @@ class Simulation:
         speeds = [hw.speeds[i % len(hw.speeds)] for i in range(hw.actors)]
         self.actors = [SimActor(self, i, speeds[i]) for i in range(hw.actors)]
         self.by_address = {a.endpoint.address: a for a in self.actors}
-        self.prefill, self.decode = self.actors[:hw.prefill_actors], self.actors[hw.prefill_actors:]
+        prefill, self.decode = self.actors[:hw.prefill_actors], self.actors[hw.prefill_actors:]
+        self.prefill = PrefillPool(prefill, hw.prefill_min_tokens)
         kind = router_class(policy)
         if issubclass(kind, KVRouter):
             self.router = kind(self.decode, True, clock=lambda: self.now, prior_prefill_tps=hw.prefill_tps)
@@ -491,16 +510,15 @@ class Simulation:
         oracle = prefix_in(hashes, self.oracle)
         self.oracle.update(hashes)
         call = SimCall(session, k, prompt_len, hashes, spec.turns[k].output_len, request, self.now, oracle)
-        if self.prefill:
-            cached = self.router.cached_tokens(request) or 0
-            if prompt_len - cached >= self.hw.prefill_min_tokens:     # the gateway's rule (gateway/prefill.py)
-                self.prefills += 1
-                call.handover = True
-                prefill = min(self.prefill, key=lambda a: (a.queued_tokens, a.in_flight))
-                prefill.queued_tokens += prompt_len
-                prefill.in_flight += 1
-                prefill.submit(call)
-                return
+        pool = self.prefill
+        if pool.actors and pool.wanted(prompt_len, self.router.cached_tokens(request)):
+            self.prefills += 1
+            call.handover = True
+            prefill = pool.choose(spec.sid, prompt_len, set())
+            pool.started(spec.sid, prefill.endpoint.address, prompt_len)
+            prefill.in_flight += 1
+            prefill.submit(call)
+            return
         self.to_decode(call)
 
     def to_decode(self, call: SimCall) -> None:
@@ -512,7 +530,7 @@ class Simulation:
     def hand_over(self, call: SimCall) -> None:
         """A prefill is done, its blocks in L3: the call continues on a decode actor (its first token waits)."""
         prefill = call.actor
-        prefill.queued_tokens -= call.prompt_len
+        self.prefill.finished(prefill.endpoint.address, call.prompt_len)
         prefill.in_flight -= 1
         call.handover, call.handed_over = False, True
         call.cached = call.fetched = call.remaining = 0
@@ -520,7 +538,7 @@ class Simulation:
 
     def first_token(self, call: SimCall) -> None:
         ttft = self.now - call.sent
-        call.first_at = self.now
+        call.first_at = call.last_at = self.now
         tally, size = self.tally, self.hw.block_size
         tally.ttfts.append(ttft)
         tally.prompt_tokens += call.prompt_len
@@ -587,11 +605,11 @@ def run_pd(w: Workload, hw: Hardware, seeds: list[int], splits: list[int]) -> di
 
 def pd_table(title: str, results: dict[str, dict]) -> str:
     lines = [title, f"{'set-up':<22} {'calls':>6} {'TTFT mean':>10} {'p99':>9} {'TPOT mean':>10} {'p99':>8} "
-             f"{'hit rate':>9} {'prefilled apart':>16}"]
+             f"{'token gap p99':>14} {'hit rate':>9} {'prefilled apart':>16}"]
     for label, r in results.items():
         lines.append(f"{label:<22} {r['calls']:>6} {r['ttft_mean_ms']:>7.0f} ms {r['ttft_p99_ms']:>6.0f} ms "
-                     f"{r['tpot_mean_ms']:>7.1f} ms {r['tpot_p99_ms']:>5.1f} ms {r['hit_rate']:>9.1%} "
-                     f"{r['through_prefill']:>16.0%}")
+                     f"{r['tpot_mean_ms']:>7.1f} ms {r['tpot_p99_ms']:>5.1f} ms {r['token_gap_p99_ms']:>11.1f} ms "
+                     f"{r['hit_rate']:>9.1%} {r['through_prefill']:>16.0%}")
     return "\n".join(lines)
 
 
@@ -820,12 +838,15 @@ def main() -> None:
                         help="simulation traces (pooled) [default: 0 with --quick, else 0 1 2]; the real run uses the first")
     parser.add_argument("--actors", type=int, default=3, help="forge-actor processes in the real run")
     parser.add_argument("--load", type=float, default=1.0, help="multiply the simulated arrival rate of groups")
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="agent",
+                        help="the simulated sessions: agent turns, or long-prompts (most prompt tokens new)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     policies = tuple(args.policies)
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     out: dict[str, dict] = {}
-    sim_w = Workload(groups=12, group_size=6) if args.quick else Workload()
+    sim_w = WORKLOADS[args.workload]
+    sim_w = replace(sim_w, groups=12, group_size=6) if args.quick else sim_w
     sim_w = replace(sim_w, groups_per_s=sim_w.groups_per_s * args.load)
     if args.part in ("sim", "both"):
         for l3 in (True, False):
@@ -833,7 +854,8 @@ def main() -> None:
             hw = replace(Hardware(), l3=l3)
             out[label] = run_simulation(sim_w, hw, seeds, policies)
     if args.part == "pd":
-        label = f"sim, {len(seeds)} trace(s) pooled, load x{args.load:g}: co-located against prefill/decode pools"
+        label = (f"sim, {args.workload}, {len(seeds)} trace(s) pooled, load x{args.load:g}: co-located against "
+                 "prefill/decode pools")
         out[label] = run_pd(sim_w, Hardware(), seeds, args.pd_splits)
         if args.json:
             print(json.dumps(out, indent=2))
