@@ -142,19 +142,20 @@ def main() -> None:
     longest = args.system + args.turns * (args.tool + args.new_tokens)
     if longest >= 4096:
         parser.error(f"the sessions' contexts would reach {longest} tokens; the model's context is 4,096")
-    root = Path(tempfile.mkdtemp(prefix="forge-pd-bench-"))
-    model = write_qwen3(root / "model", "small")
     results: dict[str, list[dict]] = {"co-located": [], "disaggregated": []}
-    for setup in results:
-        fleet = start_fleet(root, model, args.prefill, args.decode, setup == "disaggregated")
-        try:
-            address = fleet[-1].info["grpc_address"]
-            asyncio.run(workload(address, argparse.Namespace(**{**vars(args), "sessions": 1, "turns": 2}), 99))
-            for repeat in range(args.repeats):
-                results[setup].append(asyncio.run(workload(address, args, repeat)))
-        finally:
-            for service in reversed(fleet):
-                service.stop()
+    with tempfile.TemporaryDirectory(prefix="forge-pd-bench-") as scratch:
+        root = Path(scratch)
+        model = write_qwen3(root / "model", "small")
+        for setup in results:
+            fleet = start_fleet(root, model, args.prefill, args.decode, setup == "disaggregated")
+            try:
+                address = fleet[-1].info["grpc_address"]
+                asyncio.run(workload(address, argparse.Namespace(**{**vars(args), "sessions": 1, "turns": 2}), 99))
+                for repeat in range(args.repeats):
+                    results[setup].append(asyncio.run(workload(address, args, repeat)))
+            finally:
+                for service in reversed(fleet):
+                    service.stop()
     summary = {setup: median_of(runs) for setup, runs in results.items()}
     if args.json:
         print(json.dumps({"args": vars(args), "results": summary}, indent=2))
