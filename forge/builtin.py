@@ -42,7 +42,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BUILTIN_NAMES = ("tiny", TINY_NAME)
-SUPPORTED_MODEL_TYPES = ("qwen3",)             # the config.json model_type values forge.model implements
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")           # the config.json model_type values forge.model implements
 
 
 class ModelNotFound(ValueError):

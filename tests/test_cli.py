@@ -103,7 +103,7 @@ def test_an_unsupported_model_type_is_refused_in_one_line_before_loading(tmp_pat
                             timeout=300)
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert "model_type 'llama' in its config.json is not supported (supported: qwen3)" in errors[0]
+    assert "model_type 'llama' in its config.json is not supported (supported: qwen3, qwen3_moe)" in errors[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"], "nothing was started"
 
 

@@ -1,8 +1,15 @@
-"""Loading and saving models in the Hugging Face layout: config.json plus safetensors, single-file or sharded."""
+"""Loading and saving models in the Hugging Face layout: config.json plus safetensors, single-file or sharded.
+
+A mixture-of-experts model keeps its experts stacked in memory (``mlp.experts.gate_up_proj`` [E, 2I, H],
+``mlp.experts.down_proj`` [E, H, I]); its checkpoints hold one module per expert (``mlp.experts.{e}.gate_proj``,
+``up_proj``, ``down_proj``), as the published Qwen3-MoE checkpoints and vLLM do. ``hub_layout`` and
+``stacked_layout`` convert; loading accepts either."""
 
 from __future__ import annotations
 
 import json
+import re
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -42,10 +49,60 @@ def load_state_dict(directory: str | Path, dtype: torch.dtype | None = None) -> 
     return tensors
 
 
+_EXPERT_KEY = re.compile(r"^(?P<experts>.+\.mlp\.experts)\.(?P<index>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+
+
+def hub_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with every stacked expert tensor split into one module per expert (the checkpoint layout); the
+    experts' tensors are copies (safetensors refuses tensors that share storage)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            prefix = name.removesuffix(".gate_up_proj")
+            gate, up = tensor.chunk(2, dim=1)
+            for e in range(tensor.shape[0]):
+                out[f"{prefix}.{e}.gate_proj.weight"] = gate[e].clone()
+                out[f"{prefix}.{e}.up_proj.weight"] = up[e].clone()
+        elif name.endswith(".mlp.experts.down_proj"):
+            prefix = name.removesuffix(".down_proj")
+            for e in range(tensor.shape[0]):
+                out[f"{prefix}.{e}.down_proj.weight"] = tensor[e].clone()
+        else:
+            out[name] = tensor
+    return out
+
+
+def stacked_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with per-expert modules stacked as the model holds them (a stacked state is returned as it is).
+    Raises CheckpointError where an expert's tensor is missing."""
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[str, dict[int, torch.Tensor]]] = defaultdict(lambda: defaultdict(dict))
+    for name, tensor in state.items():
+        match = _EXPERT_KEY.match(name)
+        if match is None:
+            out[name] = tensor
+        else:
+            experts[match["experts"]][match["proj"]][int(match["index"])] = tensor
+    for prefix, projections in experts.items():
+        count = 1 + max(max(p) for p in projections.values())
+        stacks = {}
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            have = projections.get(proj, {})
+            missing = [e for e in range(count) if e not in have]
+            if missing:
+                raise CheckpointError(f"{prefix}: no {proj} for experts {missing[:8]}")
+            stacks[proj] = torch.stack([have[e] for e in range(count)])
+        out[f"{prefix}.gate_up_proj"] = torch.cat([stacks["gate_proj"], stacks["up_proj"]], dim=1)
+        out[f"{prefix}.down_proj"] = stacks["down_proj"]
+    return out
+
+
 def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> CausalLM:
     directory = Path(directory)
     config = ModelConfig.from_file(directory)
     state = {k: v for k, v in load_state_dict(directory, dtype).items() if not k.endswith(_DERIVED_SUFFIXES)}
+    if config.is_moe:
+        state = stacked_layout(state)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     with torch.device("meta"):
@@ -77,7 +134,7 @@ def save_state_dict(config: ModelConfig, state_dict: dict[str, torch.Tensor], di
     """``save_pretrained`` for a state dict (e.g. one gathered from a sharded model)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {name: tensor.detach().contiguous().cpu() for name, tensor in state_dict.items()}
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in hub_layout(dict(state_dict)).items()}
     dtype_name = str(next(iter(state.values())).dtype).removeprefix("torch.")
     config_data = config.to_hf_dict() | {"torch_dtype": dtype_name, "dtype": dtype_name}
     (directory / "config.json").write_text(json.dumps(config_data, indent=2, sort_keys=True) + "\n")

@@ -1,4 +1,5 @@
-"""The model configuration: the Qwen3 hyper-parameters, read from and written to a Hugging Face config.json."""
+"""The model configuration: the hyper-parameters of Qwen3 and Qwen3-MoE, read from and written to a Hugging Face
+config.json (``model_type`` ``qwen3``, or ``qwen3_moe`` when the model has experts)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,16 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
     torch_dtype: str = "float32"
+    # Mixture of experts (Qwen3-MoE; none when num_experts is 0). A layer is sparse unless it is in mlp_only_layers
+    # or (layer + 1) is not a multiple of decoder_sparse_step; dense layers keep intermediate_size. Qwen3-MoE has
+    # no shared expert. The MTP modules' layers are sparse in a model with experts (as DeepSeek-V3's are).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False            # renormalise the chosen experts' probabilities to sum to one
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    router_aux_loss_coef: float = 0.001     # kept for the config's round trip; the learner's weight is its own
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -53,6 +64,47 @@ class ModelConfig:
             raise ModelConfigError("num_nextn_predict_layers must be >= 0")
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
             raise ModelConfigError("rope_theta and rms_norm_eps must be positive")
+        if self.num_experts:
+            self._check_experts()
+
+    def _check_experts(self) -> None:
+        if not isinstance(self.num_experts, int) or self.num_experts < 1:
+            raise ModelConfigError(f"num_experts must be a positive integer, got {self.num_experts!r}")
+        if not isinstance(self.num_experts_per_tok, int) or not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ModelConfigError(f"num_experts_per_tok must be between 1 and num_experts ({self.num_experts}), "
+                                   f"got {self.num_experts_per_tok!r}")
+        if not isinstance(self.moe_intermediate_size, int) or self.moe_intermediate_size < 1:
+            raise ModelConfigError(f"moe_intermediate_size must be a positive integer, got "
+                                   f"{self.moe_intermediate_size!r}")
+        if not isinstance(self.decoder_sparse_step, int) or self.decoder_sparse_step < 1:
+            raise ModelConfigError(f"decoder_sparse_step must be a positive integer, got {self.decoder_sparse_step!r}")
+        outside = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
+        if outside:
+            raise ModelConfigError(f"mlp_only_layers names layers outside 0..{self.num_hidden_layers - 1}: {outside}")
+        if self.num_experts > 65_536:
+            raise ModelConfigError(f"num_experts is {self.num_experts}; routing records hold expert ids below 65,536")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def model_type(self) -> str:
+        return "qwen3_moe" if self.is_moe else "qwen3"
+
+    def is_sparse_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` has a mixture of experts; MTP layers (index num_hidden_layers and up) do
+        in a model with experts."""
+        if not self.is_moe:
+            return False
+        if layer >= self.num_hidden_layers:
+            return True
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+
+    @property
+    def sparse_layers(self) -> tuple[int, ...]:
+        """The main stack's layers with experts, in order: the layers a routing record covers."""
+        return tuple(i for i in range(self.num_hidden_layers) if self.is_sparse_layer(i))
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -77,13 +129,22 @@ class ModelConfig:
             raise ModelConfigError(f"hidden_act {act!r} is not supported (only 'silu')")
         if data.get("use_sliding_window"):
             raise ModelConfigError("sliding-window attention is not supported")
+        if data.get("shared_expert_intermediate_size"):
+            raise ModelConfigError("shared experts are not supported (Qwen3-MoE has none)")
         rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
             raise ModelConfigError(f"rope type {rope_type!r} is not supported (only the default rotary embedding)")
         rope_theta = rope.get("rope_theta", data.get("rope_theta", cls.rope_theta))
         names = {f.name for f in fields(cls)} - {"rope_theta"}
+        if model_type != "qwen3_moe":
+            names -= _MOE_FIELDS
         kwargs = {k: data[k] for k in names if k in data and data[k] is not None}
+        if model_type == "qwen3_moe":
+            kwargs.setdefault("num_experts", data.get("num_local_experts"))
+            kwargs["mlp_only_layers"] = tuple(data.get("mlp_only_layers") or ())
+            if not kwargs.get("num_experts"):
+                raise ModelConfigError("a qwen3_moe config.json needs num_experts (a positive integer)")
         kwargs.setdefault("num_key_value_heads", data.get("num_attention_heads"))
         if "head_dim" not in kwargs and "hidden_size" in data and "num_attention_heads" in data:
             kwargs["head_dim"] = data["hidden_size"] // data["num_attention_heads"]
@@ -101,9 +162,14 @@ class ModelConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        if self.is_moe:
+            data["mlp_only_layers"] = list(self.mlp_only_layers)
+        else:
+            for name in _MOE_FIELDS:
+                del data[name]
         data.update(
-            architectures=["Qwen3ForCausalLM"],
-            model_type="qwen3",
+            architectures=["Qwen3MoeForCausalLM" if self.is_moe else "Qwen3ForCausalLM"],
+            model_type=self.model_type,
             hidden_act="silu",
             attention_dropout=0.0,
             use_cache=True,
@@ -130,3 +196,7 @@ class ModelConfig:
         path = Path(directory) / "config.json"
         path.write_text(json.dumps(self.to_hf_dict(), indent=2, sort_keys=True) + "\n")
         return path
+
+
+_MOE_FIELDS = frozenset({"num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                         "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef"})

@@ -1,4 +1,5 @@
-"""The Qwen3-family decoder-only transformer with optional DeepSeek-V3-style multi-token-prediction (MTP) modules.
+"""The Qwen3-family decoder-only transformer (dense Qwen3, or Qwen3-MoE with sparse mixture-of-experts layers, see
+``forge.model.moe``) with optional DeepSeek-V3-style multi-token-prediction (MTP) modules.
 
 Parameter names follow the Hugging Face layout (``model.layers.N.self_attn.q_proj.weight`` …), so checkpoints load
 and save without renaming. MTP module k (``mtp.k.*``) combines the hidden state at position t with the embedding
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 
 from forge.model.attention import AttentionBackend, CausalAttention
 from forge.model.config import ModelConfig
+from forge.model.moe import Experts, Routing, SparseMoE
 
 
 class RMSNorm(nn.Module):
@@ -86,7 +88,7 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, routing: Routing | None = None) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -94,13 +96,18 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.self_attn = SelfAttention(config, layer)
-        self.mlp = SwiGLU(config)
+        if config.is_sparse_layer(layer):
+            sparse = config.sparse_layers
+            self.mlp: SwiGLU | SparseMoE = SparseMoE(config, sparse.index(layer) if layer in sparse else None)
+        else:
+            self.mlp = SwiGLU(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionBackend) -> Tensor:
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionBackend,
+                routing: Routing | None = None) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, attention)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), routing)
 
 
 class Backbone(nn.Module):
@@ -160,15 +167,17 @@ class CausalLM(nn.Module):
         input_ids: Tensor,
         position_ids: Tensor | None = None,
         attention: AttentionBackend | None = None,
+        routing: Routing | None = None,
     ) -> Tensor:
         """Hidden states [B, T, H] of the last decoder layer (before the final norm) for token ids [B, T].
 
-        ``position_ids`` default to 0..T-1 per row; ``attention`` defaults to causal attention within each row."""
+        ``position_ids`` default to 0..T-1 per row; ``attention`` defaults to causal attention within each row;
+        ``routing`` records or replays the sparse layers' expert choices (a model with experts)."""
         attention = attention or CausalAttention()
         rope = self.rope(input_ids, position_ids)
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
-            x = layer(x, rope, attention)
+            x = layer(x, rope, attention, routing)
         return x
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -207,6 +216,10 @@ class CausalLM(nn.Module):
                     module.weight.copy_(weight)
                     if getattr(module, "bias", None) is not None:
                         module.bias.zero_()
+            elif isinstance(module, Experts):
+                with torch.no_grad():
+                    for weight in (module.gate_up_proj, module.down_proj):
+                        weight.copy_(torch.empty(weight.shape).normal_(0.0, std, generator=generator))
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
 
