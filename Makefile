@@ -55,13 +55,17 @@ lint: venv
 protos: venv
 	$(BIN)/python tools/gen_protos.py
 
-## Rebuild the built-in tokenizer (forge/assets/tiny).
+## Rebuild the built-in tokenizer (forge/assets/tiny, copied to forge/assets/tiny-moe).
 assets: venv
 	$(BIN)/python tools/build_tiny_tokenizer.py
+	cp forge/assets/tiny/tokenizer.json forge/assets/tiny/tokenizer_config.json forge/assets/tiny/chat_template.jinja \
+		forge/assets/tiny-moe/
 
-## Re-run the tiny model's pre-training (about 15-30 minutes on 2 CPU cores) into forge/assets/tiny.
+## Re-run a built-in model's pre-training into forge/assets/$(MODEL) (about 15-30 minutes on 2 CPU cores):
+## make pretrain, or make pretrain MODEL=tiny-moe.
+MODEL ?= tiny
 pretrain: venv
-	$(BIN)/python -m forge.tasks.pretrain --out forge/assets/tiny
+	$(BIN)/python -m forge.tasks.pretrain --model $(MODEL)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info .pytest_cache .ruff_cache

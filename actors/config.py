@@ -35,7 +35,7 @@ def vllm_installed() -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class ActorConfig(Settings):
-    model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory in the Hugging Face layout, or 'tiny' for the built-in "
+    model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory in the Hugging Face layout, or 'tiny' / 'tiny-moe' for a built-in "
                                       "model.")
     backend: str = setting("torch", choices=BACKENDS,
                            help="Inference backend: the embedded torch engine, vLLM (CPU or GPU, optional extra), or "

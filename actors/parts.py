@@ -19,7 +19,8 @@ def model_id_of(model: str) -> str:
 
 
 def load_policy(model: str, device: str, dtype: str):
-    """(model, id) for ``model``: a checkpoint directory, or 'tiny' (its shipped weights, else a fresh init)."""
+    """(model, id) for ``model``: a checkpoint directory, or a built-in model (its shipped weights, else a fresh
+    init)."""
     from forge.builtin import load_model
 
     policy, ref = load_model(model, dtype=dtype, device=device)
@@ -32,13 +33,13 @@ def trtllm_backend(model: str, max_waiting: int):
     import tempfile
 
     from forge.actors.trtllm import TrtllmBackend
-    from forge.builtin import resolve_model, write_tiny_checkpoint
+    from forge.builtin import resolve_model, write_builtin_checkpoint
     from forge.model import ModelConfig
 
     ref = resolve_model(model)
     directory = ref.directory
     if ref.builtin and not ref.has_weights:
-        directory = write_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="forge-tiny-")))
+        directory = write_builtin_checkpoint(Path(tempfile.mkdtemp(prefix="forge-tiny-")), ref.builtin_name or "tiny")
     config = ModelConfig.from_file(directory)
     backend = TrtllmBackend(str(directory), config.vocab_size, config.max_position_embeddings,
                             config.eos_token_ids, max_waiting=max_waiting)
@@ -51,11 +52,12 @@ def vllm_backend(model: str, config, device: str, dtype: str, initial_version: i
     import tempfile
 
     from forge.actors.vllm_backend import VllmBackend
-    from forge.builtin import checkpoint_dtype, resolve_model, write_tiny_checkpoint
+    from forge.builtin import checkpoint_dtype, resolve_model, write_builtin_checkpoint
 
     ref = resolve_model(model)
     if ref.builtin and not ref.has_weights:
-        ref = resolve_model(write_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="forge-tiny-"))))
+        scratch = Path(tempfile.mkdtemp(prefix="forge-tiny-"))
+        ref = resolve_model(write_builtin_checkpoint(scratch, ref.builtin_name or "tiny"))
     if dtype == "auto":
         dtype = checkpoint_dtype(ref)
     return VllmBackend(ref, config, dtype=dtype, device=device, initial_version=initial_version), ref.model_id

@@ -1,7 +1,8 @@
 """What ``--model tiny`` means everywhere, and how every command resolves a model reference.
 
-A model reference is ``tiny`` (or its id ``forge-tiny``), the built-in model shipped in forge/assets/tiny, or a
-checkpoint directory in the Hugging Face layout (a config.json, safetensors weights, the tokenizer files).
+A model reference is a built-in model, ``tiny`` (or its id ``forge-tiny``, shipped in forge/assets/tiny) or
+``tiny-moe`` (``forge-tiny-moe``, its mixture-of-experts variant), or a checkpoint directory in the Hugging Face
+layout (a config.json, safetensors weights, the tokenizer files).
 ``resolve_model`` is the one rule and ``ModelNotFound`` its one error; callers report that error their own way
 (a usage error in a CLI) with its message unchanged. Importing this module does not import torch, so the
 gateway can resolve references without it.
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forge.assets import TINY_DIR, TINY_NAME
+from forge.assets import TINY_DIR, TINY_MOE_DIR, TINY_MOE_NAME, TINY_NAME, TOKENIZER_FILES
 from forge.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -24,10 +25,14 @@ if TYPE_CHECKING:
     from forge.model import CausalLM, ModelConfig
 
 __all__ = [
+    "BUILTIN_MODELS",
     "TINY_DIR",
+    "TINY_MOE_DIR",
+    "TINY_MOE_NAME",
     "TINY_NAME",
     "ModelNotFound",
     "ModelRef",
+    "builtin_model",
     "checkpoint_dtype",
     "is_builtin",
     "load_model",
@@ -36,24 +41,26 @@ __all__ = [
     "tiny_config",
     "tiny_model",
     "tiny_tokenizer",
+    "write_builtin_checkpoint",
     "write_tiny_checkpoint",
 ]
 
 log = logging.getLogger(__name__)
 
-BUILTIN_NAMES = ("tiny", TINY_NAME)
+BUILTIN_MODELS = {"tiny": TINY_NAME, "tiny-moe": TINY_MOE_NAME}     # name -> the id it serves under
+BUILTIN_NAMES = (*BUILTIN_MODELS, *BUILTIN_MODELS.values())
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")           # the config.json model_type values forge.model implements
 
 
 class ModelNotFound(ValueError):
-    """A model reference that is neither the built-in model nor a checkpoint directory of a supported model."""
+    """A model reference that is neither a built-in model nor a checkpoint directory of a supported model."""
 
     def __init__(self, reference: str | Path, reason: str | None = None) -> None:
         self.reference = reference
         self.reason = reason
         super().__init__(f"{reference}: {reason}" if reason else
-                         f"{reference} is neither 'tiny' (the built-in model) nor a checkpoint directory "
-                         f"(no config.json in it)")
+                         f"{reference} is neither a built-in model ('tiny', 'tiny-moe') nor a checkpoint "
+                         f"directory (no config.json in it)")
 
     def __reduce__(self) -> tuple[type[ModelNotFound], tuple[str | Path, str | None]]:
         return type(self), (self.reference, self.reason)        # the default would rebuild it from the message
@@ -64,17 +71,27 @@ class ModelRef:
     """A resolved model reference."""
 
     reference: str | Path       # as given
-    directory: Path             # absolute; TINY_DIR for the built-in model
-    model_id: str               # what the model serves under (KV salts, stats): TINY_NAME or the absolute directory
+    directory: Path             # absolute; its asset directory for a built-in model
+    model_id: str               # what the model serves under (KV salts, stats): TINY_NAME, … or the directory
     builtin: bool
 
     @property
     def has_weights(self) -> bool:
         return any(self.directory.glob("*.safetensors"))
 
+    @property
+    def builtin_name(self) -> str | None:
+        """``tiny`` or ``tiny-moe`` for a built-in model, else None."""
+        return next((name for name, id_ in BUILTIN_MODELS.items() if id_ == self.model_id), None) \
+            if self.builtin else None
+
 
 def is_builtin(reference: str | Path) -> bool:
     return str(reference) in BUILTIN_NAMES
+
+
+def _builtin_dir(name: str) -> Path:
+    return TINY_DIR if name == "tiny" else TINY_MOE_DIR      # module globals, read when asked (tests move them)
 
 
 def resolve_model(reference: str | Path | ModelRef) -> ModelRef:
@@ -84,7 +101,8 @@ def resolve_model(reference: str | Path | ModelRef) -> ModelRef:
     if isinstance(reference, ModelRef):
         return reference
     if is_builtin(reference):
-        return ModelRef(reference, TINY_DIR, TINY_NAME, builtin=True)
+        name = next(n for n, id_ in BUILTIN_MODELS.items() if str(reference) in (n, id_))
+        return ModelRef(reference, _builtin_dir(name), BUILTIN_MODELS[name], builtin=True)
     directory = Path(reference)
     if not (directory / "config.json").is_file():
         raise ModelNotFound(reference)
@@ -132,8 +150,9 @@ def load_model(reference: str | Path | ModelRef, *, dtype: torch.dtype | str = "
         dtype = checkpoint_dtype(reference)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     if ref.builtin and not ref.has_weights:
-        log.warning("the built-in tiny model has no trained weights in this installation: using a fresh init")
-        return tiny_model(seed).to(device=device, dtype=torch_dtype), ref
+        log.warning("the built-in %s model has no trained weights in this installation: using a fresh init",
+                    ref.builtin_name)
+        return builtin_model(ref.builtin_name or "tiny", seed).to(device=device, dtype=torch_dtype), ref
     return CausalLM.from_pretrained(ref.directory, dtype=torch_dtype, device=device), ref
 
 
@@ -143,29 +162,43 @@ def load_tokenizer(reference: str | Path | ModelRef) -> Tokenizer:
     return Tokenizer.from_dir(resolve_model(reference).directory)
 
 
-def tiny_config() -> ModelConfig:
+def tiny_config(name: str = "tiny") -> ModelConfig:
+    """The architecture of the built-in model ``name`` (``tiny`` or ``tiny-moe``)."""
     from forge.model import ModelConfig
 
-    return ModelConfig.from_file(TINY_DIR)
+    return ModelConfig.from_file(_builtin_dir(name))
 
 
 def tiny_tokenizer() -> Tokenizer:
     return Tokenizer.from_dir(TINY_DIR)
 
 
-def tiny_model(seed: int = 0) -> CausalLM:
-    """The tiny architecture, freshly initialised (deterministic for a seed)."""
+def builtin_model(name: str = "tiny", seed: int = 0) -> CausalLM:
+    """The architecture of the built-in model ``name``, freshly initialised (deterministic for a seed)."""
     from forge.model import CausalLM
 
-    model = CausalLM(tiny_config())
+    if name not in BUILTIN_MODELS:
+        raise ModelNotFound(name, f"not a built-in model (built in: {', '.join(BUILTIN_MODELS)})")
+    model = CausalLM(tiny_config(name))
     model.init_weights(seed=seed)
     return model
 
 
-def write_tiny_checkpoint(directory: str | Path, seed: int = 0) -> Path:
-    """A complete HF-layout checkpoint of the tiny architecture (random weights) with its tokenizer files."""
+def tiny_model(seed: int = 0) -> CausalLM:
+    """The tiny architecture, freshly initialised (deterministic for a seed)."""
+    return builtin_model("tiny", seed)
+
+
+def write_builtin_checkpoint(directory: str | Path, name: str = "tiny", seed: int = 0) -> Path:
+    """A complete HF-layout checkpoint of the built-in architecture ``name`` (random weights) with its tokenizer
+    files."""
     directory = Path(directory)
-    tiny_model(seed).save_pretrained(directory)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        (directory / name).write_bytes((TINY_DIR / name).read_bytes())
+    builtin_model(name, seed).save_pretrained(directory)
+    for file in TOKENIZER_FILES:
+        (directory / file).write_bytes((TINY_DIR / file).read_bytes())
     return directory
+
+
+def write_tiny_checkpoint(directory: str | Path, seed: int = 0) -> Path:
+    """``write_builtin_checkpoint`` of the tiny model."""
+    return write_builtin_checkpoint(directory, "tiny", seed)

@@ -15,7 +15,7 @@ LOOPBACK = "127.0.0.1"
 
 @dataclass(frozen=True, kw_only=True)
 class GatewayConfig(Settings):
-    model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory (tokenizer, chat template, context length), or 'tiny'.")
+    model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory (tokenizer, chat template, context length), or 'tiny' / 'tiny-moe'.")
     model_name: str = setting("forge-tiny", help="The model name served at /v1/models and echoed in responses.")
     actors: tuple[str, ...] = setting((), flag="actor", metavar="HOST:PORT", validate=check_addresses,
                                       help="An actor to route calls to (repeatable; at least one).")

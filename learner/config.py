@@ -25,7 +25,7 @@ from forge.weights.curve import check_client_keys, check_key_pair
 
 @dataclass(frozen=True, kw_only=True)
 class LearnerConfig(Settings):
-    model: str = setting("tiny", validate=resolve_model, help="Initial policy: a checkpoint directory (HF layout) or 'tiny'. Ignored when "
+    model: str = setting("tiny", validate=resolve_model, help="Initial policy: a checkpoint directory (HF layout), 'tiny' or 'tiny-moe'. Ignored when "
                                       "resuming.")
     pool_path: Path | None = setting(None, flag="pool", path="dir",
                                      help="Local pool directory (LMDB), opened in this process; it must hold a pool "

@@ -1,4 +1,4 @@
-"""Model references: ``tiny`` (or ``forge-tiny``) or a checkpoint directory, resolved by forge.builtin.resolve_model
+"""Model references: a built-in model (``tiny``, ``tiny-moe`` or their ids) or a checkpoint directory, resolved by forge.builtin.resolve_model
 with one error message that every entry point reports unchanged."""
 
 from __future__ import annotations
@@ -13,22 +13,26 @@ import torch
 
 import forge.builtin
 from forge.actors.parts import load_policy, model_id_of
-from forge.assets import TINY_DIR, TINY_NAME
+from forge.assets import TINY_DIR, TINY_MOE_DIR, TINY_MOE_NAME, TINY_NAME, TOKENIZER_FILES
 from forge.builtin import (
     ModelNotFound,
     ModelRef,
+    builtin_model,
     load_model,
     load_tokenizer,
     resolve_model,
+    tiny_config,
     tiny_model,
     tiny_tokenizer,
+    write_builtin_checkpoint,
     write_tiny_checkpoint,
 )
 from forge.gateway.modelinfo import ModelInfo
 
 from conftest import script
 
-MESSAGE = "{} is neither 'tiny' (the built-in model) nor a checkpoint directory (no config.json in it)"
+MESSAGE = ("{} is neither a built-in model ('tiny', 'tiny-moe') nor a checkpoint directory (no config.json in "
+           "it)")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +80,7 @@ def test_anything_else_is_one_error(tmp_path, kind):
         assert isinstance(caught.value, ValueError) and caught.value.reference == given
         assert str(pickle.loads(pickle.dumps(caught.value))) == str(caught.value)
     for load in (load_model, load_tokenizer, model_id_of, ModelInfo.load):
-        with pytest.raises(ModelNotFound, match="is neither 'tiny'"):
+        with pytest.raises(ModelNotFound, match="is neither a built-in model"):
             load(str(reference))
 
 
@@ -164,3 +168,33 @@ def test_auto_dtype_is_the_checkpoints_own(tmp_path):
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     (directory / "config.json").write_text(json.dumps({**config, "torch_dtype": "int8", "dtype": None}))
     assert checkpoint_dtype(directory) == "float32"
+
+
+@pytest.mark.parametrize("reference", ["tiny-moe", TINY_MOE_NAME])
+def test_the_builtin_moe_model(reference):
+    ref = resolve_model(reference)
+    assert ref == ModelRef(reference, TINY_MOE_DIR, TINY_MOE_NAME, builtin=True)
+    assert ref.builtin_name == "tiny-moe" and resolve_model("tiny").builtin_name == "tiny"
+    assert model_id_of(reference) == TINY_MOE_NAME
+
+
+def test_the_moe_model_is_the_tiny_shape_with_experts_of_equal_active_size():
+    dense, moe = tiny_config("tiny"), tiny_config("tiny-moe")
+    assert moe.is_moe and not dense.is_moe
+    assert moe.num_experts_per_tok * moe.moe_intermediate_size == dense.intermediate_size
+    same = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "max_position_embeddings", "num_nextn_predict_layers", "eos_token_id", "pad_token_id")
+    assert all(getattr(moe, name) == getattr(dense, name) for name in same)
+    for name in TOKENIZER_FILES:                     # one tokenizer: the copy must not drift
+        assert (TINY_MOE_DIR / name).read_bytes() == (TINY_DIR / name).read_bytes(), name
+    assert load_tokenizer("tiny-moe").encode("Compute 2 + 3.") == tiny_tokenizer().encode("Compute 2 + 3.")
+
+
+def test_a_builtin_moe_checkpoint_is_written_and_loads(tmp_path):
+    directory = write_builtin_checkpoint(tmp_path / "moe", "tiny-moe", seed=4)
+    model, ref = load_model(directory)
+    assert model.config == tiny_config("tiny-moe") and not ref.builtin
+    expected = builtin_model("tiny-moe", seed=4).state_dict()
+    assert all(torch.equal(t, expected[name]) for name, t in model.state_dict().items())
+    with pytest.raises(ModelNotFound, match="not a built-in model"):
+        builtin_model("huge")

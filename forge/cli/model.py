@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from forge.model import CausalLM
     from forge.tokenizer import Tokenizer
 
-MODEL_HELP = "Checkpoint directory (HF layout: config.json + safetensors), or 'tiny' for the built-in model."
+MODEL_HELP = "Checkpoint directory (HF layout: config.json + safetensors), or 'tiny' / 'tiny-moe' for a built-in model."
 
 
 def _resolve(model: str) -> ModelRef:
@@ -51,7 +51,7 @@ def model_group() -> None:
 @click.argument("model", default="tiny")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def info(model: str, as_json: bool) -> None:
-    """Show the architecture of MODEL (a checkpoint directory or 'tiny') and its parameter count."""
+    """Show the architecture of MODEL (a checkpoint directory, 'tiny' or 'tiny-moe') and its parameter count."""
     import torch
 
     from forge.model import CausalLM, ModelConfig

@@ -14,7 +14,7 @@ from forge.settings import Settings, SettingsError, log_level_setting, setting
 class ModelChoice(Settings):
     """The run file's ``[model]`` table: the policy every service of the run serves or trains."""
 
-    path: str = setting("tiny", flag="model", validate=resolve_model, help="'tiny' or a checkpoint directory.")
+    path: str = setting("tiny", flag="model", validate=resolve_model, help="'tiny', 'tiny-moe' or a checkpoint directory.")
 
 
 @dataclass(frozen=True, kw_only=True)

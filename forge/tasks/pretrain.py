@@ -1,7 +1,8 @@
-"""Pre-training of the built-in tiny model on demonstrations of the built-in tasks, so that RL starts from a low
-but non-zero success rate: the demonstrations are right only part of the time (a noisy teacher), and training is
+"""Pre-training of the built-in models on demonstrations of the built-in tasks, so that RL starts from a low but
+non-zero success rate: the demonstrations are right only part of the time (a noisy teacher), and training is
 short. The loss is next-token cross-entropy on the assistant's tokens only, plus the MTP draft's loss on the token
-after next. ``python -m forge.tasks.pretrain --out forge/assets/tiny`` rebuilds the shipped checkpoint."""
+after next, plus (``tiny-moe``) the routers' load-balancing loss, which keeps every expert in use.
+``python -m forge.tasks.pretrain --model tiny|tiny-moe`` rebuilds the shipped checkpoint."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import click
 import torch
 import torch.nn.functional as F
 
-from forge.builtin import TINY_DIR, tiny_model, tiny_tokenizer
+from forge.builtin import BUILTIN_MODELS, builtin_model, resolve_model, tiny_tokenizer
+from forge.model.moe import Routing, load_balancing_loss
 from forge.tasks import agent, qa, reasoning, unseen
 from forge.tokenizer import Tokenizer
 
@@ -78,8 +80,13 @@ def batches(tokenizer: Tokenizer, size: int, seed: int):
         yield ids, mask
 
 
-def losses(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    hidden = model(ids)
+BALANCE_WEIGHT = 0.01          # the load-balancing loss's weight (1 at a uniform load)
+
+
+def losses(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(next-token loss, draft loss, load-balancing loss: 0 for a dense model)."""
+    routing = Routing(keep_logits=True)
+    hidden = model(ids, routing=routing)
     logits = model.logits(hidden[:, :-1])
     target_mask = mask[:, 1:]
     main = (F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none") * target_mask).sum()
@@ -88,12 +95,14 @@ def losses(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
     draft_logits = model.mtp_logits(draft_hidden)
     draft_mask = mask[:, 2:]
     draft = (F.cross_entropy(draft_logits.transpose(1, 2), ids[:, 2:], reduction="none") * draft_mask).sum()
-    return main, draft / draft_mask.sum().clamp(min=1)
+    balance = load_balancing_loss(routing.logits, model.config.num_experts_per_tok) if routing.logits \
+        else torch.zeros(())
+    return main, draft / draft_mask.sum().clamp(min=1), balance
 
 
-def pretrain(steps: int, batch_size: int, lr: float, seed: int, progress: bool = True):
+def pretrain(steps: int, batch_size: int, lr: float, seed: int, progress: bool = True, name: str = "tiny"):
     torch.manual_seed(seed)
-    model = tiny_model(seed)
+    model = builtin_model(name, seed)
     tokenizer = tiny_tokenizer()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, steps // 20)
@@ -109,31 +118,35 @@ def pretrain(steps: int, batch_size: int, lr: float, seed: int, progress: bool =
     model.train()
     for step in range(steps):
         ids, mask = next(stream)
-        main, draft = losses(model, ids, mask)
-        (main + 0.3 * draft).backward()
+        main, draft, balance = losses(model, ids, mask)
+        (main + 0.3 * draft + BALANCE_WEIGHT * balance).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         if progress and (step % 100 == 0 or step == steps - 1):
-            log.info("step %d/%d  loss %.3f  draft %.3f  lr %.2e  %.0fs", step + 1, steps, main.item(),
-                     draft.item(), scheduler.get_last_lr()[0], time.perf_counter() - started)
+            log.info("step %d/%d  loss %.3f  draft %.3f  balance %.3f  lr %.2e  %.0fs", step + 1, steps, main.item(),
+                     draft.item(), balance.item(), scheduler.get_last_lr()[0], time.perf_counter() - started)
     return model.eval()
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=TINY_DIR, show_default=True)
+@click.option("--model", "name", type=click.Choice(sorted(BUILTIN_MODELS)), default="tiny", show_default=True,
+              help="The built-in model to pre-train.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where to save it [default: the model's asset directory, forge/assets/MODEL].")
 @click.option("--steps", default=3600, show_default=True)
 @click.option("--batch-size", default=16, show_default=True)
 @click.option("--lr", default=3e-3, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--threads", default=0, help="torch threads (0 = all cores)")
-def main(out: Path, steps: int, batch_size: int, lr: float, seed: int, threads: int) -> None:
-    """Pre-train the built-in tiny model on noisy demonstrations of the built-in tasks and save it to OUT."""
+def main(name: str, out: Path | None, steps: int, batch_size: int, lr: float, seed: int, threads: int) -> None:
+    """Pre-train a built-in model on noisy demonstrations of the built-in tasks and save it."""
     logging.basicConfig(level="INFO", format="%(asctime)s %(message)s")
     if threads:
         torch.set_num_threads(threads)
-    model = pretrain(steps, batch_size, lr, seed)
+    out = out or resolve_model(name).directory
+    model = pretrain(steps, batch_size, lr, seed, name=name)
     model.save_pretrained(out)
     log.info("saved %s", out)
 
