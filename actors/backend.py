@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from forge.model.sampling import SamplingParams
@@ -63,6 +64,15 @@ class GenerationRequest:
 TopTokens = tuple[list[int], list[float]]      # the most likely token ids of one distribution and their log-probs
 
 
+@dataclass(frozen=True)
+class RoutedExperts:
+    """The experts each sparse layer chose at every position a request fed through the model (a model with
+    experts): ``ids`` int32 [positions, sparse layers, top_k], -1 where this backend did not compute the position."""
+
+    ids: np.ndarray
+    num_experts: int
+
+
 @dataclass
 class TokenChunk:
     """Tokens sampled for one request in one engine step (or the final, possibly empty, chunk)."""
@@ -77,6 +87,7 @@ class TokenChunk:
     handover_blocks: int = 0        # final chunk of a prefill_only request: the prompt's blocks stored in L3
     retryable: bool = False         # with ERROR: nothing was sampled, the request may be sent again (elsewhere)
     continues: bool = False         # final chunk of a prefill_only request: there is room for more tokens
+    routed_experts: RoutedExperts | None = None     # final chunk, a model with experts: its routing
     queue_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0

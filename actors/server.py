@@ -23,6 +23,7 @@ from forge.actors.backend import (
     Overloaded,
     TokenChunk,
 )
+from forge.expert_routing import encode as encode_routing
 from forge.model.sampling import SamplingError, SamplingParams
 from forge.telemetry import stats_report
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
@@ -76,6 +77,8 @@ def chunk_to_proto(request_id: str, chunk: TokenChunk, actor: str, first: bool) 
         message.handover_blocks = chunk.handover_blocks
         message.retryable = chunk.retryable
         message.continues = chunk.continues
+        if chunk.routed_experts is not None:
+            message.routed_experts.CopyFrom(encode_routing(chunk.routed_experts.ids, chunk.routed_experts.num_experts))
         message.timing.CopyFrom(common_pb2.Timing(queue_s=chunk.queue_s, prefill_s=chunk.prefill_s,
                                                   decode_s=chunk.decode_s, total_s=chunk.total_s))
     return message

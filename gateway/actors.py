@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from forge import expert_routing
 from forge.gateway.errors import BadRequest, Unavailable, UpstreamFailed
 from forge.gateway.prefill import PrefillPool
 from forge.gateway.routing import ActorEndpoint, NoActorAvailable, Router, RouteRequest, make_router
@@ -62,6 +63,21 @@ def joined(first: actor_pb2.GenerateChunk, chunk: actor_pb2.GenerateChunk) -> ac
     merged.MergeFrom(chunk)             # appends the repeated fields, takes the decode actor's others
     merged.cached_prompt_tokens = first.cached_prompt_tokens
     return merged
+
+
+def with_prefill_routing(last: actor_pb2.GenerateChunk, prefill: actor_pb2.GenerateChunk) -> None:
+    """Complete the decode actor's routing record with the prefill actor's: the decode actor fetched the prompt's
+    KV, so it did not route those positions; the prefill actor did."""
+    if not (last.HasField("routed_experts") and prefill.HasField("routed_experts")):
+        return
+    try:
+        ids, given = expert_routing.decode(last.routed_experts), expert_routing.decode(prefill.routed_experts)
+    except ValueError as exc:
+        log.warning("a routing record is malformed (%s); kept as the decode actor sent it", exc)
+        return
+    if ids is not None and given is not None and ids.shape[1:] == given.shape[1:]:
+        last.routed_experts.CopyFrom(expert_routing.encode(expert_routing.filled(ids, given),
+                                                           last.routed_experts.num_experts))
 
 
 class ActorSet:
@@ -281,6 +297,8 @@ class ActorCall:
                         raise _Retry(what)
                     if held is not None and not started:
                         chunk = joined(held, chunk)
+                    if held is not None and chunk.finish_reason:
+                        with_prefill_routing(chunk, held)
                     started = started or bool(chunk.token_ids)
                     yield chunk
                     if chunk.finish_reason:

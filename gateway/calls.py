@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from forge import expert_routing
 from forge.gateway.actors import ActorCall, ActorSet
 from forge.gateway.detokenize import TextAssembler
 from forge.gateway.errors import BadRequest, UpstreamFailed
@@ -82,6 +83,18 @@ class ChatResult(ChatDelta):
     all_logprobs: list[float] = field(default_factory=list)
     all_top_logprobs: list[common_pb2.TopLogprobs] = field(default_factory=list)
     tito: str = ""
+
+
+def routing_of(last: actor_pb2.GenerateChunk, prompt_tokens: int, out: Completion) -> common_pb2.ExpertRouting | None:
+    """The routing record a call keeps: the actor's, when it covers exactly the positions the call fed (all but
+    its last token); None otherwise (a dense model, or a record that does not fit, which is logged)."""
+    if not last.HasField("routed_experts") or not out.token_ids:
+        return None
+    covered, fed = expert_routing.positions(last.routed_experts), prompt_tokens + len(out.token_ids) - 1
+    if covered != fed:
+        log.warning("the actor's routing record covers %d positions, the call fed %d; not kept", covered, fed)
+        return None
+    return last.routed_experts
 
 
 def _grow(old: str, new: str, what: str) -> str:
@@ -180,7 +193,7 @@ class CallRunner:
                 session_id=state.session_id, index=-1, prompt_ids=build.ids, completion_ids=out.token_ids,
                 logprobs=out.logprobs, weight_versions=out.versions, actor=out.actor or self._fallback_name(actor_call),
                 timing=self._timing(last, ended - started, started, state), finish_reason=finish,
-                sampling=call.sampling, created_at=ended)
+                sampling=call.sampling, created_at=ended, routed_experts=routing_of(last, len(build.ids), out))
             index = await self._record(state, record)
             self.metrics.call_done(time.monotonic() - t0, out.ttft)
             yield ChatResult(
@@ -227,7 +240,8 @@ class CallRunner:
                             logprobs=out.logprobs, weight_versions=out.versions,
                             actor=out.actor or self._fallback_name(actor_call),
                             timing=self._timing(chunk, ended - started, started, state),
-                            finish_reason=chunk.finish_reason, sampling=sampling, created_at=ended)
+                            finish_reason=chunk.finish_reason, sampling=sampling, created_at=ended,
+                            routed_experts=routing_of(chunk, len(prompt), out))
                         index = await self._record(state, record)
                         self.metrics.call_done(time.monotonic() - t0, out.ttft)
                         yield chunk, index

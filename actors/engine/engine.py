@@ -24,6 +24,7 @@ from forge.actors.backend import (
     InvalidRequest,
     Overloaded,
     RequestStream,
+    RoutedExperts,
     TokenChunk,
     batched_wakeups,
 )
@@ -186,14 +187,17 @@ class TorchEngine(Backend):
         self.speculative = config.speculative and mc.num_nextn_predict_layers > 0
         layers = mc.num_hidden_layers + (1 if self.speculative else 0)
         dtype = model.output_weight.dtype
-        per_block = PagedKVCache.bytes_per_block(layers, config.block_size, mc.num_key_value_heads, mc.head_dim, dtype)
+        # A model with experts keeps its routing per slot, for the learner's routing replay.
+        routing = (len(mc.sparse_layers), mc.num_experts_per_tok) if mc.sparse_layers else None
+        per_block = PagedKVCache.bytes_per_block(layers, config.block_size, mc.num_key_value_heads, mc.head_dim, dtype,
+                                                 routing)
         num_blocks = config.kv_cache_bytes // per_block
         if config.stream_interval < 0:
             raise ValueError(f"stream_interval must be 0 (adaptive) or more, got {config.stream_interval}")
         if num_blocks < 2:
             raise ValueError(f"kv_cache_bytes={config.kv_cache_bytes} holds fewer than 2 blocks of {per_block} bytes")
         self.cache = PagedKVCache(layers, num_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim, dtype,
-                                  self.device)
+                                  self.device, routing)
         self.blocks = BlockManager(num_blocks, config.block_size, prefix_caching=config.prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    speculative=self.speculative), self.blocks)
@@ -491,6 +495,15 @@ class TorchEngine(Backend):
             seq.unsent = None
             seq.stream.put(chunk)
 
+    def _routed_experts(self, seq: Sequence) -> RoutedExperts | None:
+        """The routing of every position the sequence fed through the model (all but its last token), for a model
+        with experts whose sequence holds its blocks."""
+        positions = min(seq.num_computed, len(seq.token_ids) - 1)
+        if self.cache.routing is None or not seq.block_table or positions <= 0:
+            return None
+        ids = self.cache.routing_of(seq.block_table, positions).cpu().numpy()
+        return RoutedExperts(ids, self.model.config.num_experts)
+
     def _stale_handover(self, seq: Sequence) -> bool:
         """Refuse (retryably) a continuation whose first tokens another weight version sampled."""
         if seq.handover_version is None or seq.handover_version == self._version:
@@ -506,12 +519,14 @@ class TorchEngine(Backend):
         deliver = seq.stream.put
         if seq.prefill_only and reason in (FinishReason.STOP, FinishReason.LENGTH):
             deliver = self.connector.hand_over(seq)      # its blocks are copied now, before they are freed
+        routed = self._routed_experts(seq)               # read before the blocks are freed too
         self.scheduler.finish(seq)
         self._live.pop(seq.request_id, None)
         self._counters["finished"] += 1
         now = time.perf_counter()
         chunk, seq.unsent = seq.unsent or TokenChunk(), None       # tokens not sent yet end with the request
         chunk.finish_reason, chunk.error, chunk.retryable = reason, error, retryable
+        chunk.routed_experts = routed
         chunk.continues = seq.prefill_only and reason is FinishReason.LENGTH and seq.room > 1
         admitted = seq.admitted or now
         first = seq.first_token or now

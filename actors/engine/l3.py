@@ -150,6 +150,7 @@ class KVConnector:
             if block_id is not None:
                 self.kv.keys[:, block_id].copy_(tensor[0])
                 self.kv.values[:, block_id].copy_(tensor[1])
+                self.kv.forget_routing(block_id)
                 self.counters["l3_fetched_blocks"] += 1
             self._mark_in_l3(job.hashes[index])
 

@@ -25,17 +25,41 @@ KERNEL_MAX_QUERIES = 8          # rows feeding more tokens (prefill) run the gat
 
 
 class PagedKVCache:
+    """Keys and values per slot, and for a model with experts (``routing`` = (sparse layers, top_k)) the expert ids
+    each sparse layer chose at the slot's position (-1 where the slot's KV was not computed here): kept beside the
+    KV so that prefix hits know the routing of the positions they reuse."""
+
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
+                 dtype: torch.dtype, device: torch.device | str, routing: tuple[int, int] | None = None) -> None:
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
+        self.routing = None if routing is None else torch.full((num_blocks * block_size, *routing), -1,
+                                                               dtype=torch.int32, device=device)
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                        dtype: torch.dtype) -> int:
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+                        dtype: torch.dtype, routing: tuple[int, int] | None = None) -> int:
+        kv = 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        return kv + (block_size * routing[0] * routing[1] * 4 if routing else 0)
+
+    def store_routing(self, layout: StepLayout, chosen: Tensor) -> None:
+        """Keep the routing of a step's written slots: ``chosen`` [layers, B * T, top_k] of its flattened tokens."""
+        if self.routing is not None and layout.write_rows.numel():
+            self.routing[layout.write_slots] = chosen[:, layout.write_rows].transpose(0, 1).to(torch.int32)
+
+    def forget_routing(self, block_id: int) -> None:
+        """A block whose KV was written from elsewhere (the L3 cache): its positions' routing is not known here."""
+        if self.routing is not None:
+            self.routing[block_id * self.block_size:(block_id + 1) * self.block_size] = -1
+
+    def routing_of(self, block_table: list[int], positions: int) -> Tensor:
+        """The routing [positions, layers, top_k] of a sequence's first ``positions`` positions."""
+        size, device = self.block_size, self.routing.device
+        at = torch.arange(positions, device=device)
+        table = torch.tensor(block_table[:-(-positions // size)], dtype=torch.long, device=device)
+        return self.routing[table[at // size] * size + at % size]
 
 
 @dataclass

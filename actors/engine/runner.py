@@ -12,6 +12,7 @@ prefix up to i + 1 only, so it is cached and shared with the main KV by the same
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -26,8 +27,11 @@ from forge.actors.engine.graph import CompiledDecode
 from forge.actors.engine.packed_linear import Pack, pack_linears
 from forge.actors.engine.paged_attention import PagedAttention, PagedKVCache, StepLayout
 from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft, Sequence, uniforms
+from forge.model.moe import Routing
 from forge.model.qwen3 import CausalLM
 from forge.model.sampling import batched_sampling_logprobs, top_logprobs
+
+log = logging.getLogger(__name__)
 
 PreparedWeights = dict[int, Pack] | None
 
@@ -77,7 +81,11 @@ class ModelRunner:
         self.speculative = speculative and len(model.mtp) > 0
         native = cpu_kernels and self.device.type == "cpu" and cache.keys.dtype == torch.float32
         self.kernel = load_cpu_kernels() if native else None
-        self.compiled = CompiledDecode(model, cache, self.kernel is not None) if compile_decode else None
+        self.records_routing = cache.routing is not None
+        if compile_decode and self.records_routing:
+            log.info("graph mode is off: a model with experts records its routing in eager steps")
+        self.compiled = CompiledDecode(model, cache, self.kernel is not None) \
+            if compile_decode and not self.records_routing else None
         self.packs = pack_linears(model) if packed_linear else None
 
     def prepare_weights(self, state_dict: Mapping[str, torch.Tensor]) -> PreparedWeights:
@@ -146,7 +154,10 @@ class ModelRunner:
         if self.compiled is not None and width == 1:
             hidden = self.compiled(input_ids, position_ids, layout)
         else:
-            hidden = model(input_ids, position_ids, PagedAttention(self.cache, layout, self.kernel))
+            routing = Routing(record=True) if self.records_routing else None
+            hidden = model(input_ids, position_ids, PagedAttention(self.cache, layout, self.kernel), routing)
+            if routing is not None:
+                self.cache.store_routing(layout, routing.stack())
         flat = hidden.reshape(-1, hidden.shape[-1])
 
         logit_rows, owners = [], []

@@ -81,8 +81,8 @@ class ModelConfig:
         outside = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
         if outside:
             raise ModelConfigError(f"mlp_only_layers names layers outside 0..{self.num_hidden_layers - 1}: {outside}")
-        if self.num_experts > 65_536:
-            raise ModelConfigError(f"num_experts is {self.num_experts}; routing records hold expert ids below 65,536")
+        if self.num_experts >= 65_535:
+            raise ModelConfigError(f"num_experts is {self.num_experts}; routing records hold expert ids below 65,535")
 
     @property
     def is_moe(self) -> bool:

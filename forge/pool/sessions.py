@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from forge import expert_routing
 from forge.pool import layout
 from forge.pool.errors import ConflictError, InvalidRequestError, NotFoundError
 from forge.pool.fifo import STATUS_NAMES, new_entry, settle
@@ -83,6 +84,21 @@ def check_call(record: pool_pb2.CallRecord) -> None:
             raise InvalidRequestError("weight versions must be >= 0")
     if record.process_rewards:
         _check_finite(record.process_rewards, "process_rewards")
+    if record.HasField("routed_experts"):
+        _check_routing(record)
+
+
+def _check_routing(record: pool_pb2.CallRecord) -> None:
+    """A routing record must decode and cover exactly the positions the call fed (all but its last token)."""
+    try:
+        expert_routing.decode(record.routed_experts)
+    except ValueError as exc:
+        raise InvalidRequestError(f"routed_experts: {exc}") from exc
+    covered = expert_routing.positions(record.routed_experts)
+    fed = len(record.prompt_ids) + len(record.completion_ids) - 1
+    if covered != fed:
+        raise InvalidRequestError(f"routed_experts covers {covered} positions; the call fed {fed} (prompt and "
+                                  "completion but the last token)")
 
 
 def prepare_call(record: pool_pb2.CallRecord, now: float) -> PreparedCall:

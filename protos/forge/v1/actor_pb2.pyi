@@ -36,7 +36,7 @@ class Continuation(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("request_id", "token_ids", "logprobs", "weight_versions", "finish_reason", "error", "cached_prompt_tokens", "timing", "actor", "top_logprobs", "handover_blocks", "retryable", "continues")
+    __slots__ = ("request_id", "token_ids", "logprobs", "weight_versions", "finish_reason", "error", "cached_prompt_tokens", "timing", "actor", "top_logprobs", "handover_blocks", "retryable", "continues", "routed_experts")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class GenerateChunk(_message.Message):
     HANDOVER_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     RETRYABLE_FIELD_NUMBER: _ClassVar[int]
     CONTINUES_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -63,7 +64,8 @@ class GenerateChunk(_message.Message):
     handover_blocks: int
     retryable: bool
     continues: bool
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., weight_versions: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., error: _Optional[str] = ..., cached_prompt_tokens: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ..., actor: _Optional[str] = ..., top_logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., handover_blocks: _Optional[int] = ..., retryable: _Optional[bool] = ..., continues: _Optional[bool] = ...) -> None: ...
+    routed_experts: _common_pb2.ExpertRouting
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., weight_versions: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., error: _Optional[str] = ..., cached_prompt_tokens: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ..., actor: _Optional[str] = ..., top_logprobs: _Optional[_Iterable[_Union[_common_pb2.TopLogprobs, _Mapping]]] = ..., handover_blocks: _Optional[int] = ..., retryable: _Optional[bool] = ..., continues: _Optional[bool] = ..., routed_experts: _Optional[_Union[_common_pb2.ExpertRouting, _Mapping]] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -50,6 +50,18 @@ class TopLogprobs(_message.Message):
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
+class ExpertRouting(_message.Message):
+    __slots__ = ("layers", "top_k", "num_experts", "ids")
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    layers: int
+    top_k: int
+    num_experts: int
+    ids: bytes
+    def __init__(self, layers: _Optional[int] = ..., top_k: _Optional[int] = ..., num_experts: _Optional[int] = ..., ids: _Optional[bytes] = ...) -> None: ...
+
 class Timing(_message.Message):
     __slots__ = ("queue_s", "prefill_s", "decode_s", "total_s", "tool_s")
     QUEUE_S_FIELD_NUMBER: _ClassVar[int]

@@ -1,0 +1,121 @@
+"""The torch engine serves Qwen3-MoE exactly: greedy outputs equal transformers' Qwen3MoeForCausalLM, recorded
+log-probs equal a full forward pass with and without prefix hits and MTP speculation, and every request's routing
+(the experts of each position it fed, prefix hits included) is what a full forward pass routes."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy
+import pytest
+import torch
+from test_actor_engine import engine_for, full_forward_logprobs, run
+
+from forge.actors.backend import FinishReason
+from forge.model import CausalLM, ModelConfig
+from forge.model.moe import Routing
+from forge.model.sampling import SamplingParams
+
+CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                     num_nextn_predict_layers=1, eos_token_id=100, num_experts=5, num_experts_per_tok=2,
+                     moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=(1,))
+
+
+@pytest.fixture(scope="module")
+def model() -> CausalLM:
+    model = CausalLM(CONFIG)
+    model.init_weights(std=0.15, seed=0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.mul_(8.0)                  # routers that differ from token to token
+    return model.eval()
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_greedy_equals_transformers_and_concurrent_requests_stay_isolated(tmp_path, model, speculative):
+    transformers = pytest.importorskip("transformers")
+    model.save_pretrained(tmp_path)
+    reference = transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    rng = random.Random(1)
+    prompts = [[rng.randrange(100) for _ in range(rng.randrange(1, 40))] for _ in range(8)]
+    engine = engine_for(model, speculative=speculative)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+        results: dict[int, list[int]] = {}
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run(engine, prompts[i], params)[0]))
+                   for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        for i, prompt in enumerate(prompts):
+            ids = torch.tensor([prompt])
+            expected = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                                          do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+            assert results[i] == expected, f"request {i}"
+        if speculative:
+            assert engine.stats()["drafts"] > 0
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=3),
+                                    SamplingParams(temperature=1.2, top_k=10, top_p=0.9, max_tokens=24, seed=4,
+                                                   ignore_eos=True)])
+def test_recorded_logprobs_equal_a_full_forward_pass_with_and_without_prefix_hits(model, speculative, params):
+    engine = engine_for(model, speculative=speculative)
+    prompt = [random.Random(7).randrange(100) for _ in range(45)]
+    try:
+        for attempt in range(2):               # the second request reuses the first one's prompt blocks
+            tokens, logprobs, _, last = run(engine, prompt, params)
+            assert len(tokens) == 24 and last.finish_reason is FinishReason.LENGTH
+            expected = full_forward_logprobs(model, prompt, tokens, params)
+            torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(expected), atol=2e-5, rtol=0)
+            if attempt:
+                assert engine.blocks.hit_tokens >= 40
+    finally:
+        engine.close()
+
+
+def full_forward_routing(model: CausalLM, tokens: list[int]):
+    with torch.no_grad():
+        routing = Routing(record=True)
+        model(torch.tensor([tokens]), routing=routing)
+    return routing.stack().transpose(0, 1).numpy()          # [positions, layers, top_k]
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_the_final_chunk_carries_the_routing_of_every_fed_position(model, speculative):
+    engine = engine_for(model, speculative=speculative)
+    rng = random.Random(3)
+    shared = [rng.randrange(100) for _ in range(30)]
+    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=5)
+    try:
+        for attempt in range(3):                # later requests reuse the shared prompt's blocks and their routing
+            prompt = shared + [rng.randrange(100) for _ in range(attempt * 3 + 1)]
+            tokens, _, _, last = run(engine, prompt, params)
+            routed = last.routed_experts
+            assert routed is not None and routed.num_experts == CONFIG.num_experts
+            everything = prompt + tokens
+            assert routed.ids.shape == (len(everything) - 1, len(CONFIG.sparse_layers), CONFIG.num_experts_per_tok)
+            expected = full_forward_routing(model, everything[:-1])
+            assert (numpy.sort(routed.ids, -1) == numpy.sort(expected, -1)).all(), f"request {attempt}"
+        assert engine.blocks.hit_tokens >= 2 * 24
+    finally:
+        engine.close()
+
+
+def test_a_dense_model_sends_no_routing():
+    dense = CausalLM(ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, head_dim=16, eos_token_id=100))
+    dense.init_weights(seed=1)
+    engine = engine_for(dense.eval())
+    try:
+        *_, last = run(engine, [1, 2, 3], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+        assert last.routed_experts is None and engine.cache.routing is None
+    finally:
+        engine.close()

@@ -1,0 +1,99 @@
+"""A model with experts served by real processes: every call the gateway records carries the routing the actor
+computed for each position it fed, equal to a full forward pass's, also when a prefill actor and a decode actor
+split the call (the gateway completes the decode actor's record with the prefill actor's routing of the prompt);
+and the pool refuses a routing record that does not fit its call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_gateway_disaggregated import chat_calls
+
+from forge import expert_routing
+from forge.model import CausalLM
+from forge.model.moe import Routing
+from forge.pool import PoolReader
+from forge.pool.errors import InvalidRequestError
+from forge.pool.sessions import check_call
+from forge.v1 import pool_pb2
+
+from helpers.gateway_procs import start_actor, start_gateway
+from helpers.processes import start_cache
+from helpers.random_model import random_tiny_moe
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("moe-serving")
+    model = str(random_tiny_moe(directory))
+    cache = start_cache(directory, "moe-cache")
+    l3 = ("--l3-cache", cache.address)
+    both = start_actor(directory, "both", "--model", model)
+    prefill = start_actor(directory, "prefill", "--model", model, "--role", "prefill", *l3)
+    decode = start_actor(directory, "decode", "--model", model, "--role", "decode", *l3)
+    whole = start_gateway(directory, [both.address], directory / "pool-whole", "--model", model,
+                          name="gateway-whole")
+    split = start_gateway(directory, [decode.address], directory / "pool-split", "--model", model,
+                          "--prefill-actor", prefill.address, "--prefill-min-tokens", "1", name="gateway-split")
+    yield {"whole": whole, "split": split, "dir": directory, "model": model}
+    for proc in (split, whole, decode, prefill, both, cache):
+        proc.stop()
+
+
+def calls_of(pool, sessions: list[str]) -> list[pool_pb2.CallRecord]:
+    with PoolReader(pool) as reader:
+        return [c for s in sessions for c in reader.get_session(s).calls]
+
+
+def forward_routing(model: CausalLM, tokens: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        routing = Routing(record=True)
+        model(torch.tensor([tokens]), routing=routing)
+    return routing.stack().transpose(0, 1).numpy()
+
+
+@pytest.mark.parametrize("gateway", ["whole", "split"])
+def test_recorded_calls_carry_the_routing_of_every_fed_position(fleet, gateway):
+    sessions = chat_calls(fleet[gateway], f"moe-{gateway}", 3)
+    calls = calls_of(fleet["dir"] / f"pool-{gateway}", sessions)
+    model = CausalLM.from_pretrained(fleet["model"]).eval()
+    assert len(calls) == 6
+    for call in calls:
+        ids = expert_routing.decode(call.routed_experts)
+        tokens = [*call.prompt_ids, *call.completion_ids]
+        assert ids is not None and ids.shape == (len(tokens) - 1, len(model.config.sparse_layers), 2)
+        assert (ids >= 0).all(), "a position's routing is missing"
+        expected = forward_routing(model, tokens[:-1])
+        assert (np.sort(ids, -1) == np.sort(expected, -1)).all()
+
+
+def test_the_pool_refuses_a_routing_record_that_does_not_fit_its_call():
+    ids = np.zeros((4, 2, 2), dtype=np.int32)
+    record = pool_pb2.CallRecord(session_id="s", prompt_ids=[1, 2, 3], completion_ids=[4, 5], logprobs=[-1.0, -1.0],
+                                 weight_versions=[0, 0], routed_experts=expert_routing.encode(ids, 4))
+    check_call(record)
+    record.completion_ids.append(6)
+    record.logprobs.append(-1.0)
+    record.weight_versions.append(0)
+    with pytest.raises(InvalidRequestError, match="covers 4 positions; the call fed 5"):
+        check_call(record)
+    record.routed_experts.ids = b"\x01\x02\x03"
+    with pytest.raises(InvalidRequestError, match="not a whole number of positions"):
+        check_call(record)
+
+
+@pytest.mark.parametrize("experts", [4, 300])
+def test_routing_records_round_trip_with_unknown_positions(experts):
+    rng = np.random.default_rng(experts)
+    ids = rng.integers(0, experts, size=(7, 3, 2)).astype(np.int32)
+    ids[:2] = -1
+    message = expert_routing.encode(ids, experts)
+    assert len(message.ids) == ids.size * (1 if experts < 255 else 2)
+    assert (expert_routing.decode(message) == ids).all() and expert_routing.positions(message) == 7
+    other = rng.integers(0, experts, size=(3, 3, 2)).astype(np.int32)
+    merged = expert_routing.filled(ids, other)
+    assert (merged[:2] == other[:2]).all() and (merged[2:] == ids[2:]).all()
+    message.num_experts = 2
+    with pytest.raises(ValueError):
+        expert_routing.decode(message)
