@@ -37,6 +37,8 @@ class LossConfig(Settings):
     token_norm: str = setting("token", choices=("token", "sequence"),
                               help="CISPO/PPO: average over the batch's tokens, or within each sequence then over "
                                    "sequences.")
+    router_balance_weight: float = setting(0.0, min=0, help="Models with experts: weight of the routers' "
+                                                            "load-balancing loss (1 at a uniform load; 0 = off).")
 
 
 def _cispo_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float, eps_high: float) -> Tensor:

@@ -9,7 +9,9 @@ import torch
 from torch import Tensor
 
 from forge.learner.losses import mtp_topk_kl
+from forge.learner.routing import routing_for
 from forge.learner.samples import MicroBatch
+from forge.model.moe import Routing
 from forge.model.qwen3 import CausalLM
 from forge.model.sampling import batched_sampling_logprobs
 
@@ -18,13 +20,18 @@ from forge.model.sampling import batched_sampling_logprobs
 class PolicyOutput:
     logprobs: Tensor                 # [N] log π(token) of every completion token
     mtp_kl: Tensor | None            # [M] per-position draft loss (positions with a previous token)
+    routing: Routing | None = None   # a model with experts: how the pass routed (see forge.learner.routing)
+    tokens: Tensor | None = None     # the rows of ``routing`` that are tokens (None: all)
 
 
-def policy_forward(model: CausalLM, batch: MicroBatch, mtp_top_k: int = 0) -> PolicyOutput:
+def policy_forward(model: CausalLM, batch: MicroBatch, mtp_top_k: int = 0, routing_mode: str = "replay",
+                   keep_router_logits: bool = False) -> PolicyOutput:
     """One forward pass. With ``mtp_top_k`` > 0 and an MTP module, the draft at position q − 1 (hidden state at
     q − 1, embedding of token q) is distilled toward the main head's distribution at q; the draft's loss reaches
-    the MTP module only (the trunk, embeddings and output head are detached)."""
-    hidden = model(batch.input_ids)
+    the MTP module only (the trunk, embeddings and output head are detached). A model with experts routes as
+    ``routing_mode`` says (``forge.learner.routing``)."""
+    routing = routing_for(model, batch.routing, routing_mode, keep_router_logits)
+    hidden = model(batch.input_ids, routing=routing)
     picked = hidden[batch.rows, batch.positions]
     logits = model.logits(picked)
     logprobs = batched_sampling_logprobs(logits, batch.temperature, batch.top_k, batch.top_p, banned=batch.banned)
@@ -36,7 +43,7 @@ def policy_forward(model: CausalLM, batch: MicroBatch, mtp_top_k: int = 0) -> Po
         rows, positions = batch.rows[has_previous], batch.positions[has_previous] - 1
         draft_logits = model.mtp_logits(draft_hidden[rows, positions], detach_head=True)
         mtp_kl = mtp_topk_kl(logits[has_previous], draft_logits, mtp_top_k)
-    return PolicyOutput(token_logprobs, mtp_kl)
+    return PolicyOutput(token_logprobs, mtp_kl, routing, batch.valid)
 
 
 @torch.no_grad()

@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from forge import expert_routing
 from forge.learner.rewards import SessionRewards
 from forge.v1 import pool_pb2
 
@@ -29,6 +31,7 @@ class Sample:
     call_index: int
     min_tokens: int = 0             # the first min_tokens completion tokens were drawn without ``banned``
     banned: tuple[int, ...] = ()    # the call's stop ids and the model's end-of-sequence ids
+    routing: np.ndarray | None = None   # a model with experts: the actor's routing of tokens[:-1] (see expert_routing)
 
     @property
     def num_completion(self) -> int:
@@ -75,7 +78,8 @@ def build_samples(entries: list[pool_pb2.QueueEntry], rewards: list[SessionRewar
                     advantage=reward.advantages[call.index] if call.index < len(reward.advantages) else 0.0,
                     temperature=temperature, top_k=top_k, top_p=top_p, domain=item.session.domain,
                     position=entry.position, session_id=item.session.session_id, call_index=call.index,
-                    min_tokens=min_tokens, banned=banned))
+                    min_tokens=min_tokens, banned=banned,
+                    routing=expert_routing.decode(call.routed_experts) if call.HasField("routed_experts") else None))
     return samples
 
 
@@ -95,6 +99,8 @@ class MicroBatch:
     sample_index: Tensor        # [N] index of the sample within this micro-batch
     samples: list[Sample]
     banned: tuple[Tensor, Tensor] | None = None     # (term, token id) pairs left out of the term's distribution
+    valid: Tensor | None = None     # [B * L] which of the flattened positions are tokens (not padding)
+    routing: Tensor | None = None   # [layers, B * L, top_k] recorded expert ids of each position (-1: none)
 
     @property
     def num_tokens(self) -> int:
@@ -126,11 +132,27 @@ def make_micro_batch(samples: list[Sample], device: torch.device | str = "cpu") 
     def tensor(values, dtype) -> Tensor:
         return torch.tensor(values, dtype=dtype, device=device)
 
+    lengths = torch.tensor([len(s.tokens) for s in samples])
+    valid = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).reshape(-1)
     return MicroBatch(ids.to(device), tensor(rows, torch.long), tensor(positions, torch.long),
                       tensor(targets, torch.long), tensor(old, torch.float32), tensor(adv, torch.float32),
                       tensor(temp, torch.float32), tensor(top_k, torch.long), tensor(top_p, torch.float32),
                       tensor(index, torch.long), samples,
-                      (tensor(banned_terms, torch.long), tensor(banned_ids, torch.long)) if banned_terms else None)
+                      (tensor(banned_terms, torch.long), tensor(banned_ids, torch.long)) if banned_terms else None,
+                      valid.to(device), padded_routing(samples, width, device))
+
+
+def padded_routing(samples: list[Sample], width: int, device: torch.device | str) -> Tensor | None:
+    """The samples' recorded routing as [layers, rows * width, top_k] (-1 for padding and unrecorded positions);
+    None when no sample has one."""
+    shape = next((s.routing.shape[1:] for s in samples if s.routing is not None), None)
+    if shape is None:
+        return None
+    out = np.full((len(samples), width, *shape), -1, dtype=np.int32)
+    for row, sample in enumerate(samples):
+        if sample.routing is not None:
+            out[row, :len(sample.routing)] = sample.routing
+    return torch.from_numpy(out.reshape(len(samples) * width, *shape)).transpose(0, 1).to(device)
 
 
 def micro_batches(samples: list[Sample], token_budget: int) -> Iterator[list[Sample]]:

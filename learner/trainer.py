@@ -19,8 +19,10 @@ from forge.learner.checkpoint import Checkpointer, set_rng_state
 from forge.learner.losses import LossConfig, loss_metrics, policy_loss
 from forge.learner.metrics import MetricsWriter
 from forge.learner.parallel import Distributed, full_state_dict, split_for_ranks
-from forge.learner.policy import policy_forward
+from forge.learner.policy import PolicyOutput, policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
+from forge.learner.routing import MODES as ROUTING_MODES
+from forge.learner.routing import RoutingTally
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
 from forge.learner.tree import (
     Stem,
@@ -53,6 +55,10 @@ class TrainerConfig(Settings):
     tree_stem: bool = setting(True, help="With --tree: compute the context several packed trees of a step share once "
                                          "(its activations are held for the step); --no-tree-stem recomputes it in "
                                          "every tree.")
+    routing: str = setting("replay", choices=ROUTING_MODES,
+                           help="Models with experts: train every token through the experts its actor chose "
+                                "(replay) or let the routers choose again (recompute); the mismatch rate is "
+                                "recorded either way.")
     max_steps: int = setting(0, min=0, help="Stop after this many steps (0 = until stopped).")
     checkpoint_every: int = setting(10, min=1, help="Steps between checkpoints.")
     publish_every: int = setting(1, min=1, help="Steps between published weight versions.")
@@ -164,20 +170,28 @@ class Trainer:
         policy_sum = mtp_sum = 0.0
         figures: list[dict[str, float]] = []
         mtp_k = self.loss.mtp_top_k if self.loss.mtp_weight > 0 else 0
+        config = self.model.config
+        tally = RoutingTally(config.num_experts, config.num_experts_per_tok)
+        balance = self.loss.router_balance_weight if config.sparse_layers else 0.0
+        computed = max(1.0, self.dist.sum(float(packed_tokens + (stem.num_nodes if stem is not None else 0))))
         state: StemState | None = None
         if stem is not None:
-            state = stem_forward(self.model, stem, mtp_k)
+            state = stem_forward(self.model, stem, mtp_k, routing_mode=self.config.routing,
+                                 balance_weight=balance * stem.num_nodes / computed * self.dist.world_size)
+            tally.add(state.routing)
         for micro in micros:
             real = micro.samples[0].position >= 0
             if self.config.tree:
-                out = tree_policy_forward(self.model, micro, mtp_k, stem=state)
+                out = tree_policy_forward(self.model, micro, mtp_k, stem=state, routing_mode=self.config.routing,
+                                          keep_router_logits=balance > 0)
             else:
-                out = policy_forward(self.model, micro, mtp_k)
+                out = policy_forward(self.model, micro, mtp_k, self.config.routing, keep_router_logits=balance > 0)
             mask = torch.ones_like(out.logprobs)
             policy = policy_loss(self.loss, out.logprobs, micro.old_logprobs, micro.advantages, mask,
                                  micro.sample_index, total_tokens, total_samples)
             mtp = out.mtp_kl.sum() / total_mtp if out.mtp_kl is not None else None
             loss = policy if mtp is None else policy + self.loss.mtp_weight * mtp
+            loss = loss + self._balance_term(out, tally, balance, computed, real)
             if real:
                 policy_sum += float(policy.detach())
                 mtp_sum += float(mtp.detach()) if mtp is not None else 0.0
@@ -202,6 +216,10 @@ class Trainer:
                               policy_sum=self.dist.sum(policy_sum), mtp_sum=self.dist.sum(mtp_sum),
                               packed_tokens=int(self.dist.sum(float(packed_tokens))),
                               stem_tokens=int(self.dist.sum(float(stem.num_nodes if stem is not None else 0))))
+        if config.sparse_layers:           # the same on every rank: the collectives run everywhere or nowhere
+            sums = {name: self.dist.sum(value) for name, value in tally.sums().items()}
+            sums["load_max"] /= self.dist.world_size
+            record.update(tally.figures(sums))
         self.last = record
         if self.metrics is not None and self.dist.is_main:
             self.metrics.write(record)      # before the checkpoint: a redone step rewrites its record
@@ -210,6 +228,18 @@ class Trainer:
         if self.state.step % self.config.checkpoint_every == 0:
             self.save_checkpoint()
         return record
+
+    def _balance_term(self, out: PolicyOutput, tally: RoutingTally, weight: float, computed: float,
+                      real: bool) -> torch.Tensor | float:
+        """Tally a pass's routing (a real micro-batch's) and return its share of the load-balancing loss: the
+        pass's loss weighted by its tokens' share of the tokens the step computes."""
+        if real:
+            tally.add(out.routing, out.tokens)
+        aux = tally.balance_loss(out.routing, out.tokens) if weight > 0 else None
+        if aux is None:
+            return 0.0
+        tokens = float(out.tokens.sum()) if out.tokens is not None else float(out.routing.logits[0].shape[0])
+        return weight * aux * (tokens / computed) * (1.0 if real else 0.0)
 
     def learning_rate(self) -> float:
         """The rate of the coming step: a linear warm-up over the first ``warmup_steps`` steps (from the step
@@ -224,7 +254,9 @@ class Trainer:
         world, budget, device = self.dist.world_size, self.config.micro_batch_tokens, self.dist.device
         stem = None
         if self.config.tree:        # one trie per step: split into rank spans of its sorted samples, then packed
-            trie = build_trie([s.tokens for s in samples])
+            # With routing replay, samples merge only where their recorded routing agrees too.
+            trie = build_trie([s.tokens for s in samples], [s.routing for s in samples],
+                              split_by_routing=self.config.routing == "replay")
             span = rank_spans(trie, world)[self.dist.rank]
             step = pack_step(samples, budget, device, trie, span, share=self.config.tree_stem)
             micros: list[Any] = step.batches

@@ -36,16 +36,17 @@ from helpers.rollouts import fill_pool
 CONFIG = ModelConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=12, num_nextn_predict_layers=1,
                      max_position_embeddings=256)
+MOE_CONFIG = dataclasses.replace(CONFIG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
 
 
-def make_model(seed: int = 0) -> CausalLM:
-    model = CausalLM(CONFIG)
+def make_model(seed: int = 0, config: ModelConfig = CONFIG) -> CausalLM:
+    model = CausalLM(config)
     model.init_weights(std=0.2, seed=seed)
     return model
 
 
 def engine_of(model: CausalLM, **overrides) -> TorchEngine:
-    copy = make_model()
+    copy = make_model(config=model.config)
     copy.load_state_dict(model.state_dict())
     return TorchEngine(copy, EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8, **overrides))
 
@@ -201,8 +202,10 @@ def test_tree_and_sample_by_sample_steps_give_the_same_parameters(tmp_path):
         torch.testing.assert_close(tree_grads[name], grad, atol=1e-6, rtol=1e-4)
 
 
-def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path):
-    model = make_model(5)
+@pytest.mark.parametrize("config", [CONFIG, MOE_CONFIG], ids=["dense", "experts"])
+def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path, config):
+    """With experts, the experts are sharded with the rest and every token is routed as its record says."""
+    model = make_model(5, config)
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
     engine = engine_of(model)

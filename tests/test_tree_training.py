@@ -106,9 +106,10 @@ def random_masks(rng: random.Random, samples: list[Sample]) -> dict[int, torch.T
 
 def run(model: CausalLM, samples: list[Sample], config: LossConfig, masks: dict[int, torch.Tensor], tree: bool,
         budget: int, impl: str = "segments", head_chunk: int = 2**26,
-        share: bool = True) -> tuple[float, dict[str, torch.Tensor]]:
+        share: bool = True, routing_mode: str = "replay") -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and gradients (on the CPU) of one step, the trainer's way: global normalisers, one backward per
-    micro-batch (then the stem's, when the trees share one), on the model's device."""
+    micro-batch (then the stem's, when the trees share one), on the model's device; a model with experts routes
+    as ``routing_mode`` says."""
     device = model.output_weight.device
     total_tokens = float(sum(s.num_completion for s in samples))
     total_samples = float(len(samples))
@@ -119,16 +120,17 @@ def run(model: CausalLM, samples: list[Sample], config: LossConfig, masks: dict[
         step = pack_step(samples, budget, device, share=share)
         batches = step.batches
         if step.stem is not None:
-            stem = stem_forward(model, step.stem, config.mtp_top_k, impl=impl, block_size=16)
+            stem = stem_forward(model, step.stem, config.mtp_top_k, impl=impl, block_size=16,
+                                routing_mode=routing_mode)
     else:
         batches = [make_micro_batch(g, device) for g in micro_batches(samples, budget)]
     total = 0.0
     for batch in batches:
         if tree:
             out = tree_policy_forward(model, batch, config.mtp_top_k, impl=impl, block_size=16,
-                                      head_chunk=head_chunk, stem=stem)
+                                      head_chunk=head_chunk, stem=stem, routing_mode=routing_mode)
         else:
-            out = policy_forward(model, batch, config.mtp_top_k)
+            out = policy_forward(model, batch, config.mtp_top_k, routing_mode)
         mask = torch.cat([masks[id(s)] for s in batch.samples]).to(device)
         loss = policy_loss(config, out.logprobs, batch.old_logprobs, batch.advantages, mask, batch.sample_index,
                            total_tokens, total_samples)
@@ -141,10 +143,11 @@ def run(model: CausalLM, samples: list[Sample], config: LossConfig, masks: dict[
 
 
 def assert_same_step(model, samples, config, masks, budget, impl="segments", linear_budget=4096, head_chunk=2**26,
-                     share=True):
-    linear_loss, linear_grads = run(model, samples, config, masks, tree=False, budget=linear_budget)
+                     share=True, routing_mode="replay"):
+    linear_loss, linear_grads = run(model, samples, config, masks, tree=False, budget=linear_budget,
+                                    routing_mode=routing_mode)
     tree_loss, tree_grads = run(model, samples, config, masks, tree=True, budget=budget, impl=impl,
-                                head_chunk=head_chunk, share=share)
+                                head_chunk=head_chunk, share=share, routing_mode=routing_mode)
     assert tree_loss == pytest.approx(linear_loss, rel=1e-5, abs=1e-6)
     assert tree_grads.keys() == linear_grads.keys() == {n for n, p in model.named_parameters() if p.requires_grad}
     for name, grad in linear_grads.items():

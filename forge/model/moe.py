@@ -30,13 +30,16 @@ from forge.model.config import ModelConfig
 class Routing:
     """The routing of one forward pass's sparse layers. ``replay``: expert ids [sparse layers, tokens, k] to use
     instead of the router's top-k (the tokens being the forward's [B, T] positions, flattened); entries below zero
-    mean "route as the router does" for that token. ``record``: keep each layer's chosen ids (``chosen``).
+    mean "route as the router does" for that token. With ``apply`` False the given ids are only compared with the
+    router's own choice (``mismatch``), not used. ``record``: keep each layer's chosen ids (``chosen``).
     ``keep_logits``: keep each layer's router logits (``logits``), for the load-balancing loss."""
 
-    def __init__(self, replay: Tensor | None = None, record: bool = False, keep_logits: bool = False) -> None:
+    def __init__(self, replay: Tensor | None = None, record: bool = False, keep_logits: bool = False,
+                 apply: bool = True) -> None:
         self.replay = replay
         self.record = record
         self.keep_logits = keep_logits
+        self.apply = apply
         self.chosen: list[Tensor] = []      # per sparse layer: int64 [tokens, k]
         self.logits: list[Tensor] = []      # per sparse layer: [tokens, E]
         self.recomputed: list[Tensor] = []  # with replay: the router's own top-k per sparse layer, [tokens, k]
@@ -50,7 +53,8 @@ class Routing:
             if given.shape != own.shape:
                 raise ValueError(f"the replayed routing of sparse layer {sparse_index} has shape "
                                  f"{tuple(given.shape)}; the forward routes {tuple(own.shape)}")
-            chosen = torch.where(given >= 0, given, own)
+            if self.apply:
+                chosen = torch.where(given >= 0, given, own)
             self.recomputed.append(own)
         if self.record:
             self.chosen.append(chosen)
@@ -60,29 +64,39 @@ class Routing:
         """The recorded ids as one tensor [sparse layers, tokens, k]."""
         return torch.stack(self.chosen)
 
-    def mismatch(self) -> float:
-        """With replay: the share of tokens whose router, left alone, would have chosen another set of experts in
-        any sparse layer (positions replayed as < 0 not counted)."""
+    def mismatches(self, tokens: Tensor | None = None) -> tuple[int, int]:
+        """With ``replay``: (tokens whose router, left alone, chooses another set of experts in some sparse layer
+        than the given one, tokens given in every sparse layer), over the rows ``tokens`` (default all)."""
         if self.replay is None or not self.recomputed:
-            return 0.0
-        own = torch.stack(self.recomputed).sort(dim=-1).values
-        given = self.replay.to(own.device).sort(dim=-1).values
+            return 0, 0
+        own = torch.stack(self.recomputed)
+        given = self.replay.to(own.device)
+        if tokens is not None:
+            own, given = own[:, tokens], given[:, tokens]
+        own, given = own.sort(dim=-1).values, given.sort(dim=-1).values
         replayed = (given >= 0).all(dim=-1).all(dim=0)                   # tokens
         differs = (own != given).any(dim=-1).any(dim=0) & replayed
-        count = int(replayed.sum())
-        return float(differs.sum()) / count if count else 0.0
+        return int(differs.sum()), int(replayed.sum())
+
+    def mismatch(self) -> float:
+        """The share of given tokens whose own routing differs (see ``mismatches``); 0 when none was given."""
+        differs, given = self.mismatches()
+        return differs / given if given else 0.0
 
 
-def load_balancing_loss(logits: list[Tensor], top_k: int) -> Tensor:
+def load_balancing_loss(logits: list[Tensor], top_k: int, tokens: Tensor | None = None) -> Tensor:
     """The Switch-Transformer auxiliary loss, averaged over sparse layers: num_experts times the sum over experts of
-    (share of routed slots it received) x (its mean router probability); 1 when the load is uniform."""
+    (share of routed slots it received) x (its mean router probability); 1 when the load is uniform (Hugging Face's
+    ``load_balancing_loss_func`` is top_k times this). ``tokens``: the rows to count (padding left out)."""
     losses = []
     for layer_logits in logits:
+        if tokens is not None:
+            layer_logits = layer_logits[tokens]
         probs = layer_logits.float().softmax(-1)
         experts = probs.shape[-1]
         chosen = probs.topk(top_k, dim=-1).indices
         share = torch.zeros(experts, device=probs.device).scatter_add_(
-            0, chosen.reshape(-1), torch.ones(chosen.numel(), device=probs.device)) / chosen.numel()
+            0, chosen.reshape(-1), torch.ones(chosen.numel(), device=probs.device)) / max(1, chosen.numel())
         losses.append(experts * (share * probs.mean(0)).sum())
     return torch.stack(losses).mean()
 

@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from forge.learner.losses import mtp_topk_kl
 from forge.learner.policy import PolicyOutput
+from forge.learner.routing import routing_for
 from forge.learner.tree.packing import TreeBatch, mtp_edges
 from forge.learner.tree.stem import StemState
 from forge.model.qwen3 import CausalLM
@@ -70,17 +71,19 @@ def _all_slots(batch: TreeBatch, computed: Tensor, stem: Tensor | None) -> Tenso
 
 def tree_policy_forward(model: CausalLM, batch: TreeBatch, mtp_top_k: int = 0, impl: str = "auto",
                         block_size: int = 256, head_chunk: int = 2**26,
-                        stem: StemState | None = None) -> PolicyOutput:
+                        stem: StemState | None = None, routing_mode: str = "replay",
+                        keep_router_logits: bool = False) -> PolicyOutput:
     """``logprobs`` [N] and ``mtp_kl`` [M] in the order of ``batch``'s terms (``batch.mtp_terms`` for the draft),
     equal to ``policy_forward(model, make_micro_batch(batch.samples), mtp_top_k)``. A batch that borrows from the
-    step's stem needs its ``stem_forward`` state."""
+    step's stem needs its ``stem_forward`` state. A model with experts routes as ``routing_mode`` says."""
     if batch.borrowed is not None and stem is None:
         raise ValueError("this tree borrows slots from the step's stem: pass stem=stem_forward(model, step.stem)")
     use_mtp = mtp_top_k > 0 and len(model.mtp) > 0
     if batch.borrowed is not None and use_mtp and stem.draft is None:
         raise ValueError("the stem ran without the MTP layer: run stem_forward with the same mtp_top_k")
     keys = None if stem is None else stem.keys
-    own = model(batch.input_ids, batch.position_ids, batch.attention(impl, block_size, keys))[0]
+    routing = routing_for(model, batch.routing, routing_mode, keep_router_logits)
+    own = model(batch.input_ids, batch.position_ids, batch.attention(impl, block_size, keys), routing)[0]
     hidden = _all_slots(batch, own, None if stem is None else stem.hidden)
     draft = None
     if use_mtp:
@@ -116,4 +119,4 @@ def tree_policy_forward(model: CausalLM, batch: TreeBatch, mtp_top_k: int = 0, i
         kls.append(kl)
     token_logprobs = torch.cat(pieces).index_select(0, torch.argsort(order))
     mtp_kl = None if draft is None else torch.cat(kls)[batch.term_logit_row[batch.mtp_terms]]
-    return PolicyOutput(token_logprobs, mtp_kl)
+    return PolicyOutput(token_logprobs, mtp_kl, routing)

@@ -48,6 +48,7 @@ class Stem:
     position_ids: Tensor        # [1, C] depths
     parent: Tensor              # [C] parent row (-1 for a root)
     end: Tensor                 # [C] subtree end within the stem
+    routing: Tensor | None = None   # [layers, C, top_k] recorded expert ids of each node (-1: none)
 
     @property
     def num_nodes(self) -> int:
@@ -91,6 +92,7 @@ class TreeBatch:
     samples: list[Sample]
     num_sample_tokens: int      # tokens of the samples, each counted once per sample
     borrowed: Borrowed | None = None   # slots taken from the step's stem (None: every slot is computed)
+    routing: Tensor | None = None      # [layers, T, top_k] recorded expert ids of the computed nodes (-1: none)
     banned_rows: np.ndarray | None = None   # host: (sampling row, token id) pairs left out of the row's
     banned_ids: np.ndarray | None = None    # distribution (min_tokens), sorted by row; None when none
 
@@ -184,13 +186,20 @@ def _tensor(values, device: torch.device | str, dtype=torch.long) -> Tensor:
     return torch.as_tensor(np.asarray(values), dtype=dtype).to(device)
 
 
+def node_routing(trie: Trie, nodes: np.ndarray, device: torch.device | str) -> Tensor | None:
+    """The recorded routing of ``nodes`` as [layers, nodes, top_k], None for a trie without routing."""
+    if trie.routing is None:
+        return None
+    return torch.from_numpy(np.ascontiguousarray(trie.routing[nodes])).transpose(0, 1).to(device)
+
+
 def make_stem(trie: Trie, nodes: np.ndarray, device: torch.device | str = "cpu") -> Stem:
     """The stem of ``nodes`` (increasing, closed under ancestors)."""
     parent = trie.parent[nodes]
     return Stem(nodes=nodes, input_ids=_tensor(trie.tokens[nodes], device).unsqueeze(0),
                 position_ids=_tensor(trie.depth[nodes], device).unsqueeze(0),
                 parent=_tensor(np.where(parent >= 0, _local(nodes, np.maximum(parent, 0)), -1), device),
-                end=_tensor(_local(nodes, trie.end[nodes]), device))
+                end=_tensor(_local(nodes, trie.end[nodes]), device), routing=node_routing(trie, nodes, device))
 
 
 def _borrowed(nodes: np.ndarray, stem_nodes: np.ndarray,
@@ -273,7 +282,8 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
         row_first=_offsets(sampling_rows, logit_nodes.size), term_first=_offsets(term_sampling_row, keys.size),
         truncates=(bool((row_setting[:, 1] > 0).any()), bool((row_setting[:, 2] < 1.0).any())), samples=batch_samples,
         num_sample_tokens=sum(len(s.tokens) for s in batch_samples), borrowed=borrowed,
-        banned_rows=banned[:, 0] if banned.size else None, banned_ids=banned[:, 1] if banned.size else None)
+        banned_rows=banned[:, 0] if banned.size else None, banned_ids=banned[:, 1] if banned.size else None,
+        routing=node_routing(trie, nodes[computed], device))
 
 
 @dataclass
@@ -302,7 +312,7 @@ def pack_step(samples: Sequence[Sample], token_budget: int, device: torch.device
     if token_budget < 1:
         raise ValueError("token_budget must be positive")
     if trie is None:
-        trie = build_trie([s.tokens for s in samples])
+        trie = build_trie([s.tokens for s in samples], [s.routing for s in samples])
     runs = plan_runs(trie, token_budget, span)
     stem_nodes = shared_context(trie, runs) if share else np.zeros(0, dtype=np.int64)
     if not 0 < stem_nodes.size <= token_budget:

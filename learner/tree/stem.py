@@ -19,16 +19,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from forge.learner.routing import routing_for
 from forge.learner.tree.packing import Stem, mtp_edges
+from forge.model.moe import Routing, load_balancing_loss
 from forge.model.qwen3 import CausalLM
 
 
-def _run(model: CausalLM, stem: Stem, mtp: bool, impl: str,
-         block_size: int) -> tuple[list[Tensor], list[list[int]]]:
+def _run(model: CausalLM, stem: Stem, mtp: bool, impl: str, block_size: int,
+         routing: Routing | None = None) -> tuple[list[Tensor], list[list[int]]]:
     """hidden, [draft], then every recorded (key, value) of the main layers, then of the MTP layer; and the layer
     numbers recorded, main and MTP."""
     attention = stem.attention(impl, block_size)
-    hidden = model(stem.input_ids, stem.position_ids, attention)[0]
+    hidden = model(stem.input_ids, stem.position_ids, attention, routing)[0]
     outputs = [hidden]
     recorded = [attention.recorded or {}]
     if mtp:
@@ -56,6 +58,9 @@ class StemState:
     stem: Stem
     impl: str
     block_size: int
+    routing_mode: str = "replay"
+    routing: Routing | None = None          # how the first pass routed (a model with experts)
+    balance_weight: float = 0.0             # the load-balancing loss's weight on the stem's tokens
 
     @property
     def leaves(self) -> list[Tensor]:
@@ -72,24 +77,31 @@ class StemState:
         if not self.hidden.requires_grad:
             return
         leaves = self.leaves
-        outputs, _ = _run(self.model, self.stem, self.draft is not None, self.impl, self.block_size)
+        routing = routing_for(self.model, self.stem.routing, self.routing_mode, self.balance_weight > 0)
+        outputs, _ = _run(self.model, self.stem, self.draft is not None, self.impl, self.block_size, routing)
         if len(outputs) != len(leaves):
             raise RuntimeError(f"the stem's second pass gave {len(outputs)} tensors, the first {len(leaves)}")
-        torch.autograd.backward(outputs, [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-                                          for leaf in leaves])
+        grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
+        if routing is not None and routing.logits:
+            outputs.append(load_balancing_loss(routing.logits, self.model.config.num_experts_per_tok))
+            grads.append(torch.tensor(self.balance_weight, device=outputs[-1].device))
+        torch.autograd.backward(outputs, grads)
 
 
 def stem_forward(model: CausalLM, stem: Stem, mtp_top_k: int = 0, impl: str = "auto",
-                 block_size: int = 256) -> StemState:
+                 block_size: int = 256, routing_mode: str = "replay", balance_weight: float = 0.0) -> StemState:
     """Run ``stem`` through the model (and the MTP layer with ``mtp_top_k`` > 0) without a graph; the leaves
-    require gradients when gradients are enabled."""
+    require gradients when gradients are enabled. A model with experts routes as ``routing_mode`` says; with
+    ``balance_weight`` the backward adds that multiple of the stem tokens' load-balancing loss."""
     train = torch.is_grad_enabled()
     mtp = mtp_top_k > 0 and len(model.mtp) > 0
+    routing = routing_for(model, stem.routing, routing_mode, balance_weight > 0)
     with torch.no_grad():
-        outputs, (main_layers, *mtp_layers) = _run(model, stem, mtp, impl, block_size)
+        outputs, (main_layers, *mtp_layers) = _run(model, stem, mtp, impl, block_size, routing)
     leaves = iter([out.requires_grad_(train) for out in outputs])
     hidden = next(leaves)
     draft = next(leaves) if mtp else None
     keys = {layer: (next(leaves), next(leaves)) for layer in main_layers}
     mtp_keys = {layer: (next(leaves), next(leaves)) for layer in (mtp_layers[0] if mtp_layers else [])}
-    return StemState(hidden, draft, keys, mtp_keys, model, stem, impl, block_size)
+    return StemState(hidden, draft, keys, mtp_keys, model, stem, impl, block_size, routing_mode, routing,
+                     balance_weight)

@@ -1,6 +1,12 @@
 """The token trie of a batch: every distinct token prefix of the samples is one node, numbered in depth-first
 (pre-order) order, and every sample is a root-to-node path.
 
+For a model with experts, each sample may bring the routing its actor recorded at every position (``routing``): a
+node then also holds the routing of its position, for the learner to replay. With ``split_by_routing`` two samples
+share a node only where their tokens *and* recorded routings agree (a prefix computed under two weight versions,
+routed differently, is trained twice, each as it was routed); without, they merge by tokens alone and a node
+keeps the routing of the sample that created it.
+
 Sorting the sequences lexicographically (a prefix before its extensions) and appending, for each one, the tokens
 past its longest common prefix with the previous one yields the nodes directly in pre-order: no pointer structure
 is walked, and the cost is linear in the number of sample tokens (comparisons run in numpy).
@@ -8,6 +14,7 @@ is walked, and the cost is linear in the number of sample tokens (comparisons ru
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +31,7 @@ class Trie:
     lcp: np.ndarray             # [S] common prefix of the sorted sample with the previous sorted one (0 first)
     start: np.ndarray           # [S + 1] first node created by each sorted sample (start[S] = N)
     paths: list[np.ndarray]     # per sample (input order): the node of each of its tokens
+    routing: np.ndarray | None = None   # [N, sparse layers, top_k] recorded expert ids per node (-1: none)
 
     @property
     def num_nodes(self) -> int:
@@ -97,10 +105,52 @@ def _subtree_ends(lcp: np.ndarray, lengths: np.ndarray, start: np.ndarray) -> np
     return end
 
 
-def build_trie(sequences: Sequence[Sequence[int]]) -> Trie:
-    """The trie of ``sequences`` (token id lists); samples merge wherever their token prefixes agree."""
+def _routing_codes(arrays: list[np.ndarray], routing: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray],
+                                                                                          np.ndarray]:
+    """Per sample, a code per position naming its recorded routing row (positions past the record: a row of -1),
+    and the table of rows [codes, layers, top_k]."""
+    shape = next(r.shape[1:] for r in routing if r is not None)
+    rows = []
+    for array, record in zip(arrays, routing, strict=True):
+        full = np.full((array.size, *shape), -1, dtype=np.int32)
+        if record is not None:
+            if record.shape[1:] != shape or len(record) > array.size:
+                raise ValueError(f"a routing record of shape {record.shape} does not fit a sample of {array.size} "
+                                 f"tokens routed as {shape}")
+            full[:len(record)] = record
+        rows.append(full)
+    flat = np.ascontiguousarray(np.concatenate(rows).reshape(sum(a.size for a in arrays), -1))
+    as_void = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
+    _, first, codes = np.unique(as_void, return_index=True, return_inverse=True)
+    table = flat[first].reshape(-1, *shape)
+    bounds = np.cumsum([0, *(a.size for a in arrays)])
+    return [codes[a:b].astype(np.int64) for a, b in itertools.pairwise(bounds.tolist())], table
+
+
+def build_trie(sequences: Sequence[Sequence[int]], routing: Sequence[np.ndarray | None] | None = None,
+               split_by_routing: bool = True) -> Trie:
+    """The trie of ``sequences`` (token id lists); samples merge wherever their token prefixes agree (and their
+    recorded ``routing``, one [positions, layers, top_k] array or None per sample, with ``split_by_routing``)."""
     arrays = [_as_array(s) for s in sequences]
-    keys = [a.astype(">u4").tobytes() for a in arrays]
+    if routing is None or all(r is None for r in routing):
+        return _build(arrays)
+    codes, table = _routing_codes(arrays, routing)
+    if split_by_routing:           # the symbol of a position: its routing code, then its token (both < 2**32)
+        trie = _build([(c << 32) | a for a, c in zip(arrays, codes, strict=True)])
+        trie.routing = table[trie.tokens >> 32]
+        trie.tokens = trie.tokens & 0xFFFFFFFF
+        return trie
+    trie = _build(arrays)
+    node_codes = np.empty(trie.num_nodes, dtype=np.int64)
+    for rank, index in enumerate(trie.order.tolist()):       # every node is created by one sample: its code
+        shared = int(trie.lcp[rank])
+        node_codes[trie.paths[index][shared:]] = codes[index][shared:]
+    trie.routing = table[node_codes]
+    return trie
+
+
+def _build(arrays: list[np.ndarray]) -> Trie:
+    keys = [a.astype(">u8").tobytes() for a in arrays]
     order = np.asarray(sorted(range(len(arrays)), key=keys.__getitem__), dtype=np.int64)
     count = len(arrays)
     lcp = np.zeros(count, dtype=np.int64)

@@ -1,5 +1,6 @@
 """Fill a pool with real rollouts: sessions sampled by the embedded torch engine, recorded as the gateway would
-(prompt ids, sampled ids, behaviour log-probs and versions), closed with a verifiable reward."""
+(prompt ids, sampled ids, behaviour log-probs and versions, and a model with experts' routing), closed with a
+verifiable reward."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import random
 from forge.actors.backend import GenerationRequest
 from forge.actors.engine.engine import TorchEngine
 from forge.actors.server import sampling_to_proto
+from forge.expert_routing import encode as encode_routing
 from forge.model.sampling import SamplingParams
 from forge.v1 import pool_pb2
 
@@ -40,11 +42,13 @@ def fill_pool(pool, engine: TorchEngine, groups: int, group_size: int = 2, calls
                                                     seed=rng.randrange(2**31))
                 chunks = list(engine.submit(GenerationRequest("", context, sampling)))
                 completion = [t for c in chunks for t in c.token_ids]
+                routed = chunks[-1].routed_experts
                 pool.append_call(pool_pb2.CallRecord(
                     session_id=sid, index=index, prompt_ids=context, completion_ids=completion,
                     logprobs=[lp for c in chunks for lp in c.logprobs],
                     weight_versions=[v for c in chunks for v in c.weight_versions], actor="test",
-                    finish_reason=1, sampling=sampling_to_proto(sampling)))
+                    finish_reason=1, sampling=sampling_to_proto(sampling),
+                    routed_experts=None if routed is None else encode_routing(routed.ids, routed.num_experts)))
                 context = [*context, *completion, rng.randrange(1, vocab)]
             pool.close_session(session_id=sid, outcome_rewards={EVEN_REWARD: even_fraction(completion)})
             session_ids.append(sid)
