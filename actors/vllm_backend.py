@@ -361,10 +361,13 @@ class VllmBackend(Backend):
 
     def load_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Apply a verified version between steps; returns once later tokens carry it. Tensors vLLM does not serve
-        (``mtp.*``) are checked for nothing here and left out."""
+        (``mtp.*``) are checked for nothing here and left out; a model with experts is written in the per-expert
+        layout of its checkpoint, which is what vLLM loads."""
         from safetensors.torch import save_file
 
-        served = {name: tensor for name, tensor in state_dict.items() if vllm_tensor(name)}
+        from forge.model.checkpoint import hub_layout
+
+        served = {name: tensor for name, tensor in hub_layout(dict(state_dict)).items() if vllm_tensor(name)}
         check_weights(version, served, self.weight_shapes)
         with self._swap_lock:
             if version <= self._accepted_version:
