@@ -21,8 +21,10 @@ import httpx
 import pytest
 from rich.console import Console
 
+from forge import expert_routing
 from forge.builtin import TINY_DIR
 from forge.pool import PoolReader
+from forge.rollout.config import ModelChoice
 from forge.rpc import connect
 from forge.up import UpConfig, report, run
 from forge.v1 import actor_pb2_grpc, cache_pb2_grpc, common_pb2, pool_pb2
@@ -186,6 +188,26 @@ def test_forge_up_disaggregated_trains_through_its_prefill_actor(tmp_path):
     assert gateway["prefills"] + gateway["handover_fallbacks"] >= len(calls), (len(calls), gateway)
     logs = {p.name: p.read_text(errors="replace") for p in (config.run_dir / "logs").glob("*.log")}
     assert "applied weight version" in logs["actor-prefill-0.log"]
+
+
+@pytest.mark.timeout(1800)
+def test_forge_up_on_the_moe_model_trains_with_replayed_routing(tmp_path):
+    """The main job on tiny-moe, stopped by learner steps: every recorded call carries its actor's routing, the
+    learner replays it and reports the mismatch and the expert load, and the actor applies its versions."""
+    config = UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path="tiny-moe"), minutes=20.0, steps=4,
+                      eval_size=8, eval_samples=1)
+    result = asyncio.run(run(config, Console(record=True, width=120)))
+    assert result["learner"].get("version", 0) >= 4
+    with PoolReader(config.run_dir / "pool") as pool:
+        entries = pool.entries(start=0, limit=100_000)
+        calls = [c for e in entries for s in e.members for c in pool.get_session(s).calls]
+    assert calls and max(v for c in calls for v in c.weight_versions) >= 1, "no call used a learner version"
+    for call in calls:
+        ids = expert_routing.decode(call.routed_experts)
+        assert ids is not None and len(ids) == len(call.prompt_ids) + len(call.completion_ids) - 1
+    records = [json.loads(line) for line in (config.run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
+    assert records and all(0.0 <= r["routing_mismatch"] <= 1.0 and r["routing_recorded_share"] > 0.5
+                           and r["expert_load_max"] >= 1.0 for r in records), records
 
 
 @pytest.mark.vllm
