@@ -68,23 +68,28 @@ def test_greedy_equals_transformers_and_concurrent_requests_stay_isolated(tmp_pa
     engine = engine_for(model, speculative=speculative, cpu_kernels=cpu_kernels)
     assert (engine.runner.kernel is not None) == (cpu_kernels and compiler_present())
     try:
-        params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-        results: dict[int, list[int]] = {}
-        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run(engine, prompts[i], params)[0]))
-                   for i in range(len(prompts))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-        for i, prompt in enumerate(prompts):
-            ids = torch.tensor([prompt])
-            expected = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20,
-                                          do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-            assert results[i] == expected, f"request {i}"
+        assert_concurrent_greedy_equals(engine, reference, prompts, 20)
         if speculative:
             assert engine.stats()["drafts"] > 0
     finally:
         engine.close()
+
+
+def assert_concurrent_greedy_equals(engine: TorchEngine, reference, prompts: list[list[int]], new_tokens: int) -> None:
+    """Greedy requests sent to ``engine`` at once from threads each get what ``reference.generate`` gives alone."""
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    results: dict[int, list[int]] = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run(engine, prompts[i], params)[0]))
+               for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([prompt])
+        expected = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                      do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        assert results[i] == expected, f"request {i}"
 
 
 @pytest.mark.parametrize("speculative", [False, True])

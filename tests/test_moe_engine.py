@@ -5,12 +5,11 @@ log-probs equal a full forward pass with and without prefix hits and MTP specula
 from __future__ import annotations
 
 import random
-import threading
 
 import numpy
 import pytest
 import torch
-from test_actor_engine import engine_for, full_forward_logprobs, run
+from test_actor_engine import assert_concurrent_greedy_equals, engine_for, full_forward_logprobs, run
 
 from forge.actors.backend import FinishReason
 from forge.model import CausalLM, ModelConfig
@@ -43,19 +42,7 @@ def test_greedy_equals_transformers_and_concurrent_requests_stay_isolated(tmp_pa
     prompts = [[rng.randrange(100) for _ in range(rng.randrange(1, 40))] for _ in range(8)]
     engine = engine_for(model, speculative=speculative)
     try:
-        params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-        results: dict[int, list[int]] = {}
-        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run(engine, prompts[i], params)[0]))
-                   for i in range(len(prompts))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-        for i, prompt in enumerate(prompts):
-            ids = torch.tensor([prompt])
-            expected = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
-                                          do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-            assert results[i] == expected, f"request {i}"
+        assert_concurrent_greedy_equals(engine, reference, prompts, 16)
         if speculative:
             assert engine.stats()["drafts"] > 0
     finally:

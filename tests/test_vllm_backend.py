@@ -64,6 +64,22 @@ def torch_engine(directory: Path) -> TorchEngine:
     return TorchEngine(load_model(directory)[0], EngineConfig(kv_cache_bytes=KV))
 
 
+def vllm_and_torch_engine(directory: Path, params: SamplingParams, threads: int = 1) -> tuple[list, list]:
+    """``run`` of PROMPTS on a fresh vLLM backend over ``directory``, then on the torch engine."""
+    from forge.actors.vllm_backend import VllmBackend
+
+    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=threads))
+    try:
+        ours = run(backend, PROMPTS, params)
+    finally:
+        backend.close()
+    engine = torch_engine(directory)
+    try:
+        return ours, run(engine, PROMPTS, params)
+    finally:
+        engine.close()
+
+
 def test_greedy_tokens_equal_the_torch_engine_and_transformers_on_the_tiny_model(tiny):
     backend, directory = tiny
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -80,20 +96,9 @@ def test_greedy_tokens_equal_the_torch_engine_and_transformers_on_the_tiny_model
 
 
 def test_greedy_tokens_equal_on_a_100m_qwen3_written_by_transformers(tmp_path):
-    from forge.actors.vllm_backend import VllmBackend
-
     directory = write_qwen3(tmp_path / "q100m", "100m", seed=1)
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=2))
-    try:
-        ours = run(backend, PROMPTS, greedy)
-    finally:
-        backend.close()
-    engine = torch_engine(directory)
-    try:
-        theirs = run(engine, PROMPTS, greedy)
-    finally:
-        engine.close()
+    ours, theirs = vllm_and_torch_engine(directory, greedy, threads=2)
     assert [o[0] for o in ours] == [t[0] for t in theirs]
     for prompt, (tokens, _, _) in list(zip(PROMPTS, ours, strict=True))[:2]:
         assert tokens == hf_greedy(directory, prompt, 8)
@@ -298,20 +303,8 @@ def test_a_model_with_experts_samples_what_the_torch_engine_samples(tmp_path):
     """vLLM serves Qwen3-MoE (the tiny-moe shape, random weights): greedy tokens and their log-probs equal the torch
     engine's. (vLLM's CPU build reloads expert weights wrongly, so forge-actor keeps it off a learner's weights
     there; see tests/test_backend_choice.py.)"""
-    from forge.actors.vllm_backend import VllmBackend
-
-    directory = random_tiny_moe(tmp_path)
-    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=1))
-    try:
-        ours = run(backend, PROMPTS, greedy)
-    finally:
-        backend.close()
-    engine = torch_engine(directory)
-    try:
-        theirs = run(engine, PROMPTS, greedy)
-    finally:
-        engine.close()
+    ours, theirs = vllm_and_torch_engine(random_tiny_moe(tmp_path), SamplingParams(temperature=0, max_tokens=12,
+                                                                                   ignore_eos=True))
     for (tokens, logprobs, _), (want, want_logprobs, _) in zip(ours, theirs, strict=True):
         assert tokens == want
         torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want_logprobs), atol=1e-4, rtol=0)
