@@ -35,11 +35,9 @@ def positions(message: common_pb2.ExpertRouting) -> int:
     return len(message.ids) // row if row > 0 and len(message.ids) % row == 0 else -1
 
 
-def decode(message: common_pb2.ExpertRouting) -> np.ndarray | None:
-    """The int32 array [positions, layers, top_k] of a message (-1 = not computed), None for an empty one; raises
-    ValueError for a malformed one."""
-    if not message.ids:
-        return None
+def check(message: common_pb2.ExpertRouting) -> int:
+    """How many positions a non-empty message covers; raises ValueError for a malformed one. Reads the ids where
+    they lie, without converting them (the pool checks every record it appends)."""
     layers, top_k, experts = message.layers, message.top_k, message.num_experts
     if layers <= 0 or top_k <= 0 or not 0 < top_k <= experts:
         raise ValueError(f"a routing record needs layers, top_k and num_experts >= top_k; got {layers}, {top_k}, "
@@ -49,12 +47,23 @@ def decode(message: common_pb2.ExpertRouting) -> np.ndarray | None:
     if len(message.ids) % row:
         raise ValueError(f"a routing record of {len(message.ids)} bytes is not a whole number of positions of "
                          f"{row} bytes")
-    wire = np.frombuffer(message.ids, dtype=dtype).reshape(-1, layers, top_k)
-    ids = wire.astype(np.int32)
-    unknown = wire == np.iinfo(dtype).max
-    ids[unknown] = UNKNOWN
-    if (ids >= experts).any():
+    wire = np.frombuffer(message.ids, dtype=dtype)
+    named = wire[wire != np.iinfo(dtype).max]
+    if named.size and int(named.max()) >= experts:
         raise ValueError(f"a routing record names experts beyond its {experts}")
+    return len(message.ids) // row
+
+
+def decode(message: common_pb2.ExpertRouting) -> np.ndarray | None:
+    """The int32 array [positions, layers, top_k] of a message (-1 = not computed), None for an empty one; raises
+    ValueError for a malformed one."""
+    if not message.ids:
+        return None
+    check(message)
+    dtype = _wire_dtype(message.num_experts)
+    wire = np.frombuffer(message.ids, dtype=dtype).reshape(-1, message.layers, message.top_k)
+    ids = wire.astype(np.int32)
+    ids[wire == np.iinfo(dtype).max] = UNKNOWN
     return ids
 
 

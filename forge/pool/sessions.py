@@ -91,10 +91,9 @@ def check_call(record: pool_pb2.CallRecord) -> None:
 def _check_routing(record: pool_pb2.CallRecord) -> None:
     """A routing record must decode and cover exactly the positions the call fed (all but its last token)."""
     try:
-        expert_routing.decode(record.routed_experts)
+        covered = expert_routing.check(record.routed_experts)
     except ValueError as exc:
         raise InvalidRequestError(f"routed_experts: {exc}") from exc
-    covered = expert_routing.positions(record.routed_experts)
     fed = len(record.prompt_ids) + len(record.completion_ids) - 1
     if covered != fed:
         raise InvalidRequestError(f"routed_experts covers {covered} positions; the call fed {fed} (prompt and "
