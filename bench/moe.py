@@ -42,7 +42,7 @@ def learner_pass(model_name: str, device: str, threads: int, sequences: int, len
     from forge.learner.losses import LossConfig, policy_loss
     from forge.learner.policy import policy_forward
     from forge.learner.samples import Sample, make_micro_batch
-    from forge.model.moe import Routing
+    from forge.model.moe import routing_of
 
     torch.set_num_threads(threads)
     model = load_model(model_name, device=device)[0].train()
@@ -54,11 +54,8 @@ def learner_pass(model_name: str, device: str, threads: int, sequences: int, len
         samples.append(Sample(tokens, prompt, [-1.0] * (length - prompt), [0] * (length - prompt),
                               rng.uniform(-1, 1), 1.0, 0, 1.0, "", 0, "", 0))
     if model.config.sparse_layers:                  # the routing an actor would have recorded
-        with torch.no_grad():
-            for sample in samples:
-                routing = Routing(record=True)
-                model(torch.tensor([sample.tokens[:-1]], device=device), routing=routing)
-                sample.routing = routing.stack().transpose(0, 1).cpu().numpy()
+        for sample in samples:
+            sample.routing = routing_of(model, sample.tokens[:-1])
     batch = make_micro_batch(samples, device)
     config = LossConfig()
 

@@ -13,7 +13,7 @@ from test_actor_engine import assert_concurrent_greedy_equals, engine_for, full_
 
 from forge.actors.backend import FinishReason
 from forge.model import CausalLM, ModelConfig
-from forge.model.moe import Routing
+from forge.model.moe import routing_of
 from forge.model.sampling import SamplingParams
 
 CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -68,13 +68,6 @@ def test_recorded_logprobs_equal_a_full_forward_pass_with_and_without_prefix_hit
         engine.close()
 
 
-def full_forward_routing(model: CausalLM, tokens: list[int]):
-    with torch.no_grad():
-        routing = Routing(record=True)
-        model(torch.tensor([tokens]), routing=routing)
-    return routing.stack().transpose(0, 1).numpy()          # [positions, layers, top_k]
-
-
 @pytest.mark.parametrize("speculative", [False, True])
 def test_the_final_chunk_carries_the_routing_of_every_fed_position(model, speculative):
     engine = engine_for(model, speculative=speculative)
@@ -89,7 +82,7 @@ def test_the_final_chunk_carries_the_routing_of_every_fed_position(model, specul
             assert routed is not None and routed.num_experts == CONFIG.num_experts
             everything = prompt + tokens
             assert routed.ids.shape == (len(everything) - 1, len(CONFIG.sparse_layers), CONFIG.num_experts_per_tok)
-            expected = full_forward_routing(model, everything[:-1])
+            expected = routing_of(model, everything[:-1])
             assert (numpy.sort(routed.ids, -1) == numpy.sort(expected, -1)).all(), f"request {attempt}"
         assert engine.blocks.hit_tokens >= 2 * 24
     finally:

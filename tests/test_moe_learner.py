@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
 import torch
 from test_tree_training import agent_batch, assert_same_step, random_masks
@@ -22,7 +21,7 @@ from forge.learner.samples import build_samples, make_micro_batch
 from forge.learner.trainer import Trainer, TrainerConfig
 from forge.learner.tree import build_trie
 from forge.model import CausalLM, ModelConfig
-from forge.model.moe import Routing
+from forge.model.moe import routing_of
 from forge.pool import Pool, WindowConfig
 
 from helpers.gradients import capture_gradients
@@ -40,13 +39,6 @@ def model() -> CausalLM:
     net = CausalLM(CONFIG)
     net.init_weights(std=0.3, seed=0)
     return net
-
-
-def routing_of(model: CausalLM, tokens: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        routing = Routing(record=True)
-        model(torch.tensor([tokens]), routing=routing)
-    return routing.stack().transpose(0, 1).numpy().astype(np.int32)
 
 
 def with_recorded_routing(model: CausalLM, samples, other: CausalLM, rng: random.Random, share: float = 0.3):

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from test_gateway_disaggregated import chat_calls
 
 from forge import expert_routing
 from forge.model import CausalLM
-from forge.model.moe import Routing
+from forge.model.moe import routing_of
 from forge.pool import PoolReader
 from forge.pool.errors import InvalidRequestError
 from forge.pool.sessions import check_call
@@ -46,13 +45,6 @@ def calls_of(pool, sessions: list[str]) -> list[pool_pb2.CallRecord]:
         return [c for s in sessions for c in reader.get_session(s).calls]
 
 
-def forward_routing(model: CausalLM, tokens: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        routing = Routing(record=True)
-        model(torch.tensor([tokens]), routing=routing)
-    return routing.stack().transpose(0, 1).numpy()
-
-
 @pytest.mark.parametrize("gateway", ["whole", "split"])
 def test_recorded_calls_carry_the_routing_of_every_fed_position(fleet, gateway):
     sessions = chat_calls(fleet[gateway], f"moe-{gateway}", 3)
@@ -64,7 +56,7 @@ def test_recorded_calls_carry_the_routing_of_every_fed_position(fleet, gateway):
         tokens = [*call.prompt_ids, *call.completion_ids]
         assert ids is not None and ids.shape == (len(tokens) - 1, len(model.config.sparse_layers), 2)
         assert (ids >= 0).all(), "a position's routing is missing"
-        expected = forward_routing(model, tokens[:-1])
+        expected = routing_of(model, tokens[:-1])
         assert (np.sort(ids, -1) == np.sort(expected, -1)).all()
 
 

@@ -20,6 +20,7 @@ so the router still learns.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -82,6 +83,16 @@ class Routing:
         """The share of given tokens whose own routing differs (see ``mismatches``); 0 when none was given."""
         differs, given = self.mismatches()
         return differs / given if given else 0.0
+
+
+@torch.no_grad()
+def routing_of(model: torch.nn.Module, token_ids: list[int]) -> np.ndarray:
+    """The experts a forward pass of ``model`` over ``token_ids`` chooses: int32 [positions, sparse layers, top_k],
+    the form of an actor's record (``forge.expert_routing``)."""
+    device = next(model.parameters()).device
+    routing = Routing(record=True)
+    model(torch.tensor([token_ids], device=device), routing=routing)
+    return routing.stack().transpose(0, 1).cpu().numpy().astype(np.int32)
 
 
 def load_balancing_loss(logits: list[Tensor], top_k: int, tokens: Tensor | None = None) -> Tensor:
