@@ -100,18 +100,24 @@ def assert_concurrent_greedy_equals(engine: TorchEngine, reference, prompts: lis
 @pytest.mark.parametrize("cpu_kernels", [True, False], ids=["c-attention", "torch-attention"])
 def test_recorded_logprobs_equal_a_full_forward_pass_with_and_without_prefix_hits(model, speculative, params,
                                                                                   cpu_kernels):
-    engine = engine_for(model, speculative=speculative, cpu_kernels=cpu_kernels)
+    assert_logprobs_equal_a_full_forward_pass(model, params, speculative=speculative, cpu_kernels=cpu_kernels)
+
+
+def assert_logprobs_equal_a_full_forward_pass(model: CausalLM, params: SamplingParams, **engine) -> None:
+    """One 45-token prompt sampled twice (the second time from its cached blocks): every recorded log-prob equals a
+    full forward pass's (24 new tokens each)."""
+    served = engine_for(model, **engine)
     prompt = [random.Random(7).randrange(100) for _ in range(45)]
     try:
-        for attempt in range(2):               # the second request reuses the first one's prompt blocks
-            tokens, logprobs, _, last = run(engine, prompt, params)
+        for attempt in range(2):
+            tokens, logprobs, _, last = run(served, prompt, params)
             assert len(tokens) == 24 and last.finish_reason is FinishReason.LENGTH
             expected = full_forward_logprobs(model, prompt, tokens, params)
             torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(expected), atol=2e-5, rtol=0)
             if attempt:
-                assert engine.blocks.hit_tokens >= 40
+                assert served.blocks.hit_tokens >= 40
     finally:
-        engine.close()
+        served.close()
 
 
 def test_prefix_hits_chunked_prefill_and_preemption_do_not_change_outputs(model):

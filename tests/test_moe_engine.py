@@ -9,9 +9,13 @@ import random
 import numpy
 import pytest
 import torch
-from test_actor_engine import assert_concurrent_greedy_equals, engine_for, full_forward_logprobs, run
+from test_actor_engine import (
+    assert_concurrent_greedy_equals,
+    assert_logprobs_equal_a_full_forward_pass,
+    engine_for,
+    run,
+)
 
-from forge.actors.backend import FinishReason
 from forge.model import CausalLM, ModelConfig
 from forge.model.moe import routing_of
 from forge.model.sampling import SamplingParams
@@ -54,18 +58,7 @@ def test_greedy_equals_transformers_and_concurrent_requests_stay_isolated(tmp_pa
                                     SamplingParams(temperature=1.2, top_k=10, top_p=0.9, max_tokens=24, seed=4,
                                                    ignore_eos=True)])
 def test_recorded_logprobs_equal_a_full_forward_pass_with_and_without_prefix_hits(model, speculative, params):
-    engine = engine_for(model, speculative=speculative)
-    prompt = [random.Random(7).randrange(100) for _ in range(45)]
-    try:
-        for attempt in range(2):               # the second request reuses the first one's prompt blocks
-            tokens, logprobs, _, last = run(engine, prompt, params)
-            assert len(tokens) == 24 and last.finish_reason is FinishReason.LENGTH
-            expected = full_forward_logprobs(model, prompt, tokens, params)
-            torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(expected), atol=2e-5, rtol=0)
-            if attempt:
-                assert engine.blocks.hit_tokens >= 40
-    finally:
-        engine.close()
+    assert_logprobs_equal_a_full_forward_pass(model, params, speculative=speculative)
 
 
 @pytest.mark.parametrize("speculative", [False, True])
