@@ -19,17 +19,33 @@ from forge.learner.config import LearnerConfig
 log = logging.getLogger("forge.learner")
 
 
-def _relaunch_under_torchrun(nproc: int) -> None:
-    """Re-run this command as ``nproc`` data-parallel processes (torchrun, one host)."""
-    args = [a for a in sys.argv[1:]]
-    for flag in ("--nproc",):
-        while flag in args:
-            index = args.index(flag)
-            del args[index:index + 2]
+def _torchrun_command(config: LearnerConfig) -> list[str]:
+    """This command as this node's ``--nproc`` data-parallel processes under torchrun: one host alone
+    (``--standalone``), or node ``--node-rank`` of ``--nnodes`` with a static rendezvous at ``--rdzv-endpoint``, so
+    that node 0 holds global rank 0 (the rank that reads the pool and serves weights and Stats). A rank that fails
+    ends the whole job (no in-place restarts): the job is started again, and every node resumes from the last
+    checkpoint."""
+    args = list(sys.argv[1:])
+    while "--nproc" in args:
+        index = args.index("--nproc")
+        del args[index:index + 2]
     args = [a for a in args if not a.startswith("--nproc=")]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "forge.learner", *args]
-    os.execv(sys.executable, command)
+    if config.nnodes == 1:
+        placement = ["--standalone"]
+    else:
+        host, _, port = config.rdzv_endpoint.rpartition(":")
+        placement = [f"--nnodes={config.nnodes}", f"--node-rank={config.node_rank}",
+                     f"--master-addr={host.strip('[]')}", f"--master-port={port}", "--max-restarts=0"]
+    return [sys.executable, "-m", "torch.distributed.run", *placement, f"--nproc-per-node={config.nproc}",
+            "-m", "forge.learner", *args]
+
+
+def _run_under_torchrun(config: LearnerConfig) -> None:
+    """Run the torchrun job and exit with its status. SIGTERM and SIGINT go to the ranks themselves, which stop
+    together after the current step with a checkpoint; torchrun's own agent would end them as failed."""
+    from forge.learner.launch import TorchrunJob
+
+    sys.exit(TorchrunJob(_torchrun_command(config)).run())
 
 
 def _open_pool(config: LearnerConfig):
@@ -63,6 +79,18 @@ def _curve_keys(config: LearnerConfig):
         raise click.BadParameter(str(exc), param_hint="'--weights-key'") from None
 
 
+def _report_lost_step(exc: BaseException, trainer, checkpointer, distributed) -> None:
+    """Say why a data-parallel step failed and where the job resumes; every rank of the job stops (torchrun ends the
+    others), nothing of the failed step was committed."""
+    restored = checkpointer.latest()
+    where = f"the checkpoint of step {restored.state['step']} ({restored.path})" if restored else "the start"
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    log.error("learner rank %d of %d: step %d failed: %s. With several ranks one failure stops them all (a rank or "
+              "node that died, or a collective silent for --collective-timeout-s); start the job again and every "
+              "node resumes from %s: the pool cursor is committed only with a checkpoint, so no entry is skipped or "
+              "trained twice", distributed.rank, distributed.world_size, trainer.state.step + 1, reason, where)
+
+
 @settings_command("learner", LearnerConfig)
 def learner(config: LearnerConfig) -> None:
     """Train the policy with CISPO (or PPO-clip, GRPO) on windowed-FIFO batches from the pool, checkpoint with the
@@ -72,8 +100,8 @@ def learner(config: LearnerConfig) -> None:
     if config.pool_path is not None and not config.create_pool and not (config.pool_path / "data.mdb").exists():
         raise click.BadParameter(f"{config.pool_path} holds no pool (no data.mdb): check the path, or give "
                                  f"--create-pool to start a new pool there", param_hint="'--pool'")
-    if config.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        _relaunch_under_torchrun(config.nproc)
+    if (config.nproc > 1 or config.nnodes > 1) and "WORLD_SIZE" not in os.environ:
+        _run_under_torchrun(config)
     setup_logging(config.log_level)
     if "RANK" not in os.environ or os.environ["RANK"] == "0":      # rank 0 serves Stats and metrics
         check_port_option(config.host, config.port, "--port")
@@ -91,10 +119,11 @@ def learner(config: LearnerConfig) -> None:
 
     from forge.learner.checkpoint import Checkpointer
     from forge.learner.metrics import MetricsWriter, summary
-    from forge.learner.parallel import full_state_dict, init_distributed, shard_model
+    from forge.learner.parallel import check_shared_run_dir, full_state_dict, init_distributed, shard_model
     from forge.learner.trainer import Trainer
 
-    distributed = init_distributed(config.device)
+    distributed = init_distributed(config.device, timeout_s=config.collective_timeout_s)
+    check_shared_run_dir(config.run_dir, distributed)
     seed = config.trainer.seed
     torch.manual_seed(seed)
     checkpointer = Checkpointer(config.run_dir / "checkpoints", keep=config.keep_checkpoints)
@@ -142,10 +171,16 @@ def learner(config: LearnerConfig) -> None:
         if distributed.is_main:
             click.echo(summary(record))
 
+    failed = False
     try:
         trainer.run(stop.is_set, on_step)
         if trainer.state.step and trainer.state.step % config.trainer.checkpoint_every:
             trainer.save_checkpoint()
+    except Exception as exc:
+        if not distributed.enabled:
+            raise
+        failed = True
+        _report_lost_step(exc, trainer, checkpointer, distributed)
     finally:
         if prometheus is not None:
             prometheus.close()
@@ -157,5 +192,7 @@ def learner(config: LearnerConfig) -> None:
             metrics.close()
         if pool is not None:
             pool.close()
-        distributed.close()
+        distributed.close(failed=failed)
+    if failed:
+        sys.exit(1)
     log.info("learner stopped at step %d (version %d)", trainer.state.step, trainer.state.version)

@@ -11,6 +11,7 @@ from forge.learner.losses import LossConfig
 from forge.learner.rewards import RewardConfig
 from forge.learner.trainer import TrainerConfig
 from forge.pool import WindowConfig
+from forge.rpc.client import check_address
 from forge.settings import (
     Settings,
     SettingsError,
@@ -51,7 +52,17 @@ class LearnerConfig(Settings):
                                                 "to fetch weights; goes with --weights-key.")
     publish: bool = setting(True, help="Stream weights to actors.")
     device: str = setting("auto", help="cpu, cuda, cuda:N, or auto.")
-    nproc: int = setting(1, min=1, help="Data-parallel processes (FSDP2, relaunched under torchrun).")
+    nproc: int = setting(1, min=1, help="Data-parallel processes on this node (FSDP2, relaunched under torchrun).")
+    nnodes: int = setting(1, min=1, help="Nodes (hosts) of the learner job, --nproc processes each; every node runs "
+                                         "this command with its own --node-rank (see docs/learner.md).")
+    node_rank: int = setting(0, min=0, help="This node's rank in [0, --nnodes): node 0 holds rank 0, which reads the "
+                                            "pool, checkpoints, publishes weights and serves Stats.")
+    rdzv_endpoint: str | None = setting(None, metavar="HOST:PORT", validate=check_address,
+                                        help="With --nnodes > 1: node 0's address for the torchrun rendezvous "
+                                             "(reachable from every node; node 0 listens on its port).")
+    collective_timeout_s: float = setting(600.0, min=1, help="With several processes: how long a collective waits "
+                                                             "for a silent peer before the step fails (a peer that "
+                                                             "dies fails it at once).")
     host: str = setting("127.0.0.1", help="Interface of the Stats service.")
     port: int = setting(0, min=0, max=65535, help="Port of the Stats service (0 = any free port).")
     metrics_port: int | None = metrics_port_setting()
@@ -66,5 +77,9 @@ class LearnerConfig(Settings):
         check_metrics_port(self.port, self.metrics_port)
         if (self.pool_path is None) == (self.pool_address is None):
             raise SettingsError("give exactly one of --pool and --pool-address")
+        if self.nnodes > 1 and self.rdzv_endpoint is None:
+            raise SettingsError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's rendezvous address)")
+        if self.node_rank >= self.nnodes:
+            raise SettingsError(f"--node-rank {self.node_rank} is not below --nnodes {self.nnodes}")
         if (self.weights_key is None) != (self.weights_clients is None):
             raise SettingsError("--weights-key and --weights-clients go together")

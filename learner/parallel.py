@@ -4,8 +4,11 @@ same code with every collective a no-op."""
 
 from __future__ import annotations
 
+import datetime
 import os
+import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,14 +56,17 @@ class Distributed:
         if self.enabled:
             dist.barrier()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Leave the job; after a failed step (a peer may be gone) without the closing barrier."""
         if self.enabled and dist.is_initialized():
-            dist.barrier()              # gloo aborts a rank that tears down while a peer still talks to it
+            if not failed:
+                dist.barrier()          # gloo aborts a rank that tears down while a peer still talks to it
             dist.destroy_process_group()
 
 
-def init_distributed(device: str = "auto") -> Distributed:
-    """Join the torchrun job described by the environment, or run alone when there is none."""
+def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> Distributed:
+    """Join the torchrun job described by the environment, or run alone when there is none. A collective waits at
+    most ``timeout_s`` for a silent peer."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device == "auto":
@@ -71,8 +77,30 @@ def init_distributed(device: str = "auto") -> Distributed:
         torch.cuda.set_device(target)
     if world_size == 1:
         return Distributed(device=target)
-    dist.init_process_group("nccl" if target.type == "cuda" else "gloo")
+    dist.init_process_group("nccl" if target.type == "cuda" else "gloo",
+                            timeout=datetime.timedelta(seconds=timeout_s))
     return Distributed(dist.get_rank(), dist.get_world_size(), target)
+
+
+def check_shared_run_dir(run_dir: Path, distributed: Distributed) -> None:
+    """Every rank reads the checkpoints rank 0 writes (to resume), so the run directory must be one directory for
+    all nodes: rank 0 leaves a marker there and every rank must see it. Raises a clear error on a rank that does
+    not."""
+    if not distributed.enabled:
+        return
+    name = f".shared-{uuid.uuid4().hex}" if distributed.is_main else None
+    if distributed.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).touch()
+    name = distributed.broadcast(name)
+    seen = distributed.sum(float((run_dir / name).exists()))
+    distributed.barrier()
+    if distributed.is_main:
+        (run_dir / name).unlink(missing_ok=True)
+    if seen < distributed.world_size:
+        raise SystemExit(f"--run-dir {run_dir} is not shared by the learner's nodes ({int(seen)} of "
+                         f"{distributed.world_size} ranks see rank 0's files there): put it on storage every node "
+                         f"mounts at the same path (checkpoints written by rank 0 are read by every rank to resume)")
 
 
 def shard_model(model: nn.Module, distributed: Distributed) -> nn.Module:

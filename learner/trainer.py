@@ -338,9 +338,14 @@ class Trainer:
             record[f"sessions/{domain}"] = len(values)
         return record
 
+    def _stopping(self, should_stop: Callable[[], bool]) -> bool:
+        """Whether any rank was asked to stop: ranks signalled at different moments still stop at the same step."""
+        return self.dist.max(int(should_stop())) > 0
+
     def run(self, should_stop: Callable[[], bool] = lambda: False,
             on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
-        while not should_stop() and not (self.config.max_steps and self.state.step >= self.config.max_steps):
+        while not self._stopping(should_stop) and not (self.config.max_steps
+                                                        and self.state.step >= self.config.max_steps):
             record = self.step(should_stop)
             if record is None:
                 break

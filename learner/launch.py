@@ -1,0 +1,55 @@
+"""The learner's torchrun job on this node, run as a child of ``forge-learner``: a stop signal reaches the ranks
+(which agree to stop after the current step and checkpoint), not torchrun's agent, which would end them and report
+the job failed. If ``forge-learner`` itself dies, the agent is told to stop (Linux parent-death signal)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_when_parent_dies() -> None:
+    with contextlib.suppress(OSError, AttributeError):     # not Linux: the agent outlives a killed parent
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of process ``pid`` (Linux /proc; empty elsewhere or once it is gone)."""
+    try:
+        listing = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in listing.split()]
+
+
+class TorchrunJob:
+    """``command`` (a torchrun invocation) in a session of its own; ``run`` waits for it and returns its status."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.command = command
+        self.process: subprocess.Popen | None = None
+
+    def run(self) -> int:
+        self.process = subprocess.Popen(self.command, start_new_session=True, preexec_fn=_stop_when_parent_dies)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._forward)
+        return self.process.wait()
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        """Hand the stop to the ranks; before they exist (rendezvous), to the agent."""
+        assert self.process is not None
+        ranks = children(self.process.pid)
+        log.info("received %s: asking %d learner rank(s) on this node to stop after the current step",
+                 signal.Signals(signum).name, len(ranks))
+        for pid in ranks or [self.process.pid]:
+            with contextlib.suppress(ProcessLookupError):     # already gone
+                os.kill(pid, signal.SIGTERM)
