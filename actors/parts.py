@@ -1,6 +1,7 @@
-"""The parts an actor is built from: its policy, the vLLM and TensorRT-LLM backends, the torch engine's KV connector and the
-learner's weight subscription. Shared by ``forge-actor``, the engine core (which builds them in its own process),
-``forge model eval`` and the benches; errors are plain exceptions for each caller to report its own way."""
+"""The parts an actor is built from: its policy, the vLLM and TensorRT-LLM backends, the torch engine's KV connector,
+the learner's weight subscription and the relay that re-serves it to other actors. Shared by ``forge-actor``, the
+engine core (which builds them in its own process), ``forge model eval`` and the benches; errors are plain
+exceptions for each caller to report its own way."""
 
 from __future__ import annotations
 
@@ -77,10 +78,10 @@ def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
     return KVConnector(engine, client, fetch=fetch)
 
 
-def weight_subscriber(backend, fetch: str, announce: str, curve=None):
+def weight_subscriber(backend, fetch: str, announce: str, curve=None, relay=None):
     """Follow the learner's weight versions into ``backend`` (over CURVE with ``curve``, a
     ``forge.weights.curve.ClientKeys``); a version it refuses (wrong tensors, stale) is logged and the current one
-    keeps serving."""
+    keeps serving. ``relay`` (a ``forge.weights.WeightRelay``) re-serves every verified version to other actors."""
     from forge.weights import WeightSubscriber
 
     def apply(version: int, tensors: dict) -> None:
@@ -89,4 +90,14 @@ def weight_subscriber(backend, fetch: str, announce: str, curve=None):
         except ValueError as exc:
             log.error("weight version %d refused: %s", version, exc)
 
-    return WeightSubscriber(fetch, announce, on_version=apply, curve=curve)
+    return WeightSubscriber(fetch, announce, on_version=apply, curve=curve,
+                            on_verified=relay.serve if relay is not None else None)
+
+
+def weight_relay(fetch: str, announce: str, curve=None):
+    """A ``forge.weights.WeightRelay`` bound to ``fetch`` and ``announce`` (over CURVE with ``curve``, a
+    ``forge.weights.curve.ServerKeys``: this actor's key pair and the directory of the actors it serves); raises
+    OSError when an endpoint cannot be bound."""
+    from forge.weights import WeightRelay
+
+    return WeightRelay(fetch, announce, curve=curve)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -95,8 +96,10 @@ def request_from_proto(request: actor_pb2.GenerateRequest) -> GenerationRequest:
 
 class ActorServicer(actor_pb2_grpc.ActorServicer):
     def __init__(self, backend: Backend, instance: str, labels: dict[str, str] | None = None,
-                 role: str = "both") -> None:
+                 role: str = "both", figures: Callable[[], dict[str, float]] | None = None) -> None:
+        """``figures``: more gauges for Stats beside the backend's (e.g. a weight relay's ``relay_*``)."""
         self.backend = backend
+        self.figures = figures
         self.instance = instance
         self.role = role
         self.labels = {"backend": backend.name, "role": role, **(labels or {})}
@@ -145,4 +148,7 @@ class ActorServicer(actor_pb2_grpc.ActorServicer):
 
     def report(self) -> common_pb2.StatsReport:
         """What Stats answers (and a Prometheus scrape reads)."""
-        return stats_report("actor", self.instance, self.started, self.backend.stats(), self.labels)
+        figures = self.backend.stats()
+        if self.figures is not None:
+            figures = {**figures, **self.figures()}
+        return stats_report("actor", self.instance, self.started, figures, self.labels)

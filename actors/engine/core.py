@@ -34,7 +34,7 @@ import zmq
 
 from forge.actors.backend import FinishReason, GenerationRequest, RequestStream, TokenChunk
 from forge.actors.engine.engine import EngineConfig, RequestLimits, TorchEngine, reserve_cpu_threads
-from forge.weights.curve import ClientKeys
+from forge.weights.curve import ClientKeys, ServerKeys
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,9 @@ class EngineSpec:
     weights_fetch: str | None = None        # subscribe to the learner's weights here, inside the core
     weights_announce: str | None = None
     weights_curve: ClientKeys | None = None  # the weight channel's CURVE keys (the secret never shows in a repr)
+    relay_fetch: str | None = None          # re-serve every verified version to other actors here (bound by the core)
+    relay_announce: str | None = None
+    relay_curve: ServerKeys | None = None    # the relay's CURVE keys: this actor's pair and the clients it serves
     l3_cache: str | None = None             # the L3 cache's servers, joined from the core (implies kv_events)
     l3_fetch: str = "auto"
     l3_api_key: str | None = field(default=None, repr=False)
@@ -67,6 +70,8 @@ class CoreInfo:
     weight_version: int
     model_id: str
     pid: int
+    relay_fetch: str | None = None          # the relay's bound endpoints (a * port resolved), when relaying
+    relay_announce: str | None = None
 
 
 class _OutboxStream(RequestStream):
@@ -118,6 +123,7 @@ class EngineCore:
         self.outbox: _Outbox | None = None
         self.connector = None
         self.subscriber = None
+        self.relay = None
 
     def send(self, message: tuple) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -149,14 +155,20 @@ class EngineCore:
             from forge.actors.parts import kv_connector
 
             self.connector = kv_connector(engine, spec.l3_cache, spec.l3_fetch, spec.l3_api_key)
+        if spec.weights_fetch and spec.relay_fetch and spec.relay_announce:
+            from forge.actors.parts import weight_relay
+
+            self.relay = weight_relay(spec.relay_fetch, spec.relay_announce, spec.relay_curve)
         if spec.weights_fetch:
             from forge.actors.parts import weight_subscriber
 
             self.subscriber = weight_subscriber(engine, spec.weights_fetch, spec.weights_announce,
-                                                spec.weights_curve)
+                                                spec.weights_curve, self.relay)
         shapes = {name: tuple(t.shape) for name, t in engine.model.state_dict().items()}
+        relay = self.relay
         self.send(("ready", CoreInfo(engine.limits(), shapes, engine.weight_version, engine.config.model_id,
-                                     os.getpid())))
+                                     os.getpid(), relay.fetch_endpoint if relay else None,
+                                     relay.announce_endpoint if relay else None)))
 
     def serve(self, parent: int) -> None:
         """Handle the front's commands until it closes us or goes away."""
@@ -199,7 +211,7 @@ class EngineCore:
     def _dispatch(self, method: str, args: tuple[Any, ...]) -> Any:
         engine = self.engine
         if method == "stats":
-            return engine.stats()
+            return {**engine.stats(), **(self.relay.figures() if self.relay is not None else {})}
         if method == "load_weights":
             from safetensors.torch import load
 
@@ -220,6 +232,8 @@ class EngineCore:
     def close(self) -> None:
         if self.subscriber is not None:
             self.subscriber.close()
+        if self.relay is not None:
+            self.relay.close()
         if self.engine is not None:
             self.engine.close()             # ends what is still running with ABORT
             self.outbox.flush()

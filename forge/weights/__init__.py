@@ -1,12 +1,14 @@
 """Versioned weight transport over ZeroMQ: the learner's ``WeightPublisher`` serves the latest weight version in
 hashed chunks; each actor's ``WeightSubscriber`` fetches it with a bounded window and hands it over only when every
-chunk and the whole version verify. The protocol is described in docs/weights.md."""
+chunk and the whole version verify; a ``WeightRelay`` re-serves the versions a subscriber verified to further
+subscribers (a relay tree). The protocol is described in docs/weights.md."""
 
 from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_ENDPOINT
 from forge.weights.faults import Faults
 from forge.weights.hashing import ALGORITHMS, DEFAULT_ALGORITHM
 from forge.weights.manifest import Manifest, ManifestError, TensorSpec
 from forge.weights.publisher import DEFAULT_CHUNK_SIZE, PublisherStats, WeightPublisher
+from forge.weights.relay import RelayStats, WeightRelay
 from forge.weights.subscriber import SubscriberStats, WeightSubscriber
 
 __all__ = [
@@ -19,8 +21,10 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "PublisherStats",
+    "RelayStats",
     "SubscriberStats",
     "TensorSpec",
     "WeightPublisher",
+    "WeightRelay",
     "WeightSubscriber",
 ]

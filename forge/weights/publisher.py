@@ -2,9 +2,11 @@
 
 A ROUTER socket answers manifest and chunk requests; a PUB socket announces each new version (and repeats the
 announcement periodically). One background thread owns both sockets; ``publish`` prepares a version on the
-caller's thread (staging, hashing) and hands it over. With ``curve`` keys both sockets are CURVE servers and a ZAP
-authenticator admits only the listed subscribers (``forge.weights.curve``). Only the latest version is served; chunks of the previous
-one that are already queued in ZeroMQ still leave, the rest are answered GONE."""
+caller's thread (staging, hashing) and hands it over; ``serve`` hands over a version prepared elsewhere as it is
+(a relay's verified copy of another publisher's version, ``forge.weights.relay``). With ``curve`` keys both sockets
+are CURVE servers and a ZAP authenticator admits only the listed subscribers (``forge.weights.curve``). Only the
+latest version is served; chunks of the previous one that are already queued in ZeroMQ still leave, the rest are
+answered GONE."""
 
 from __future__ import annotations
 
@@ -131,29 +133,53 @@ class WeightPublisher:
         Returns once the version is staged, hashed and served; ``copy=True`` snapshots CPU tensors too."""
         check_version(version)
         with self._publish_lock:
-            if self._closed:
-                raise RuntimeError("the weight publisher is closed")
-            if self._last_version is not None and version <= self._last_version:
-                raise ValueError(f"version {version} is not greater than the last published version "
-                                 f"{self._last_version}")
+            self._check_next(version)
             started = time.perf_counter()
             served = prepare(version, state_dict, chunk_size=self.chunk_size, hash_algorithm=self.hash_algorithm,
                              executor=self._hasher, copy=copy, pin_memory=self.pin_memory,
                              publisher_id=self.publisher_id)
             elapsed = time.perf_counter() - started
-            self._swapped.clear()
-            self._handoff = served
-            self._wake.send(b"")
-            while not self._swapped.wait(0.1):
-                if not self._thread.is_alive():
-                    raise RuntimeError("the weight publisher's serving thread has stopped")
-            self._last_version = version
-            self._versions_published += 1
+            self._hand_over(served)
             self._last_publish_s = elapsed
         manifest = served.manifest
         log.info("published version %d: %d tensors, %.1f MB in %d chunks (prepared in %.3f s)", version,
                  len(manifest.tensors), manifest.total_bytes / 1e6, manifest.num_chunks, elapsed)
         return manifest
+
+    def serve(self, served: ServedVersion) -> Manifest:
+        """Serve a version prepared elsewhere, as it is: its manifest (chunking, hashes and publisher id included)
+        and its chunks' buffers, which must hold exactly the bytes the manifest's hashes were taken over (a relay's
+        received and verified version, ``forge.weights.source.received``). Nothing is hashed here; a subscriber
+        still verifies every chunk. The version must exceed the last one served; returns once it is served."""
+        version = check_version(served.version)
+        if len(served.chunks) != served.manifest.num_chunks:
+            raise ValueError(f"version {version}: {len(served.chunks)} chunks for a manifest of "
+                             f"{served.manifest.num_chunks}")
+        with self._publish_lock:
+            self._check_next(version)
+            self._hand_over(served)
+        log.debug("serving version %d as prepared: %.1f MB in %d chunks", version, served.manifest.total_bytes / 1e6,
+                  served.manifest.num_chunks)
+        return served.manifest
+
+    def _check_next(self, version: int) -> None:
+        """Refuse ``version`` unless it may be served next (under the publish lock)."""
+        if self._closed:
+            raise RuntimeError("the weight publisher is closed")
+        if self._last_version is not None and version <= self._last_version:
+            raise ValueError(f"version {version} is not greater than the last published version "
+                             f"{self._last_version}")
+
+    def _hand_over(self, served: ServedVersion) -> None:
+        """Make ``served`` the version the serving thread serves; returns once it is swapped in (publish lock)."""
+        self._swapped.clear()
+        self._handoff = served
+        self._wake.send(b"")
+        while not self._swapped.wait(0.1):
+            if not self._thread.is_alive():
+                raise RuntimeError("the weight publisher's serving thread has stopped")
+        self._last_version = served.version
+        self._versions_published += 1
 
     def close(self) -> None:
         with self._publish_lock:

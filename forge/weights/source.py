@@ -1,13 +1,14 @@
 """A version ready to serve: the state dict checked and laid out in the flat byte space, GPU or non-contiguous
 tensors staged to CPU once (contiguous CPU tensors are served in place, without a copy), every chunk cut into
-buffer slices for zero-copy sends, and every chunk hashed on a thread pool."""
+buffer slices for zero-copy sends, and every chunk hashed on a thread pool. A version already received and verified
+(a relay's) is served from its receive buffer under its original manifest, without hashing again (``received``)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -23,11 +24,13 @@ _ZEROS = np.zeros(ALIGNMENT, dtype=np.uint8)
 
 @dataclass(frozen=True)
 class ServedVersion:
-    """One published version: its manifest, the buffers of every chunk, and the serialized manifest reply."""
+    """One published version: its manifest, the buffers of every chunk, and the serialized manifest reply;
+    ``keepalive``: what the chunks' memory belongs to (a relay's receive buffer), held for as long as it is served."""
 
     manifest: Manifest
     chunks: tuple[tuple[np.ndarray, ...], ...]
     manifest_reply: bytes
+    keepalive: object = field(default=None, repr=False, compare=False)
 
     @property
     def version(self) -> int:
@@ -132,6 +135,31 @@ def prepare(version: int, state_dict: Mapping[str, torch.Tensor], *, chunk_size:
     chunks = _cut(flat, total, chunk_size)
     hashes = list(executor.map(partial(hashing.hash_parts, hash_algorithm), chunks))
     manifest = seal(version, specs, total, chunk_size, hash_algorithm, hashes, publisher_id)
-    reply = weights_pb2.WeightReply(status=weights_pb2.WEIGHT_STATUS_OK, latest_version=version,
+    return ServedVersion(manifest, tuple(chunks), encode_manifest_reply(manifest))
+
+
+def encode_manifest_reply(manifest: Manifest) -> bytes:
+    """The serialized answer to a manifest request for ``manifest``."""
+    reply = weights_pb2.WeightReply(status=weights_pb2.WEIGHT_STATUS_OK, latest_version=manifest.version,
                                     manifest=manifest.to_proto())
-    return ServedVersion(manifest, tuple(chunks), reply.SerializeToString())
+    return reply.SerializeToString()
+
+
+def received(manifest: Manifest, buffer: torch.Tensor) -> ServedVersion:
+    """The served form of a version that was received and verified into ``buffer`` (uint8, the version's flat
+    byte space): each chunk is one slice of the buffer, served under ``manifest`` as it is (its chunk hashes and
+    whole-version hash are the original publisher's: nothing is hashed again, so whoever fetches it verifies it
+    end to end against what that publisher published). The buffer is held while the version is served."""
+    if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.uint8 or buffer.dim() != 1:
+        raise TypeError("the buffer must be a one-dimensional uint8 tensor")
+    if buffer.numel() != manifest.total_bytes:
+        raise ValueError(f"the buffer holds {buffer.numel()} bytes; version {manifest.version} has "
+                         f"{manifest.total_bytes}")
+    if buffer.device.type != "cpu" or not buffer.is_contiguous():
+        raise ValueError("the buffer must be a contiguous CPU tensor")
+    data = buffer.numpy()
+    chunks = []
+    for index in range(manifest.num_chunks):
+        start, end = manifest.chunk_range(index)
+        chunks.append((data[start:end],))
+    return ServedVersion(manifest, tuple(chunks), encode_manifest_reply(manifest), keepalive=buffer)

@@ -4,9 +4,11 @@ One background thread owns a SUB socket (announcements) and a DEALER socket (man
 ``window`` chunks in flight). Chunks are received straight into one preallocated buffer per version and hashed on
 a small thread pool while the next ones arrive. A version reaches ``on_version`` only when every chunk hash and the
 whole-version hash match; otherwise it is dropped and the previous version stays in effect. A fetch that stalls for
-``request_timeout_s`` reconnects and asks for the manifest again, so a restarted publisher is picked up. With
-``curve`` keys both sockets are CURVE clients that only complete a handshake with the publisher holding the expected
-server key; failed handshakes are counted and logged (``forge.weights.handshakes``)."""
+``request_timeout_s`` reconnects and asks for the manifest again, so a restarted publisher is picked up. Each
+verified version is also handed, as its manifest and receive buffer, to ``on_verified`` (a relay re-serves it from
+there: ``forge.weights.relay``). With ``curve`` keys both sockets are CURVE clients that only complete a handshake
+with the publisher holding the expected server key; failed handshakes are counted and logged
+(``forge.weights.handshakes``)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from forge.weights.publisher import TOPIC
 log = logging.getLogger(__name__)
 
 OnVersion = Callable[[int, dict[str, torch.Tensor]], None]
+OnVerified = Callable[[Manifest, torch.Tensor], None]
 _TICK_MS = 50
 _DRAIN = 256
 
@@ -61,23 +64,31 @@ class WeightSubscriber:
 
     ``on_version(version, tensors)`` runs on that thread after full verification; keep it short (hand the tensors
     to the engine, which swaps them in between steps). The tensors are views of one buffer per version, which the
-    subscriber also keeps for ``latest()`` until the next version is applied. ``curve``: this subscriber's key pair
-    and the publisher's public key; without it the channel is plain (and a CURVE publisher refuses it)."""
+    subscriber also keeps for ``latest()`` until the next version is applied. ``on_verified(manifest, buffer)``
+    runs on the same thread just before ``on_version``, with the version's manifest as received (the original
+    publisher's) and its whole receive buffer (uint8, ``manifest.total_bytes``): a ``WeightRelay.serve`` re-serves
+    it. Neither callback may modify the tensors or the buffer (a relay would serve the changed bytes, which its
+    subscribers would reject). ``curve``: this subscriber's key pair and the publisher's public key; without it the
+    channel is plain (and a CURVE publisher refuses it)."""
 
     def __init__(self, fetch_endpoint: str = endpoints.DEFAULT_FETCH_ENDPOINT,
                  announce_endpoint: str = endpoints.DEFAULT_ANNOUNCE_ENDPOINT, on_version: OnVersion | None = None,
                  *, window: int = 8, poll_interval_s: float = 1.0, request_timeout_s: float = 5.0,
                  verify_workers: int | None = None, pin_memory: bool = False, max_version_bytes: int | None = None,
-                 curve: ClientKeys | None = None, context: zmq.Context | None = None) -> None:
+                 curve: ClientKeys | None = None, on_verified: OnVerified | None = None,
+                 context: zmq.Context | None = None) -> None:
         self.fetch_endpoint = endpoints.check_endpoint(fetch_endpoint, "fetch")
         self.announce_endpoint = endpoints.check_endpoint(announce_endpoint, "announce")
         if on_version is not None and not callable(on_version):
             raise TypeError("on_version must be callable")
+        if on_verified is not None and not callable(on_verified):
+            raise TypeError("on_verified must be callable")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive int, got {window!r}")
         if poll_interval_s <= 0 or request_timeout_s <= 0:
             raise ValueError("poll_interval_s and request_timeout_s must be positive")
         self.on_version = on_version
+        self.on_verified = on_verified
         self.window = window
         self.poll_interval_s = poll_interval_s
         self.request_timeout_s = request_timeout_s
@@ -103,6 +114,7 @@ class WeightSubscriber:
         self._assembly: Assembly | None = None
         self._buffers = BufferPool(self.pin_memory)
         self._latest: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._latest_verified: tuple[Manifest, torch.Tensor] | None = None
         self._rejected: tuple[int, bytes] | None = None
         self._stale = 0
         self._manifest_pending = False
@@ -127,6 +139,17 @@ class WeightSubscriber:
     def latest(self) -> tuple[int, dict[str, torch.Tensor]] | None:
         """The last applied (version, tensors), or None before the first one."""
         return self._latest
+
+    @property
+    def latest_manifest(self) -> Manifest | None:
+        """The manifest of the last applied version (as its publisher sent it), or None before the first one."""
+        verified = self._latest_verified
+        return verified[0] if verified else None
+
+    def latest_verified(self) -> tuple[Manifest, torch.Tensor] | None:
+        """The last applied version's manifest and whole receive buffer (do not modify it), or None before the
+        first one; what ``on_verified`` was given."""
+        return self._latest_verified
 
     @property
     def stats(self) -> SubscriberStats:
@@ -426,6 +449,12 @@ class WeightSubscriber:
         self._last_gbps = assembly.manifest.total_bytes / elapsed / 1e9 if elapsed > 0 else 0.0
         log.info("applied weight version %d: %.1f MB in %.3f s (%.2f GB/s)", version,
                  assembly.manifest.total_bytes / 1e6, elapsed, self._last_gbps)
+        if self.on_verified is not None:
+            try:
+                self.on_verified(assembly.manifest, assembly.buffer)
+            except Exception:
+                self._counts["callback_errors"] += 1
+                log.exception("the on_verified callback failed for weight version %d", version)
         if self.on_version is not None:
             try:
                 self.on_version(version, tensors)
@@ -435,4 +464,5 @@ class WeightSubscriber:
         self._counts["applied"] += 1
         with self._applied_cv:
             self._latest = (version, tensors)
+            self._latest_verified = (assembly.manifest, assembly.buffer)
             self._applied_cv.notify_all()
