@@ -13,7 +13,14 @@ from typing import Any
 import click
 from google.protobuf import json_format
 
-from forge.cli.common import CONTEXT_SETTINGS, check_port_option, config_option, setup_logging, start_metrics
+from forge.cli.common import (
+    CONTEXT_SETTINGS,
+    check_port_option,
+    config_option,
+    setup_logging,
+    start_metrics,
+    write_ready_file,
+)
 from forge.cli.options import settings_command
 from forge.pool.config import PoolServeConfig
 from forge.pool.errors import PoolError
@@ -229,6 +236,9 @@ def serve_command(config: PoolServeConfig) -> None:
         if metrics is not None:
             click.echo(f"serving Prometheus metrics on {metrics.url}")
         sys.stdout.flush()
+        if config.ready_file:
+            write_ready_file(config.ready_file, address=server.address, kind="pool",
+                             **({"metrics_url": metrics.url} if metrics is not None else {}))
 
     server.run_until_signal(on_stop=stop, on_ready=ready)
 

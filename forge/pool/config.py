@@ -6,7 +6,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge.pool.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
-from forge.settings import Settings, SettingsError, check_metrics_port, log_level_setting, metrics_port_setting, setting
+from forge.settings import (
+    Settings,
+    SettingsError,
+    check_metrics_port,
+    log_level_setting,
+    metrics_port_setting,
+    ready_file_setting,
+    setting,
+)
 
 DEFAULT_PORT = 50057
 
@@ -48,6 +56,7 @@ class PoolServeConfig(Settings):
     metrics_port: int | None = metrics_port_setting()
     api_keys: tuple[str, ...] = setting((), flag="api-key", secret=True,
                                         help="Accept only calls with this key (repeatable; health checks exempt).")
+    ready_file: Path | None = ready_file_setting("address, kind, pid, metrics_url")
     log_level: str = log_level_setting()
     storage: PoolConfig = field(default_factory=PoolConfig)
 
