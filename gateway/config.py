@@ -18,7 +18,8 @@ class GatewayConfig(Settings):
     model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory (tokenizer, chat template, context length), or 'tiny' / 'tiny-moe'.")
     model_name: str = setting("forge-tiny", help="The model name served at /v1/models and echoed in responses.")
     actors: tuple[str, ...] = setting((), flag="actor", metavar="HOST:PORT", validate=check_addresses,
-                                      help="An actor to route calls to (repeatable; at least one).")
+                                      help="An actor to route calls to (repeatable; at least one, unless "
+                                           "--actors-dir announces them).")
     prefill_actors: tuple[str, ...] = setting((), flag="prefill-actor", metavar="HOST:PORT", validate=check_addresses,
                                               help="A prefill actor (forge-actor --role prefill, repeatable): calls "
                                                    "are then prefilled there and continued on the --actor ones "
@@ -26,6 +27,18 @@ class GatewayConfig(Settings):
     prefill_min_tokens: int = setting(64, min=1, help="With --prefill-actor: a call whose prompt has fewer tokens "
                                                       "not already cached on its decode actor skips the prefill "
                                                       "pool.")
+    actors_dir: Path | None = setting(None, path="dir", metavar="DIR",
+                                      help="A directory of actors' ready files (forge-actor --ready-file "
+                                           "DIR/NAME.json), on storage shared with the actors: an actor joins when "
+                                           "its file appears and is drained when it is removed (created if "
+                                           "missing). Combines with --actor.")
+    discovery_interval_s: float = setting(2.0, flag="discovery-interval", min=0.05,
+                                          help="With --actors-dir: seconds between looks at the directory (it is "
+                                               "polled: inotify does not work on NFS).")
+    drop_after_s: float = setting(30.0, flag="drop-after", min=0.0,
+                                  help="With --actors-dir: an announced actor whose health checks fail for this "
+                                       "many seconds (two checks at least) is dropped, until its ready file is "
+                                       "rewritten or it answers again.")
     actor_api_key: str | None = setting(None, env="FORGE_GATEWAY_ACTOR_API_KEY", secret=True,
                                         help="API key the actors require.")
     pool_path: str | None = setting(None, flag="pool", help="Data Pool directory (LMDB), opened in this process.")
@@ -71,8 +84,8 @@ class GatewayConfig(Settings):
     log_level: str = log_level_setting()
 
     def check(self) -> None:
-        if not self.actors:
-            raise SettingsError("give at least one --actor HOST:PORT")
+        if not self.actors and self.actors_dir is None:
+            raise SettingsError("give at least one --actor HOST:PORT, or --actors-dir DIR")
         both = set(self.actors) & set(self.prefill_actors)
         if both:
             raise SettingsError(f"{sorted(both)[0]} is given as --actor and as --prefill-actor; an actor has one role")

@@ -25,6 +25,9 @@ class PrefillActor(Protocol):
 
 
 class PrefillPool:
+    """The prefill actors (``actors``, a list that grows and shrinks as actors join and leave) and where their
+    prefills go."""
+
     def __init__(self, actors: Sequence[PrefillActor], min_tokens: int = 64) -> None:
         self.actors = list(actors)
         self.min_tokens = min_tokens
@@ -60,7 +63,21 @@ class PrefillPool:
             self.homes.popitem(last=False)
 
     def finished(self, address: str, prompt_tokens: int) -> None:
-        self.queued[address] -= prompt_tokens
+        if address in self.queued:          # not when the actor left the pool while the prefill ran
+            self.queued[address] -= prompt_tokens
+
+    def add(self, actor: PrefillActor) -> None:
+        """A prefill actor joins the pool (the gateway found it in its actors directory)."""
+        self.actors.append(actor)
+        self.queued[actor.endpoint.address] = 0
+
+    def remove(self, address: str) -> None:
+        """The prefill actor at ``address`` leaves the pool: it gets no more prefills (those it runs may finish),
+        and the sessions whose last prefill it made go to the least busy one."""
+        self.actors[:] = [a for a in self.actors if a.endpoint.address != address]
+        self.queued.pop(address, None)
+        for session_id in [s for s, home in self.homes.items() if home == address]:
+            del self.homes[session_id]
 
     def gauges(self) -> dict[str, float]:
         figures = {k: float(v) for k, v in self.counters.items()}

@@ -79,8 +79,10 @@ class GatewayServer:
 
     def start(self) -> GatewayServer:
         self.grpc.start()
-        log.info("gateway serving gRPC on %s and OpenAI HTTP on %s/v1 (%d actors, router %s)", self.grpc.address,
-                 self.http_url, len(self.config.actors), self.config.router)
+        actors = self.gateway.actors
+        watching = f", watching {self.config.actors_dir} for more" if self.config.actors_dir is not None else ""
+        log.info("gateway serving gRPC on %s and OpenAI HTTP on %s/v1 (%d actors%s, router %s)", self.grpc.address,
+                 self.http_url, len(actors.actors) + len(actors.prefill.actors), watching, self.config.router)
         return self
 
     def stop(self) -> None:

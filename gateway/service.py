@@ -1,5 +1,5 @@
 """The gateway as one object that both front ends (gRPC and OpenAI HTTP) call: chat and generate, sessions, rewards,
-figures, and the background work (session expiry, actor health). A front end only translates its wire format to
+figures, and the background work (session expiry, actor health and discovery). A front end only translates its wire format to
 these calls and their results back; who may make a call is ``auth.py``'s. Lives on the gateway's event loop."""
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class Gateway:
         self.policy = KeyPolicy(self.keys)
         self.pool = AsyncPool(pool)
         self.actors = ActorSet(config.actors, config.router, config.session_affinity, config.actor_api_key,
-                               config.health_interval_s, config.prefill_actors, config.prefill_min_tokens)
+                               config.health_interval_s, config.prefill_actors, config.prefill_min_tokens,
+                               config.actors_dir, config.discovery_interval_s, config.drop_after_s)
         self.sessions = SessionRegistry(self.pool, self.keys, self.metrics, config.tito_max_calls,
                                         config.fail_sessions_on_call_error)
         self.sessions.on_forget.append(self.actors.router.forget)
@@ -171,4 +172,6 @@ class Gateway:
         labels = {"model": self.model.model_id, "model_name": self.config.model_name,
                   "router": self.config.router + ("+affinity" if self.config.session_affinity else ""),
                   "http_url": self.http_url, "grpc_address": self.grpc_address}
+        if self.config.actors_dir is not None:
+            labels["actors_dir"] = str(self.config.actors_dir)
         return stats_report("gateway", self.instance, self.started, self.gauges(), labels)

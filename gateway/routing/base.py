@@ -49,8 +49,13 @@ class Router(abc.ABC):
 
     Constructor contract: the gateway builds every router as ``RouterClass(actors, session_affinity=flag)``.
 
-    - ``actors``: the gateway's ``ActorView`` of each actor, in ``--actor`` order. The sequence never changes; its
-      views do, in place (health, in-flight count), so keep the sequence rather than a copy.
+    - ``actors``: the gateway's ``ActorView`` of each actor, in ``--actor`` order: a list that the gateway changes
+      in place, from its event loop, as actors come and go (``--actors-dir``): an actor that joins is appended, one
+      that is drained or dropped is removed. Keep the list itself, never a copy, and keep no positions in it across
+      calls; its views change in place too (health, in-flight count). After each change the gateway calls
+      ``on_actor_added(view)`` or ``on_actor_removed(address)``: a router that keeps something per actor creates it
+      (or finds it missing and creates it) for an added actor, and drops it, and every session or group it placed
+      there, for a removed one. The list may be empty (then ``choose`` raises ``NoActorAvailable``).
     - ``session_affinity``: whether calls of one session should stay on the actor that served the session (its KV
       prefix is cached there). A router that honours it itself sets ``handles_session_affinity``; otherwise, when
       it is on, the gateway wraps the router in ``SessionAffinityRouter``, which keeps a session on its actor while
@@ -58,7 +63,8 @@ class Router(abc.ABC):
 
     Further constructor parameters must have defaults: the gateway passes nothing else. Everything the gateway
     calls is declared here; all but ``choose`` do nothing by default. The gateway calls the methods from its
-    event loop's thread, so they must not block.
+    event loop's thread, so they must not block. ``on_first_token`` and ``on_done`` may name an actor that is no
+    longer in the list: a call in flight on an actor that is drained finishes there after its removal.
     """
 
     handles_session_affinity: ClassVar[bool] = False
@@ -78,7 +84,19 @@ class Router(abc.ABC):
     async def start(self, metadata: tuple[tuple[str, str], ...] = ()) -> None:  # noqa: B027
         """Called once on the gateway's event loop before the first call, after the actors' channels are open;
         ``metadata`` is the gRPC metadata the actors require (their API key), for calls the router makes to them.
+        Actors that join later come through ``on_actor_added``. Default: nothing."""
+
+    def on_actor_added(self, view: ActorView) -> None:  # noqa: B027
+        """``view``, an actor that joined (its channel open), was just appended to ``actors``; called after
+        ``start`` only. A router that talks to every actor itself (streams opened in ``start``) starts doing so
+        with this one, in a task of its own (``asyncio.get_running_loop().create_task``): this must not block.
         Default: nothing."""
+
+    def on_actor_removed(self, address: str) -> None:  # noqa: B027
+        """The actor at ``address`` was just removed from ``actors``: drained (its ready file was removed) or
+        dropped (unhealthy for too long). Forget what is kept about it, and move on from sessions and groups
+        placed there; close what was opened to it (its channel is closed by the gateway once its calls are done).
+        The same address may later be added again, as another process. Default: nothing."""
 
     async def close(self) -> None:  # noqa: B027
         """Called once when the gateway stops, before the actors' channels close. Default: nothing."""

@@ -66,7 +66,9 @@ class Option:
 
 class KVRouter(Router):
     """The shared machinery: actor models, KV event polling, prefix estimates, feedback. Subclasses pick. They keep
-    a session near its cache themselves (a preference, never an overload), so the gateway does not wrap them."""
+    a session near its cache themselves (a preference, never an overload), so the gateway does not wrap them. An
+    actor that joins gets a fresh model and is polled from the next round; one that leaves takes its model, and the
+    sessions and groups placed there, with it."""
 
     name = "kv"
     handles_session_affinity = True
@@ -84,6 +86,7 @@ class KVRouter(Router):
         self.prefer_slack = prefer_slack
         self.clock = clock
         self.max_remembered = max_remembered
+        self.prior_prefill_tps = prior_prefill_tps
         self.models = {a.endpoint.address: ActorModel(a.endpoint.address, prior_prefill_tps) for a in actors}
         self.l3 = L3Model()
         self.homes: OrderedDict[str, str] = OrderedDict()
@@ -125,9 +128,37 @@ class KVRouter(Router):
             return None
         cached = 0
         for view in allowed:
-            model = self.models[view.endpoint.address]
+            model = self.model(view.endpoint.address)
             cached = max(cached, model.blocks.prefix(self.hashes_for(request, model)) * model.block_size)
         return cached
+
+    def model(self, address: str) -> ActorModel:
+        """The model of the actor at ``address``; a fresh one for an actor not seen before."""
+        model = self.models.get(address)
+        if model is None:
+            model = self.models[address] = ActorModel(address, self.prior_prefill_tps)
+        return model
+
+    def on_actor_added(self, view: ActorView) -> None:
+        """A new actor (or a new process at an address seen before): a fresh model, polled from the next round."""
+        address = view.endpoint.address
+        self.models[address] = ActorModel(address, self.prior_prefill_tps)
+        self._stubs.pop(address, None)          # made on the channel of the actor that was here before
+        self._retry_at.pop(address, None)
+
+    def on_actor_removed(self, address: str) -> None:
+        """Forget the actor's model (its cached blocks, speeds, calls pending there) and every session and group
+        placed there: their next call is placed afresh."""
+        model = self.models.pop(address, None)
+        self._stubs.pop(address, None)
+        self._retry_at.pop(address, None)
+        for table in (self.homes, self.groups):
+            for key in [k for k, home in table.items() if home == address]:
+                del table[key]
+        for session_id in [s for s, (homed, _) in self._homed.items() if homed is model]:
+            del self._homed[session_id]
+        for key in [k for k in self._started if k[1] == address]:
+            del self._started[key]
 
     @abc.abstractmethod
     def pick(self, request: RouteRequest, options: list[Option]) -> tuple[Option, str]:
@@ -231,7 +262,7 @@ class KVRouter(Router):
         return hashes
 
     def option(self, request: RouteRequest, view: ActorView, order: int) -> Option:
-        model = self.models[view.endpoint.address]
+        model = self.model(view.endpoint.address)
         hashes = self.hashes_for(request, model)
         option = Option(view, model, order, hashes)
         option.local = model.blocks.prefix(hashes)
@@ -329,8 +360,8 @@ class KVRouter(Router):
             self._task = None
 
     async def _poll_forever(self) -> None:
-        while True:
-            await asyncio.gather(*(self._poll(view) for view in self.actors), return_exceptions=True)
+        while True:                             # the actors of this round: the list may change during it
+            await asyncio.gather(*(self._poll(view) for view in list(self.actors)), return_exceptions=True)
             await asyncio.sleep(self.poll_interval_s)
 
     async def _poll(self, view: ActorView) -> None:
@@ -338,19 +369,25 @@ class KVRouter(Router):
         channel = getattr(view, "channel", None)
         if channel is None or self.clock() < self._retry_at.get(address, 0.0):
             return
+        if not any(v is view for v in self.actors):     # removed since the round began
+            return
         stub = self._stubs.get(address)
         if stub is None:
             stub = self._stubs[address] = router_pb2_grpc.KVEventSourceStub(channel)
-        model = self.models[address]
+        model = self.model(address)
         request = router_pb2.PollKVEventsRequest(epoch=model.epoch, after=model.sequence)
         try:
             answer = await stub.PollKVEvents(request, timeout=2.0, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
+            if self.models.get(address) is not model:   # removed while the poll ran
+                return
             unsupported = exc.code() == grpc.StatusCode.UNIMPLEMENTED
             if unsupported and model.events_supported:
                 log.info("actor %s serves no KV events: routing it without its cache contents", address)
             model.events_supported = not unsupported
             self._retry_at[address] = self.clock() + (self.unsupported_retry_s if unsupported else self.failed_retry_s)
+            return
+        if self.models.get(address) is not model:       # removed (or replaced) while the poll ran
             return
         model.events_supported = True
         self.apply(address, answer)

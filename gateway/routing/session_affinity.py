@@ -47,6 +47,15 @@ class SessionAffinityRouter(Router):
     async def close(self) -> None:
         await self.inner.close()
 
+    def on_actor_added(self, view: ActorView) -> None:
+        self.inner.on_actor_added(view)
+
+    def on_actor_removed(self, address: str) -> None:
+        """The sessions kept on ``address`` go where the inner router says at their next call."""
+        for session_id in [s for s, home in self._home.items() if home == address]:
+            del self._home[session_id]
+        self.inner.on_actor_removed(address)
+
     def on_first_token(self, request: RouteRequest, address: str, ttft_s: float) -> None:
         self.inner.on_first_token(request, address, ttft_s)
 
