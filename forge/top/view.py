@@ -77,6 +77,20 @@ def rate(name: str, header: str) -> Column:
     return Column(header, cell, lambda gauges: name in gauges)
 
 
+def actor_churn() -> Column:
+    """A gateway's actors that joined and that left (drained or dropped) since it started, and those draining now:
+    shown once a gateway watching an actors directory (``--actors-dir``) has seen one come or go."""
+    names = ("actors_joined", "actors_drained", "actors_dropped", "actors_draining")
+
+    def cell(_state: ServiceState, gauges: Gauges) -> str:
+        left = gauges.get("actors_drained", 0.0) + gauges.get("actors_dropped", 0.0)
+        text = f"+{fmt.number(gauges.get('actors_joined', 0.0))} -{fmt.number(left)}"
+        draining = gauges.get("actors_draining", 0.0)
+        return text + (f" ({fmt.number(draining)} draining)" if draining else "")
+
+    return Column("actors +/-", cell, lambda gauges: any(gauges.get(n, 0.0) for n in names))
+
+
 def device_brief(report: common_pb2.StatsReport) -> Text:
     """One line per GPU (util, memory, power), or the no-GPU mark with the host's CPU and memory."""
     if report.devices:
@@ -102,7 +116,8 @@ SECTIONS: dict[str, tuple[str, list[Column]]] = {
         gauge("sessions_open", "sessions"), gauge("calls_per_s", "calls/s", spark=True), gauge("calls", "calls"),
         pair("latency_ms_p50", "latency_ms_p99", "latency p50/p99 ms"), pair("ttft_ms_p50", "ttft_ms_p99",
                                                                              "ttft p50/p99 ms"),
-        gauge("in_flight", "in flight"), pair("actors_healthy", "actors", "actors ok"), gauge("errors", "errors"),
+        gauge("in_flight", "in flight"), pair("actors_healthy", "actors", "actors ok"), actor_churn(),
+        gauge("errors", "errors"),
         gauge("client_errors", "4xx")]),
     "pool": ("Pool", [
         gauge("queued", "queued"), gauge("completed", "completed", spark=True), rate("consumed", "consumed"),
