@@ -20,7 +20,13 @@ from forge.actors.parts import (
     weight_relay,
     weight_subscriber,
 )
-from forge.cli.common import check_port_option, setup_logging, start_metrics, write_ready_file
+from forge.cli.common import (
+    check_port_option,
+    remove_ready_file,
+    setup_logging,
+    start_metrics,
+    write_ready_file,
+)
 from forge.cli.options import settings_command
 
 log = logging.getLogger("forge.actor")
@@ -227,6 +233,10 @@ def actor(config: ActorConfig) -> None:
             write_ready_file(config.ready_file, address=server.address, instance=servicer.instance,
                              **({"metrics_url": metrics.url} if metrics else {}), **relay_endpoints)
 
-    server.run_until_signal(on_stop=stop, on_ready=ready)
+    def leave() -> None:                # a gateway watching the ready file's directory drains this actor
+        if config.ready_file:
+            remove_ready_file(config.ready_file)
+
+    server.run_until_signal(on_stop=stop, on_ready=ready, on_leave=leave)
     if engine.failed:
         raise engine_gone

@@ -491,6 +491,11 @@ def test_actors_join_are_dropped_when_killed_and_come_back_restarted(tmp_path):
             assert chat(gateway, f"again {n}").status_code == 200
         gauges = gauges_of(gateway)
         assert gauges[f"actor_calls/{restarted.address}"] >= 1 and gauges["actors_joined"] == 3
+
+        first.stop()                             # a clean stop withdraws its ready file first: drained
+        assert not (actors_dir / "first.json").exists()
+        eventually(lambda: gauges_of(gateway)["actors"] == 1, "the stopped actor leaves")
+        assert chat(gateway, "after the stop").status_code == 200
     finally:
         gateway.stop()
         for actor in started:

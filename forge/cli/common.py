@@ -54,6 +54,16 @@ def write_ready_file(path: Path, **fields: object) -> None:
     os.replace(temporary, path)
 
 
+def remove_ready_file(path: Path) -> None:
+    """Withdraw the announcement of a stopping service: delete its ready file unless another process (a restarted
+    instance) has written it since."""
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError, AttributeError):      # gone, or not ours to judge: leave it
+        pass
+
+
 def start_metrics(report: Callable[[], Any], host: str, port: int | None, api_keys: Sequence[str] = (), *,
                   on_failure: Callable[[], None]) -> Any:
     """A service's ``/metrics`` server (``forge.prometheus.serve_metrics``; None when ``port`` is None). Where the port

@@ -139,11 +139,15 @@ class ServerBase(ABC):
         """Block until the server stops; True when ``timeout`` passed first (``grpc.Server``'s convention)."""
 
     def run_until_signal(self, on_stop: Callable[[], None] | None = None,
-                         on_ready: Callable[[], None] | None = None) -> None:
+                         on_ready: Callable[[], None] | None = None,
+                         on_leave: Callable[[], None] | None = None) -> None:
         """Serve until SIGTERM or SIGINT (main thread only), then stop gracefully and call ``on_stop``.
-        ``on_ready`` runs once the server is serving and the signal handlers are in place."""
+        ``on_ready`` runs once the server is serving and the signal handlers are in place; ``on_leave`` when the
+        stop begins, while the server still serves (to withdraw an announcement before calls are refused)."""
 
         def stop() -> None:
+            if on_leave:
+                on_leave()
             self.stop()
             if on_stop:
                 on_stop()
