@@ -111,7 +111,8 @@ SECTIONS: dict[str, tuple[str, list[Column]]] = {
         gauge("tokens_per_s", "tok/s", spark=True), gauge("running", "run"), gauge("waiting", "wait"),
         gauge("kv_used_frac", "KV", fmt.percent), gauge("prefix_hit_rate", "prefix hit", fmt.percent),
         gauge("spec_acceptance", "spec acc", fmt.percent), gauge("weight_version", "weights", lambda v: f"v{v:.0f}"),
-        gauge("preemptions", "preempt"), HOST]),
+        gauge("relay_version", "relays", lambda v: f"v{v:.0f}" if v >= 0 else "-"),
+        rate("relay_bytes_served", "relayed bytes"), gauge("preemptions", "preempt"), HOST]),
     "gateway": ("Gateway", [
         gauge("sessions_open", "sessions"), gauge("calls_per_s", "calls/s", spark=True), gauge("calls", "calls"),
         pair("latency_ms_p50", "latency_ms_p99", "latency p50/p99 ms"), pair("ttft_ms_p50", "ttft_ms_p99",
