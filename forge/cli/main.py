@@ -11,6 +11,7 @@ from forge.cli.common import CONTEXT_SETTINGS, entry_point
 from forge.cli.config import config_group
 from forge.cli.keys import keys_group
 from forge.cli.model import model_group
+from forge.deploy.cli import deploy
 from forge.gateway.cli import gateway
 from forge.learner.cli import learner
 from forge.pool.cli import pool_group
@@ -33,7 +34,7 @@ def forge() -> None:
 
 
 for command in (up, rollout, learner, actor, gateway, cache, top, plot, model_group, pool_group, config_group,
-                keys_group):
+                keys_group, deploy):
     forge.add_command(command)
 
 learner_entry = entry_point(learner, "learner")
