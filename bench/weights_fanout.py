@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import torch
+from weights_transfer import make_state
 
 from forge.weights import Faults, WeightPublisher, WeightRelay, WeightSubscriber
 
@@ -52,18 +53,6 @@ WARMUP = 2     # untimed rounds: connections, and each subscriber's two receive 
 SUBSCRIBER_OPTIONS = {"request_timeout_s": 120.0}   # a shaped star keeps a subscriber waiting; never reconnect
 
 
-def make_state(size: int, tensor_mb: int = 8) -> dict[str, torch.Tensor]:
-    """bf16 tensors of ``tensor_mb`` (plus a remainder) adding up to ``size`` bytes."""
-    generator = torch.Generator().manual_seed(0)
-    state, left, index = {}, size, 0
-    while left:
-        nbytes = min(left, tensor_mb * MB)
-        state[f"layers.{index}.weight"] = torch.randn(nbytes // 2, generator=generator).to(torch.bfloat16)
-        left -= nbytes
-        index += 1
-    return state
-
-
 # -- the publisher's process ---------------------------------------------------------------------------------------
 
 
@@ -71,7 +60,7 @@ def publisher_main(conn: Connection, size: int, chunk_size: int) -> None:
     """Commands: ("start",) -> endpoints (a fresh publisher, unpaced); ("pace", chunk_delay_s); ("publish",
     version) -> (monotonic start, bytes served before it); ("bytes",) -> bytes served so far; ("stop",)."""
     logging.basicConfig(level=logging.WARNING)
-    state = make_state(size)
+    state = make_state(size, 8)
     publisher: WeightPublisher | None = None
     pacing = Pacing()
     while True:

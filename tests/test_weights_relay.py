@@ -14,6 +14,7 @@ import grpc
 import pytest
 import torch
 from click.testing import CliRunner
+from test_weights import Received, assert_state_equal
 
 from forge.builtin import tiny_model
 from forge.model.generate import generate
@@ -46,30 +47,6 @@ def state(seed: int) -> dict[str, torch.Tensor]:
     return {"embed.weight": bf16, "layer.0.fp32": base, "layer.0.fp16": torch.randn(5, 3, 7, generator=g).half(),
             "ids": torch.randint(-10**12, 10**12, (700,), generator=g), "mask": torch.rand(9, generator=g) > 0.5,
             "transposed": base.t(), "empty": torch.empty(0, 4), "step": torch.tensor(seed)}
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and \
-        bytes(a.contiguous().reshape(-1).view(torch.uint8).numpy()) == \
-        bytes(b.contiguous().reshape(-1).view(torch.uint8).numpy())
-
-
-def assert_state_equal(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    assert list(got) == list(expected)
-    for name, tensor in expected.items():
-        assert same_bits(got[name], tensor), name
-
-
-class Received:
-    """An on_version callback that records every version it is given."""
-
-    def __init__(self) -> None:
-        self.versions: list[int] = []
-        self.states: dict[int, dict[str, torch.Tensor]] = {}
-
-    def __call__(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
-        self.versions.append(version)
-        self.states[version] = tensors
 
 
 class Node:
