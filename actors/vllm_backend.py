@@ -47,6 +47,7 @@ from forge.actors.backend import (
     InvalidRequest,
     Overloaded,
     RequestStream,
+    RoutedExperts,
     TokenChunk,
 )
 from forge.actors.config import VLLM_INSTALL_HINT
@@ -130,6 +131,24 @@ def chunk_of(completion: Any, version: int, top_logprobs: int = 0) -> TokenChunk
     return chunk
 
 
+def routing_of_rows(rows: Any, positions: int, sparse_layers: tuple[int, ...], num_experts: int) -> RoutedExperts:
+    """vLLM's routed experts of a finished request (``CompletionOutput.routed_experts``: one row per position it
+    fed, [rows, every decoder layer, top_k]) as the record's ``RoutedExperts`` over ``positions`` (the prompt and
+    every sampled token but the last): the sparse layers only, -1 where vLLM sent no row."""
+    import numpy as np
+
+    given = np.asarray(rows)
+    if given.ndim != 3:
+        raise ValueError(f"vLLM's routed experts have shape {given.shape}, not [positions, layers, top_k]")
+    if given.shape[1] <= max(sparse_layers, default=-1):
+        raise ValueError(f"vLLM's routed experts cover {given.shape[1]} layers; the model's sparse layers go to "
+                         f"{max(sparse_layers)}")
+    ids = np.full((positions, len(sparse_layers), given.shape[2]), -1, dtype=np.int32)
+    kept = min(positions, given.shape[0])
+    ids[:kept] = given[:kept][:, list(sparse_layers)]
+    return RoutedExperts(ids, num_experts)
+
+
 @dataclass
 class _Figures:
     """What vLLM's stat logger and the backend count, read by ``stats()``."""
@@ -204,6 +223,9 @@ class VllmBackend(Backend):
         self.model_id = ref.model_id
         self._dir = Path(tempfile.mkdtemp(prefix="forge-vllm-", dir=_fast_tmp()))    # mode 0700
         model_config = ModelConfig.from_file(ref.directory)
+        # vLLM returns routed experts from its GPU model runner only; elsewhere the record carries none
+        self.routing = (model_config.sparse_layers, model_config.num_experts) if (
+            model_config.is_moe and device.startswith("cuda")) else None
         self.served_dir, self.weight_shapes = serving_checkpoint(ref.directory, self._dir / "checkpoint")
         self._version = initial_version
         self._accepted_version = initial_version
@@ -266,6 +288,8 @@ class VllmBackend(Backend):
                                                         endpoint=kv_events_endpoint, topic="kv")
         if device.startswith("cuda"):
             kwargs["gpu_memory_utilization"] = 0.9
+            if self.routing is not None:
+                kwargs["enable_return_routed_experts"] = True
         elif config.threads:
             # vLLM's CPU workers read their thread count from OpenMP's variable; binding them to cores would fight
             # the other services of a machine, so they float as torch's own threads do.
@@ -323,10 +347,12 @@ class VllmBackend(Backend):
         started = time.perf_counter()
         first: float | None = None
         held = TokenChunk()              # tokens kept back to send ``every`` at a time (the first goes at once)
+        generated = 0
         try:
             prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
             async for output in self.llm.generate(prompt, params, request_id):
                 completion = output.outputs[0]
+                generated += len(completion.token_ids)          # outputs are deltas
                 chunk = chunk_of(completion, self._version, request.params.top_logprobs)
                 if first is None:
                     first = time.perf_counter()
@@ -340,6 +366,10 @@ class VllmBackend(Backend):
                 if output.finished:
                     chunk.finish_reason = VLLM_FINISH.get(str(completion.finish_reason), FinishReason.STOP)
                     _timing(chunk, output.metrics, started, first)
+                    rows = getattr(completion, "routed_experts", None)
+                    if self.routing is not None and rows is not None:
+                        fed = len(request.prompt_ids) + generated - 1
+                        chunk.routed_experts = routing_of_rows(rows, fed, *self.routing)
                 stream.put(chunk)
         except asyncio.CancelledError:
             raise

@@ -308,3 +308,34 @@ def test_a_model_with_experts_samples_what_the_torch_engine_samples(tmp_path):
     for (tokens, logprobs, _), (want, want_logprobs, _) in zip(ours, theirs, strict=True):
         assert tokens == want
         torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want_logprobs), atol=1e-4, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM returns routed experts from its GPU model runner only")
+def test_on_a_gpu_vllm_records_the_experts_it_routed_through(tmp_path):
+    """With a model with experts on CUDA, vLLM's routed experts come back with the final chunk, one row per
+    position it fed, and agree with the experts a forward pass of the same weights chooses (fp32: ties aside)."""
+    from forge.actors.vllm_backend import VllmBackend
+    from forge.model.moe import routing_of
+
+    directory = random_tiny_moe(tmp_path)
+    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV), device="cuda")
+    try:
+        streams = [backend.submit(GenerationRequest("", p, SamplingParams(temperature=1.0, max_tokens=10, seed=i,
+                                                                          ignore_eos=True)))
+                   for i, p in enumerate(PROMPTS[:4])]
+        finals = [(prompt, list(stream)) for prompt, stream in zip(PROMPTS[:4], streams, strict=True)]
+    finally:
+        backend.close()
+    model = CausalLM.from_pretrained(directory).eval()
+    agree = total = 0
+    for prompt, chunks in finals:
+        record = chunks[-1].routed_experts
+        assert record is not None
+        tokens = [*prompt, *[t for c in chunks for t in c.token_ids]]
+        assert record.ids.shape[0] == len(tokens) - 1 and (record.ids >= 0).all()
+        with torch.no_grad():
+            want = routing_of(model, tokens[:-1])
+        agree += int((record.ids == want).all(axis=(1, 2)).sum())
+        total += len(tokens) - 1
+    assert agree >= 0.95 * total, f"{agree} of {total} positions routed as the model routes them"
