@@ -12,13 +12,14 @@ import click
 from forge.cli.options import CONTEXT_SETTINGS, SettingsCommand, envvars_of, field_value, sources
 from forge.settings import SettingsError, build, entries
 
-SERVICES = ("learner", "actor", "gateway", "cache", "pool", "up", "rollout")
+SERVICES = ("learner", "actor", "gateway", "cache", "pool", "up", "rollout", "deploy")
 
 
 def settings_commands() -> dict[str, SettingsCommand]:
     """Every command whose options are derived from settings, by the name of its run-file table."""
     from forge.actors.cli import actor
     from forge.cache.cli import cache
+    from forge.deploy.cli import deploy
     from forge.gateway.cli import gateway
     from forge.learner.cli import learner
     from forge.pool.cli import serve_command
@@ -26,7 +27,7 @@ def settings_commands() -> dict[str, SettingsCommand]:
     from forge.up import up
 
     return {"learner": learner, "actor": actor, "gateway": gateway, "cache": cache, "pool": serve_command, "up": up,
-            "rollout": rollout}
+            "rollout": rollout, "deploy": deploy}
 
 
 def _toml(value: Any) -> str:
@@ -50,7 +51,7 @@ def config_group() -> None:
               help="The run file the command would be given with --config.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def show(command: str, run_file: str | None, as_json: bool) -> None:
-    """Print every setting of COMMAND (learner, actor, gateway, cache, pool, up, rollout) with its effective value
+    """Print every setting of COMMAND (learner, actor, gateway, cache, pool, up, rollout, deploy) with its effective value
     and its source, reading the FORGE_<COMMAND>_* environment and the run file as the command itself would.
     Secrets show as ***."""
     target = settings_commands()[command]
