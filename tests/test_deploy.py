@@ -376,7 +376,10 @@ while true; do sleep 0.1; done
     started = [s.split()[1] for s in steps if s.startswith("start")]
     assert sorted(started) == sorted(["pool", "cache", "learner-rank0", "learner-rank1", "actor-0", "actor-1",
                                       "gateway-0", "rollout-0"]), output
-    phases = [("pool", "cache", "learner", "actor", "gateway", "rollout").index(s.split("-")[0]) for s in started]
+    # the script's own lines, not the stand-ins' log: a backgrounded srun may write its line after the next starts
+    launched = [line.split()[1] for line in output.splitlines() if line.startswith("started ")]
+    assert sorted(launched) == sorted(started), output
+    phases = [("pool", "cache", "learner", "actor", "gateway", "rollout").index(s.split("-")[0]) for s in launched]
     assert phases == sorted(phases), output                 # a phase starts once the one before is ready
     stopped = [s.split()[1] for s in steps if s.startswith("stop")]
     assert sorted(stopped) == sorted(started), output
