@@ -22,6 +22,7 @@ from conftest import script
 from helpers.rollouts import fill_pool
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]   # two torchrun jobs, restarted: minutes when loaded
 
 
 def free_port_on(host: str) -> int:
@@ -97,11 +98,11 @@ def test_nodes_that_do_not_share_the_run_directory_are_refused(filled_pool):
 
 def test_a_multi_node_learner_needs_its_rendezvous(tmp_path):
     done = subprocess.run([script("forge-learner"), "--pool", str(tmp_path), "--create-pool", "--nnodes", "2"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "--rdzv-endpoint" in done.stderr
     done = subprocess.run([script("forge-learner"), "--pool", str(tmp_path), "--create-pool", "--nnodes", "2",
                            "--node-rank", "2", "--rdzv-endpoint", "127.0.0.2:29400"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "--node-rank 2 is not below --nnodes 2" in done.stderr
 
 
