@@ -15,6 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from test_weights import Received, assert_state_equal
+from test_weights_curve import SAFETY_NET_S, wait_until
 
 from forge.builtin import tiny_model
 from forge.model.generate import generate
@@ -27,16 +28,8 @@ from forge.weights.source import received
 from conftest import free_port
 from helpers.processes import start_actor
 
-SAFETY_NET_S = 60.0           # only a bound against a hang: every wait below ends on an event
 FAST = {"poll_interval_s": 0.1, "request_timeout_s": 0.5}
 STEADY = {"poll_interval_s": 0.1, "request_timeout_s": 30.0}    # no reconnects (and refetches) in healthy trees
-
-
-def wait_until(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + SAFETY_NET_S
-    while not predicate():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.01)
 
 
 def state(seed: int) -> dict[str, torch.Tensor]:
