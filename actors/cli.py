@@ -22,6 +22,7 @@ from forge.actors.parts import (
 )
 from forge.cli.common import (
     check_port_option,
+    reachable_address,
     remove_ready_file,
     setup_logging,
     start_metrics,
@@ -230,7 +231,7 @@ def actor(config: ActorConfig) -> None:
             log.info("actor %s relays its weight versions on fetch %s, announce %s", servicer.instance,
                      relay_endpoints["relay_fetch"], relay_endpoints["relay_announce"])
         if config.ready_file:
-            write_ready_file(config.ready_file, address=server.address, instance=servicer.instance,
+            write_ready_file(config.ready_file, address=reachable_address(server.address), instance=servicer.instance,
                              **({"metrics_url": metrics.url} if metrics else {}), **relay_endpoints)
 
     def leave() -> None:                # a gateway watching the ready file's directory drains this actor

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 
 import click
@@ -12,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from forge.builtin import ModelNotFound
-from forge.cli.common import config_option, entry_point
+from forge.cli.common import config_option, entry_point, reachable_address
 
 from conftest import script
 
@@ -128,3 +129,11 @@ def test_forge_up_refuses_a_run_file_that_sets_the_keys_it_generates(tmp_path):
     assert "[actor] api_key_file" in result.stderr and "FORGE_CACHE_API_KEYS" in result.stderr
     assert "--no-keys" in result.stderr and "mine" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_wildcard_bind_is_announced_by_the_hosts_name():
+    """A service bound to every interface announces itself by this host's name, which other hosts can dial."""
+    for address in ("0.0.0.0:5701", "[::]:5701", ":::5701"):
+        assert reachable_address(address) == f"{socket.getfqdn()}:5701"
+    for address in ("127.0.0.2:5701", "node-3.actor.forge.svc:50051", "[::1]:5701"):
+        assert reachable_address(address) == address

@@ -54,6 +54,20 @@ def write_ready_file(path: Path, **fields: object) -> None:
     os.replace(temporary, path)
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
+
+
+def reachable_address(address: str) -> str:
+    """``address`` (HOST:PORT) as another host can dial it: a wildcard bind (0.0.0.0, ::) names this host by its
+    fully qualified name instead, which the ready file's readers (a gateway on another host) can resolve."""
+    host, _, port = address.rpartition(":")
+    if host not in WILDCARD_HOSTS:
+        return address
+    import socket
+
+    return f"{socket.getfqdn()}:{port}"
+
+
 def remove_ready_file(path: Path) -> None:
     """Withdraw the announcement of a stopping service: delete its ready file unless another process (a restarted
     instance) has written it since."""
