@@ -20,16 +20,12 @@ Usage: python bench/pool_service.py [--dir DIR] [--gateways 1 4 8] [--sessions 8
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import multiprocessing
 import os
 import secrets
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -40,6 +36,7 @@ from typing import Any
 
 from pool_append import realistic_calls
 
+from forge.launch import ServiceProcess
 from forge.v1 import pool_pb2
 
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
@@ -159,52 +156,11 @@ def gateway_process(conn: Connection, name: str, address: str | None, path: str 
     conn.close()
 
 
-@functools.cache
-def _forge_command() -> tuple[str, bool]:
-    """The ``forge`` console script beside this interpreter, and whether its ``pool serve`` takes --ready-file."""
-    beside = Path(sys.executable).parent / "forge"
-    forge = str(beside if beside.exists() else "forge")
-    usage = subprocess.run([forge, "pool", "serve", "--help"], capture_output=True, text=True, check=True).stdout
-    return forge, "--ready-file" in usage
-
-
-class PoolService:
-    """A ``forge pool serve`` process on loopback, any free port, with an API key (passed in its environment)."""
-
-    def __init__(self, directory: Path, api_key: str, timeout_s: float = 60.0) -> None:
-        forge, takes_ready_file = _forge_command()
-        ready = directory.parent / f"{directory.name}.ready.json"
-        command = [forge, "pool", "serve", "--path", str(directory), "--port", "0", "--log-level", "warning"]
-        if takes_ready_file:
-            command += ["--ready-file", str(ready)]
-        self.log = (directory.parent / f"{directory.name}.log").open("w")
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env={**os.environ, "FORGE_POOL_API_KEY": api_key, "PYTHONUNBUFFERED": "1"})
-        self.pid = self.proc.pid
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()          # "serving the pool at DIR on HOST:PORT" once serving
-        if " on " not in line:
-            self.stop()
-            raise RuntimeError(f"forge pool serve did not start: {line!r}; see {self.log.name}")
-        self.address = line.rsplit(" on ", 1)[1].strip()
-        deadline = time.monotonic() + timeout_s
-        while takes_ready_file and not ready.exists():       # written once the signal handlers are in place
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"forge pool serve wrote no ready file; see {self.log.name}")
-            time.sleep(0.02)
-        if takes_ready_file:
-            self.address = json.loads(ready.read_text())["address"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+def start_pool_service(directory: Path, api_key: str) -> ServiceProcess:
+    """``forge pool serve`` on loopback, any free port, its API key in its environment (never on a command line)."""
+    return ServiceProcess(directory.name, "forge", ["pool", "serve", "--path", str(directory), "--port", "0",
+                                                     "--log-level", "warning"],
+                          directory.parent, env={"FORGE_POOL_API_KEY": api_key}, timeout_s=60)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -221,8 +177,8 @@ def run_once(root: Path, payloads: list[bytes], gateways: int, load: Load, servi
     api_key = secrets.token_hex(16)
     try:
         if service:
-            server = PoolService(directory / "pool", api_key)
-            plans = [(f"gw{g}", server.address, None, load) for g in range(gateways)]
+            server = start_pool_service(directory / "pool", api_key)
+            plans = [(f"gw{g}", server.info["address"], None, load) for g in range(gateways)]
         else:
             inproc = Load(load.sessions * gateways, load.group_size, load.calls_per_session, load.warmup_s,
                           load.seconds)
@@ -243,10 +199,10 @@ def run_once(root: Path, payloads: list[bytes], gateways: int, load: Load, servi
         for parent in pipes:
             parent.send((begin, start, stop))
         time.sleep(max(0.0, start - time.monotonic()))
-        server_cpu0 = _process_cpu_s(server.pid) if server else 0.0
+        server_cpu0 = _process_cpu_s(server.proc.pid) if server else 0.0
         machine0 = _machine_cpu()
         time.sleep(max(0.0, stop - time.monotonic()))
-        server_cpu1 = _process_cpu_s(server.pid) if server else 0.0
+        server_cpu1 = _process_cpu_s(server.proc.pid) if server else 0.0
         machine1 = _machine_cpu()
         results = [parent.recv() for parent in pipes]
         for proc in procs:
