@@ -238,6 +238,18 @@ def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path, config):
     assert changed > len(before) // 2
 
 
+def write_model_and_pool(directory: Path, seed: int, groups: int) -> None:
+    """A random model in DIRECTORY/model and a pool in DIRECTORY/pool of ``groups`` finished groups of 2 rollouts
+    sampled from it, for the learner processes of a test."""
+    model = make_model(seed)
+    model.save_pretrained(directory / "model")
+    engine = engine_of(model)
+    pool = Pool(directory / "pool")
+    fill_pool(pool, engine, groups=groups, group_size=2, vocab=64)
+    engine.close()
+    pool.close()
+
+
 def run_learner(pool_dir: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([script("forge-learner"), "--pool", str(pool_dir), "--run-dir", str(run_dir),
                              "--model", str(run_dir.parent / "model"), "--no-publish", "--batch-groups", "1",
@@ -255,13 +267,7 @@ def lineage(metrics: Path) -> dict[int, list[int]]:
 
 
 def test_kill_minus_nine_then_restart_trains_every_entry_exactly_once(tmp_path):
-    model = make_model(1)
-    model.save_pretrained(tmp_path / "model")
-    engine = engine_of(model)
-    pool = Pool(tmp_path / "pool")
-    fill_pool(pool, engine, groups=12, group_size=2, vocab=64)
-    engine.close()
-    pool.close()
+    write_model_and_pool(tmp_path, seed=1, groups=12)
     run_dir = tmp_path / "run"
     metrics = run_dir / "metrics.jsonl"
     first = run_learner(tmp_path / "pool", run_dir, "--checkpoint-every", "3", "--max-steps", "12")
@@ -282,13 +288,7 @@ def test_kill_minus_nine_then_restart_trains_every_entry_exactly_once(tmp_path):
 
 
 def test_sigterm_stops_after_a_step_with_a_checkpoint(tmp_path):
-    model = make_model(2)
-    model.save_pretrained(tmp_path / "model")
-    engine = engine_of(model)
-    pool = Pool(tmp_path / "pool")
-    fill_pool(pool, engine, groups=3, group_size=2, vocab=64)
-    engine.close()
-    pool.close()
+    write_model_and_pool(tmp_path, seed=2, groups=3)
     run_dir = tmp_path / "run"
     proc = run_learner(tmp_path / "pool", run_dir, "--checkpoint-every", "100")
     deadline = time.monotonic() + 120

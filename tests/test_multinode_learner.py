@@ -12,14 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_learner import engine_of, lineage, make_model
+from test_learner import lineage, write_model_and_pool
 
 from forge.learner.checkpoint import Checkpointer
 from forge.learner.launch import children
-from forge.pool import Pool
 
 from conftest import script
-from helpers.rollouts import fill_pool
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]   # two torchrun jobs, restarted: minutes when loaded
@@ -47,13 +45,7 @@ def ranks_of(node: subprocess.Popen) -> list[int]:
 
 @pytest.fixture
 def filled_pool(tmp_path):
-    model = make_model(1)
-    model.save_pretrained(tmp_path / "model")
-    engine = engine_of(model)
-    pool = Pool(tmp_path / "pool")
-    fill_pool(pool, engine, groups=16, group_size=2, vocab=64)
-    engine.close()
-    pool.close()
+    write_model_and_pool(tmp_path, seed=1, groups=16)
     return tmp_path
 
 
