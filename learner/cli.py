@@ -89,6 +89,8 @@ def _report_lost_step(exc: BaseException, trainer, checkpointer, distributed) ->
               "node that died, or a collective silent for --collective-timeout-s); start the job again and every "
               "node resumes from %s: the pool cursor is committed only with a checkpoint, so no entry is skipped or "
               "trained twice", distributed.rank, distributed.world_size, trainer.state.step + 1, reason, where)
+    log.warning("where step %d failed on rank %d (a dead peer's error, or the cause itself)",
+                trainer.state.step + 1, distributed.rank, exc_info=exc)
 
 
 @settings_command("learner", LearnerConfig)
