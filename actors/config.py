@@ -119,10 +119,6 @@ class ActorConfig(Settings):
         if self.role != "both" and self.backend != "torch":
             raise SettingsError(f"--role {self.role} needs the torch backend (its sampling continues exactly across "
                                 "actors)")
-        if self.backend == "vllm" and self.weights_fetch is not None and self._on_cpu() and self._has_experts():
-            raise SettingsError("--backend vllm cannot follow a learner's weights for a model with experts on CPU: "
-                                "vLLM's CPU build reloads expert weights wrongly (its packed expert layout is not "
-                                "rebuilt); use --backend torch, or vLLM on a GPU")
         if self.role in ("prefill", "decode") and self.l3_cache is None:
             raise SettingsError(f"--role {self.role} needs --l3-cache: the prompt's KV blocks are handed over there")
 
@@ -148,12 +144,3 @@ class ActorConfig(Settings):
             raise SettingsError("with --weights-key the relay serves over CURVE: give --relay-clients, the directory "
                                 "of the public certificates of the actors it serves")
 
-    def _on_cpu(self) -> bool:
-        import torch
-
-        return self.device == "cpu" or (self.device == "auto" and not torch.cuda.is_available())
-
-    def _has_experts(self) -> bool:
-        from forge.model import ModelConfig
-
-        return ModelConfig.from_file(resolve_model(self.model).directory).is_moe

@@ -213,13 +213,18 @@ def test_forge_up_on_the_moe_model_trains_with_replayed_routing(tmp_path):
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_forge_up_on_vllm_actors_trains(tmp_path):
+@pytest.mark.parametrize("model", ["tiny", "tiny-moe"])
+def test_forge_up_on_vllm_actors_trains(tmp_path, model):
     """The main job with vLLM actors, stopped by learner steps: the learner trains on what they sample, and its
-    versions reach them (later calls are stamped with them)."""
-    config = UpConfig(run_dir=tmp_path / "run", backend="vllm", minutes=20.0, steps=6, eval_size=8, eval_samples=1)
+    versions reach them (later calls are stamped with them). With experts, vLLM on CPU records no routing: the
+    learner routes every token itself and says so."""
+    config = UpConfig(run_dir=tmp_path / "run", backend="vllm", model=ModelChoice(path=model), minutes=20.0, steps=6,
+                      eval_size=8, eval_samples=1)
     result = asyncio.run(run(config, Console(record=True, width=120)))
     records = [json.loads(line) for line in (config.run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
     assert len({r["step"] for r in records}) >= 6 and result["learner"].get("version", 0) >= 6
+    if model == "tiny-moe":
+        assert all(r["routing_recorded_share"] == 0.0 and r["expert_load_max"] >= 1.0 for r in records), records
     with PoolReader(config.run_dir / "pool") as pool:
         entries = pool.entries(start=0, limit=100_000)
         calls = [c for e in entries for s in e.members for c in pool.get_session(s).calls]

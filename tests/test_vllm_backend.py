@@ -299,15 +299,36 @@ def test_an_actor_process_follows_a_real_learners_versions(tmp_path):
     assert [t for c in chunks for t in c.token_ids] == want
 
 
-def test_a_model_with_experts_samples_what_the_torch_engine_samples(tmp_path):
+def test_a_model_with_experts_samples_what_the_torch_engine_samples_before_and_after_a_weight_swap(tmp_path):
     """vLLM serves Qwen3-MoE (the tiny-moe shape, random weights): greedy tokens and their log-probs equal the torch
-    engine's. (vLLM's CPU build reloads expert weights wrongly, so forge-actor keeps it off a learner's weights
-    there; see tests/test_backend_choice.py.)"""
-    ours, theirs = vllm_and_torch_engine(random_tiny_moe(tmp_path), SamplingParams(temperature=0, max_tokens=12,
-                                                                                   ignore_eos=True))
-    for (tokens, logprobs, _), (want, want_logprobs, _) in zip(ours, theirs, strict=True):
-        assert tokens == want
-        torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want_logprobs), atol=1e-4, rtol=0)
+    engine's, on the checkpoint and again after both take a new version in place (vLLM's CPU build packs its
+    experts for its grouped kernel, and a reload must pack the new ones again)."""
+    from forge.actors.vllm_backend import VllmBackend
+
+    directory = random_tiny_moe(tmp_path)
+    original = CausalLM.from_pretrained(directory).state_dict()
+    new = {name: tensor * (1.0 + 0.05 * (i % 3)) for i, (name, tensor) in enumerate(original.items())}
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=1))
+    try:
+        ours_before = run(backend, PROMPTS, greedy)
+        backend.load_weights(1, new)
+        ours_after = run(backend, PROMPTS, greedy)
+    finally:
+        backend.close()
+    engine = torch_engine(directory)
+    try:
+        theirs_before = run(engine, PROMPTS, greedy)
+        engine.load_weights(1, new)
+        assert engine.wait_for_version(1, timeout=60)
+        theirs_after = run(engine, PROMPTS, greedy)
+    finally:
+        engine.close()
+    assert [t[0] for t in theirs_before] != [t[0] for t in theirs_after], "the new version samples the same tokens"
+    for ours, theirs, version in ((ours_before, theirs_before, 0), (ours_after, theirs_after, 1)):
+        for (tokens, logprobs, versions), (want, want_logprobs, _) in zip(ours, theirs, strict=True):
+            assert tokens == want and set(versions) == {version}
+            torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want_logprobs), atol=1e-4, rtol=0)
 
 
 @pytest.mark.gpu
