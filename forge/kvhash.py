@@ -29,6 +29,12 @@ def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
     return hashlib.blake2b(parent + ids.tobytes(), digest_size=DIGEST_BYTES).digest()
 
 
+def routing_block_hash(kv_block_hash: bytes) -> bytes:
+    """The name under which the L3 cache keeps the expert routing of the KV block named ``kv_block_hash``: one
+    digest further, so it is salted as the block is and no chain ever reaches it."""
+    return hashlib.blake2b(kv_block_hash + b"\0routing", digest_size=DIGEST_BYTES).digest()
+
+
 def chain_hashes(token_ids: Sequence[int], block_size: int, salt: bytes) -> list[bytes]:
     """Hashes of every full block of ``token_ids``; the trailing partial block has none."""
     if block_size <= 0:

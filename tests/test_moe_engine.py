@@ -1,10 +1,12 @@
 """The torch engine serves Qwen3-MoE exactly: greedy outputs equal transformers' Qwen3MoeForCausalLM, recorded
 log-probs equal a full forward pass with and without prefix hits and MTP speculation, and every request's routing
-(the experts of each position it fed, prefix hits included) is what a full forward pass routes."""
+(the experts of each position it fed, prefix hits and prefixes fetched from the L3 cache included) is what a full
+forward pass routes."""
 
 from __future__ import annotations
 
 import random
+import time
 
 import numpy
 import pytest
@@ -16,9 +18,14 @@ from test_actor_engine import (
     run,
 )
 
+from forge.cache.client import CacheClient
+from forge.kvhash import chain_hashes
 from forge.model import CausalLM, ModelConfig
 from forge.model.moe import routing_of
 from forge.model.sampling import SamplingParams
+
+from helpers.l3_engines import BLOCK, l3_engine
+from helpers.processes import start_cache
 
 CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
@@ -90,5 +97,111 @@ def test_a_dense_model_sends_no_routing():
     try:
         *_, last = run(engine, [1, 2, 3], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
         assert last.routed_experts is None and engine.cache.routing is None
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def cache_server(tmp_path_factory):
+    proc = start_cache(tmp_path_factory.mktemp("moe-l3"), "l3")
+    yield proc
+    proc.stop()
+
+
+def published(engine, prompt: list[int]) -> list[int]:
+    """Serve ``prompt`` on ``engine`` and wait until its full blocks (and their routing) are in L3."""
+    run(engine, prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    blocks = len(prompt) // BLOCK
+    deadline = time.monotonic() + 300         # a bound against a hang, not a speed expectation
+    while engine.stats()["l3_published_blocks"] < blocks:
+        assert time.monotonic() < deadline, engine.stats()
+        time.sleep(0.02)
+    return chain_hashes(prompt, BLOCK, engine.salt())
+
+
+def assert_routes_as_the_model(routed, model, everything: list[int], unknown: int = 0) -> None:
+    """``routed`` covers every fed position of ``everything``: the first ``unknown`` unknown (-1), the rest as a
+    full forward pass routes them."""
+    assert routed is not None and routed.ids.shape[0] == len(everything) - 1
+    assert (routed.ids[:unknown] == -1).all() and (routed.ids[unknown:] >= 0).all()
+    expected = routing_of(model, everything[:-1])
+    assert (numpy.sort(routed.ids[unknown:], -1) == numpy.sort(expected[unknown:], -1)).all()
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_a_prefix_fetched_from_l3_carries_the_routing_its_kv_was_computed_under(model, cache_server, speculative):
+    rng = random.Random(11 + speculative)
+    prompt = [rng.randrange(100) for _ in range(45)]
+    params = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True, seed=2)
+    model_id = f"moe-l3-{speculative}"
+    publisher = l3_engine(model, cache_server.address, speculative, model_id=model_id)
+    try:
+        published(publisher, prompt)
+        assert publisher.stats()["l3_published_routing"] == publisher.stats()["l3_published_blocks"]
+    finally:
+        publisher.close()
+    fetching, fresh = (l3_engine(model, cache_server.address, speculative, model_id=model_id),
+                       l3_engine(model, None, speculative, model_id=model_id))
+    try:
+        tokens, logprobs, _, last = run(fetching, prompt, params)
+        want_tokens, want_logprobs, _, _ = run(fresh, prompt, params)
+        stats = fetching.stats()
+        blocks = (len(prompt) - 1) // BLOCK
+        assert stats["l3_fetched_blocks"] == stats["l3_fetched_routing"] == blocks
+        assert tokens == want_tokens
+        torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want_logprobs), atol=1e-5, rtol=0)
+        assert_routes_as_the_model(last.routed_experts, model, prompt + tokens)
+    finally:
+        fetching.close()
+        fresh.close()
+
+
+def test_kv_fetched_without_its_routing_is_used_and_its_positions_are_unknown(model, cache_server, tmp_path):
+    """A cache holding a prefix's KV blocks but not their routing blocks (evicted apart, or put by an older actor):
+    the KV is fetched and used as ever, and those positions' routing is sent as unknown."""
+    rng = random.Random(21)
+    prompt = [rng.randrange(100) for _ in range(45)]
+    bare = start_cache(tmp_path, "kv-only")
+    publisher = l3_engine(model, cache_server.address, model_id="moe-l3-bare")
+    try:
+        hashes = published(publisher, prompt)
+        source, target = CacheClient([cache_server.address]), CacheClient([bare.address])
+        try:
+            target.put(source.get_prefix(hashes))
+        finally:
+            source.close()
+            target.close()
+        fetching = l3_engine(model, bare.address, model_id="moe-l3-bare")
+        try:
+            tokens, _, _, last = run(fetching, prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+            stats = fetching.stats()
+            blocks = (len(prompt) - 1) // BLOCK
+            assert stats["l3_fetched_blocks"] == blocks and stats["l3_fetched_routing"] == 0
+            assert_routes_as_the_model(last.routed_experts, model, prompt + tokens, unknown=blocks * BLOCK)
+        finally:
+            fetching.close()
+    finally:
+        publisher.close()
+        bare.stop()
+
+
+def test_a_malformed_routing_block_leaves_its_positions_unknown(model):
+    from forge.cache.blocks import KVBlock
+    from forge.kvhash import routing_block_hash
+
+    engine = l3_engine(model, None)
+    try:
+        connector, shape = engine.connector, (BLOCK, len(CONFIG.sparse_layers), CONFIG.num_experts_per_tok)
+        name = routing_block_hash(bytes(16))
+
+        def block(ids: numpy.ndarray) -> KVBlock:
+            return KVBlock.build(name, BLOCK, str(ids.dtype), ids.shape, ids.tobytes())
+
+        good = numpy.arange(numpy.prod(shape), dtype=numpy.uint8).reshape(shape) % CONFIG.num_experts
+        assert (connector._routing_ids(block(good)).numpy() == good).all()
+        assert connector._routing_ids(block(good.astype(numpy.int16))) is None          # another dtype
+        assert connector._routing_ids(block(good[:, :1].copy())) is None                # another shape
+        assert connector._routing_ids(block(good + CONFIG.num_experts)) is None         # no such expert
+        assert connector._routing_ids(None) is None
     finally:
         engine.close()

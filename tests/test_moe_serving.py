@@ -1,10 +1,12 @@
 """A model with experts served by real processes: every call the gateway records carries the routing the actor
 computed for each position it fed, equal to a full forward pass's, also when a prefill actor and a decode actor
-split the call (the gateway completes the decode actor's record with the prefill actor's routing of the prompt);
-and the pool refuses a routing record that does not fit its call."""
+split the call (the prompt's routing reaches the decode actor with its KV through the L3 cache, and the gateway
+completes whatever did not with the prefill actor's); and the pool refuses a routing record that does not fit its
+call."""
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 import pytest
 from test_gateway_disaggregated import chat_calls
@@ -15,7 +17,7 @@ from forge.model.moe import routing_of
 from forge.pool import PoolReader
 from forge.pool.errors import InvalidRequestError
 from forge.pool.sessions import check_call
-from forge.v1 import pool_pb2
+from forge.v1 import actor_pb2_grpc, common_pb2, pool_pb2
 
 from helpers.gateway_procs import start_actor, start_gateway
 from helpers.processes import start_cache
@@ -35,7 +37,7 @@ def fleet(tmp_path_factory):
                           name="gateway-whole")
     split = start_gateway(directory, [decode.address], directory / "pool-split", "--model", model,
                           "--prefill-actor", prefill.address, "--prefill-min-tokens", "1", name="gateway-split")
-    yield {"whole": whole, "split": split, "dir": directory, "model": model}
+    yield {"whole": whole, "split": split, "dir": directory, "model": model, "decode": decode}
     for proc in (split, whole, decode, prefill, both, cache):
         proc.stop()
 
@@ -58,6 +60,10 @@ def test_recorded_calls_carry_the_routing_of_every_fed_position(fleet, gateway):
         assert (ids >= 0).all(), "a position's routing is missing"
         expected = routing_of(model, tokens[:-1])
         assert (np.sort(ids, -1) == np.sort(expected, -1)).all()
+    if gateway == "split":
+        with grpc.insecure_channel(fleet["decode"].address) as channel:
+            gauges = actor_pb2_grpc.ActorStub(channel).Stats(common_pb2.StatsRequest(), timeout=30).gauges
+        assert gauges["l3_fetched_blocks"] > 0 and gauges["l3_fetched_routing"] == gauges["l3_fetched_blocks"]
 
 
 def test_the_pool_refuses_a_routing_record_that_does_not_fit_its_call():

@@ -15,6 +15,11 @@ L3 KV cache.
   request starts after them exactly as after a local prefix hit. Blocks are named by chained hashes salted with
   the model, the weight version and the variant ("mtp" when the MTP layer's KV is cached), so KV of another
   version is never used; blocks fetched under a version the engine no longer runs are dropped.
+- **Routing.** For a model with experts a block's routing (the experts each sparse layer chose at its positions)
+  travels with its KV, as a small block of its own named by ``forge.kvhash.routing_block_hash``: published and
+  handed over beside the KV block when every position's routing is known, fetched in the same request, and
+  installed with the KV, so a fetched prefix's positions carry the routing the KV was computed under. A routing
+  block that is missing (evicted apart) or malformed leaves those positions unknown (-1); the KV is used anyway.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from forge.cache.blocks import KVBlock
 from forge.cache.client import FETCH_POLICIES, CacheClient
 from forge.cache.events import KVEventLog
 from forge.cache.meters import Ewma
-from forge.kvhash import leading
+from forge.kvhash import leading, routing_block_hash
 from forge.v1 import router_pb2
 
 if TYPE_CHECKING:
@@ -55,6 +60,7 @@ class _Fetch:
     local: int                          # leading blocks cached locally when the request arrived
     always: bool = False                # fetch whatever L3 holds (a handover), not only where it is estimated cheaper
     tensors: list[torch.Tensor] = field(default_factory=list)
+    routing: list[torch.Tensor | None] = field(default_factory=list)     # per fetched block; None: not known
 
 
 class KVConnector:
@@ -73,6 +79,11 @@ class KVConnector:
         self.dtype = keys.dtype
         self.dtype_name = str(keys.dtype).removeprefix("torch.")
         self.block_bytes = keys[:, 0].numel() * keys.element_size() * 2
+        routing, experts = engine.cache.routing, engine.model.config.num_experts
+        self.routing_shape = None if routing is None else (self.blocks.block_size, *routing.shape[1:])
+        self.num_experts = experts
+        self.routing_dtype = torch.uint8 if experts <= 256 else torch.int16
+        self.routing_dtype_name = str(self.routing_dtype).removeprefix("torch.")
         self.events = KVEventLog()
         self.prefill_tps = Ewma(prior_prefill_tps)
         self.decode_step_s = Ewma(0.0)
@@ -80,7 +91,7 @@ class KVConnector:
         self.lookup_s = Ewma(1e-3)
         self.counters = dict(l3_lookups=0, l3_fetched_blocks=0, l3_fetch_skipped=0, l3_fetch_failures=0,
                              l3_published_blocks=0, l3_publish_dropped=0, l3_publish_failures=0, l3_stale_dropped=0,
-                             l3_handovers=0, l3_handover_failures=0)
+                             l3_handovers=0, l3_handover_failures=0, l3_published_routing=0, l3_fetched_routing=0)
         self._in_l3: OrderedDict[bytes, None] = OrderedDict()   # published or fetched: not published again
         self._ready: deque[_Fetch] = deque()
         self._delivered: list[tuple[RequestStream, TokenChunk]] = []     # handovers stored, their chunk not sent
@@ -150,8 +161,10 @@ class KVConnector:
             if block_id is not None:
                 self.kv.keys[:, block_id].copy_(tensor[0])
                 self.kv.values[:, block_id].copy_(tensor[1])
-                self.kv.forget_routing(block_id)
+                routing = job.routing[offset] if offset < len(job.routing) else None
+                self.kv.install_routing(block_id, routing)
                 self.counters["l3_fetched_blocks"] += 1
+                self.counters["l3_fetched_routing"] += routing is not None
             self._mark_in_l3(job.hashes[index])
 
     def after_step(self, work: list[Work], seconds: float) -> None:
@@ -177,7 +190,8 @@ class KVConnector:
             if self._publish.full():
                 self.counters["l3_publish_dropped"] += 1
                 continue
-            self._publish.put_nowait((block_hash, torch.stack((keys[:, block_id], values[:, block_id]))))
+            self._publish.put_nowait((block_hash, torch.stack((keys[:, block_id], values[:, block_id])),
+                                      self._routing_copy(block_id)))
             self._mark_in_l3(block_hash)
 
     def hand_over(self, seq: Sequence) -> Callable[[TokenChunk], None]:
@@ -189,13 +203,14 @@ class KVConnector:
         hashes = list(seq.hashes(self.engine.salt(seq.kv_version), size, count)[:count])
         block_ids = seq.block_table[:count]
         tensors = [torch.stack((self.kv.keys[:, b], self.kv.values[:, b])) for b in block_ids]
+        routing = [self._routing_copy(b) for b in block_ids]
         stream = seq.stream
 
         def store_then_deliver(chunk: TokenChunk) -> None:
             def run() -> None:
                 try:
                     if hashes:
-                        self._put(list(zip(hashes, tensors, strict=True)), raise_errors=True)
+                        self._put(list(zip(hashes, tensors, routing, strict=True)), raise_errors=True)
                         for block_hash in hashes:
                             self._mark_in_l3(block_hash)
                     chunk.handover_blocks = len(hashes)
@@ -211,6 +226,10 @@ class KVConnector:
             self._handovers.submit(run)
 
         return store_then_deliver
+
+    def _routing_copy(self, block_id: int) -> torch.Tensor | None:
+        """A copy of a block's routing for a worker to publish (checked there, off the engine thread)."""
+        return None if self.routing_shape is None else self.kv.block_routing(block_id).clone()
 
     def _mark_in_l3(self, block_hash: bytes) -> None:
         self._in_l3[block_hash] = None
@@ -233,12 +252,18 @@ class KVConnector:
                     self.counters["l3_fetch_skipped"] += 1
                     count = 0
             if count:
+                chain = wanted[:count]
+                names = chain + ([routing_block_hash(h) for h in chain] if self.routing_shape else [])
                 started = time.perf_counter()
-                fetched = self.client.get_prefix(wanted[:count])
+                found = self.client.get(names)
                 took = time.perf_counter() - started
+                fetched = [found[h] for h in chain[:leading(chain, found.__contains__)]]
                 if fetched and took > 0:
                     self.fetch_bps.update(len(fetched) * self.block_bytes / took)
                 job.tensors = self._tensors(fetched)
+                if self.routing_shape is not None:
+                    job.routing = [self._routing_ids(found.get(routing_block_hash(block.block_hash)))
+                                   for block in fetched[:len(job.tensors)]]
         except Exception:
             self.counters["l3_fetch_failures"] += 1
             log.exception("L3 fetch failed; the request recomputes its prompt")
@@ -259,6 +284,24 @@ class KVConnector:
             tensors.append(raw.view(self.dtype).reshape(self.block_shape).to(self.kv.keys.device))
         return tensors
 
+    def _routing_ids(self, block: KVBlock | None) -> torch.Tensor | None:
+        """A fetched routing block as the KV cache keeps routing, or None where it is absent or malformed."""
+        if block is None:
+            return None
+        meta = block.meta
+        if meta.dtype != self.routing_dtype_name or meta.shape != self.routing_shape:
+            log.error("L3 routing block %s has %s %s, this engine needs %s %s: its positions' routing is unknown",
+                      meta.block_hash.hex()[:12], meta.dtype, list(meta.shape), self.routing_dtype_name,
+                      list(self.routing_shape))
+            return None
+        raw = torch.frombuffer(bytearray(block.data), dtype=torch.uint8)
+        ids = raw.view(self.routing_dtype).reshape(self.routing_shape).to(torch.int32)
+        if int(ids.min()) < 0 or int(ids.max()) >= self.num_experts:
+            log.error("L3 routing block %s names experts outside [0, %d): its positions' routing is unknown",
+                      meta.block_hash.hex()[:12], self.num_experts)
+            return None
+        return ids.to(self.kv.keys.device)
+
     def _publish_loop(self) -> None:
         while True:
             item = self._publish.get()
@@ -275,13 +318,21 @@ class KVConnector:
             if len(live) < len(batch):
                 return
 
-    def _put(self, batch: list[tuple[bytes, torch.Tensor]], raise_errors: bool = False) -> None:
+    def _put(self, batch: list[tuple[bytes, torch.Tensor, torch.Tensor | None]], raise_errors: bool = False) -> None:
         try:
-            blocks = [KVBlock.build(block_hash, self.blocks.block_size, self.dtype_name, self.block_shape,
-                                    tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-                      for block_hash, tensor in batch]
+            blocks, routed = [], 0
+            for block_hash, tensor, routing in batch:
+                blocks.append(KVBlock.build(block_hash, self.blocks.block_size, self.dtype_name, self.block_shape,
+                                            tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()))
+                routing = None if routing is None else routing.cpu()
+                if routing is not None and bool((routing >= 0).all()):     # a block fetched without routing: none
+                    blocks.append(KVBlock.build(routing_block_hash(block_hash), self.blocks.block_size,
+                                                self.routing_dtype_name, self.routing_shape,
+                                                routing.to(self.routing_dtype).contiguous().numpy().tobytes()))
+                    routed += 1
             self.client.put(blocks)
-            self.counters["l3_published_blocks"] += len(blocks)
+            self.counters["l3_published_blocks"] += len(batch)
+            self.counters["l3_published_routing"] += routed
         except Exception:
             if raise_errors:
                 raise

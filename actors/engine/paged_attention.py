@@ -49,10 +49,19 @@ class PagedKVCache:
         if self.routing is not None and layout.write_rows.numel():
             self.routing[layout.write_slots] = chosen[:, layout.write_rows].transpose(0, 1).to(torch.int32)
 
-    def forget_routing(self, block_id: int) -> None:
-        """A block whose KV was written from elsewhere (the L3 cache): its positions' routing is not known here."""
+    def block_routing(self, block_id: int) -> Tensor:
+        """The routing [block_size, layers, top_k] of one block's slots (a view)."""
+        return self.routing[block_id * self.block_size:(block_id + 1) * self.block_size]
+
+    def install_routing(self, block_id: int, ids: Tensor | None) -> None:
+        """Routing for a block whose KV was written from elsewhere (the L3 cache): ``ids`` [block_size, layers,
+        top_k] as the actor that computed the KV routed it, or None where that is not known (-1)."""
         if self.routing is not None:
-            self.routing[block_id * self.block_size:(block_id + 1) * self.block_size] = -1
+            target = self.block_routing(block_id)
+            if ids is None:
+                target.fill_(-1)
+            else:
+                target.copy_(ids)
 
     def routing_of(self, block_table: list[int], positions: int) -> Tensor:
         """The routing [positions, layers, top_k] of a sequence's first ``positions`` positions."""
