@@ -5,7 +5,8 @@
    over one padded micro-batch of --sequences × --length tokens, the MoE model replaying a recorded routing as the
    learner does) and the peak memory that pass adds (CUDA: allocated; CPU: the process's resident set), each model
    in a fresh process;
-2. ``actor``: the torch engine's decode tokens/s at each of --batches (``bench/actor_decode.py``'s measurement);
+2. ``actor``: the torch engine's decode tokens/s at each of --batches (``bench/actor_decode.py``'s measurement),
+   eager and, with ``--graph``, in graph mode as well (the compiled decode step);
 3. ``run`` (with --run-minutes): the main job on ``tiny-moe`` twice, with routing replay and with the routers
    choosing again (``[learner] routing``): per run, the median over its steps of the routing mismatch rate (share
    of recorded tokens whose learner routing differs from the actor's), of the importance-ratio statistics, and the
@@ -14,7 +15,7 @@
 Defaults compare ``tiny-moe`` with ``tiny`` (4 experts, top 2, of width 192 against one MLP of 384).
 
 Usage: python bench/moe.py [--moe tiny-moe] [--dense tiny] [--sections learner,actor] [--batches 8,32]
-       [--repeats 3] [--threads 1] [--device cpu|cuda] [--run-minutes 0]
+       [--graph] [--repeats 3] [--threads 1] [--device cpu|cuda] [--run-minutes 0]
 """
 
 from __future__ import annotations
@@ -107,14 +108,20 @@ def learner_section(models: dict[str, str], device: str, threads: int, sequences
 
 
 def actor_section(models: dict[str, str], device: str, threads: int, batches: list[int], new_tokens: int,
-                  repeats: int) -> dict:
-    figures = {kind: {batch: in_fresh_process(measure_decode, "engine", name, device, threads, batch, new_tokens,
-                                              repeats) for batch in batches} for kind, name in models.items()}
+                  repeats: int, graph: bool) -> dict:
+    """Decode tokens/s per mode ("engine": eager steps; "graph": the compiled decode step), model and batch."""
+    modes = ["engine", "graph"] if graph else ["engine"]
+    figures = {mode: {kind: {batch: in_fresh_process(measure_decode, mode, name, device, threads, batch, new_tokens,
+                                                     repeats) for batch in batches}
+                      for kind, name in models.items()} for mode in modes}
     print(f"actor: torch engine decode tokens/s, {new_tokens} new tokens, {threads} thread(s), {device}")
-    print(f"{'batch':>6} {models['moe']:>10} {models['dense']:>10} {'MoE/dense':>10}")
-    for batch in batches:
-        moe, dense = figures["moe"][batch], figures["dense"][batch]
-        print(f"{batch:>6} {moe:>10.0f} {dense:>10.0f} {moe / dense:>9.2f}x")
+    print(f"{'mode':>6} {'batch':>6} {models['moe']:>10} {models['dense']:>10} {'MoE/dense':>10}"
+          + (f" {'MoE graph/eager':>16}" if graph else ""))
+    for mode in modes:
+        for batch in batches:
+            moe, dense = figures[mode]["moe"][batch], figures[mode]["dense"][batch]
+            against_eager = f" {moe / figures['engine']['moe'][batch]:>15.2f}x" if graph else ""
+            print(f"{mode:>6} {batch:>6} {moe:>10.0f} {dense:>10.0f} {moe / dense:>9.2f}x{against_eager}")
     return figures
 
 
@@ -160,6 +167,7 @@ def run_section(model: str, minutes: float, seed: int) -> dict:
               type=click.Choice(["learner", "actor", "learner,actor", "actor,learner"]))
 @click.option("--batches", default="8,32", show_default=True, help="Actor decode batch sizes.")
 @click.option("--new-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--graph", is_flag=True, help="Measure the actor in graph mode (--compile-decode) as well.")
 @click.option("--sequences", default=16, show_default=True, type=click.IntRange(1),
               help="Learner micro-batch rows.")
 @click.option("--length", default=256, show_default=True, type=click.IntRange(8), help="Learner tokens per row.")
@@ -170,8 +178,8 @@ def run_section(model: str, minutes: float, seed: int) -> dict:
               help="Also run the main job on --moe for this long with each routing mode (0: skip).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON as well.")
-def main(moe: str, dense: str, sections: str, batches: str, new_tokens: int, sequences: int, length: int,
-         repeats: int, threads: int, device: str, run_minutes: float, seed: int, as_json: bool) -> None:
+def main(moe: str, dense: str, sections: str, batches: str, new_tokens: int, graph: bool, sequences: int,
+         length: int, repeats: int, threads: int, device: str, run_minutes: float, seed: int, as_json: bool) -> None:
     """Mixture of experts against a dense model of equal active parameters."""
     models = {"moe": moe, "dense": dense}
     out: dict = {}
@@ -179,7 +187,7 @@ def main(moe: str, dense: str, sections: str, batches: str, new_tokens: int, seq
         out["learner"] = learner_section(models, device, threads, sequences, length, repeats)
     if "actor" in sections:
         out["actor"] = actor_section(models, device, threads, [int(b) for b in batches.split(",")], new_tokens,
-                                     repeats)
+                                     repeats, graph)
     if run_minutes:
         out["run"] = run_section(moe, run_minutes, seed)
     if as_json:

@@ -15,6 +15,7 @@ from test_actor_engine import (
     assert_concurrent_greedy_equals,
     assert_logprobs_equal_a_full_forward_pass,
     engine_for,
+    full_forward_logprobs,
     run,
 )
 
@@ -88,6 +89,31 @@ def test_the_final_chunk_carries_the_routing_of_every_fed_position(model, specul
     finally:
         engine.close()
 
+
+
+@pytest.mark.skipif(not torch._dynamo.is_dynamo_supported(), reason="torch.compile is unsupported here")
+def test_graph_mode_decodes_and_routes_as_a_full_forward_pass(tmp_path, model):
+    """The compiled decode step of a model with experts: greedy tokens equal transformers', sampled log-probs a full
+    forward pass's, and the final chunk's routing (decoded positions included) what that pass routes."""
+    transformers = pytest.importorskip("transformers")
+    model.save_pretrained(tmp_path)
+    reference = transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    rng = random.Random(4)
+    prompts = [[rng.randrange(100) for _ in range(rng.randrange(1, 40))] for _ in range(6)]
+    engine = engine_for(model, compile_decode=True, speculative=False)
+    try:
+        assert_concurrent_greedy_equals(engine, reference, prompts, 12)
+        params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=9)
+        for prompt in prompts[:2]:
+            tokens, logprobs, _, last = run(engine, prompt, params)
+            expected = full_forward_logprobs(model, prompt, tokens, params)
+            torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(expected), atol=2e-5, rtol=0)
+            routed, everything = last.routed_experts, prompt + tokens
+            assert routed is not None and routed.ids.shape[0] == len(everything) - 1
+            assert (numpy.sort(routed.ids, -1) == numpy.sort(routing_of(model, everything[:-1]), -1)).all()
+        assert engine.runner.compiled is not None and engine.runner.compiled.warm
+    finally:
+        engine.close()
 
 def test_a_dense_model_sends_no_routing():
     dense = CausalLM(ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -5,7 +5,8 @@ activations, views); inductor fuses them into a few generated loops around the m
 opaque op (``forge::paged_attention_v2``): it writes the step's keys and values to their slots and attends, through
 the C kernel on CPU or gather + SDPA elsewhere, so the compiled graph never sees the block layout. Batch size and
 context length are dynamic. The first decode step pays the compile (seconds); inductor caches the code on disk for
-later processes.
+later processes. A model with experts is compiled with its routing recorded: the graph returns each sparse layer's
+chosen experts beside the hidden states (its grouped expert multiply is an opaque op too, ``forge.model.moe``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import Tensor
 from forge.actors.engine.cpu_kernels import load as load_cpu_kernels
 from forge.actors.engine.paged_attention import PagedAttention, PagedKVCache, StepLayout
 from forge.model.attention import AttentionBackend
+from forge.model.moe import Routing
 from forge.model.qwen3 import CausalLM
 
 log = logging.getLogger(__name__)
@@ -72,10 +74,20 @@ def _decode_forward(model: CausalLM, keys: Tensor, values: Tensor, input_ids: Te
     return model(input_ids, position_ids, _OpaquePagedAttention(keys, values, layout, native))
 
 
+def _routed_decode_forward(model: CausalLM, keys: Tensor, values: Tensor, input_ids: Tensor, position_ids: Tensor,
+                           write_rows: Tensor, write_slots: Tensor, block_tables: Tensor, query_slots: Tensor,
+                           key_lower: int, block_size: int, native: bool) -> tuple[Tensor, Tensor]:
+    """``_decode_forward`` of a model with experts: the hidden states and the chosen experts [sparse layers, rows, k]."""
+    layout = StepLayout(write_rows, write_slots, block_tables, query_slots, key_lower, block_size)
+    routing = Routing(record=True)
+    hidden = model(input_ids, position_ids, _OpaquePagedAttention(keys, values, layout, native), routing)
+    return hidden, routing.stack()
+
+
 @functools.cache
-def _compiled_forward() -> Callable[..., Tensor]:
-    """One compiled function per process: engines of the same model reuse its graphs."""
-    return torch.compile(_decode_forward, dynamic=True, fullgraph=True)
+def _compiled_forward(routed: bool) -> Callable[..., Tensor | tuple[Tensor, Tensor]]:
+    """One compiled function per process and kind: engines of the same model reuse its graphs."""
+    return torch.compile(_routed_decode_forward if routed else _decode_forward, dynamic=True, fullgraph=True)
 
 
 class CompiledDecode:
@@ -91,9 +103,11 @@ class CompiledDecode:
 
     def __init__(self, model: CausalLM, cache: PagedKVCache, native: bool) -> None:
         self.model, self.cache, self.native = model, cache, native
+        self.routed = cache.routing is not None
         self.warm = False
 
-    def __call__(self, input_ids: Tensor, position_ids: Tensor, layout: StepLayout) -> Tensor:
+    def __call__(self, input_ids: Tensor, position_ids: Tensor, layout: StepLayout) -> tuple[Tensor, Tensor | None]:
+        """The step's hidden states, and for a model with experts its chosen experts [sparse layers, rows, k]."""
         rows = input_ids.shape[0]
         if rows == 1:
             input_ids, position_ids, layout = _two_rows(input_ids, position_ids, layout)
@@ -102,13 +116,17 @@ class CompiledDecode:
             tables = tables.repeat(1, 2)            # a filler column: no query sees past its own last slot
         args = (self.model, self.cache.keys, self.cache.values, input_ids, position_ids, layout.write_rows,
                 layout.write_slots, tables, layout.query_slots, layout.key_lower, layout.block_size, self.native)
-        return self._run(args)[:rows]
+        out = self._run(args)
+        if self.routed:
+            hidden, chosen = out
+            return hidden[:rows], chosen[:, :rows]
+        return out[:rows], None
 
-    def _run(self, args: tuple) -> Tensor:
+    def _run(self, args: tuple) -> Tensor | tuple[Tensor, Tensor]:
         if self.warm:
             try:
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    return _compiled_forward()(*args)
+                    return _compiled_forward(self.routed)(*args)
             except RuntimeError as error:      # raised before the graph runs: nothing was written
                 if "skip_guard_eval_unsafe" not in str(error):
                     raise
@@ -117,12 +135,12 @@ class CompiledDecode:
         # Traced without duck sizing: a batch of 2 rows must not tie the batch size to a cache dimension that is 2
         # as well (a setting read while tracing, so set only around calls that may trace).
         with torch.fx.experimental._config.patch(use_duck_shape=False):
-            hidden = _compiled_forward()(*args)
+            out = _compiled_forward(self.routed)(*args)
         if not self.warm:
             self.warm = True
             log.info("decode graph ready in %.1f s (compiled, or loaded from inductor's cache)",
                      time.perf_counter() - started)
-        return hidden
+        return out
 
 
 def _two_rows(input_ids: Tensor, position_ids: Tensor, layout: StepLayout) -> tuple[Tensor, Tensor, StepLayout]:

@@ -12,7 +12,6 @@ prefix up to i + 1 only, so it is cached and shared with the main KV by the same
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -30,8 +29,6 @@ from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft,
 from forge.model.moe import Routing
 from forge.model.qwen3 import CausalLM
 from forge.model.sampling import batched_sampling_logprobs, top_logprobs
-
-log = logging.getLogger(__name__)
 
 PreparedWeights = dict[int, Pack] | None
 
@@ -82,10 +79,7 @@ class ModelRunner:
         native = cpu_kernels and self.device.type == "cpu" and cache.keys.dtype == torch.float32
         self.kernel = load_cpu_kernels() if native else None
         self.records_routing = cache.routing is not None
-        if compile_decode and self.records_routing:
-            log.info("graph mode is off: a model with experts records its routing in eager steps")
-        self.compiled = CompiledDecode(model, cache, self.kernel is not None) \
-            if compile_decode and not self.records_routing else None
+        self.compiled = CompiledDecode(model, cache, self.kernel is not None) if compile_decode else None
         self.packs = pack_linears(model) if packed_linear else None
 
     def prepare_weights(self, state_dict: Mapping[str, torch.Tensor]) -> PreparedWeights:
@@ -152,12 +146,13 @@ class ModelRunner:
         layout = self._layout(rows, width, key_lower=0)
         input_ids, position_ids = self._padded(fed, width), self._padded([r.rope for r in rows], width)
         if self.compiled is not None and width == 1:
-            hidden = self.compiled(input_ids, position_ids, layout)
+            hidden, chosen = self.compiled(input_ids, position_ids, layout)
         else:
             routing = Routing(record=True) if self.records_routing else None
             hidden = model(input_ids, position_ids, PagedAttention(self.cache, layout, self.kernel), routing)
-            if routing is not None:
-                self.cache.store_routing(layout, routing.stack())
+            chosen = routing.stack() if routing is not None else None
+        if chosen is not None:
+            self.cache.store_routing(layout, chosen)
         flat = hidden.reshape(-1, hidden.shape[-1])
 
         logit_rows, owners = [], []

@@ -9,7 +9,9 @@ and ``down_proj`` [E, H, I], the layout transformers keeps in memory; checkpoint
 (``forge.model.checkpoint`` converts). The computation is grouped: the (token, expert) pairs are sorted by expert
 and every expert's tokens go through one grouped matrix multiply (``torch.nn.functional.grouped_mm``), with no
 Python loop over tokens or experts (a loop over experts remains only where grouped_mm does not serve the device
-and dtype).
+and dtype). Under ``torch.compile`` (the engine's graph mode) the grouped multiply is one opaque op,
+``forge::grouped_linear``: torch's own shape function for grouped_mm accepts CUDA's dtypes only, and where the
+loop over experts remains it runs inside the op, outside the graph.
 
 Routing is per token, so a token routes the same whatever else is in its batch, up to the rounding of its router
 logits. Training must still route exactly as the rollout did (other kernels, batch shapes and weight versions move
@@ -132,11 +134,14 @@ class Experts(nn.Module):
         flat = expert_ids.reshape(-1)
         order = flat.argsort(stable=True)               # (token, slot) pairs grouped by expert, in token order
         token = order // top_k
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0])
+        # a count per expert of a fixed size (bincount's size would depend on the ids, which a graph cannot take)
+        counts = torch.zeros(self.gate_up_proj.shape[0], dtype=flat.dtype, device=flat.device)
+        counts.scatter_add_(0, flat, torch.ones_like(flat))
         ends = counts.cumsum(0)
-        h = grouped_linear(x[token], self.gate_up_proj, ends, counts)
+        linear = _traced_grouped_linear if torch.compiler.is_compiling() else grouped_linear
+        h = linear(x[token], self.gate_up_proj, ends, counts)
         gate, up = h.chunk(2, dim=-1)
-        out = grouped_linear(F.silu(gate) * up, self.down_proj, ends, counts)
+        out = linear(F.silu(gate) * up, self.down_proj, ends, counts)
         out = out * weights.reshape(-1)[order].unsqueeze(-1)
         return torch.zeros_like(x).index_add_(0, token, out)
 
@@ -152,6 +157,21 @@ def grouped_linear(x: Tensor, weights: Tensor, ends: Tensor, counts: Tensor) -> 
             outputs.append(F.linear(x[start:start + count], weights[expert]))
             start += count
     return torch.cat(outputs) if outputs else x.new_zeros(0, weights.shape[1])
+
+
+@torch.library.custom_op("forge::grouped_linear", mutates_args=())
+def _grouped_linear_op(x: Tensor, weights: Tensor, ends: Tensor) -> Tensor:
+    return grouped_linear(x, weights, ends, torch.diff(ends, prepend=ends.new_zeros(1)))
+
+
+@_grouped_linear_op.register_fake
+def _grouped_linear_shape(x: Tensor, weights: Tensor, ends: Tensor) -> Tensor:
+    return x.new_empty(x.shape[0], weights.shape[1])
+
+
+def _traced_grouped_linear(x: Tensor, weights: Tensor, ends: Tensor, counts: Tensor) -> Tensor:
+    """``grouped_linear`` as a compiled graph calls it (inference only: the op has no backward)."""
+    return _grouped_linear_op(x, weights, ends)
 
 
 def _grouped_mm_serves(x: Tensor, weights: Tensor) -> bool:
