@@ -9,14 +9,14 @@ the same when the service restarts on another port, so the service keeps its his
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forge.rpc.client import check_address
+
 KINDS = ("actor", "gateway", "pool", "learner", "cache", "router")
-_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}$")
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,12 @@ class Target:
 
 
 def valid_address(address: str) -> bool:
-    return bool(_ADDRESS.match(address)) and 0 < int(address.rsplit(":", 1)[1]) < 65536
+    """HOST:PORT as every Forge client takes it (``forge.rpc.client.check_address``)."""
+    try:
+        check_address(address)
+    except ValueError:
+        return False
+    return address == address.strip()
 
 
 def parse_address(text: str) -> Target:
