@@ -45,13 +45,21 @@ def model() -> CausalLM:
     return model.eval()
 
 
-@pytest.mark.parametrize("speculative", [False, True])
-def test_greedy_equals_transformers_and_concurrent_requests_stay_isolated(tmp_path, model, speculative):
+def transformers_reference(tmp_path, model: CausalLM):
+    """transformers' Qwen3MoeForCausalLM on ``model``'s weights, written to ``tmp_path``."""
     transformers = pytest.importorskip("transformers")
     model.save_pretrained(tmp_path)
-    reference = transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
-    rng = random.Random(1)
-    prompts = [[rng.randrange(100) for _ in range(rng.randrange(1, 40))] for _ in range(8)]
+    return transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+
+
+def random_prompts(seed: int, count: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100) for _ in range(rng.randrange(1, 40))] for _ in range(count)]
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_greedy_equals_transformers_and_concurrent_requests_stay_isolated(tmp_path, model, speculative):
+    reference, prompts = transformers_reference(tmp_path, model), random_prompts(seed=1, count=8)
     engine = engine_for(model, speculative=speculative)
     try:
         assert_concurrent_greedy_equals(engine, reference, prompts, 16)
@@ -95,11 +103,7 @@ def test_the_final_chunk_carries_the_routing_of_every_fed_position(model, specul
 def test_graph_mode_decodes_and_routes_as_a_full_forward_pass(tmp_path, model):
     """The compiled decode step of a model with experts: greedy tokens equal transformers', sampled log-probs a full
     forward pass's, and the final chunk's routing (decoded positions included) what that pass routes."""
-    transformers = pytest.importorskip("transformers")
-    model.save_pretrained(tmp_path)
-    reference = transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
-    rng = random.Random(4)
-    prompts = [[rng.randrange(100) for _ in range(rng.randrange(1, 40))] for _ in range(6)]
+    reference, prompts = transformers_reference(tmp_path, model), random_prompts(seed=4, count=6)
     engine = engine_for(model, compile_decode=True, speculative=False)
     try:
         assert_concurrent_greedy_equals(engine, reference, prompts, 12)
