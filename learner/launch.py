@@ -10,7 +10,8 @@ import logging
 import os
 import signal
 import subprocess
-from pathlib import Path
+
+from forge.reaper import child_pids
 
 log = logging.getLogger(__name__)
 
@@ -20,15 +21,6 @@ _PR_SET_PDEATHSIG = 1
 def _stop_when_parent_dies() -> None:
     with contextlib.suppress(OSError, AttributeError):     # not Linux: the agent outlives a killed parent
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def children(pid: int) -> list[int]:
-    """The direct children of process ``pid`` (Linux /proc; empty elsewhere or once it is gone)."""
-    try:
-        listing = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(child) for child in listing.split()]
 
 
 class TorchrunJob:
@@ -47,7 +39,7 @@ class TorchrunJob:
     def _forward(self, signum: int, _frame: object) -> None:
         """Hand the stop to the ranks; before they exist (rendezvous), to the agent."""
         assert self.process is not None
-        ranks = children(self.process.pid)
+        ranks = child_pids(self.process.pid)
         log.info("received %s: asking %d learner rank(s) on this node to stop after the current step",
                  signal.Signals(signum).name, len(ranks))
         for pid in ranks or [self.process.pid]:

@@ -15,7 +15,7 @@ import pytest
 from test_learner import lineage, write_model_and_pool
 
 from forge.learner.checkpoint import Checkpointer
-from forge.learner.launch import children
+from forge.reaper import child_pids
 
 from conftest import script
 
@@ -40,7 +40,7 @@ def start_node(rank: int, pool: Path, run_dir: Path, model: Path, rendezvous: st
 
 def ranks_of(node: subprocess.Popen) -> list[int]:
     """The node's learner ranks: forge-learner runs torchrun's agent, which runs the ranks."""
-    return [rank for agent in children(node.pid) for rank in children(agent)]
+    return [rank for agent in child_pids(node.pid) for rank in child_pids(agent)]
 
 
 @pytest.fixture
