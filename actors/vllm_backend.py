@@ -53,6 +53,7 @@ from forge.actors.backend import (
 from forge.actors.config import VLLM_INSTALL_HINT
 from forge.actors.engine.engine import EngineConfig, RequestLimits, check_weights
 from forge.builtin import ModelRef
+from forge.reaper import Reaper
 
 log = logging.getLogger(__name__)
 
@@ -247,12 +248,18 @@ class VllmBackend(Backend):
         engine_args = self._engine_args(dtype, device, events_endpoint, max_len)
         log.info("starting vLLM on %s (%s, %s; its first start compiles: 30 s to a few minutes)", self.served_dir,
                  device, dtype)
+        # vLLM's engine core and workers outlive a kill -9 of this process (holding their memory, on a GPU the
+        # device's): the reaper ends them then.
+        self._reaper = Reaper()
+        self._reaper.adopt()
         try:
             self.llm = self._call(self._start(engine_args), timeout=start_timeout_s)
         except BaseException:
+            self._reaper.close()
             self._stop_loop()
             shutil.rmtree(self._dir, ignore_errors=True)
             raise
+        self._reaper.settle()
         cache = self.llm.vllm_config.cache_config
         self.block_size = int(cache.block_size)
         self.num_blocks = int(cache.num_gpu_blocks or 0)
@@ -491,6 +498,7 @@ class VllmBackend(Backend):
             self._call(self._shutdown(), timeout=120.0)
         if self.events is not None:
             self.events.close()
+        self._reaper.close()
         self._stop_loop()
         shutil.rmtree(self._dir, ignore_errors=True)
 

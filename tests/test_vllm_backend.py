@@ -4,6 +4,8 @@ learner process) and KV events in Forge's hash chain. Needs vLLM (``make test-vl
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -297,6 +299,30 @@ def test_an_actor_process_follows_a_real_learners_versions(tmp_path):
     finally:
         engine.close()
     assert [t for c in chunks for t in c.token_ids] == want
+
+
+def test_a_killed_vllm_actor_leaves_no_engine_process_behind(tmp_path):
+    """``kill -9`` of a forge-actor that embeds vLLM: its reaper ends vLLM's engine core and workers, which nothing
+    else would (they would hold their memory, on a GPU the device's, until someone found them)."""
+    import signal
+
+    from test_reaper import wait_gone
+
+    from forge.reaper import child_pids
+
+    actor = start_actor(tmp_path, "--backend", "vllm", "--model", str(random_tiny(tmp_path)), name="vllm-killed",
+                        timeout_s=900)
+    children = child_pids(actor.proc.pid)
+    left = children + [grandchild for child in children for grandchild in child_pids(child)]
+    try:
+        titles = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
+        assert any(b"EngineCore" in title for title in titles), titles
+        actor.stop(signal.SIGKILL)
+        wait_gone(left)
+    finally:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_model_with_experts_samples_what_the_torch_engine_samples_before_and_after_a_weight_swap(tmp_path):
