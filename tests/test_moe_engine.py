@@ -6,7 +6,6 @@ forward pass routes."""
 from __future__ import annotations
 
 import random
-import time
 
 import numpy
 import pytest
@@ -18,6 +17,7 @@ from test_actor_engine import (
     full_forward_logprobs,
     run,
 )
+from test_cache_l3 import wait_published
 
 from forge.cache.client import CacheClient
 from forge.kvhash import chain_hashes
@@ -141,11 +141,7 @@ def cache_server(tmp_path_factory):
 def published(engine, prompt: list[int]) -> list[int]:
     """Serve ``prompt`` on ``engine`` and wait until its full blocks (and their routing) are in L3."""
     run(engine, prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    blocks = len(prompt) // BLOCK
-    deadline = time.monotonic() + 300         # a bound against a hang, not a speed expectation
-    while engine.stats()["l3_published_blocks"] < blocks:
-        assert time.monotonic() < deadline, engine.stats()
-        time.sleep(0.02)
+    wait_published(engine, len(prompt) // BLOCK, timeout=300)
     return chain_hashes(prompt, BLOCK, engine.salt())
 
 
