@@ -204,7 +204,7 @@ def actor(config: ActorConfig) -> None:
     bindings = [ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2, "Actor")]
     event_source = None
     if events is not None:
-        from forge.cache.events import KVEventSourceServicer
+        from forge.kv.events import KVEventSourceServicer
         from forge.v1 import router_pb2, router_pb2_grpc
 
         event_source = KVEventSourceServicer(*events)

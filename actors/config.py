@@ -9,7 +9,7 @@ from pathlib import Path
 
 from forge.actors.engine.engine import EngineConfig
 from forge.builtin import resolve_model
-from forge.cache.client import FETCH_POLICIES, parse_addresses
+from forge.kv.client import FETCH_POLICIES, parse_addresses
 from forge.settings import (
     Settings,
     SettingsError,

@@ -71,7 +71,7 @@ def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
 
     client = None
     if l3_cache:
-        from forge.cache.client import CacheClient
+        from forge.kv.client import CacheClient
 
         client = CacheClient(l3_cache, api_key=api_key)
         log.info("L3 KV cache on %s (fetch: %s)", ", ".join(client.servers), fetch)

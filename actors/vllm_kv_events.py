@@ -19,7 +19,7 @@ from typing import Any
 
 import zmq
 
-from forge.cache.events import KVEventLog
+from forge.kv.events import KVEventLog
 from forge.kvhash import block_hash, kv_salt
 from forge.v1 import router_pb2
 

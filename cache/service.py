@@ -8,9 +8,9 @@ import time
 
 import grpc
 
-from forge.cache.blocks import MAX_BLOCK_BYTES, Assembler, InvalidBlock, check_hashes, to_chunks
-from forge.cache.meters import RateMeter
 from forge.cache.store import BlockStore
+from forge.kv.blocks import MAX_BLOCK_BYTES, Assembler, InvalidBlock, check_hashes, to_chunks
+from forge.meters import RateMeter
 from forge.telemetry import stats_report
 from forge.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 

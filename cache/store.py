@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge.cache.blocks import BlockMeta, InvalidBlock, KVBlock, check_meta, check_payload, check_size, hash_name
+from forge.kv.blocks import BlockMeta, InvalidBlock, KVBlock, check_meta, check_payload, check_size, hash_name
 from forge.kvhash import leading
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from forge import kvhash
 from forge.actors.backend import GenerationRequest
 from forge.actors.engine.engine import TorchEngine
 from forge.actors.engine.l3 import KVConnector
-from forge.cache.blocks import KVBlock
-from forge.cache.client import CacheClient
+from forge.kv.blocks import KVBlock
+from forge.kv.client import CacheClient
 from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM
 from forge.model.sampling import SamplingParams

@@ -10,8 +10,8 @@ import random
 import grpc
 import pytest
 
-from forge.cache.blocks import KVBlock, to_chunks
-from forge.cache.client import CacheClient
+from forge.kv.blocks import KVBlock, to_chunks
+from forge.kv.client import CacheClient
 from forge.kvhash import chain_hashes, kv_salt
 from forge.rpc import connect
 from forge.v1 import cache_pb2, cache_pb2_grpc, common_pb2

@@ -12,10 +12,10 @@ from dataclasses import replace
 
 import pytest
 
-from forge.cache.blocks import Assembler, BlockMeta, InvalidBlock, KVBlock, check_meta, to_chunks
-from forge.cache.events import EVICTED, STORED, KVEventLog
-from forge.cache.ring import HashRing
 from forge.cache.store import BlockStore, DirectoryInUse
+from forge.kv.blocks import Assembler, BlockMeta, InvalidBlock, KVBlock, check_meta, to_chunks
+from forge.kv.events import EVICTED, STORED, KVEventLog
+from forge.kv.ring import HashRing
 from forge.kvhash import chain_hashes, kv_salt, leading
 
 

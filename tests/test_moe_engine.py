@@ -19,7 +19,7 @@ from test_actor_engine import (
 )
 from test_cache_l3 import wait_published
 
-from forge.cache.client import CacheClient
+from forge.kv.client import CacheClient
 from forge.kvhash import chain_hashes
 from forge.model import CausalLM, ModelConfig
 from forge.model.moe import routing_of
@@ -212,7 +212,7 @@ def test_kv_fetched_without_its_routing_is_used_and_its_positions_are_unknown(mo
 
 
 def test_a_malformed_routing_block_leaves_its_positions_unknown(model):
-    from forge.cache.blocks import KVBlock
+    from forge.kv.blocks import KVBlock
     from forge.kvhash import routing_block_hash
 
     engine = l3_engine(model, None)

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from forge.cache.meters import Ewma
 from forge.kvhash import chain_hashes, kv_salt, leading
+from forge.meters import Ewma
 from forge.v1 import router_pb2
 
 STORED, EVICTED = router_pb2.KVEvent.KIND_STORED, router_pb2.KVEvent.KIND_EVICTED

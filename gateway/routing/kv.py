@@ -2,7 +2,7 @@
 estimated time to first token of a call there. Subclasses only pick among the estimated options.
 
 Each actor's cached blocks come from its KV events (``forge.v1.KVEventSource``, polled every ``poll_interval_s``;
-see ``forge.cache.events``) plus the prompt blocks of calls just routed to it; the prompt's chain of block hashes is
+see ``forge.kv.events``) plus the prompt blocks of calls just routed to it; the prompt's chain of block hashes is
 computed with ``forge.kvhash`` under each actor's salt (model, weight version, variant) and block size, which the
 same poll reports together with the actor's measured speeds. For every candidate the router estimates the time to
 first token:
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from forge.cache.meters import Ewma
 from forge.gateway.routing.base import ActorEndpoint, ActorView, NoActorAvailable, Router, RouteRequest, candidates
 from forge.gateway.routing.fleet import ActorModel, L3Model, Layout, Pending, Sample
 from forge.kvhash import block_hash, leading
+from forge.meters import Ewma
 from forge.v1 import router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)

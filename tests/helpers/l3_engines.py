@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from forge.actors.engine.engine import EngineConfig, TorchEngine
 from forge.actors.engine.l3 import KVConnector
-from forge.cache.client import CacheClient
+from forge.kv.client import CacheClient
 from forge.model import CausalLM, ModelConfig
 
 CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

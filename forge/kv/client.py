@@ -16,8 +16,8 @@ from typing import TypeVar
 
 import grpc
 
-from forge.cache.blocks import CHUNK_BYTES, Assembler, InvalidBlock, KVBlock, check_hashes, to_chunks
-from forge.cache.ring import HashRing
+from forge.kv.blocks import CHUNK_BYTES, Assembler, InvalidBlock, KVBlock, check_hashes, to_chunks
+from forge.kv.ring import HashRing
 from forge.kvhash import leading
 from forge.rpc import connect
 from forge.v1 import cache_pb2, cache_pb2_grpc, common_pb2
