@@ -4,8 +4,7 @@ A model reference is a built-in model, ``tiny`` (or its id ``forge-tiny``, shipp
 ``tiny-moe`` (``forge-tiny-moe``, its mixture-of-experts variant), or a checkpoint directory in the Hugging Face
 layout (a config.json, safetensors weights, the tokenizer files).
 ``resolve_model`` is the one rule and ``ModelNotFound`` its one error; callers report that error their own way
-(a usage error in a CLI) with its message unchanged. Importing this module does not import torch, so the
-gateway can resolve references without it.
+(a usage error in a CLI) with its message unchanged.
 """
 
 from __future__ import annotations
@@ -17,12 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forge.assets import TINY_DIR, TINY_MOE_DIR, TINY_MOE_NAME, TINY_NAME, TOKENIZER_FILES
+from forge.model.config import SUPPORTED_MODEL_TYPES
 from forge.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     import torch
 
-    from forge.model import CausalLM, ModelConfig
+    from forge.model import CausalLM
+    from forge.model.config import ModelConfig
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -49,7 +50,6 @@ log = logging.getLogger(__name__)
 
 BUILTIN_MODELS = {"tiny": TINY_NAME, "tiny-moe": TINY_MOE_NAME}     # name -> the id it serves under
 BUILTIN_NAMES = (*BUILTIN_MODELS, *BUILTIN_MODELS.values())
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")           # the config.json model_type values forge.model implements
 
 
 class ModelNotFound(ValueError):

@@ -38,7 +38,7 @@ from forge.model.qwen3 import CausalLM
 from forge.settings import Settings, setting
 
 if TYPE_CHECKING:
-    from forge.actors.engine.l3 import KVConnector
+    from forge.actors.engine.connector import EngineConnector
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class TorchEngine(Backend):
         self._counters = dict(steps=0, tokens=0, prompt_tokens=0, finished=0, drafts=0, drafts_accepted=0,
                               weight_swaps=0, weight_rejections=0, refused=0)
         self._recent: deque[tuple[float, int]] = deque()
-        self.connector: KVConnector | None = None   # KV events, speeds, L3 cache (l3.py attaches itself)
+        self.connector: EngineConnector | None = None   # KV events, speeds, L3 cache (l3.py attaches itself)
         self.stream_factory: Callable[[str], RequestStream] = RequestStream   # where a request's chunks go
         self.after_pass: Callable[[], None] | None = None    # run by the loop after each pass (the engine core's send)
         self._limits = self.limits()
@@ -343,7 +343,7 @@ class TorchEngine(Backend):
         prompt = list(request.prompt_ids)
         banned = tuple(sorted(set(params.stop_token_ids) | set(self._limits.eos_token_ids))) \
             if params.min_tokens else ()
-        if request.prefill_only and (self.connector is None or self.connector.client is None):
+        if request.prefill_only and (self.connector is None or not self.connector.hands_over):
             raise InvalidRequest("prefill_only needs an L3 cache to hand the prompt's KV blocks over (--l3-cache)")
         seq = Sequence(request_id, prompt, len(prompt), params, self.stream_factory(request_id),
                        1 if request.prefill_only else max_tokens, stops, seed=seed,

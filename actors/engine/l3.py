@@ -37,12 +37,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from forge.actors.backend import RequestStream, TokenChunk
+from forge.actors.engine.connector import EngineConnector
 from forge.actors.engine.sequence import Sequence, Status
-from forge.cache.blocks import KVBlock
-from forge.cache.client import FETCH_POLICIES, CacheClient
-from forge.cache.events import KVEventLog
-from forge.cache.meters import Ewma
+from forge.kv.blocks import KVBlock
+from forge.kv.client import FETCH_POLICIES, CacheClient
+from forge.kv.events import KVEventLog
 from forge.kvhash import leading, routing_block_hash
+from forge.meters import Ewma
 from forge.v1 import router_pb2
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class _Fetch:
     routing: list[torch.Tensor | None] = field(default_factory=list)     # per fetched block; None: not known
 
 
-class KVConnector:
+class KVConnector(EngineConnector):
     def __init__(self, engine: TorchEngine, client: CacheClient | None = None, fetch: str = "auto",
                  publish_queue: int = 1024, fetch_workers: int = 2, prior_prefill_tps: float = 2000.0) -> None:
         if fetch not in FETCH_POLICIES:
@@ -107,6 +108,10 @@ class KVConnector:
         engine.connector = self
 
     # ------------------------------------------------------------------ engine thread
+
+    @property
+    def hands_over(self) -> bool:
+        return self.client is not None
 
     def intercept(self, seq: Sequence) -> bool:
         """Hold a new request back while its missing prompt blocks are looked up (and maybe fetched) in L3."""

@@ -17,7 +17,6 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from forge.model.config import ModelConfig
-from forge.model.qwen3 import CausalLM, RotaryEmbedding
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -97,7 +96,9 @@ def stacked_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> CausalLM:
+def read_checkpoint(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(config, state dict) of the checkpoint in ``directory``, in the model's own layout: derived buffers dropped,
+    experts stacked, a tied head left out."""
     directory = Path(directory)
     config = ModelConfig.from_file(directory)
     state = {k: v for k, v in load_state_dict(directory, dtype).items() if not k.endswith(_DERIVED_SUFFIXES)}
@@ -105,9 +106,11 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, d
         state = stacked_layout(state)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    with torch.device("meta"):
-        model = CausalLM(config)
-    expected = dict(model.state_dict())
+    return config, state
+
+
+def check_state_dict(directory: str | Path, state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """CheckpointError unless ``state`` (read from ``directory``) has exactly the tensors and shapes ``expected``."""
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -119,19 +122,12 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, d
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise CheckpointError(f"{name}: shape {tuple(tensor.shape)} in {directory}, {tuple(expected[name].shape)}"
                                   " expected by config.json")
-    model.load_state_dict(state, assign=True)
-    model.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
-    return model.to(device=device, dtype=dtype)
-
-
-def save_pretrained(model: CausalLM, directory: str | Path, max_shard_bytes: int | None = None) -> Path:
-    """Write config.json and the weights; shards of at most ``max_shard_bytes`` (plus an index) when given."""
-    return save_state_dict(model.config, model.state_dict(), directory, max_shard_bytes)
 
 
 def save_state_dict(config: ModelConfig, state_dict: dict[str, torch.Tensor], directory: str | Path,
                     max_shard_bytes: int | None = None) -> Path:
-    """``save_pretrained`` for a state dict (e.g. one gathered from a sharded model)."""
+    """Write config.json and the weights in the Hugging Face layout; shards of at most ``max_shard_bytes`` (plus an
+    index) when given."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in hub_layout(dict(state_dict)).items()}

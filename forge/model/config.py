@@ -8,7 +8,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from forge.builtin import SUPPORTED_MODEL_TYPES
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")           # the config.json model_type values forge.model implements
 
 
 class ModelConfigError(ValueError):

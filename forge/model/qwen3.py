@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from forge.model.attention import AttentionBackend, CausalAttention
+from forge.model.checkpoint import check_state_dict, read_checkpoint, save_state_dict
 from forge.model.config import ModelConfig
 from forge.model.moe import Experts, Routing, SparseMoE
 
@@ -225,11 +226,16 @@ class CausalLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> CausalLM:
-        from forge.model.checkpoint import load_pretrained
-
-        return load_pretrained(path, dtype=dtype, device=device)
+        """The model of the Hugging Face checkpoint directory ``path`` (CheckpointError where it does not fit its
+        config.json)."""
+        config, state = read_checkpoint(path, dtype)
+        with torch.device("meta"):
+            model = cls(config)
+        check_state_dict(path, state, dict(model.state_dict()))
+        model.load_state_dict(state, assign=True)
+        model.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        return model.to(device=device, dtype=dtype)
 
     def save_pretrained(self, path: str | Path, max_shard_bytes: int | None = None) -> Path:
-        from forge.model.checkpoint import save_pretrained
-
-        return save_pretrained(self, path, max_shard_bytes=max_shard_bytes)
+        """Write config.json and the weights (shards of at most ``max_shard_bytes``, plus an index, when given)."""
+        return save_state_dict(self.config, self.state_dict(), path, max_shard_bytes)
