@@ -11,7 +11,7 @@ between calls, each call being its own sample — and attach process rewards to 
             reply = await llm.chat(task["messages"], task.get("tools"))
             return AgentResult(reply.content)
 
-The built-in agents (``forge.rollout.agent``) talk to the model through the same ``chat``.
+The built-in agents (``forge.app.rollout.agent``) talk to the model through the same ``chat``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,28 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from forge.model.sampling import SamplingParams
-from forge.rollout.llm import Reply
 
 __all__ = ["LLM", "Agent", "AgentResult", "Reply", "SamplingParams"]
+
+
+@dataclass
+class Reply:
+    """The assistant's reply to one call, parsed as the gateway parses it: ``content``, OpenAI-shaped ``tool_calls``,
+    ``finish_reason``, and ``call_index``, the call's index in the session (-1 where nothing was recorded)."""
+
+    content: str
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)   # OpenAI shape
+    finish_reason: str = "stop"
+    call_index: int = -1
+    completion_tokens: int = 0
+    malformed_tool_call: bool = False      # tool-call markup the parser could not read
+
+    def message(self) -> dict[str, Any]:
+        """The reply as the assistant message of an OpenAI chat history, which renders back to the sampled text."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        return message
 
 
 class LLM(Protocol):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.rollout.blackbox import (
+from forge.app.rollout.blackbox import (
     STDOUT_LIMIT_BYTES,
     AgentCommand,
     AgentCommandError,
@@ -129,7 +129,7 @@ sys.stderr.write("fatal: the model is down\\n")
 sys.exit(3)
 """)
     runner = BlackBoxRunner(python(failing, stderr_tail_bytes=200))
-    with caplog.at_level(logging.WARNING, logger="forge.rollout.blackbox"), pytest.raises(AgentFailed) as caught:
+    with caplog.at_level(logging.WARNING, logger="forge.app.rollout.blackbox"), pytest.raises(AgentFailed) as caught:
         asyncio.run(runner.run(TASK, **SESSION))
     failed = caught.value
     assert str(failed).startswith("agent exited with code 3: ")
@@ -137,7 +137,7 @@ sys.exit(3)
     assert "\n" not in str(failed)
     assert failed.exit_code == 3 and failed.reply == "partial answer" and failed.seconds > 0
     assert failed.stderr_tail.endswith("fatal: the model is down\n") and len(failed.stderr_tail) <= 200
-    records = [r for r in caplog.records if r.name == "forge.rollout.blackbox"]
+    records = [r for r in caplog.records if r.name == "forge.app.rollout.blackbox"]
     assert len(records) == 1 and "code 3" in records[0].getMessage()
     assert SESSION["api_key"] not in caplog.text and SESSION["api_key"] not in str(failed) + failed.stderr_tail
     assert list(private_tmp.iterdir()) == []

@@ -18,10 +18,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from forge.cli.main import forge
+from forge.app.deploy.config import relay_parent, relays
+from forge.app.deploy.k8s import KUBERNETES_VERSION
+from forge.app.main import forge
 from forge.cli.options import envvars_of, sources
-from forge.deploy.config import relay_parent, relays
-from forge.deploy.k8s import KUBERNETES_VERSION
 from forge.settings import entries
 
 from conftest import REPO, free_port
@@ -495,7 +495,7 @@ def test_the_learner_probe_asks_rank_0_only(monkeypatch):
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-    from forge.deploy import probe
+    from forge.app.deploy import probe
 
     server = grpc.server(ThreadPoolExecutor(2))
     servicer = health.HealthServicer()

@@ -22,11 +22,11 @@ import pytest
 from rich.console import Console
 
 from forge import expert_routing
+from forge.app.rollout.config import ModelChoice
+from forge.app.up import UpConfig, report, run
 from forge.builtin import TINY_DIR
 from forge.pool import PoolReader
-from forge.rollout.config import ModelChoice
 from forge.rpc import connect
-from forge.up import UpConfig, report, run
 from forge.v1 import actor_pb2_grpc, cache_pb2_grpc, common_pb2, pool_pb2
 from forge.weights.curve import load_key_pair
 

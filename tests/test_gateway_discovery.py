@@ -505,8 +505,8 @@ def test_actors_join_are_dropped_when_killed_and_come_back_restarted(tmp_path):
 def test_forge_top_follows_the_actors_of_an_actors_dir(tmp_path):
     """``forge top`` reads the actors directory like the gateway: a removed ready file is a service gone; and it
     shows a gateway's actors coming and going once some have."""
-    from forge.top.discovery import discover
-    from forge.top.view import actor_churn
+    from forge.app.top.discovery import discover
+    from forge.app.top.view import actor_churn
 
     column = actor_churn()
     assert not column.shown({"actors": 2.0, "actors_joined": 0.0, "actors_drained": 0.0, "actors_dropped": 0.0})

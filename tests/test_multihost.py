@@ -18,9 +18,9 @@ import grpc
 import pytest
 from test_multinode_learner import free_port_on
 
+from forge.app.top.poller import stats_method
 from forge.builtin import TINY_DIR
 from forge.launch import ServiceProcess
-from forge.top.poller import stats_method
 from forge.v1 import common_pb2
 
 from conftest import REPO, script

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from forge.app.pretrain import batches, losses, pretrain
 from forge.builtin import builtin_model, tiny_tokenizer
-from forge.tasks.pretrain import batches, losses, pretrain
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-moe"])

@@ -8,7 +8,7 @@ import asyncio
 import grpc
 import pytest
 
-from forge.rollout.llm import aio_channel
+from forge.app.rollout.llm import aio_channel
 from forge.v1 import gateway_pb2, gateway_pb2_grpc
 
 from helpers.gateway_procs import random_actor, start_gateway

@@ -14,13 +14,13 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from forge.cli.config import settings_commands
-from forge.cli.main import forge
+from forge.app.config_show import settings_commands
+from forge.app.main import forge
+from forge.app.up import leaf_keys, service_args
 from forge.cli.options import _click_default, envvars_of, settings_command
 from forge.learner.config import LearnerConfig
 from forge.pool import WindowConfig
 from forge.settings import Settings, SettingsError, build, entries, setting
-from forge.up import leaf_keys, service_args
 
 from conftest import REPO, script
 

@@ -320,7 +320,7 @@ def test_task_cycle_reshuffles_every_pass_the_same_way_for_a_seed():
 
 
 def test_the_built_in_tasks_are_a_task_source_with_their_verifier():
-    from forge.rollout.verifier import load_verifier
+    from forge.app.rollout.verifier import load_verifier
     from forge.tasks import DOMAINS, eval_set, task_stream
     from forge.tasks.builtin_source import held_out
 

@@ -12,9 +12,10 @@ import time
 
 import pytest
 
+from forge.app.pretrain import demonstration
+from forge.app.rollout.agent import run_episode
+from forge.app.rollout.llm import Reply
 from forge.model.sampling import SamplingParams
-from forge.rollout.agent import run_episode
-from forge.rollout.llm import Reply
 from forge.tasks import (
     DOMAINS,
     HELD_OUT,
@@ -28,7 +29,6 @@ from forge.tasks import (
     task_stream,
 )
 from forge.tasks.agent import FORMAT_HINT, MALFORMED_PENALTY, ToolEnvironment
-from forge.tasks.pretrain import demonstration
 
 
 def test_final_answer_reads_the_last_answer_line():
@@ -233,7 +233,7 @@ class AnsweringChat:
 
 
 def test_evaluation_reads_seeded_samples_or_one_greedy_episode_per_task():
-    from forge.rollout.evaluate import evaluate_with
+    from forge.app.rollout.evaluate import evaluate_with
 
     chat = AnsweringChat()
     assert asyncio.run(evaluate_with(chat, ("reasoning",), size=6, temperature=1.0, samples=4, seed=10)) == {

@@ -9,8 +9,8 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from forge.top.cli import plot
-from forge.top.plot import DPI, HEIGHT_IN, WIDTH_IN, NoMetrics, load_records, metrics_path, run_series, smooth
+from forge.app.top.cli import plot
+from forge.app.top.plot import DPI, HEIGHT_IN, WIDTH_IN, NoMetrics, load_records, metrics_path, run_series, smooth
 
 
 def record(step: int, **extra) -> dict:

@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from forge import telemetry
-from forge.top.cli import top
-from forge.top.discovery import Target, discover
-from forge.top.poller import Poller
+from forge.app.top.cli import top
+from forge.app.top.discovery import Target, discover
+from forge.app.top.poller import Poller
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 from conftest import REPO
@@ -105,7 +105,7 @@ def test_once_json_has_every_service_and_its_figures(system):
 
 def test_the_command_line_prints_json_and_exits_0(system):
     run, _, _ = system
-    result = subprocess.run([sys.executable, "-m", "forge.top", "top", str(run), "--once", "--json", "--no-local"],
+    result = subprocess.run([sys.executable, "-m", "forge.app.top", "top", str(run), "--once", "--json", "--no-local"],
                             capture_output=True, text=True, timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
@@ -123,8 +123,8 @@ def test_no_gpu_path_of_this_machine(system):
     assert all(s["host"]["process_rss_bytes"] > 0 for s in data["services"])
     console = Console(record=True, width=160)
     with Poller(lambda: discover(run)) as poller:
-        from forge.top.snapshot import sample_local
-        from forge.top.view import render
+        from forge.app.top.snapshot import sample_local
+        from forge.app.top.view import render
 
         console.print(render(poller.poll(), sample_local()))
     text = console.export_text()
@@ -143,7 +143,7 @@ def test_no_gpu_path_of_this_machine(system):
 def test_live_view_of_real_services(system):
     run, _, _ = system
     with Poller(lambda: discover(run)) as poller:
-        from forge.top.view import render
+        from forge.app.top.view import render
 
         poller.poll()
         states = poller.poll()

@@ -14,12 +14,12 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from forge import telemetry
-from forge.top import fmt
-from forge.top.cli import finite, top
-from forge.top.discovery import Target, discover, parse_address
-from forge.top.poller import ServiceState
-from forge.top.snapshot import LocalMachine, snapshot
-from forge.top.view import render
+from forge.app.top import fmt
+from forge.app.top.cli import finite, top
+from forge.app.top.discovery import Target, discover, parse_address
+from forge.app.top.poller import ServiceState
+from forge.app.top.snapshot import LocalMachine, snapshot
+from forge.app.top.view import render
 from forge.v1 import common_pb2
 
 

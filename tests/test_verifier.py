@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from forge.app.rollout.verifier import VerificationFailed, Verifier, check_score_fn, load_verifier
 from forge.loading import PluginError
-from forge.rollout.verifier import VerificationFailed, Verifier, check_score_fn, load_verifier
 
 TASK = {"id": "t1", "messages": [{"role": "user", "content": "2 + 2?"}], "answer": "4"}
 SESSION = {"session_id": "s1"}

@@ -18,13 +18,13 @@ SERVICES = ("learner", "actor", "gateway", "cache", "pool", "up", "rollout", "de
 def settings_commands() -> dict[str, SettingsCommand]:
     """Every command whose options are derived from settings, by the name of its run-file table."""
     from forge.actors.cli import actor
+    from forge.app.deploy.cli import deploy
+    from forge.app.rollout.cli import rollout
+    from forge.app.up import up
     from forge.cache.cli import cache
-    from forge.deploy.cli import deploy
     from forge.gateway.cli import gateway
     from forge.learner.cli import learner
     from forge.pool.cli import serve_command
-    from forge.rollout.cli import rollout
-    from forge.up import up
 
     return {"learner": learner, "actor": actor, "gateway": gateway, "cache": cache, "pool": serve_command, "up": up,
             "rollout": rollout, "deploy": deploy}

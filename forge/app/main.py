@@ -6,18 +6,18 @@ import click
 
 from forge import __version__
 from forge.actors.cli import actor
+from forge.app.config_show import config_group
+from forge.app.deploy.cli import deploy
+from forge.app.keys import keys_group
+from forge.app.model_commands import model_group
+from forge.app.rollout.cli import rollout
+from forge.app.top.cli import plot, top
+from forge.app.up import up
 from forge.cache.cli import cache
 from forge.cli.common import CONTEXT_SETTINGS, entry_point
-from forge.cli.config import config_group
-from forge.cli.keys import keys_group
-from forge.cli.model import model_group
-from forge.deploy.cli import deploy
 from forge.gateway.cli import gateway
 from forge.learner.cli import learner
 from forge.pool.cli import pool_group
-from forge.rollout.cli import rollout
-from forge.top.cli import plot, top
-from forge.up import up
 
 
 @click.group(context_settings=CONTEXT_SETTINGS)

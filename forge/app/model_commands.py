@@ -135,8 +135,8 @@ def eval_command(model: str, domains: str, size: int, max_tokens: int, temperatu
     import asyncio
 
     from forge.actors.engine.engine import EngineConfig, TorchEngine, reserve_cpu_threads
-    from forge.rollout.evaluate import evaluate_with
-    from forge.rollout.llm import EngineChat
+    from forge.app.rollout.evaluate import evaluate_with
+    from forge.app.rollout.llm import EngineChat
     from forge.tasks import DOMAINS
 
     chosen = tuple(d.strip() for d in domains.split(",") if d.strip())

@@ -2,7 +2,7 @@
 non-zero success rate: the demonstrations are right only part of the time (a noisy teacher), and training is
 short. The loss is next-token cross-entropy on the assistant's tokens only, plus the MTP draft's loss on the token
 after next, plus (``tiny-moe``) the routers' load-balancing loss, which keeps every expert in use.
-``python -m forge.tasks.pretrain --model tiny|tiny-moe`` rebuilds the shipped checkpoint."""
+``python -m forge.app.pretrain --model tiny|tiny-moe`` rebuilds the shipped checkpoint."""
 
 from __future__ import annotations
 
@@ -18,27 +18,11 @@ import torch.nn.functional as F
 
 from forge.builtin import BUILTIN_MODELS, builtin_model, resolve_model, tiny_tokenizer
 from forge.model.moe import Routing, load_balancing_loss
-from forge.tasks import agent, qa, reasoning, unseen
+from forge.tasks.demonstrations import demonstration
 from forge.tokenizer import Tokenizer
 
 log = logging.getLogger("forge.pretrain")
-ERROR_RATES = {"reasoning": 0.35, "qa": 0.3, "agent": 0.35}
 MIX = ("reasoning", "qa", "agent", "qa")    # reading the asked fact off the table is the slowest skill to form
-
-
-def demonstration(domain: str, rng: random.Random, index: int) -> tuple[list[dict], list | None]:
-    """A noisy teacher's conversation on a task of ``domain`` whose prompt is not held out for evaluation."""
-    task_id = f"pretrain-{index}"
-    if domain == "reasoning":
-        task, numbers, operators = unseen(lambda: reasoning.make(rng, task_id))
-        reply = reasoning.solution(numbers, operators, rng, ERROR_RATES[domain])
-        return [*task.messages, {"role": "assistant", "content": reply}], None
-    if domain == "qa":
-        task, others = unseen(lambda: qa.make(rng, task_id))
-        return [*task.messages, {"role": "assistant", "content": qa.solution(task, others, rng, ERROR_RATES[domain])}
-                ], None
-    task = unseen(lambda: agent.make(rng, task_id))
-    return agent.teacher_conversation(task, rng, ERROR_RATES[domain]), task.tools
 
 
 def tokenize(tokenizer: Tokenizer, messages: list[dict], tools: list | None) -> tuple[list[int], list[int]] | None:

@@ -48,11 +48,11 @@ def keys_set_by(tables: Mapping[str, Any], environ: Mapping[str, str]) -> list[s
     """The keys that a run file (``[gateway] api_key``, …) or the environment (``FORGE_GATEWAY_API_KEYS``, …) set
     for a service although forge up generates them: the service would be given both and refuse to start."""
     from forge.actors.config import ActorConfig
+    from forge.app.up import leaf_keys
     from forge.cache.config import CacheConfig
     from forge.cli.options import envvars_of
     from forge.gateway.config import GatewayConfig
     from forge.settings import entries
-    from forge.up import leaf_keys
 
     classes = {"gateway": GatewayConfig, "actor": ActorConfig, "cache": CacheConfig}
     found = []

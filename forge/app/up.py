@@ -22,16 +22,16 @@ from rich.live import Live
 from rich.table import Table
 
 from forge.actors.config import BACKENDS, VLLM_INSTALL_HINT, vllm_installed
+from forge.app.rollout.config import AgentConfig, ModelChoice, TasksConfig
+from forge.app.rollout.team import Team
+from forge.app.runkeys import RunKeys, generate, keys_set_by
 from forge.cli.common import setup_logging
 from forge.cli.options import RUN_FILE, read_run_file, settings_command
 from forge.launch import ServiceProcess
-from forge.rollout.config import AgentConfig, ModelChoice, TasksConfig
-from forge.rollout.team import Team
-from forge.runkeys import RunKeys, generate, keys_set_by
 from forge.settings import Settings, SettingsError, log_level_setting, setting
 from forge.tasks import DOMAINS
 
-log = logging.getLogger("forge.up")
+log = logging.getLogger("forge.app.up")
 
 # How long an actor may take to be ready: vLLM starts its engine core and profiles its KV cache first.
 ACTOR_START_S = {"torch": 180.0, "vllm": 900.0, "trtllm": 900.0}
@@ -288,8 +288,8 @@ def poll_stats(system: System, live: RunState, stop: threading.Event) -> None:
 
 
 def workload_for(config: UpConfig, team: Team | None):
+    from forge.app.rollout.workload import BuiltinWorkload
     from forge.model.sampling import SamplingParams
-    from forge.rollout.workload import BuiltinWorkload
 
     if team is not None:
         from forge.builtin import load_tokenizer
@@ -324,9 +324,9 @@ def summary_table(config: UpConfig, live: RunState, driver) -> Table:
 
 async def run(config: UpConfig, console: Console, run_file: Path | None = None, team: Team | None = None
               ) -> dict[str, Any]:
+    from forge.app.rollout.driver import DriverConfig, RolloutDriver
     from forge.builtin import load_tokenizer
     from forge.pool import PoolReader
-    from forge.rollout.driver import DriverConfig, RolloutDriver
 
     if (config.run_dir / "learner").is_dir():
         console.print(f"continuing the run in {config.run_dir}: the learner resumes from its latest checkpoint")
@@ -347,7 +347,7 @@ async def run(config: UpConfig, console: Console, run_file: Path | None = None, 
                                        load_tokenizer(config.model.path), system.key("actor"))
         if not held_out:
             return {}, {}
-        from forge.rollout.evaluate import evaluate_sessions
+        from forge.app.rollout.evaluate import evaluate_sessions
 
         door = system.get("gateway-eval").info
         scores, failed = await evaluate_sessions(door["grpc_address"], door["http_address"], workload, held_out,
@@ -415,7 +415,7 @@ async def run(config: UpConfig, console: Console, run_file: Path | None = None, 
 async def evaluate_both(config: UpConfig, actor: str, tokenizer, api_key: str | None = None
                         ) -> tuple[dict[str, float], dict[str, float]]:
     """The held-out reward sampled at the training temperature (``eval_samples`` per task), then greedy."""
-    from forge.rollout.evaluate import evaluate_readings
+    from forge.app.rollout.evaluate import evaluate_readings
 
     sampled, greedy = await evaluate_readings(actor, tokenizer, [(config.temperature, config.eval_samples), (0.0, 1)],
                                               config.domains, config.eval_size, config.max_tokens, api_key=api_key)
@@ -428,7 +428,7 @@ def _rounded(scores: dict[str, float]) -> dict[str, float]:
 
 def _plot(run_dir: Path) -> Path | None:
     """The run's reward, loss and throughput curves as run_dir/curves.png (None before the first step)."""
-    from forge.top.plot import NoMetrics, draw, load_records, metrics_path, run_series
+    from forge.app.top.plot import NoMetrics, draw, load_records, metrics_path, run_series
 
     try:
         records, _ = load_records(metrics_path(run_dir))

@@ -79,7 +79,7 @@ def corpus(template: str, seed: int = 0, size: int = 20_000) -> Iterator[str]:
     """Rendered chats: two thirds demonstrations of the built-in tasks (so their words are whole tokens), one third
     generic conversations."""
     from forge.tasks import DOMAINS
-    from forge.tasks.pretrain import demonstration
+    from forge.tasks.demonstrations import demonstration
 
     rng = random.Random(seed)
     shown = 0

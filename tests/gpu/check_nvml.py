@@ -36,7 +36,7 @@ def nvidia_smi() -> list[dict[str, str]]:
 
 
 def top_json(*args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "forge.top", "top", "--once", "--json", *args], check=True,
+    out = subprocess.run([sys.executable, "-m", "forge.app.top", "top", "--once", "--json", *args], check=True,
                          capture_output=True, text=True, timeout=120).stdout
     return json.loads(out)
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import click
 
+from forge.app.deploy.config import DeployConfig, OutFile
+from forge.app.deploy.runfile import RunFile, RunFileError
 from forge.cli.options import RUN_FILE, settings_command
-from forge.deploy.config import DeployConfig, OutFile
-from forge.deploy.runfile import RunFile, RunFileError
 
 CONFIGMAP_LIMIT = 1 << 20                      # Kubernetes keeps an object below 1 MiB
 MANIFEST_NAME = re.compile(r"\d\d-[a-z-]+\.yaml")
@@ -21,12 +21,12 @@ MANIFEST_NAME = re.compile(r"\d\d-[a-z-]+\.yaml")
 def render(config: DeployConfig, run: RunFile) -> list[OutFile]:
     """The target's files for ``run``; RunFileError for a run file the target cannot take."""
     if config.target == "k8s":
-        from forge.deploy import k8s
+        from forge.app.deploy import k8s
 
         if len(run.text.encode()) > CONFIGMAP_LIMIT - 4096:
             raise RunFileError(f"{run.path} is {len(run.text.encode())} bytes: a ConfigMap holds less than 1 MiB")
         return k8s.render(config, run)
-    from forge.deploy import slurm
+    from forge.app.deploy import slurm
 
     return slurm.render(config, run)
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from forge.deploy import services
-from forge.deploy.config import (
+from forge.app.deploy import services
+from forge.app.deploy.config import (
     ACTOR_PORT,
     CACHE_PORT,
     GATEWAY_GRPC_PORT,
@@ -34,8 +34,8 @@ from forge.deploy.config import (
     DeployConfig,
     OutFile,
 )
-from forge.deploy.runfile import RunFile
-from forge.deploy.services import ANY, Command, Shell, shell_words
+from forge.app.deploy.runfile import RunFile
+from forge.app.deploy.services import ANY, Command, Shell, shell_words
 
 KUBERNETES_VERSION = "1.30"         # the oldest Kubernetes the manifests are checked against (tests/test_deploy.py)
 SECRET = "forge-keys"
@@ -201,10 +201,10 @@ class Manifests:
 
     def learner_probes(self) -> dict[str, Any]:
         """Rank 0 alone serves gRPC: one learner pod is probed natively; several run the health check on rank 0
-        only (``forge.deploy.probe``), their other ranks passing."""
+        only (``forge.app.deploy.probe``), their other ranks passing."""
         if self.config.learner_nodes == 1:
             return self.grpc_probes(LEARNER_PORT, "learner")
-        check = {"exec": {"command": ["python", "-m", "forge.deploy.probe", "--rank0-only", f"127.0.0.1:{LEARNER_PORT}"]}}
+        check = {"exec": {"command": ["python", "-m", "forge.app.deploy.probe", "--rank0-only", f"127.0.0.1:{LEARNER_PORT}"]}}
         return {"startupProbe": {**check, "periodSeconds": 10, "timeoutSeconds": 10,
                                  "failureThreshold": START_S["learner"] // 10},
                 "readinessProbe": {**check, "periodSeconds": 15, "timeoutSeconds": 10},

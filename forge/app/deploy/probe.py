@@ -1,4 +1,4 @@
-"""``python -m forge.deploy.probe [--rank0-only] HOST:PORT``: the health probe of a multi-node learner's pods.
+"""``python -m forge.app.deploy.probe [--rank0-only] HOST:PORT``: the health probe of a multi-node learner's pods.
 
 Only rank 0 of a learner serves gRPC (Stats, health), while one StatefulSet's pods share their probes; so the pods
 run this check: rank 0 (the pod whose name ends in -0) asks its gRPC health service, the other ranks pass. Exit
@@ -24,7 +24,7 @@ def serving(address: str, timeout_s: float) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m forge.deploy.probe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m forge.app.deploy.probe", description=__doc__.splitlines()[0])
     parser.add_argument("address", help="HOST:PORT of the gRPC server")
     parser.add_argument("--rank0-only", action="store_true",
                         help="pass at once unless this pod's name (FORGE_POD_NAME, else HOSTNAME) ends in -0")

@@ -24,7 +24,7 @@ class RunFileError(click.UsageError):
 
 def commands() -> dict[str, Any]:
     """The click command of each service, by its run-file table."""
-    from forge.cli.config import settings_commands
+    from forge.app.config_show import settings_commands
 
     found = settings_commands()
     return {table: found[table] for table in SERVICE_TABLES}
@@ -70,7 +70,7 @@ class RunFile:
     @property
     def model(self) -> str | None:
         """``[model] path``, the policy every service serves or trains (None: the services' own tables or default)."""
-        from forge.rollout.config import ModelChoice
+        from forge.app.rollout.config import ModelChoice
 
         flat = self._group(ModelChoice, "model")
         return flat.get("model")
@@ -96,7 +96,7 @@ class RunFile:
         return {name: _field(by_name[name], value) for name, value in self._group(cls, table).items()}
 
     def _check(self) -> None:
-        from forge.rollout.config import AgentConfig, TasksConfig
+        from forge.app.rollout.config import AgentConfig, TasksConfig
 
         for table in SERVICE_TABLES:
             self.options(table)

@@ -13,13 +13,13 @@ import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from forge.deploy.config import (
+from forge.app.deploy.config import (
     LEARNER_PORT,
     WEIGHTS_ANNOUNCE_PORT,
     WEIGHTS_FETCH_PORT,
     DeployConfig,
 )
-from forge.deploy.runfile import RunFile, RunFileError, commands
+from forge.app.deploy.runfile import RunFile, RunFileError, commands
 
 ANY = "0.0.0.0"                      # services listen on every interface of their pod or node
 

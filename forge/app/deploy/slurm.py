@@ -10,8 +10,8 @@ them, the learner checkpointing."""
 
 from __future__ import annotations
 
-from forge.deploy import services
-from forge.deploy.config import (
+from forge.app.deploy import services
+from forge.app.deploy.config import (
     ACTOR_PORT,
     CACHE_PORT,
     GATEWAY_GRPC_PORT,
@@ -28,8 +28,8 @@ from forge.deploy.config import (
     relay_parent,
     relays,
 )
-from forge.deploy.runfile import RunFile
-from forge.deploy.services import ANY, Command, Shell, quote, shell_words
+from forge.app.deploy.runfile import RunFile
+from forge.app.deploy.services import ANY, Command, Shell, quote, shell_words
 
 STOP_BEFORE_END_S = 300         # SIGTERM this long before the time limit: the learner's last step and checkpoint
 

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge.app.rollout.llm import ChatLLM
 from forge.model.sampling import SamplingParams
-from forge.rollout.llm import ChatLLM
 from forge.tasks import Task
 from forge.tasks.agent import FORMAT_HINT, MALFORMED_PENALTY, ToolEnvironment, manage_context
 from forge.tasks.base import final_answer

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import click
 
+from forge.app.rollout.config import RolloutConfig
+from forge.app.rollout.team import Team
 from forge.cli.common import setup_logging
 from forge.cli.options import RUN_FILE, settings_command
 from forge.model.sampling import SamplingParams
-from forge.rollout.config import RolloutConfig
-from forge.rollout.team import Team
 
-log = logging.getLogger("forge.rollout")
+log = logging.getLogger("forge.app.rollout")
 
 
 @settings_command("rollout", RolloutConfig, shared_tables=("model", "tasks", "agent"))
@@ -38,8 +38,8 @@ def rollout(config: RolloutConfig) -> None:
 
 
 async def _roll_out(config: RolloutConfig, team: Team):
+    from forge.app.rollout.driver import DriverConfig, RolloutDriver
     from forge.builtin import load_tokenizer
-    from forge.rollout.driver import DriverConfig, RolloutDriver
 
     workload = team.workload(SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens),
                              config.seed, load_tokenizer(config.model.path))

@@ -11,8 +11,8 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from forge.rollout.llm import aio_channel
-from forge.rollout.workload import Outcome, Plan, Session, Workload, start_request
+from forge.app.rollout.llm import aio_channel
+from forge.app.rollout.workload import Outcome, Plan, Session, Workload, start_request
 from forge.v1 import gateway_pb2, gateway_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -11,15 +11,15 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from forge.app.rollout.agent import run_episode
+from forge.app.rollout.llm import ActorChat, ChatLLM, aio_channel
 from forge.model.sampling import SamplingParams
-from forge.rollout.agent import run_episode
-from forge.rollout.llm import ActorChat, ChatLLM, aio_channel
 from forge.tasks import DOMAINS, eval_set
 from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2_grpc
 
 if TYPE_CHECKING:
-    from forge.rollout.workload import TeamWorkload
+    from forge.app.rollout.workload import TeamWorkload
 
 
 async def evaluate_with(llm: ChatLLM, domains: tuple[str, ...] = DOMAINS, size: int = 48, max_tokens: int = 48,
@@ -74,8 +74,8 @@ async def evaluate_sessions(gateway: str, http_base: str, workload: TeamWorkload
     """(mean reward per domain, failed sessions) of a team's held-out ``tasks``, each played ``samples`` times by
     the workload's agent through ``gateway`` — a gateway whose pool no learner reads, so nothing here is trained
     on. A failed session counts as reward 0. ``api_key``: the gateway's, when it requires one."""
-    from forge.rollout.driver import finish, session_of
-    from forge.rollout.workload import start_request
+    from forge.app.rollout.driver import finish, session_of
+    from forge.app.rollout.workload import start_request
     from forge.v1 import gateway_pb2_grpc
 
     async with aio_channel(gateway, api_key) as channel:

@@ -6,31 +6,15 @@ history renders back to the sampled text."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
 
 from forge.actors.server import sampling_to_proto
+from forge.agents import Reply
 from forge.model.sampling import SamplingParams
 from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
-
-
-@dataclass
-class Reply:
-    content: str
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)   # OpenAI shape
-    finish_reason: str = "stop"
-    call_index: int = -1
-    completion_tokens: int = 0
-    malformed_tool_call: bool = False      # tool-call markup the parser could not read
-
-    def message(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": self.content}
-        if self.tool_calls:
-            message["tool_calls"] = self.tool_calls
-        return message
 
 
 class ChatLLM(Protocol):

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forge.app.rollout.config import AgentConfig, TasksConfig
 from forge.model.sampling import SamplingParams
-from forge.rollout.config import AgentConfig, TasksConfig
 
 
 @dataclass
@@ -18,15 +18,15 @@ class Team:
     """A team's run, checked: its tasks, verifier and agent."""
 
     tasks: Any                           # forge.tasks.source.TaskSet
-    verifier: Any                        # forge.rollout.verifier.Verifier
-    runner: Any = None                   # forge.rollout.blackbox.BlackBoxRunner, for a program
+    verifier: Any                        # forge.app.rollout.verifier.Verifier
+    runner: Any = None                   # forge.app.rollout.blackbox.BlackBoxRunner, for a program
     agent_class: Any = None              # a forge.agents.Agent subclass, for a white-box agent
 
     @classmethod
     def load(cls, tasks: TasksConfig, agent: AgentConfig, base_dir: Path, seed: int = 0) -> Team:
         """Raises ValueError (TaskError, PluginError, AgentCommandError) with the reason."""
-        from forge.rollout.blackbox import AgentCommand, BlackBoxRunner
-        from forge.rollout.verifier import load_verifier
+        from forge.app.rollout.blackbox import AgentCommand, BlackBoxRunner
+        from forge.app.rollout.verifier import load_verifier
         from forge.tasks.source import load_task_set
 
         task_set = load_task_set(train=tasks.train, eval=tasks.eval, eval_fraction=tasks.eval_fraction,
@@ -44,7 +44,7 @@ class Team:
     def workload(self, sampling: SamplingParams, seed: int = 0, tokenizer: Any = None):
         """The workload that plays the team's training tasks; ``tokenizer`` (the model's) decodes the calls of the
         session records the verifier gets."""
-        from forge.rollout.workload import TeamWorkload
+        from forge.app.rollout.workload import TeamWorkload
 
         return TeamWorkload(self.tasks.train, self.verifier, runner=self.runner, agent_class=self.agent_class,
                             sampling=sampling, seed=seed, tokenizer=tokenizer)

@@ -1,8 +1,8 @@
 """What the rollout driver rolls out: a ``Workload`` hands out tasks and plays one session of a task, returning its
 ``Outcome`` (rewards, metrics, or the reason it failed). ``BuiltinWorkload`` is the built-in tasks with the
 white-box agent and, every n-th single-turn group, the black-box example agent; ``TeamWorkload`` is a team's own
-tasks, played by its agent program (``forge.rollout.blackbox``) and scored by its verifier
-(``forge.rollout.verifier``)."""
+tasks, played by its agent program (``forge.app.rollout.blackbox``) and scored by its verifier
+(``forge.app.rollout.verifier``)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from typing import Any
 import aiohttp
 
 from forge.agents import AgentResult
+from forge.app.rollout.agent import Episode, run_episode
+from forge.app.rollout.blackbox import AgentFailed, BlackBoxRunner
+from forge.app.rollout.llm import GatewayChat
+from forge.app.rollout.verifier import VerificationFailed, Verifier
 from forge.model.sampling import SamplingParams
-from forge.rollout.agent import Episode, run_episode
-from forge.rollout.blackbox import AgentFailed, BlackBoxRunner
-from forge.rollout.llm import GatewayChat
-from forge.rollout.verifier import VerificationFailed, Verifier
 from forge.tasks import DOMAINS, Task, task_stream
 from forge.tasks.source import task_cycle
 from forge.v1 import gateway_pb2

@@ -1,9 +1,9 @@
-"""``python -m forge.top top|plot ...``: the commands without the ``forge`` group (env ``FORGE_TOP_*``)."""
+"""``python -m forge.app.top top|plot ...``: the commands without the ``forge`` group (env ``FORGE_TOP_*``)."""
 
 import click
 
+from forge.app.top.cli import plot, top
 from forge.cli.common import CONTEXT_SETTINGS
-from forge.top.cli import plot, top
 
 
 @click.group(context_settings=CONTEXT_SETTINGS)
@@ -15,4 +15,4 @@ main.add_command(top)
 main.add_command(plot)
 
 if __name__ == "__main__":
-    main(prog_name="python -m forge.top", auto_envvar_prefix="FORGE")
+    main(prog_name="python -m forge.app.top", auto_envvar_prefix="FORGE")

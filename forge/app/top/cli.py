@@ -1,4 +1,4 @@
-"""The ``forge top`` and ``forge plot`` commands (registered under the ``forge`` group; also ``python -m forge.top``)."""
+"""The ``forge top`` and ``forge plot`` commands (registered under the ``forge`` group; also ``python -m forge.app.top``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from forge.cli.common import CONTEXT_SETTINGS, config_option
 
 
 def _address(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> list:
-    from forge.top.discovery import parse_address
+    from forge.app.top.discovery import parse_address
 
     try:
         return [parse_address(v) for v in values]
@@ -64,10 +64,10 @@ def top(run_dir: Path | None, targets: list, api_key: str | None, interval: floa
     from rich.console import Console
     from rich.live import Live
 
-    from forge.top.discovery import discover
-    from forge.top.poller import Poller
-    from forge.top.snapshot import sample_local, snapshot
-    from forge.top.view import render
+    from forge.app.top.discovery import discover
+    from forge.app.top.poller import Poller
+    from forge.app.top.snapshot import sample_local, snapshot
+    from forge.app.top.view import render
 
     if run_dir is not None and not run_dir.is_dir():
         raise click.BadParameter(f"{run_dir} is not a directory", param_hint="RUN_DIR")
@@ -110,7 +110,7 @@ def plot(run: Path, out: Path | None, title: str | None) -> None:
 
     Reads the learner's metrics: RUN_DIR/metrics.jsonl, RUN_DIR/learner/metrics.jsonl, or the JSONL file given.
     """
-    from forge.top.plot import NoMetrics, draw, load_records, metrics_path, run_series
+    from forge.app.top.plot import NoMetrics, draw, load_records, metrics_path, run_series
 
     try:
         path = metrics_path(run)

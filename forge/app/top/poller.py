@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from forge.app.top.discovery import KINDS, Target
 from forge.rpc import connect
-from forge.top.discovery import KINDS, Target
 from forge.v1 import common_pb2
 
 SERVICE_NAMES = {"actor": "Actor", "gateway": "Gateway", "pool": "Pool", "learner": "Learner", "cache": "Cache",

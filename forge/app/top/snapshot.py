@@ -10,7 +10,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from forge import telemetry
-from forge.top.poller import ServiceState
+from forge.app.top.poller import ServiceState
 from forge.v1 import common_pb2
 
 

@@ -12,9 +12,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from forge.top import fmt
-from forge.top.poller import ServiceState
-from forge.top.snapshot import LocalMachine
+from forge.app.top import fmt
+from forge.app.top.poller import ServiceState
+from forge.app.top.snapshot import LocalMachine
 from forge.v1 import common_pb2
 
 Gauges = dict[str, float]
