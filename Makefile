@@ -6,6 +6,9 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.forge-installed
+# setuptools notes that an editable install of packages kept in top-level folders goes through a meta-path finder:
+# informational, and the only thing it would print, so it is silenced.
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 UP_ARGS ?=
 # The vLLM backend's tests run in an environment of their own (vLLM pins its own dependencies).
 # CUDA machines: make test-vllm VLLM_EXTRA=vllm TORCH="torch==2.13.0 --index-url ..."
@@ -21,7 +24,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(EDITABLE) $(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
 ## The main job on the embedded default (whole system on CPU, built-in tiny model).
@@ -43,7 +46,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH)
-	$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev,$(VLLM_EXTRA)]"
+	$(EDITABLE) $(VLLM_VENV)/bin/python -m pip install -q -e ".[dev,$(VLLM_EXTRA)]"
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import torch, vllm; print('torch', torch.__version__, '· vllm', vllm.__version__)"
 	touch $@
@@ -65,7 +68,7 @@ assets: venv
 ## make pretrain, or make pretrain MODEL=tiny-moe.
 MODEL ?= tiny
 pretrain: venv
-	$(BIN)/python -m forge.tasks.pretrain --model $(MODEL)
+	$(BIN)/python -m forge.app.pretrain --model $(MODEL)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info .pytest_cache .ruff_cache
