@@ -20,7 +20,7 @@ from forge.settings import (
     setting,
 )
 from forge.weights.curve import check_client_keys, check_key_pair, check_public_key
-from forge.weights.endpoints import check_endpoint
+from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_ENDPOINT, check_endpoint
 
 BACKENDS = ("torch", "vllm", "trtllm")
 ROLES = ("both", "prefill", "decode")
@@ -58,9 +58,9 @@ class ActorConfig(Settings):
     dtype: str = setting("auto", choices=("auto", "float32", "bfloat16", "float16"),
                          help="Weights' and KV's dtype; auto: the checkpoint's own (config.json's torch_dtype).")
     weights_fetch: str | None = setting(None, help="Subscribe to weight versions from the learner at this ZeroMQ "
-                                                   "endpoint (e.g. tcp://127.0.0.1:5701).")
+                                                   f"endpoint (e.g. {DEFAULT_FETCH_ENDPOINT}).")
     weights_announce: str | None = setting(None, help="The learner's announcement endpoint (e.g. "
-                                                      "tcp://127.0.0.1:5702); needed with --weights-fetch.")
+                                                      f"{DEFAULT_ANNOUNCE_ENDPOINT}); needed with --weights-fetch.")
     weights_key: Path | None = setting(None, path="file", validate=check_key_pair,
                                        help="This actor's CURVE key pair (a ZeroMQ *.key_secret certificate, see "
                                             "forge keys weights): weights are then fetched encrypted, from the "

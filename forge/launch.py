@@ -28,9 +28,10 @@ def console_script(name: str) -> str:
 
 class ServiceProcess:
     def __init__(self, name: str, command: str, args: list[str], run_dir: Path, env: dict[str, str] | None = None,
-                 timeout_s: float = 180.0) -> None:
+                 timeout_s: float = 180.0, inherit_env: bool = True) -> None:
         """Start console script ``command`` with ``args`` (plus ``--ready-file``) and wait until it is ready; the
-        ready file is RUN_DIR/NAME.json and the log RUN_DIR/logs/NAME.log."""
+        ready file is RUN_DIR/NAME.json and the log RUN_DIR/logs/NAME.log. ``env`` goes on top of this process's
+        environment, or is the whole of it (``inherit_env=False``)."""
         self.name = name
         self.ready_file = run_dir / f"{name}.json"
         self.ready_file.unlink(missing_ok=True)
@@ -39,7 +40,8 @@ class ServiceProcess:
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen([console_script(command), *args, "--ready-file", str(self.ready_file)],
                                      stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                     env={**(os.environ if inherit_env else {}), "PYTHONUNBUFFERED": "1",
+                                          **(env or {})},
                                      start_new_session=True)
         self.info = self._wait_ready(timeout_s)
         log.info("%s ready (pid %d): %s", name, self.proc.pid, self.info)

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 SETTING = "forge.setting"
+GROUP_DEFAULTS = "forge.group_defaults"
+UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()      # no default given by a group
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -49,6 +51,8 @@ class Setting:
     click_type: str | None = None
     path: str | None = None
     validate: Callable[[Any], None] | None = None
+    argument: bool = False
+    short: str | None = None
 
 
 def setting(default: Any = MISSING, *, factory: Any = MISSING, help: str, flag: str | None = None,
@@ -56,7 +60,7 @@ def setting(default: Any = MISSING, *, factory: Any = MISSING, help: str, flag: 
             min_open: bool = False, env: str | None = None, secret: bool = False, separator: str | None = None,
             scale: int = 1, unit: str = "", metavar: str | None = None, negative: str | None = None,
             click_type: str | None = None, path: str | None = None,
-            validate: Callable[[Any], None] | None = None) -> Any:
+            validate: Callable[[Any], None] | None = None, argument: bool = False, short: str | None = None) -> Any:
     """A settings field.
 
     - ``help``: one sentence for ``--help``, ``forge config show`` and the docs.
@@ -71,13 +75,29 @@ def setting(default: Any = MISSING, *, factory: Any = MISSING, help: str, flag: 
     - ``click_type``: how the option parses its text when the field's type does not say: ``"bytes"`` (64MiB).
     - ``path``: ``"file"`` or ``"dir"`` for a ``Path`` field.
     - ``validate``: a check of its own for a value (None aside), raising ValueError with the reason.
+    - ``argument``: given on the command line as a positional argument (``forge pool stats PATH``) rather than an
+      option; the variable and the TOML key are derived as for an option.
+    - ``short``: a one-letter alias of the option (``"n"`` for ``-n``).
     """
+    if argument and (secret or short):
+        raise TypeError("a positional argument is neither secret nor has a short alias")
     meta = {SETTING: Setting(help=help, flag=flag, choices=choices, min=min, max=max, min_open=min_open, env=env,
                              secret=secret, separator=separator, scale=scale, unit=unit, metavar=metavar,
-                             negative=negative, click_type=click_type, path=path, validate=validate)}
+                             negative=negative, click_type=click_type, path=path, validate=validate,
+                             argument=argument, short=short)}
     if factory is not MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def group(cls: type, **defaults: Any) -> Any:
+    """A settings field holding the group ``cls`` whose own defaults for some of its fields are ``defaults`` (field
+    name → value): one group serves two commands that want other defaults (forge up's rollouts and forge
+    rollout's), each option still declared once."""
+    unknown = set(defaults) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no fields {sorted(unknown)}")
+    return dataclasses.field(default_factory=lambda: cls(**defaults), metadata={GROUP_DEFAULTS: dict(defaults)})
 
 
 @dataclass(frozen=True)
@@ -90,6 +110,7 @@ class Entry:
     kind: type                          # the value's type once ``None`` is set aside: int, float, str, bool, Path, tuple
     optional: bool                      # ``None`` is a valid value
     key_file: bool = False              # the key-file setting of the secret ``field`` (a Path, not a field itself)
+    override: Any = UNSET               # the default its group gives it (``group``), in place of the field's
 
     @property
     def name(self) -> str:
@@ -104,6 +125,8 @@ class Entry:
     def default(self) -> Any:
         if self.key_file:
             return None
+        if self.override is not UNSET:
+            return self.override
         if self.field.default is not MISSING:
             return self.field.default
         if self.field.default_factory is not MISSING:
@@ -112,7 +135,8 @@ class Entry:
 
     @property
     def required(self) -> bool:
-        return not self.key_file and self.field.default is MISSING and self.field.default_factory is MISSING
+        return (not self.key_file and self.override is UNSET and self.field.default is MISSING
+                and self.field.default_factory is MISSING)
 
 
 class SettingsError(ValueError):
@@ -144,12 +168,12 @@ def entries(cls: type) -> tuple[Entry, ...]:
     """Every setting of ``cls``, groups flattened in field order; option names are checked to be unique."""
     found: list[Entry] = []
 
-    def walk(klass: type, path: tuple[str, ...]) -> None:
+    def walk(klass: type, path: tuple[str, ...], defaults: Mapping[str, Any]) -> None:
         hints = typing.get_type_hints(klass)
         for f in dataclasses.fields(klass):
             kind, optional = _unwrap(hints[f.name])
             if is_settings(kind):
-                walk(kind, (*path, f.name))
+                walk(kind, (*path, f.name), f.metadata.get(GROUP_DEFAULTS, {}))
                 continue
             spec = f.metadata.get(SETTING)
             if spec is None:
@@ -157,11 +181,11 @@ def entries(cls: type) -> tuple[Entry, ...]:
             origin = typing.get_origin(kind) or kind
             if origin not in (int, float, str, bool, Path, tuple):
                 raise TypeError(f"{klass.__name__}.{f.name}: unsupported setting type {kind}")
-            found.append(Entry((*path, f.name), f, spec, origin, optional))
+            found.append(Entry((*path, f.name), f, spec, origin, optional, override=defaults.get(f.name, UNSET)))
             if spec.secret:
                 found.append(key_file_entry(found[-1]))
 
-    walk(cls, ())
+    walk(cls, (), {})
     names = [e.name for e in found]
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:
@@ -200,6 +224,11 @@ def groups(cls: type) -> dict[str, type]:
     """The nested groups of ``cls`` by field name (one level; their own groups are found through them)."""
     hints = typing.get_type_hints(cls)
     return {f.name: _unwrap(hints[f.name])[0] for f in dataclasses.fields(cls) if is_settings(_unwrap(hints[f.name])[0])}
+
+
+def group_defaults(cls: type) -> dict[str, dict[str, Any]]:
+    """The defaults each group field of ``cls`` gives its group's fields (``group``), by group field name."""
+    return {f.name: dict(f.metadata.get(GROUP_DEFAULTS, {})) for f in dataclasses.fields(cls) if f.name in groups(cls)}
 
 
 def check_value(entry: Entry, value: Any) -> None:
@@ -296,10 +325,11 @@ def build(cls: type, values: Mapping[str, Any]) -> Any:
     if unknown:
         raise SettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
 
-    def make(klass: type, path: tuple[str, ...]) -> Any:
-        kwargs: dict[str, Any] = {}
-        for name, group in groups(klass).items():
-            kwargs[name] = make(group, (*path, name))
+    def make(klass: type, path: tuple[str, ...], defaults: Mapping[str, Any]) -> Any:
+        kwargs: dict[str, Any] = dict(defaults)
+        nested = group_defaults(klass)
+        for name, kind in groups(klass).items():
+            kwargs[name] = make(kind, (*path, name), nested[name])
         own = [e for e in entries(klass) if len(e.path) == 1]
         for entry in own:
             if not entry.key_file and entry.name in values:
@@ -317,7 +347,7 @@ def build(cls: type, values: Mapping[str, Any]) -> Any:
             missing = [e.flag for e in entries(klass) if e.required and e.field.name not in kwargs]
             raise SettingsError(f"give {' and '.join(missing)}" if missing else str(exc)) from exc
 
-    return make(cls, ())
+    return make(cls, (), {})
 
 
 def flatten(cls: type, table: Mapping[str, Any], where: str) -> dict[str, Any]:

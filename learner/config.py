@@ -22,6 +22,7 @@ from forge.settings import (
     setting,
 )
 from forge.weights.curve import check_client_keys, check_key_pair
+from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_ENDPOINT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,10 +39,10 @@ class LearnerConfig(Settings):
     run_dir: Path = setting(Path("runs/learner"), path="dir", help="Checkpoints and metrics.jsonl go here.")
     resume: bool = setting(True, help="Continue from the run directory's latest checkpoint when there is one.")
     keep_checkpoints: int = setting(3, min=1, help="Checkpoints kept (the oldest are deleted).")
-    weights_fetch: str = setting("tcp://127.0.0.1:5701",
+    weights_fetch: str = setting(DEFAULT_FETCH_ENDPOINT,
                                  help="ZeroMQ endpoint actors fetch weight chunks from ('tcp://127.0.0.1:*' picks a "
                                       "free port).")
-    weights_announce: str = setting("tcp://127.0.0.1:5702", help="ZeroMQ endpoint new weight versions are announced "
+    weights_announce: str = setting(DEFAULT_ANNOUNCE_ENDPOINT, help="ZeroMQ endpoint new weight versions are announced "
                                                                  "on.")
     weights_key: Path | None = setting(None, path="file", validate=check_key_pair,
                                        help="The learner's CURVE key pair (a ZeroMQ *.key_secret certificate, see "

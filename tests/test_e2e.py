@@ -23,7 +23,8 @@ from rich.console import Console
 
 from forge import expert_routing
 from forge.app.rollout.config import ModelChoice
-from forge.app.up import UpConfig, report, run
+from forge.app.up.config import UpConfig
+from forge.app.up.run import report, run
 from forge.builtin import TINY_DIR
 from forge.pool import PoolReader
 from forge.rpc import connect
@@ -170,11 +171,9 @@ def test_forge_up_disaggregated_trains_through_its_prefill_actor(tmp_path):
     # Which calls skip the prefill pool by default depends on what the router has heard when they come; with a
     # threshold of one token none can (a prompt's last token is never counted as cached), so every call must be
     # prefilled apart, whatever the machine's speed.
-    run_file = tmp_path / "forge.toml"
-    run_file.write_text("[gateway]\nprefill_min_tokens = 1\n")
     config = UpConfig(run_dir=tmp_path / "run", prefill_actors=1, minutes=20.0, steps=4, eval_size=8,
-                      eval_samples=1)
-    result = asyncio.run(run(config, Console(record=True, width=120), run_file))
+                      eval_samples=1).with_services(gateway={"prefill_min_tokens": 1})
+    result = asyncio.run(run(config, Console(record=True, width=120)))
     assert result["learner"].get("version", 0) >= 4
     services = {s["name"]: s for s in json.loads((config.run_dir / "services.json").read_text())}
     assert set(services) >= {"actor-0", "actor-prefill-0", "gateway", "cache", "learner"}
@@ -218,8 +217,8 @@ def test_forge_up_on_vllm_actors_trains(tmp_path, model):
     """The main job with vLLM actors, stopped by learner steps: the learner trains on what they sample, and its
     versions reach them (later calls are stamped with them). With experts, vLLM on CPU records no routing: the
     learner routes every token itself and says so."""
-    config = UpConfig(run_dir=tmp_path / "run", backend="vllm", model=ModelChoice(path=model), minutes=20.0, steps=6,
-                      eval_size=8, eval_samples=1)
+    config = UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path=model), minutes=20.0, steps=6,
+                      eval_size=8, eval_samples=1).with_services(actor={"backend": "vllm"})
     result = asyncio.run(run(config, Console(record=True, width=120)))
     records = [json.loads(line) for line in (config.run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
     assert len({r["step"] for r in records}) >= 6 and result["learner"].get("version", 0) >= 6

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from test_multinode_learner import free_port_on
 
-from forge.app.top.poller import stats_method
+from forge.app.registry import stats_method
 from forge.builtin import TINY_DIR
 from forge.launch import ServiceProcess
 from forge.v1 import common_pb2

@@ -16,8 +16,10 @@ from click.testing import CliRunner
 
 from forge.app.config_show import settings_commands
 from forge.app.main import forge
-from forge.app.up import leaf_keys, service_args
-from forge.cli.options import _click_default, envvars_of, settings_command
+from forge.app.up.cli import UpCommand, services_from
+from forge.app.up.config import RENAMED, UpConfig
+from forge.app.up.plan import Plan
+from forge.cli.options import click_value, envvars_of, settings_command
 from forge.learner.config import LearnerConfig
 from forge.pool import WindowConfig
 from forge.settings import Settings, SettingsError, build, entries, setting
@@ -31,17 +33,43 @@ NOT_SETTINGS = {"config", "help"}
 @pytest.mark.parametrize("table", sorted(COMMANDS))
 def test_options_and_settings_fields_are_the_same(table):
     command = COMMANDS[table]
-    options = {p.name: p for p in command.params if isinstance(p, click.Option) and p.name not in NOT_SETTINGS}
-    fields = {e.name: e for e in entries(command.settings_class)}
+    options = {p.name: p for p in command.params if isinstance(p, click.Option) and p.name not in NOT_SETTINGS
+               and not p.hidden}
+    fields = {e.name: e for e in entries(command.settings_class) if not e.spec.argument}
     assert set(options) == set(fields), (f"only options: {sorted(set(options) - set(fields))}; "
                                          f"only fields: {sorted(set(fields) - set(options))}")
     for name, entry in fields.items():
         option = options[name]
         default = option.default if not option.multiple else tuple(option.default or ())
-        assert default == _click_default(entry, entry.default), name
+        assert default == click_value(entry, entry.default), name
         assert option.help.startswith(entry.spec.help), name
         assert option.envvar[0] == f"FORGE_{table.upper()}_{name.upper()}", name
     assert any(p.name == "config" for p in command.params)
+
+
+def test_forge_ups_renamed_options_still_work_with_a_warning(tmp_path):
+    """forge up's own copies of the services' settings became --set SERVICE.OPTION: the old options, variables and
+    [up] keys still work (hidden from --help), with a warning naming the setting."""
+    hidden = {p.name for p in COMMANDS["up"].params if isinstance(p, click.Option) and p.hidden}
+    assert hidden == set(RENAMED)
+    run_file = tmp_path / "run.toml"
+    run_file.write_text("[up]\nwarmup_steps = 7\nspeed_domains = [\"qa\", \"agent\"]\n")
+    seen = {}
+
+    def capture(config):
+        seen["config"] = config
+
+    command = UpCommand()
+    command._run = capture
+    result = CliRunner().invoke(command, ["--config", str(run_file), "--lr", "1e-3", "--run-dir", str(tmp_path)],
+                                env={"FORGE_UP_BACKEND": "torch"})
+    assert result.exit_code == 0, result.output
+    assert "--lr (or [up] lr) is deprecated: give --set learner.lr=VALUE" in result.output
+    config = seen["config"]
+    learner = config.overrides("learner")
+    assert learner.values["lr"] == 1e-3 and learner.values["warmup_steps"] == 7
+    assert learner.values["speed_domains"] == ("qa", "agent") and config.overrides("actor").values["backend"] == "torch"
+    assert "--lr" not in CliRunner().invoke(command, ["--help"]).output
 
 
 def commands_of(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], click.Command]]:
@@ -160,13 +188,28 @@ def test_the_example_run_file_is_valid_for_every_service():
         assert any(row["source"] == "file" for row in report["settings"]), table
 
 
-def test_forge_up_gives_the_run_file_to_services_and_yields_to_its_tables(tmp_path):
-    table = {"lr": 1e-3, "loss": {"token_norm": "token"}}
-    assert leaf_keys(table) == {"lr", "token_norm"}
-    args = service_args({"port": 0, "actor": ["a:1", "b:2"]}, {"lr": 2e-4, "token_norm": "sequence", "seed": 3},
-                        tmp_path / "run.toml", table)
-    assert args == ["--config", str(tmp_path / "run.toml"), "--seed", "3", "--port", "0", "--actor", "a:1",
-                    "--actor", "b:2"]
+def test_forge_up_tunes_the_services_through_their_own_settings_and_yields_to_the_run(tmp_path):
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('[learner]\nlr = 1e-3\n\n[learner.loss]\ntoken_norm = "token"\n\n[actor]\nkv_cache_mb = 64\n')
+    config = UpConfig(run_dir=tmp_path / "run", seed=3, settings=("learner.warmup_steps=5",),
+                      services=services_from(str(run_file), {"FORGE_ACTOR_THREADS": "2"}))
+    by_name = {i.name: i for i in Plan(config).check()}
+    learner, actor = by_name["learner"], by_name["actor-0"]
+    trainer = learner.settings.trainer
+    assert (trainer.lr, trainer.warmup_steps, trainer.seed) == (1e-3, 5, 3)      # file, --set, forge up's seed
+    assert learner.settings.loss.token_norm == "token" and learner.settings.reward.beta == 0.2   # file; main job
+    assert learner.sources["lr"] == "file" and learner.sources["warmup_steps"] == "--set"
+    assert learner.sources["beta"] == "forge up" and learner.sources["pool"] == "wired"
+    assert actor.settings.engine.kv_cache_bytes == 64 * 2**20 and actor.settings.engine.threads == 2
+    assert actor.sources["threads"] == "environment"
+    words = learner.arguments()
+    assert words[words.index("--lr") + 1] == "0.001" and "--config" not in words
+    assert "--token-norm" not in words           # the file gives the learner's own default back
+    assert "FORGE_LEARNER_LR" in learner.withheld()
+    with pytest.raises(SettingsError, match="--prefill-min-tokens: 0 is not in the range"):
+        config.with_services(gateway={"prefill_min_tokens": 0})
+    with pytest.raises(SettingsError, match="learner: --nnodes > 1 needs --rdzv-endpoint"):      # before any start
+        Plan(config.with_services(learner={"nnodes": 2})).check()
 
 
 def test_derived_environment_names_follow_the_table():

@@ -12,7 +12,7 @@ from forge.app.keys import keys_group
 from forge.app.model_commands import model_group
 from forge.app.rollout.cli import rollout
 from forge.app.top.cli import plot, top
-from forge.app.up import up
+from forge.app.up.cli import up
 from forge.cache.cli import cache
 from forge.cli.common import CONTEXT_SETTINGS, entry_point
 from forge.gateway.cli import gateway

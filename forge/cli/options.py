@@ -66,7 +66,7 @@ def table_of(data: dict[str, Any], table: str, path: str | Path) -> dict[str, An
     return section
 
 
-def _click_default(entry: Entry, value: Any) -> Any:
+def click_value(entry: Entry, value: Any) -> Any:
     """A field value as the option takes it (scaled, joined)."""
     if value is None:
         return None
@@ -77,7 +77,7 @@ def _click_default(entry: Entry, value: Any) -> Any:
     return value
 
 
-def _file_value(entry: Entry, value: Any) -> Any:
+def file_value(entry: Entry, value: Any) -> Any:
     """A run file's value as click's default map takes it."""
     if entry.kind is tuple:
         items = value if isinstance(value, list) else [value]
@@ -133,23 +133,30 @@ def envvars_of(entry: Entry, table: str) -> list[str]:
     return [derived, *([entry.spec.env] if entry.spec.env and entry.spec.env != derived else [])]
 
 
-def option_for(entry: Entry, table: str) -> click.Option:
+def option_for(entry: Entry, table: str) -> click.Parameter:
+    """The click parameter of a setting: an option, or a positional argument (``argument=True``)."""
     spec = entry.spec
-    default = _click_default(entry, entry.default)
+    default = click_value(entry, entry.default)
+    multiple = entry.kind is tuple and not spec.separator
+    value_type = _param_type(entry) if not (entry.kind is tuple and spec.separator) else str
+    if spec.argument:
+        given = {} if entry.required else {"default": default}       # click takes a given None for a value
+        return click.Argument([entry.name], type=value_type, nargs=-1 if multiple else 1, required=entry.required,
+                              envvar=envvars_of(entry, table), metavar=spec.metavar or entry.name.upper(), **given)
     help_text = spec.help + (f" [unit: {spec.unit}]" if spec.unit else "")
     if spec.secret:
         help_text += (f" A value on the command line is visible to every local user in the process list: prefer "
                       f"{entry.flag}-file PATH or {envvars_of(entry, table)[0]}.")
     common: dict[str, Any] = {"help": help_text, "envvar": envvars_of(entry, table), "metavar": spec.metavar,
                               "show_default": default not in (None, (), "") and not spec.secret}
+    short = [f"-{spec.short}"] if spec.short else []
     if entry.kind is bool:
         off = spec.negative or f"no-{entry.name.replace('_', '-')}"
-        return click.Option([f"{entry.flag}/--{off}", entry.name], default=default, **common)
-    multiple = entry.kind is tuple and not spec.separator
+        return click.Option([f"{entry.flag}/--{off}", *short, entry.name], default=default, **common)
     if spec.choices is not None and entry.kind is tuple and spec.separator:
         common["help"] += f" (each of {', '.join(spec.choices)})"
-    return click.Option([entry.flag, entry.name], type=_param_type(entry) if not (
-        entry.kind is tuple and spec.separator) else str, default=default, multiple=multiple, **common)
+    return click.Option([entry.flag, *short, entry.name], type=value_type, default=default, multiple=multiple,
+                        **common)
 
 
 def _table_name(ctx: click.Context) -> str:
@@ -172,6 +179,8 @@ def _load_run_file(ctx: click.Context, _param: click.Parameter, value: str | Non
                                          param_hint="--config")
             section = {**section, shared: table_of(data, shared, value)}
     cls = getattr(command, "settings_class", None)
+    if isinstance(command, SettingsCommand):
+        section = command.own_table(ctx, section)
     if cls is None:
         defaults = {k.replace("-", "_"): v for k, v in section.items()}
     else:
@@ -180,7 +189,7 @@ def _load_run_file(ctx: click.Context, _param: click.Parameter, value: str | Non
         except SettingsError as exc:
             raise click.BadParameter(str(exc), param_hint="--config") from exc
         by_name = {e.name: e for e in entries(cls)}
-        defaults = {name: _file_value(by_name[name], v) for name, v in flat.items()}
+        defaults = {name: file_value(by_name[name], v) for name, v in flat.items()}
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     ctx.meta[RUN_FILE] = value
     return value
@@ -210,6 +219,10 @@ class SettingsCommand(click.Command):
         config_option(self)
         self.params.insert(0, self.params.pop())
         self._run = run
+
+    def own_table(self, ctx: click.Context, section: dict[str, Any]) -> dict[str, Any]:
+        """The run file's table of this command as its settings read it (a subclass may take keys out first)."""
+        return section
 
     def settings_from(self, values: dict[str, Any]) -> Any:
         """The built settings from click's parsed values; raises click.UsageError for one it refuses."""

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import zmq
 
-DEFAULT_FETCH_ENDPOINT = "tcp://127.0.0.1:5701"
-DEFAULT_ANNOUNCE_ENDPOINT = "tcp://127.0.0.1:5702"
+# The weight channel's ports: the learner's (rank 0's) fetch and announcement endpoints, and those an actor re-serves
+# the versions it applied on for its children in a relay tree. Deployments use them as they are.
+WEIGHTS_FETCH_PORT = 5701
+WEIGHTS_ANNOUNCE_PORT = 5702
+RELAY_FETCH_PORT = 5703
+RELAY_ANNOUNCE_PORT = 5704
+DEFAULT_FETCH_ENDPOINT = f"tcp://127.0.0.1:{WEIGHTS_FETCH_PORT}"
+DEFAULT_ANNOUNCE_ENDPOINT = f"tcp://127.0.0.1:{WEIGHTS_ANNOUNCE_PORT}"
 TRANSPORTS = ("tcp", "ipc", "inproc")
 
 
 def check_endpoint(endpoint: object, role: str) -> str:
     """``endpoint`` if it is a string like ``tcp://host:port``, ``ipc:///path`` or ``inproc://name``."""
     if not isinstance(endpoint, str):
-        raise TypeError(f"{role} endpoint must be a string such as tcp://127.0.0.1:5701, got {endpoint!r}")
+        raise TypeError(f"{role} endpoint must be a string such as {DEFAULT_FETCH_ENDPOINT}, got {endpoint!r}")
     transport, sep, address = endpoint.partition("://")
     if not sep or transport not in TRANSPORTS or not address:
         raise ValueError(f"bad {role} endpoint {endpoint!r}: expected tcp://host:port, ipc:///path or inproc://name")

@@ -20,10 +20,6 @@ GATEWAY_GRPC_PORT = 50053
 CACHE_PORT = 50055
 POOL_PORT = 50057
 GATEWAY_HTTP_PORT = 8000
-WEIGHTS_FETCH_PORT = 5701            # the learner's weight endpoints (rank 0)
-WEIGHTS_ANNOUNCE_PORT = 5702
-RELAY_FETCH_PORT = 5703              # an actor's relay of the weights it applied
-RELAY_ANNOUNCE_PORT = 5704
 RDZV_PORT = 29500                    # torchrun's rendezvous on the first learner node
 SLOT_STRIDE = 10                     # Slurm: the k-th service of a kind on one node adds k * SLOT_STRIDE to its ports
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from forge.app.command_line import Shell, option_words, quote
 from forge.app.deploy import services
 from forge.app.deploy.config import (
     ACTOR_PORT,
@@ -25,17 +26,15 @@ from forge.app.deploy.config import (
     POOL_MOUNT,
     POOL_PORT,
     RDZV_PORT,
-    RELAY_ANNOUNCE_PORT,
-    RELAY_FETCH_PORT,
     RUN_FILE_IN_POD,
     SHARED_MOUNT,
-    WEIGHTS_ANNOUNCE_PORT,
-    WEIGHTS_FETCH_PORT,
     DeployConfig,
     OutFile,
 )
 from forge.app.deploy.runfile import RunFile
-from forge.app.deploy.services import ANY, Command, Shell, shell_words
+from forge.app.deploy.services import ANY, Command, shell_words
+from forge.app.registry import KEY_KINDS, service
+from forge.weights.endpoints import RELAY_ANNOUNCE_PORT, RELAY_FETCH_PORT, WEIGHTS_ANNOUNCE_PORT, WEIGHTS_FETCH_PORT
 
 KUBERNETES_VERSION = "1.30"         # the oldest Kubernetes the manifests are checked against (tests/test_deploy.py)
 SECRET = "forge-keys"
@@ -76,7 +75,7 @@ class Manifests:
     def __init__(self, config: DeployConfig, run: RunFile, keys: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.run = run
-        self.keys = dict(keys) if keys is not None else {k: secrets.token_urlsafe(32) for k in services.KEY_KINDS}
+        self.keys = dict(keys) if keys is not None else {k: secrets.token_urlsafe(32) for k in KEY_KINDS}
         ns = config.namespace
         self.base = f"{SHARED_MOUNT}/{config.name}"
         self.pool_address = f"pool-0.pool.{ns}.svc:{POOL_PORT}"
@@ -106,7 +105,7 @@ class Manifests:
 
     # The services' command lines.
     def learner_command(self) -> Command:
-        rank = Shell("$rank") if self.config.learner_nodes > 1 else "0"
+        rank = Shell("$rank") if self.config.learner_nodes > 1 else 0
         return services.learner(self.run, self.config, name="learner", run_file=RUN_FILE_IN_POD, rank=rank,
                                 rdzv=f"learner-0.learner.{self.config.namespace}.svc:{RDZV_PORT}",
                                 pool=self.pool_address, run_dir=f"{self.base}/learner")
@@ -321,8 +320,7 @@ class Manifests:
                   "fi",
                   "set --",
                   f"if [ $(( {f} + i * {f} )) -lt {c.actors} ]; then      # it has children: relay the weights",
-                  "  set -- " + " ".join(f"{flag} {value}" for flag, value in services.relay_options(
-                      *self.relay_endpoints)),
+                  "  set -- " + " ".join(option_words(service("actor"), services.relay_values(*self.relay_endpoints))),
                   "fi"]
         return lines, ' "$@"'
 
@@ -350,7 +348,7 @@ class Manifests:
     def rollout_job(self) -> dict[str, Any]:
         c = self.config
         command = self.rollout_command()
-        team = services.quote(self.team_dir)
+        team = quote(self.team_dir)
         prelude = ['i="$JOB_COMPLETION_INDEX"',
                    f"seed=$(( {services.rollout_seed(self.run)} + i ))",
                    f"if [ ! -d {team} ]; then",

@@ -10,11 +10,13 @@ from typing import Any
 
 import click
 
-from forge.cli.options import field_value, read_run_file, table_of
-from forge.settings import Entry, SettingsError, build, entries, flatten
+from forge.app.registry import SERVICES
+from forge.cli.options import read_run_file, table_of
+from forge.cli.overrides import Overrides
+from forge.settings import SettingsError, build
 
 # The run file's tables: the service that reads each, and the top-level tables forge rollout reads as its groups.
-SERVICE_TABLES = ("learner", "actor", "gateway", "cache", "pool", "rollout")
+SERVICE_TABLES = tuple(SERVICES)
 SHARED_TABLES = ("model", "tasks", "agent")
 
 
@@ -22,12 +24,9 @@ class RunFileError(click.UsageError):
     """The run file cannot be deployed: one line saying why (exit status 2)."""
 
 
-def commands() -> dict[str, Any]:
-    """The click command of each service, by its run-file table."""
-    from forge.app.config_show import settings_commands
-
-    found = settings_commands()
-    return {table: found[table] for table in SERVICE_TABLES}
+def settings_class(table: str) -> type:
+    """The settings class of the service that reads ``table``."""
+    return SERVICES[table].settings_class
 
 
 @dataclass(frozen=True)
@@ -60,20 +59,16 @@ class RunFile:
         return found if isinstance(found, dict) else {}
 
     def options(self, table: str) -> dict[str, Any]:
-        """The service's table as flat option names (underscores) → values, as the service will read it."""
-        command = commands()[table]
-        try:
-            return flatten(command.settings_class, self.table(table), f"{self.path} [{table}]")
-        except SettingsError as exc:
-            raise RunFileError(str(exc)) from exc
+        """The service's table as its option names (underscores) → the values its fields will hold, each checked
+        against its setting."""
+        return self._fields(settings_class(table), table)
 
     @property
     def model(self) -> str | None:
         """``[model] path``, the policy every service serves or trains (None: the services' own tables or default)."""
         from forge.app.rollout.config import ModelChoice
 
-        flat = self._group(ModelChoice, "model")
-        return flat.get("model")
+        return self._fields(ModelChoice, "model").get("model")
 
     @property
     def backend(self) -> str:
@@ -84,16 +79,12 @@ class RunFile:
         """Whether the run file brings a team's tasks and agent, which a rollout driver plays."""
         return bool(self.table("tasks") or self.table("agent"))
 
-    def _group(self, cls: type, table: str) -> dict[str, Any]:
-        try:
-            return flatten(cls, self.table(table), f"{self.path} [{table}]")
-        except SettingsError as exc:
-            raise RunFileError(str(exc)) from exc
-
     def _fields(self, cls: type, table: str) -> dict[str, Any]:
         """A table's values as ``cls``'s fields hold them (a TOML list as a tuple, a size in its field's units)."""
-        by_name = {e.name: e for e in entries(cls)}
-        return {name: _field(by_name[name], value) for name, value in self._group(cls, table).items()}
+        try:
+            return dict(Overrides.of(cls, self.table(table), "file", f"{self.path} [{table}]").values)
+        except SettingsError as exc:
+            raise RunFileError(str(exc)) from exc
 
     def _check(self) -> None:
         from forge.app.rollout.config import AgentConfig, TasksConfig
@@ -114,10 +105,3 @@ class RunFile:
         if role != "both":
             raise RunFileError(f"{self.path}: [actor] role = {role!r}: forge deploy runs every actor with role both "
                                "(prefill/decode actors are not deployed by it)")
-
-
-def _field(entry: Entry, value: Any) -> Any:
-    if entry.kind is tuple and isinstance(value, list):
-        return tuple(str(v) for v in value)
-    value = field_value(entry, value)
-    return Path(value) if entry.kind is Path and isinstance(value, str) else value

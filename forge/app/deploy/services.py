@@ -9,36 +9,18 @@ is the wiring — listeners, addresses, directories, keys — which a run file's
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from forge.app.deploy.config import (
-    LEARNER_PORT,
-    WEIGHTS_ANNOUNCE_PORT,
-    WEIGHTS_FETCH_PORT,
-    DeployConfig,
-)
-from forge.app.deploy.runfile import RunFile, RunFileError, commands
+from forge.app.command_line import Shell, key_file_words, key_variables, option_words, quote
+from forge.app.deploy.config import LEARNER_PORT, DeployConfig
+from forge.app.deploy.runfile import RunFile, RunFileError
+from forge.app.registry import Service, service
+from forge.weights.endpoints import WEIGHTS_ANNOUNCE_PORT, WEIGHTS_FETCH_PORT
 
 ANY = "0.0.0.0"                      # services listen on every interface of their pod or node
-
-PROGRAMS: dict[str, tuple[str, ...]] = {
-    "learner": ("forge-learner",), "actor": ("forge-actor",), "gateway": ("forge-gateway",),
-    "cache": ("forge-cache",), "pool": ("forge", "pool", "serve"), "rollout": ("forge", "rollout"),
-}
-
-# The run's keys, one per kind, and the secret options each service is given (option name → key kind).
-KEY_KINDS = ("gateway", "actor", "pool", "cache", "session")
-SERVICE_KEYS: dict[str, dict[str, str]] = {
-    "learner": {"pool_api_key": "pool"},
-    "actor": {"api_key": "actor", "l3_api_key": "cache"},
-    "gateway": {"api_key": "gateway", "actor_api_key": "actor", "pool_api_key": "pool",
-                "session_key_secret": "session"},
-    "cache": {"api_key": "cache"},
-    "pool": {"api_key": "pool"},
-    "rollout": {"api_key": "gateway"},
-}
 
 # Options deploy decides although it may not pass them (they would contradict what it passes).
 ALSO_WIRED: dict[str, tuple[str, ...]] = {
@@ -47,19 +29,7 @@ ALSO_WIRED: dict[str, tuple[str, ...]] = {
 # Options deploy passes, derived from the run file's own value (forge rollout's seed, offset per driver).
 DERIVED: dict[str, tuple[str, ...]] = {"rollout": ("seed",)}
 
-
-class Shell(str):
-    """A value the shell expands where the service starts (``$KEYS/pool.key``, ``$rank``): rendered in double
-    quotes, never single."""
-
-    __slots__ = ()
-
-
-def quote(value: str) -> str:
-    """``value`` as one shell word: a ``Shell`` reference in double quotes, anything else quoted literally."""
-    if isinstance(value, Shell):
-        return f'"{value}"'
-    return shlex.quote(value)
+__all__ = ["ANY", "Command", "Shell", "check_wiring", "quote", "shell_words"]
 
 
 def shell_words(words: Iterable[str], indent: str = "    ") -> str:
@@ -77,80 +47,90 @@ def shell_words(words: Iterable[str], indent: str = "    ") -> str:
 # The options of multi-node deployments, in one place: the learner's multi-node torchrun job, the actors' weights
 # relay, and the gateway's discovery of actors from their ready files.
 
-def multinode_options(nodes: int, rank: str, rdzv: str) -> list[tuple[str, str]]:
-    """The learner's options for a torchrun job over ``nodes`` nodes (none on one node)."""
+def multinode_values(nodes: int, rank: int | Shell, rdzv: str) -> dict[str, Any]:
+    """The learner's settings for a torchrun job over ``nodes`` nodes (none on one node)."""
     if nodes == 1:
-        return []
-    return [("--nnodes", str(nodes)), ("--node-rank", rank), ("--rdzv-endpoint", rdzv)]
+        return {}
+    return {"nnodes": nodes, "node_rank": rank, "rdzv_endpoint": rdzv}
 
 
-def relay_options(fetch: str, announce: str) -> list[tuple[str, str]]:
-    """An actor's options to re-serve the weight versions it applied, for its children in the relay tree."""
-    return [("--relay-fetch", fetch), ("--relay-announce", announce)]
+def relay_values(fetch: str, announce: str) -> dict[str, Any]:
+    """An actor's settings to re-serve the weight versions it applied, for its children in the relay tree."""
+    return {"relay_fetch": fetch, "relay_announce": announce}
 
 
-def discovery_options(actors_dir: str) -> list[tuple[str, str]]:
-    """The gateway's options to find its actors from the ready files they write into ``actors_dir``."""
-    return [("--actors-dir", actors_dir)]
+def discovery_values(actors_dir: str) -> dict[str, Any]:
+    """The gateway's settings to find its actors from the ready files they write into ``actors_dir``."""
+    return {"actors_dir": _path(actors_dir)}
 
 
 @dataclass(frozen=True)
 class Command:
-    """One service's command line before a target renders it."""
+    """One service's command line before a target renders it: the run file (``--config``), then the settings
+    deploy wires, by option name, typed or shell references; its keys are added by the target."""
 
     name: str                                       # the instance: learner-rank0, actor-3, gateway-0, pool, ...
-    kind: str                                       # learner, actor, gateway, cache, pool, rollout
-    options: tuple[tuple[str, str], ...]            # (--flag, value); a target adds its key options
+    service: Service
+    run_file: str
+    values: Mapping[str, Any]                       # option name → value
     keys: tuple[tuple[str, str], ...]               # (secret option name, key kind)
 
     @property
+    def kind(self) -> str:
+        return self.service.kind
+
+    @property
     def program(self) -> tuple[str, ...]:
-        return PROGRAMS[self.kind]
+        return self.service.program
 
-    def words(self, extra: Sequence[tuple[str, str]] = ()) -> list[str]:
-        """The program and its options, ``extra`` ones (a target's keys) last."""
-        words = list(self.program)
-        for flag, value in (*self.options, *extra):
-            words += [flag, value]
-        return words
+    def words(self, extra: Sequence[str] = ()) -> list[str]:
+        """The program and its options, ``extra`` words (a target's key files) last."""
+        return [*self.program, "--config", self.run_file, *option_words(self.service, self.values), *extra]
 
-    def key_file_options(self, directory: str) -> list[tuple[str, str]]:
+    def key_file_options(self, directory: str) -> list[str]:
         """The keys as key-file options, each kind's key in ``directory``/KIND.key."""
-        return [("--" + name.replace("_", "-") + "-file", Shell(f"{directory}/{kind}.key")) for name, kind in self.keys]
+        return key_file_words(self.service, {name: Shell(f"{directory}/{kind}.key") for name, kind in self.keys})
 
     def key_variables(self) -> list[tuple[str, str]]:
         """The keys as environment variables: (the option's variable, key kind)."""
-        from forge.cli.options import envvars_of
-        from forge.settings import entries
-
-        command = commands()[self.kind]
-        by_name = {e.name: e for e in entries(command.settings_class) if not e.key_file}
-        return [(envvars_of(by_name[name], command.settings_table)[0], kind) for name, kind in self.keys]
+        variables = key_variables(self.service, [name for name, _ in self.keys])
+        return [(variables[name], kind) for name, kind in self.keys]
 
 
-def _common(run: RunFile, table: str, run_file: str, model: bool = True) -> list[tuple[str, str]]:
-    """``--config`` always; ``--model`` from ``[model]`` where the service's own table does not name one (as forge up
+def _command(run: RunFile, kind: str, name: str, run_file: str, values: Mapping[str, Any],
+             keys: Mapping[str, str] | None = None) -> Command:
+    """``values`` with ``--model`` from ``[model]`` where the service's own table does not name one (as forge up
     does)."""
-    options = [("--config", run_file)]
-    if model and run.model is not None and "model" not in run.options(table):
-        options.append(("--model", run.model))
-    return options
+    spec = service(kind)
+    model = run.model if "model" in {e.name for e in _entries(spec)} else None
+    if model is not None and "model" not in run.options(kind):
+        values = {**values, "model": model}
+    return Command(name, spec, run_file, values, tuple((keys if keys is not None else spec.keys).items()))
 
 
-def _ready(ready_file: str | None) -> list[tuple[str, str]]:
-    return [("--ready-file", ready_file)] if ready_file else []
+def _entries(spec: Service):
+    from forge.settings import entries
+
+    return entries(spec.settings_class)
 
 
-def learner(run: RunFile, config: DeployConfig, *, name: str, run_file: str, rank: str, rdzv: str, pool: str,
-            run_dir: str, ready_file: str | None = None) -> Command:
+def _path(value: str) -> Path | Shell:
+    """A path on the pod or node, as a Path setting takes it (a shell reference stays one)."""
+    return value if isinstance(value, Shell) else Path(value)
+
+
+def _ready(ready_file: str | None) -> dict[str, Any]:
+    return {"ready_file": _path(ready_file)} if ready_file else {}
+
+
+def learner(run: RunFile, config: DeployConfig, *, name: str, run_file: str, rank: int | Shell, rdzv: str,
+            pool: str, run_dir: str, ready_file: str | None = None) -> Command:
     """One learner node: ``--nproc`` processes, rank 0 of the job serving Stats and the weights."""
-    options = [*_common(run, "learner", run_file), ("--nproc", str(config.learner_processes)),
-               *multinode_options(config.learner_nodes, rank, rdzv),
-               ("--host", ANY), ("--port", str(LEARNER_PORT)),
-               ("--weights-fetch", f"tcp://{ANY}:{WEIGHTS_FETCH_PORT}"),
-               ("--weights-announce", f"tcp://{ANY}:{WEIGHTS_ANNOUNCE_PORT}"),
-               ("--pool-address", pool), ("--run-dir", run_dir), *_ready(ready_file)]
-    return Command(name, "learner", tuple(options), tuple(SERVICE_KEYS["learner"].items()))
+    return _command(run, "learner", name, run_file, {
+        "nproc": config.learner_processes, **multinode_values(config.learner_nodes, rank, rdzv),
+        "host": ANY, "port": LEARNER_PORT, "weights_fetch": f"tcp://{ANY}:{WEIGHTS_FETCH_PORT}",
+        "weights_announce": f"tcp://{ANY}:{WEIGHTS_ANNOUNCE_PORT}", "pool_address": pool, "run_dir": _path(run_dir),
+        **_ready(ready_file)})
 
 
 def actor(run: RunFile, config: DeployConfig, *, name: str, run_file: str, host: str, port: int, fetch: str,
@@ -158,12 +138,11 @@ def actor(run: RunFile, config: DeployConfig, *, name: str, run_file: str, host:
           ready_file: str | None = None) -> Command:
     """One actor, fetching weights from ``fetch``/``announce`` (the learner or its parent in the relay tree) and
     re-serving them on ``relay`` (fetch, announce) for its children."""
-    options = [*_common(run, "actor", run_file), ("--host", host), ("--port", str(port)), ("--name", name),
-               ("--weights-fetch", fetch), ("--weights-announce", announce),
-               *(relay_options(*relay) if relay else []),
-               *([("--l3-cache", cache)] if cache else []), *_ready(ready_file)]
-    keys = {k: v for k, v in SERVICE_KEYS["actor"].items() if cache or k != "l3_api_key"}
-    return Command(name, "actor", tuple(options), tuple(keys.items()))
+    keys = {k: v for k, v in service("actor").keys.items() if cache or k != "l3_api_key"}
+    return _command(run, "actor", name, run_file, {
+        "host": host, "port": port, "name": name, "weights_fetch": fetch, "weights_announce": announce,
+        **(relay_values(*relay) if relay else {}), **({"l3_cache": cache} if cache else {}), **_ready(ready_file)},
+        keys)
 
 
 def gateway(run: RunFile, config: DeployConfig, *, name: str, run_file: str, grpc_port: int, http_port: int,
@@ -171,32 +150,28 @@ def gateway(run: RunFile, config: DeployConfig, *, name: str, run_file: str, grp
             ready_file: str | None = None) -> Command:
     """One gateway, recording into the pool service and routing to ``actors`` (addresses) or to the actors whose
     ready files are in ``actors_dir``."""
-    found = [("--actor", address) for address in actors] if actors_dir is None else discovery_options(actors_dir)
-    options = [*_common(run, "gateway", run_file), ("--host", ANY), ("--grpc-port", str(grpc_port)),
-               ("--http-port", str(http_port)), ("--pool-address", pool), *found, *_ready(ready_file)]
-    return Command(name, "gateway", tuple(options), tuple(SERVICE_KEYS["gateway"].items()))
+    found = {"actor": tuple(actors)} if actors_dir is None else discovery_values(actors_dir)
+    return _command(run, "gateway", name, run_file, {
+        "host": ANY, "grpc_port": grpc_port, "http_port": http_port, "pool_address": pool, **found,
+        **_ready(ready_file)})
 
 
 def pool(run: RunFile, config: DeployConfig, *, run_file: str, path: str, port: int) -> Command:
     """The pool service (forge pool serve) over the pool directory."""
-    options = [*_common(run, "pool", run_file, model=False), ("--path", path), ("--host", ANY), ("--port", str(port))]
-    return Command("pool", "pool", tuple(options), tuple(SERVICE_KEYS["pool"].items()))
+    return _command(run, "pool", "pool", run_file, {"path": _path(path), "host": ANY, "port": port})
 
 
 def cache(run: RunFile, config: DeployConfig, *, run_file: str, directory: str, port: int,
           ready_file: str | None = None) -> Command:
     """The L3 KV cache over its block directory."""
-    options = [*_common(run, "cache", run_file, model=False), ("--dir", directory), ("--host", ANY),
-               ("--port", str(port)), ("--name", "cache"), *_ready(ready_file)]
-    return Command("cache", "cache", tuple(options), tuple(SERVICE_KEYS["cache"].items()))
+    return _command(run, "cache", "cache", run_file, {"dir": _path(directory), "host": ANY, "port": port, "name": "cache",
+                                                       **_ready(ready_file)})
 
 
 def rollout(run: RunFile, config: DeployConfig, *, name: str, run_file: str, gateway: str, http: str,
-            seed: str) -> Command:
+            seed: int | Shell) -> Command:
     """A rollout driver: the team's tasks played by its agent through one gateway."""
-    options = [*_common(run, "rollout", run_file, model=False), ("--gateway", gateway), ("--http", http),
-               ("--seed", seed)]
-    return Command(name, "rollout", tuple(options), tuple(SERVICE_KEYS["rollout"].items()))
+    return _command(run, "rollout", name, run_file, {"gateway": gateway, "http": http, "seed": seed})
 
 
 def rollout_seed(run: RunFile) -> int:
@@ -206,7 +181,7 @@ def rollout_seed(run: RunFile) -> int:
 
 def wired(command: Command) -> set[str]:
     """The option names (underscores) a command sets or decides, its keys' files included."""
-    names = {flag.removeprefix("--").replace("-", "_") for flag, _ in command.options} - {"config", "model"}
+    names = set(command.values) - {"model"}
     for name, _ in command.keys:
         names |= {name, f"{name}_file"}
     return (names | set(ALSO_WIRED.get(command.kind, ()))) - set(DERIVED.get(command.kind, ()))

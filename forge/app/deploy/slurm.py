@@ -10,6 +10,7 @@ them, the learner checkpointing."""
 
 from __future__ import annotations
 
+from forge.app.command_line import Shell, quote
 from forge.app.deploy import services
 from forge.app.deploy.config import (
     ACTOR_PORT,
@@ -18,18 +19,16 @@ from forge.app.deploy.config import (
     GATEWAY_HTTP_PORT,
     POOL_PORT,
     RDZV_PORT,
-    RELAY_ANNOUNCE_PORT,
-    RELAY_FETCH_PORT,
     SLOT_STRIDE,
-    WEIGHTS_ANNOUNCE_PORT,
-    WEIGHTS_FETCH_PORT,
     DeployConfig,
     OutFile,
     relay_parent,
     relays,
 )
 from forge.app.deploy.runfile import RunFile
-from forge.app.deploy.services import ANY, Command, Shell, quote, shell_words
+from forge.app.deploy.services import ANY, Command, shell_words
+from forge.app.registry import KEY_KINDS
+from forge.weights.endpoints import RELAY_ANNOUNCE_PORT, RELAY_FETCH_PORT, WEIGHTS_ANNOUNCE_PORT, WEIGHTS_FETCH_PORT
 
 STOP_BEFORE_END_S = 300         # SIGTERM this long before the time limit: the learner's last step and checkpoint
 
@@ -149,7 +148,7 @@ class BatchScript:
 
     def learner_command(self, rank: int) -> Command:
         return services.learner(self.run, self.config, name=f"learner-rank{rank}", run_file=Shell("$RUN_FILE"),
-                                rank=str(rank), rdzv=Shell(f"${{LEARNER_NODES[0]}}:{RDZV_PORT}"),
+                                rank=rank, rdzv=Shell(f"${{LEARNER_NODES[0]}}:{RDZV_PORT}"),
                                 pool=Shell(f"$SERVICE_NODE:{POOL_PORT}"), run_dir=Shell("$RUN/learner"),
                                 ready_file=Shell("$READY/learner.json"))
 
@@ -185,7 +184,7 @@ class BatchScript:
         return services.rollout(self.run, self.config, name=f"rollout-{index}", run_file=Shell("$RUN_FILE"),
                                 gateway=Shell(f"$SERVICE_NODE:{GATEWAY_GRPC_PORT + index * SLOT_STRIDE}"),
                                 http=Shell(f"http://$SERVICE_NODE:{GATEWAY_HTTP_PORT + index}"),
-                                seed=str(services.rollout_seed(self.run) + index))
+                                seed=services.rollout_seed(self.run) + index)
 
     def commands(self) -> list[Command]:
         c = self.config
@@ -228,7 +227,7 @@ class BatchScript:
     def text(self) -> str:
         c = self.config
         services.check_wiring(self.run, self.commands())
-        kinds = " ".join(services.KEY_KINDS)
+        kinds = " ".join(KEY_KINDS)
         lines = [*self.header(), "", "set -euo pipefail"]
         if c.setup:
             lines += ["", "# Set-up given with --setup.", c.setup]

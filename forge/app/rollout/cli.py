@@ -15,7 +15,6 @@ from forge.app.rollout.config import RolloutConfig
 from forge.app.rollout.team import Team
 from forge.cli.common import setup_logging
 from forge.cli.options import RUN_FILE, settings_command
-from forge.model.sampling import SamplingParams
 
 log = logging.getLogger("forge.app.rollout")
 
@@ -41,7 +40,7 @@ async def _roll_out(config: RolloutConfig, team: Team):
     from forge.app.rollout.driver import DriverConfig, RolloutDriver
     from forge.builtin import load_tokenizer
 
-    workload = team.workload(SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens),
+    workload = team.workload(config.driver.sampling,
                              config.seed, load_tokenizer(config.model.path))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -57,7 +56,7 @@ async def _roll_out(config: RolloutConfig, team: Team):
 
     driver = RolloutDriver(DriverConfig(config.gateway, config.http or "", api_key=config.api_key,
                                         group_size=config.tasks.group_size,
-                                        groups_in_flight=config.groups_in_flight), workload, on_outcome=ended)
+                                        groups_in_flight=config.driver.groups_in_flight), workload, on_outcome=ended)
     deadline = time.monotonic() + config.minutes * 60 if config.minutes else None
     driving = asyncio.create_task(driver.run(stop))
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from forge.builtin import resolve_model
+from forge.model.sampling import SamplingParams
 from forge.settings import Settings, SettingsError, log_level_setting, setting
 
 
@@ -74,6 +75,20 @@ class AgentConfig(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DriverSettings(Settings):
+    """How a rollout driver plays: how many task groups at once, and the sampling of its white-box agents' calls.
+    ``forge rollout`` and ``forge up`` share it, each with defaults of its own (``forge.settings.group``)."""
+
+    groups_in_flight: int = setting(4, min=1, help="Task groups being rolled out at once.")
+    temperature: float = setting(1.0, min=0, max=2.0, help="Sampling temperature of a white-box agent's calls.")
+    max_tokens: int = setting(256, min=1, help="Tokens per call of a white-box agent (unless it says otherwise).")
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RolloutConfig(Settings):
     """``forge rollout``: the team's rollouts against a gateway that already runs (the learner reads its pool)."""
 
@@ -81,13 +96,11 @@ class RolloutConfig(Settings):
     http: str | None = setting(None, metavar="URL", help="The gateway's HTTP root (http://HOST:PORT), where agent "
                                                          "programs get their sessions' base URLs.")
     api_key: str | None = setting(None, secret=True, help="The gateway's API key, when it requires one.")
-    groups_in_flight: int = setting(4, min=1, help="Task groups being rolled out at once.")
     episodes: int = setting(0, min=0, help="Stop after this many sessions have ended (0: until stopped).")
     minutes: float = setting(0.0, min=0, help="Stop after this long (0: until stopped).")
-    temperature: float = setting(1.0, min=0, max=2.0, help="Sampling temperature of a white-box agent's calls.")
-    max_tokens: int = setting(256, min=1, help="Tokens per call of a white-box agent (unless it says otherwise).")
     seed: int = setting(0, help="Seed of the task order.")
     log_level: str = log_level_setting()
+    driver: DriverSettings = field(default_factory=DriverSettings)
     model: ModelChoice = field(default_factory=ModelChoice)
     tasks: TasksConfig = field(default_factory=TasksConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forge.app.registry import STATS_SERVICES
 from forge.rpc.client import check_address
 
-KINDS = ("actor", "gateway", "pool", "learner", "cache", "router")
+KINDS = tuple(STATS_SERVICES)          # the services that answer a Stats RPC
 
 
 @dataclass(frozen=True)

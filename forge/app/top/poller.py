@@ -11,16 +11,10 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from forge.app.registry import stats_method
 from forge.app.top.discovery import KINDS, Target
 from forge.rpc import connect
 from forge.v1 import common_pb2
-
-SERVICE_NAMES = {"actor": "Actor", "gateway": "Gateway", "pool": "Pool", "learner": "Learner", "cache": "Cache",
-                 "router": "Router"}
-
-
-def stats_method(kind: str) -> str:
-    return f"/forge.v1.{SERVICE_NAMES[kind]}/Stats"
 
 
 @dataclass

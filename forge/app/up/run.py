@@ -1,0 +1,175 @@
+"""``forge up``'s run: the services started (``forge.app.up.system``), held-out evaluation at the start, the rollout
+driver in this process with a live summary until the minutes or steps are spent, held-out evaluation at the end,
+the services stopped, and the run directory's summary.json and reward curves written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from forge.app.rollout.team import Team
+from forge.app.up.config import UpConfig
+from forge.app.up.live import RunState, poll_stats, summary_table
+from forge.app.up.system import System
+
+log = logging.getLogger("forge.up")
+
+
+def workload_for(config: UpConfig, team: Team | None):
+    from forge.app.rollout.workload import BuiltinWorkload
+
+    if team is not None:
+        from forge.builtin import load_tokenizer
+
+        return team.workload(config.driver.sampling,
+                             config.seed, load_tokenizer(config.model.path))
+    return BuiltinWorkload(config.domains, temperature=config.driver.temperature, max_tokens=config.driver.max_tokens,
+                           blackbox_every=config.blackbox_every, seed=config.seed)
+
+
+async def run(config: UpConfig, console: Console, team: Team | None = None
+              ) -> dict[str, Any]:
+    from forge.app.rollout.driver import DriverConfig, RolloutDriver
+    from forge.builtin import load_tokenizer
+    from forge.pool import PoolReader
+
+    if (config.run_dir / "learner").is_dir():
+        console.print(f"continuing the run in {config.run_dir}: the learner resumes from its latest checkpoint")
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    held_out = team.tasks.eval if team is not None else ()
+    system = System(config, eval_gateway=bool(held_out))
+    workload = workload_for(config, team)
+    live = RunState()
+    stop_polling = threading.Event()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def evaluate() -> tuple[dict[str, float], dict[str, float]]:
+        if team is None:
+            return await evaluate_both(config, system.get("actor-0").info["address"],
+                                       load_tokenizer(config.model.path), system.key("actor"))
+        if not held_out:
+            return {}, {}
+        from forge.app.rollout.evaluate import evaluate_sessions
+
+        door = system.get("gateway-eval").info
+        scores, failed = await evaluate_sessions(door["grpc_address"], door["http_address"], workload, held_out,
+                                                 config.eval_samples, api_key=system.key("gateway"))
+        live.eval_failures += failed
+        return scores, {}
+
+    try:
+        with console.status("starting learner, actors and gateway …"):
+            system.start()
+        with console.status("held-out evaluation at the start …"):
+            live.eval_start, live.eval_greedy_start = await evaluate()
+        console.print(f"eval at start: {_rounded(live.eval_start)}"
+                      + (f", greedy {_rounded(live.eval_greedy_start)}" if live.eval_greedy_start else ""))
+        gateway = system.get("gateway").info
+        batch_groups = system.instances["learner"].settings.window.batch_groups
+        pool = PoolReader(config.run_dir / "pool")
+
+        def queued_groups() -> int:
+            cursor = pool.cursor()
+            return cursor.tail - cursor.head
+
+        driver = RolloutDriver(DriverConfig(gateway["grpc_address"], gateway.get("http_address", ""),
+                                            api_key=system.key("gateway"), group_size=config.tasks.group_size,
+                                            groups_in_flight=config.driver.groups_in_flight,
+                                            max_queued_groups=config.driver.groups_in_flight + 2 * batch_groups),
+                               workload, queued_groups=queued_groups)
+        poller = threading.Thread(target=poll_stats, args=(system, live, stop_polling), daemon=True)
+        poller.start()
+        driving = asyncio.create_task(driver.run(stop))
+        live.training_started = time.time()
+        deadline = live.training_started + config.minutes * 60
+
+        def trained_enough() -> bool:
+            return bool(config.steps) and live.gauges.get("learner", {}).get("step", 0) >= config.steps
+
+        with Live(summary_table(config, live, driver), console=console, refresh_per_second=1) as view:
+            while not stop.is_set() and time.time() < deadline and not driving.done() and not trained_enough():
+                await asyncio.sleep(1.0)
+                view.update(summary_table(config, live, driver))
+        stop.set()
+        await driving
+        stop_polling.set()
+        await asyncio.to_thread(poller.join)
+        with console.status("held-out evaluation at the end …"):
+            live.eval_end, live.eval_greedy_end = await evaluate()
+        result = {"config": {k: str(v) for k, v in asdict(config).items()}, "domains": list(workload.domains),
+                  "eval_start": live.eval_start, "eval_end": live.eval_end,
+                  "eval_greedy_start": live.eval_greedy_start, "eval_greedy_end": live.eval_greedy_end,
+                  "eval_failed_sessions": live.eval_failures, "episodes": driver.stats.episodes,
+                  "blackbox_episodes": driver.stats.blackbox, "failed_episodes": driver.stats.failed,
+                  "failures": list(driver.stats.failures), "train_reward": driver.stats.reward(),
+                  "learner": live.gauges.get("learner", {}), "gateway": live.gauges.get("gateway", {}),
+                  "minutes": (time.time() - live.started) / 60}
+    finally:
+        stop_polling.set()
+        await workload.close()
+        with console.status("stopping services …"):
+            system.stop()
+    plot = _plot(config.run_dir)            # after the learner stopped: its metrics are complete
+    result["plot"] = str(plot) if plot else None
+    (config.run_dir / "summary.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+async def evaluate_both(config: UpConfig, actor: str, tokenizer, api_key: str | None = None
+                        ) -> tuple[dict[str, float], dict[str, float]]:
+    """The held-out reward sampled at the training temperature (``eval_samples`` per task), then greedy."""
+    from forge.app.rollout.evaluate import evaluate_readings
+
+    sampled, greedy = await evaluate_readings(actor, tokenizer, [(config.driver.temperature, config.eval_samples), (0.0, 1)],
+                                              config.domains, config.eval_size, config.driver.max_tokens, api_key=api_key)
+    return sampled, greedy
+
+
+def _rounded(scores: dict[str, float]) -> dict[str, float]:
+    return {domain: round(value, 3) for domain, value in scores.items()}
+
+
+def _plot(run_dir: Path) -> Path | None:
+    """The run's reward, loss and throughput curves as run_dir/curves.png (None before the first step)."""
+    from forge.app.top.plot import NoMetrics, draw, load_records, metrics_path, run_series
+
+    try:
+        records, _ = load_records(metrics_path(run_dir))
+        return draw(run_series(records), run_dir / "curves.png", title=f"forge up: {run_dir.name}")
+    except NoMetrics:
+        log.warning("no learner metrics in %s: no curves drawn", run_dir)
+        return None
+
+
+def report(result: dict[str, Any], console: Console) -> None:
+    greedy = bool(result["eval_greedy_start"])
+    table = Table(title="held-out reward per domain" + (" (sampled at the training temperature; greedy)"
+                                                        if greedy else ""))
+    columns = ("domain", "start", "end", "change", *(("greedy start", "greedy end") if greedy else ()))
+    for column in columns:
+        table.add_column(column, justify="right" if column != "domain" else "left")
+    for domain, start in result["eval_start"].items():
+        end = result["eval_end"].get(domain, float("nan"))
+        extra = (f"{result['eval_greedy_start'][domain]:.3f}", f"{result['eval_greedy_end'][domain]:.3f}") if greedy \
+            else ()
+        table.add_row(domain, f"{start:.3f}", f"{end:.3f}", f"{end - start:+.3f}", *extra)
+    if not result["eval_start"]:
+        console.print("no held-out tasks: give [tasks] eval or eval_fraction for a held-out reading")
+    console.print(table)
+    if result["failed_episodes"]:
+        console.print(f"{result['failed_episodes']} of {result['episodes']} sessions failed; the latest: "
+                      f"{result['failures'][-1]}")

@@ -1,0 +1,107 @@
+"""The service processes of one ``forge up`` run: the run's keys made, every instance's settings checked
+(``forge.app.up.plan``), then the services started in dependency order — forge-cache, the learner, the actors, the
+gateways — each wired to those before it through their ready files, and stopped in reverse. ``services.json`` in
+the run directory lists them for ``forge top``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from forge.app.api_keys import KeyFiles
+from forge.app.up.config import UpConfig
+from forge.app.up.keys import generate
+from forge.app.up.plan import Instance, Plan, actor_roles
+from forge.launch import ServiceProcess
+from forge.weights.curve import KeySet, create_keys
+
+log = logging.getLogger("forge.up")
+
+
+def weight_keys(directory: Path, actors: list[str]) -> KeySet:
+    """Fresh CURVE key pairs for one run's weight channel: the learner's and one per actor (by name); the previous
+    run's are replaced (their processes are gone)."""
+    shutil.rmtree(directory, ignore_errors=True)
+    return create_keys(directory, actors)
+
+
+class System:
+    """The service processes of one run. ``eval_gateway``: also a gateway recording into a pool of its own
+    (eval-pool), which no learner reads, for held-out sessions played by the team's agent."""
+
+    def __init__(self, config: UpConfig, eval_gateway: bool = False) -> None:
+        self.config = config
+        self.eval_gateway = eval_gateway
+        self.services: list[ServiceProcess] = []
+        self.instances: dict[str, Instance] = {}
+        self.keys: KeyFiles | None = None
+
+    def key(self, kind: str) -> str | None:
+        """The API key of the services of ``kind`` (gateway, actor, cache), None for an unkeyed run or kind."""
+        return self.keys.key(kind) if self.keys is not None and kind in self.keys.keys else None
+
+    def plan(self) -> Plan:
+        """Make the run's keys and check every instance's settings; nothing is started."""
+        c, run = self.config, self.config.run_dir
+        self.keys = generate(run / "keys") if c.keys else None
+        curve = weight_keys(run / "keys" / "weights", [name for name, _ in actor_roles(c)]) if c.weights_curve \
+            else None
+        plan = Plan(c, self.keys, curve)
+        plan.check(self.eval_gateway)
+        return plan
+
+    def start(self) -> None:
+        plan = self.plan()
+        l3 = self._start(plan.cache()).info["address"] if plan.cache_on else None
+        learner = self._start(plan.learner())
+        weights = {name: learner.info[name] for name in ("weights_fetch", "weights_announce")}
+        actors = [self._start(plan.actor(i, weights, l3)) for i in range(len(plan.roles()))]
+        roles = [role for _, role in plan.roles()]
+        serving = [a.info["address"] for a, role in zip(actors, roles, strict=True) if role != "prefill"]
+        prefill = [a.info["address"] for a, role in zip(actors, roles, strict=True) if role == "prefill"]
+        for name, pool in (("gateway", "pool"), *([("gateway-eval", "eval-pool")] if self.eval_gateway else [])):
+            self._start(plan.gateway(name, pool, serving, prefill))
+        (self.config.run_dir / "services.json").write_text(json.dumps([self._listed(s) for s in self.services],
+                                                                      indent=2))
+
+    def _start(self, instance: Instance) -> ServiceProcess:
+        program, *rest = instance.service.program
+        withheld = set(instance.withheld())
+        env = {name: value for name, value in os.environ.items() if name not in withheld}
+        process = ServiceProcess(instance.name, program, [*rest, *instance.arguments()], self.config.run_dir,
+                                 {**env, **instance.environment()}, timeout_s=instance.service.start_s,
+                                 inherit_env=False)
+        self.instances[instance.name] = instance
+        self.services.append(process)
+        return process
+
+    def _listed(self, process: ServiceProcess) -> dict[str, Any]:
+        """The service's entry in services.json: name, kind, ready-file fields, and its key file in a keyed run."""
+        kind = self.instances[process.name].service.kind
+        entry = {"name": process.name, "kind": kind, **process.info}
+        if kind == "gateway":
+            entry["metrics_url"] = f"{process.info['http_address']}/metrics"
+        if self.key(kind) is not None:
+            entry["api_key_file"] = str(self.keys.file(kind))
+        return entry
+
+    def get(self, name: str) -> ServiceProcess:
+        return next(s for s in self.services if s.name == name)
+
+    def address(self, name: str) -> str:
+        """The gRPC address of the service ``name``, from its ready file."""
+        process = self.get(name)
+        return process.info[self.instances[name].service.address_field]
+
+    def kind(self, name: str) -> str:
+        return self.instances[name].service.kind
+
+    def stop(self) -> None:
+        for process in reversed(self.services):
+            code = process.stop(grace_s=self.instances[process.name].service.stop_s)
+            if code not in (0, None):
+                log.warning("%s exited with %s (see %s)", process.name, code, process.log_path)
