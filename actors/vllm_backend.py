@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from forge import environment
 from forge.actors.backend import (
     Backend,
     FinishReason,
@@ -300,7 +301,8 @@ class VllmBackend(Backend):
         elif config.threads:
             # vLLM's CPU workers read their thread count from OpenMP's variable; binding them to cores would fight
             # the other services of a machine, so they float as torch's own threads do.
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            if not environment.is_set("VLLM_CPU_OMP_THREADS_BIND"):
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
             os.environ["OMP_NUM_THREADS"] = str(config.threads)
         return AsyncEngineArgs(**kwargs)
 

@@ -4,7 +4,6 @@ the learner process's composition root: its settings (``LearnerConfig``) in, the
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from forge import environment
 from forge.cli.common import check_port_option, setup_logging, start_metrics, write_ready_file
 from forge.cli.options import settings_command
 from forge.learner.config import LearnerConfig
@@ -102,10 +102,10 @@ def learner(config: LearnerConfig) -> None:
     if config.pool_path is not None and not config.create_pool and not (config.pool_path / "data.mdb").exists():
         raise click.BadParameter(f"{config.pool_path} holds no pool (no data.mdb): check the path, or give "
                                  f"--create-pool to start a new pool there", param_hint="'--pool'")
-    if (config.nproc > 1 or config.nnodes > 1) and "WORLD_SIZE" not in os.environ:
+    if (config.nproc > 1 or config.nnodes > 1) and not environment.is_set("WORLD_SIZE"):
         _run_under_torchrun(config)
     setup_logging(config.log_level)
-    if "RANK" not in os.environ or os.environ["RANK"] == "0":      # rank 0 serves Stats and metrics
+    if environment.read("RANK") in (None, "0"):      # rank 0 serves Stats and metrics
         check_port_option(config.host, config.port, "--port")
         check_port_option(config.host, config.metrics_port, "--metrics-port")
     stop = threading.Event()

@@ -5,7 +5,6 @@ same code with every collective a no-op."""
 from __future__ import annotations
 
 import datetime
-import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from forge import environment
 
 
 @dataclass
@@ -67,8 +68,8 @@ class Distributed:
 def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> Distributed:
     """Join the torchrun job described by the environment, or run alone when there is none. A collective waits at
     most ``timeout_s`` for a silent peer."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = int(environment.read("WORLD_SIZE"))
+    local_rank = int(environment.read("LOCAL_RANK"))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     target = torch.device(device)

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from forge import environment
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
@@ -50,9 +52,9 @@ def _flags() -> tuple[str, ...]:
 
 
 def _cache_dir() -> Path:
-    if "FORGE_KERNEL_DIR" in os.environ:
-        return Path(os.environ["FORGE_KERNEL_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "forge" / "kernels"
+    if environment.is_set("FORGE_KERNEL_DIR"):
+        return Path(environment.read("FORGE_KERNEL_DIR"))
+    return Path(environment.read("XDG_CACHE_HOME") or Path.home() / ".cache") / "forge" / "kernels"
 
 
 def _build(compiler: str, flags: tuple[str, ...], target: Path) -> None:
@@ -65,12 +67,12 @@ def _build(compiler: str, flags: tuple[str, ...], target: Path) -> None:
 
 
 def _switched_off() -> bool:
-    return os.environ.get("FORGE_CPU_KERNELS", "1") == "0"
+    return environment.read("FORGE_CPU_KERNELS") == "0"
 
 
 def _compiler() -> str | None:
     """The C compiler to build with (``$CC``, default ``cc``), or None when there is none."""
-    return shutil.which(os.environ.get("CC", "cc"))
+    return shutil.which(environment.read("CC"))
 
 
 def compiler_present() -> bool:

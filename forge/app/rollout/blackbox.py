@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forge import environment
+
 log = logging.getLogger(__name__)
 
 STDOUT_LIMIT_BYTES = 1 << 20   # of a longer standard output only the end is kept
@@ -34,7 +36,7 @@ WITHHELD_PREFIXES = ("FORGE_", "OPENAI_")
 def agent_path() -> str:
     """The PATH agent programs run with: Forge's own interpreter's folder first, so that ``python`` in a command
     is the Python Forge runs in (with its packages, the openai client among them), then the inherited PATH."""
-    inherited = os.environ.get("PATH", os.defpath)
+    inherited = environment.read("PATH")
     return os.pathsep.join([str(Path(sys.executable).parent), inherited])
 
 
