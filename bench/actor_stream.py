@@ -35,8 +35,9 @@ def engine_alone(batches: list[int], new_tokens: int, repeats: int, threads: int
     """The same requests straight into a TorchEngine (no server): what the servers could reach. Run in a fresh
     process (see main)."""
     from forge.actors.backend import GenerationRequest
-    from forge.actors.engine.engine import EngineConfig, TorchEngine, reserve_cpu_threads
-    from forge.actors.parts import load_policy
+    from forge.actors.config import EngineConfig
+    from forge.actors.engine.engine import TorchEngine, reserve_cpu_threads
+    from forge.actors.engine.policy import load_policy
     from forge.model.sampling import SamplingParams
 
     threads = reserve_cpu_threads(threads)

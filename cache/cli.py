@@ -8,7 +8,7 @@ import logging
 import click
 
 from forge.cache.config import CacheConfig
-from forge.cli.common import check_port_option, setup_logging, start_metrics, write_ready_file
+from forge.cli.common import check_port_option, entry_point, setup_logging, start_metrics, write_ready_file
 from forge.cli.options import settings_command
 
 log = logging.getLogger("forge.cache")
@@ -21,7 +21,7 @@ def cache(config: CacheConfig) -> None:
     kept across restarts. Several servers share the hash space through the clients' consistent-hash ring."""
     setup_logging(config.log_level)
     check_port_option(config.host, config.metrics_port, "--metrics-port")
-    from forge.cache.service import CacheServicer
+    from forge.cache.servicer import CacheServicer
     from forge.cache.store import BlockStore, DirectoryInUse
     from forge.rpc import GrpcServer, ServerOptions, ServiceBinding
     from forge.v1 import cache_pb2, cache_pb2_grpc
@@ -59,3 +59,6 @@ def cache(config: CacheConfig) -> None:
                              **({"metrics_url": metrics.url} if metrics else {}))
 
     server.run_until_signal(on_stop=stop, on_ready=ready)
+
+
+main = entry_point(cache, "cache")

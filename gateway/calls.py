@@ -17,7 +17,7 @@ from forge.gateway.errors import BadRequest, UpstreamFailed
 from forge.gateway.messages import ChatCall
 from forge.gateway.metrics import Metrics
 from forge.gateway.modelinfo import ModelInfo
-from forge.gateway.offload import OffLoop
+from forge.gateway.off_loop import OffLoop
 from forge.gateway.parsing import CompletionParser, ParsedCompletion
 from forge.gateway.routing import RouteRequest
 from forge.gateway.sessions import SessionRegistry, SessionState

@@ -8,7 +8,7 @@ import logging
 
 import click
 
-from forge.cli.common import setup_logging, write_ready_file
+from forge.cli.common import entry_point, setup_logging, write_ready_file
 from forge.cli.options import settings_command
 from forge.gateway.config import GatewayConfig
 
@@ -34,3 +34,6 @@ def gateway(config: GatewayConfig) -> None:
                              base_url=f"{server.http_url}/v1")
 
     server.run_until_signal(on_ready=ready)
+
+
+main = entry_point(gateway, "gateway")

@@ -54,7 +54,7 @@ class NotFound(GatewayError):
     status, error_type, grpc_code = 404, "not_found_error", grpc.StatusCode.NOT_FOUND
 
 
-class ModelNotFound(NotFound):
+class ModelNotServed(NotFound):
     """A model name the gateway does not serve, in OpenAI's shape (404, code ``model_not_found``)."""
 
     error_type = "invalid_request_error"

@@ -37,7 +37,7 @@ class ModelInfo:
 
     @classmethod
     def load(cls, model: str) -> ModelInfo:
-        """Raises ModelNotFound (a ValueError) for a bad reference, FileNotFoundError for a checkpoint without a
+        """Raises forge.builtin.ModelNotFound (a ValueError) for a bad reference, FileNotFoundError for a checkpoint without a
         tokenizer.json, ValueError for one without a context length."""
         ref = resolve_model(model)
         path = ref.directory

@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from forge.gateway.bridge import LoopThread
 from forge.gateway.config import GatewayConfig
-from forge.gateway.grpc_api import GatewayServicer, key_interceptor
 from forge.gateway.http.app import HttpFrontEnd
+from forge.gateway.loop_thread import LoopThread
 from forge.gateway.modelinfo import ModelInfo
 from forge.gateway.service import Gateway
+from forge.gateway.servicer import GatewayServicer, key_interceptor
 from forge.rpc import ServerOptions, ServiceBinding
 from forge.rpc.aio_server import AioGrpcServer
 from forge.rpc.server import run_until_signal

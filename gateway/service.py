@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 from forge.gateway.actors import ActorSet
+from forge.gateway.async_pool import AsyncPool
 from forge.gateway.auth import KeyPolicy
 from forge.gateway.calls import CallRunner, ChatDelta, ChatResult
 from forge.gateway.config import GatewayConfig
@@ -23,9 +24,8 @@ from forge.gateway.keys import KeyRing
 from forge.gateway.messages import ChatCall, check_sampling
 from forge.gateway.metrics import Metrics
 from forge.gateway.modelinfo import ModelInfo
-from forge.gateway.offload import OffLoop
+from forge.gateway.off_loop import OffLoop
 from forge.gateway.parsing import CompletionParser
-from forge.gateway.poolio import AsyncPool
 from forge.gateway.sessions import SessionRegistry
 from forge.telemetry import stats_report
 from forge.v1 import actor_pb2, common_pb2, pool_pb2

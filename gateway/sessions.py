@@ -12,10 +12,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from forge.gateway.async_pool import AsyncPool
 from forge.gateway.errors import BadRequest, Conflict, GatewayError, NotFound
 from forge.gateway.keys import KeyRing
 from forge.gateway.metrics import Metrics
-from forge.gateway.poolio import AsyncPool
 from forge.gateway.tito import CallHistory
 from forge.pool import SESSION_STATUS_NAMES, InvalidRequestError, prepare_open
 from forge.v1 import pool_pb2

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from forge import environment
-from forge.cli.common import check_port_option, setup_logging, start_metrics, write_ready_file
+from forge.cli.common import check_port_option, entry_point, setup_logging, start_metrics, write_ready_file
 from forge.cli.options import settings_command
 from forge.learner.config import LearnerConfig
 
@@ -93,6 +93,43 @@ def _report_lost_step(exc: BaseException, trainer, checkpointer, distributed) ->
                 trainer.state.step + 1, distributed.rank, exc_info=exc)
 
 
+def _stop_on_signals() -> threading.Event:
+    """An event SIGTERM and SIGINT set: the learner stops after its current step, with a checkpoint."""
+    stop = threading.Event()
+
+    def handle(signum: int, _frame: object) -> None:
+        log.info("received %s: stopping after this step", signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handle)
+    return stop
+
+
+def _serve_stats(config: LearnerConfig, trainer, publisher):
+    """Rank 0's part: serve Stats (and metrics), publish the current version for the actors to start from, and
+    announce the learner in its ready file. Returns (server, metrics server)."""
+    from forge.learner.parallel import full_state_dict
+    from forge.learner.servicer import LearnerServicer, serve_learner
+    from forge.rpc import ServerOptions
+
+    servicer = LearnerServicer(lambda: trainer.last, labels={"run_dir": str(config.run_dir)})
+    server = serve_learner(servicer, ServerOptions(host=config.host, port=config.port))
+    prometheus = start_metrics(servicer.report, config.host, config.metrics_port, on_failure=lambda: server.stop(0))
+    if publisher is not None:                 # actors start from the learner's current version
+        publisher.publish(trainer.state.version, full_state_dict(trainer.model, trainer.dist))
+        trainer.checkpointer.record_published(trainer.state.version)
+    if config.ready_file:
+        write_ready_file(config.ready_file, address=server.address,
+                         weights_fetch=publisher.fetch_endpoint if publisher else None,
+                         weights_announce=publisher.announce_endpoint if publisher else None,
+                         step=trainer.state.step, version=trainer.state.version,
+                         **({"metrics_url": prometheus.url} if prometheus else {}))
+    log.info("learner ready: stats on %s, %s", server.address,
+             f"weights on {publisher.fetch_endpoint}" if publisher else "not publishing")
+    return server, prometheus
+
+
 @settings_command("learner", LearnerConfig)
 def learner(config: LearnerConfig) -> None:
     """Train the policy with CISPO (or PPO-clip, GRPO) on windowed-FIFO batches from the pool, checkpoint with the
@@ -108,14 +145,7 @@ def learner(config: LearnerConfig) -> None:
     if environment.read("RANK") in (None, "0"):      # rank 0 serves Stats and metrics
         check_port_option(config.host, config.port, "--port")
         check_port_option(config.host, config.metrics_port, "--metrics-port")
-    stop = threading.Event()
-
-    def handle(signum: int, _frame: object) -> None:
-        log.info("received %s: stopping after this step", signal.Signals(signum).name)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handle)
+    stop = _stop_on_signals()
     curve = _curve_keys(config)
     import torch
 
@@ -148,24 +178,7 @@ def learner(config: LearnerConfig) -> None:
         trainer.restore()
 
     if distributed.is_main:
-        from forge.learner.service import LearnerServicer, serve_learner
-        from forge.rpc import ServerOptions
-
-        servicer = LearnerServicer(lambda: trainer.last, labels={"run_dir": str(config.run_dir)})
-        server = serve_learner(servicer, ServerOptions(host=config.host, port=config.port))
-        prometheus = start_metrics(servicer.report, config.host, config.metrics_port,
-                                   on_failure=lambda: server.stop(0))
-        if publisher is not None:                 # actors start from the learner's current version
-            publisher.publish(trainer.state.version, full_state_dict(policy, distributed))
-            checkpointer.record_published(trainer.state.version)
-        if config.ready_file:
-            write_ready_file(config.ready_file, address=server.address,
-                             weights_fetch=publisher.fetch_endpoint if publisher else None,
-                             weights_announce=publisher.announce_endpoint if publisher else None,
-                             step=trainer.state.step, version=trainer.state.version,
-                             **({"metrics_url": prometheus.url} if prometheus else {}))
-        log.info("learner ready: stats on %s, %s", server.address,
-                 f"weights on {publisher.fetch_endpoint}" if publisher else "not publishing")
+        server, prometheus = _serve_stats(config, trainer, publisher)
     elif config.publish:
         full_state_dict(policy, distributed)     # rank 0 gathers the initial version for publishing
 
@@ -198,3 +211,6 @@ def learner(config: LearnerConfig) -> None:
     if failed:
         sys.exit(1)
     log.info("learner stopped at step %d (version %d)", trainer.state.step, trainer.state.version)
+
+
+main = entry_point(learner, "learner")

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from forge.learner.expert_replay import routing_for
 from forge.learner.losses import mtp_topk_kl
-from forge.learner.routing import routing_for
 from forge.learner.samples import MicroBatch
 from forge.model.moe import Routing
 from forge.model.qwen3 import CausalLM
@@ -20,7 +20,7 @@ from forge.model.sampling import batched_sampling_logprobs
 class PolicyOutput:
     logprobs: Tensor                 # [N] log π(token) of every completion token
     mtp_kl: Tensor | None            # [M] per-position draft loss (positions with a previous token)
-    routing: Routing | None = None   # a model with experts: how the pass routed (see forge.learner.routing)
+    routing: Routing | None = None   # a model with experts: how the pass routed (see forge.learner.expert_replay)
     tokens: Tensor | None = None     # the rows of ``routing`` that are tokens (None: all)
 
 
@@ -29,7 +29,7 @@ def policy_forward(model: CausalLM, batch: MicroBatch, mtp_top_k: int = 0, routi
     """One forward pass. With ``mtp_top_k`` > 0 and an MTP module, the draft at position q − 1 (hidden state at
     q − 1, embedding of token q) is distilled toward the main head's distribution at q; the draft's loss reaches
     the MTP module only (the trunk, embeddings and output head are detached). A model with experts routes as
-    ``routing_mode`` says (``forge.learner.routing``)."""
+    ``routing_mode`` says (``forge.learner.expert_replay``)."""
     routing = routing_for(model, batch.routing, routing_mode, keep_router_logits)
     hidden = model(batch.input_ids, routing=routing)
     picked = hidden[batch.rows, batch.positions]

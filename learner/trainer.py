@@ -16,13 +16,13 @@ import numpy as np
 import torch
 
 from forge.learner.checkpoint import Checkpointer, set_rng_state
+from forge.learner.expert_replay import MODES as ROUTING_MODES
+from forge.learner.expert_replay import RoutingTally
 from forge.learner.losses import LossConfig, loss_metrics, policy_loss
 from forge.learner.metrics import MetricsWriter
 from forge.learner.parallel import Distributed, full_state_dict, split_for_ranks
 from forge.learner.policy import PolicyOutput, policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
-from forge.learner.routing import MODES as ROUTING_MODES
-from forge.learner.routing import RoutingTally
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
 from forge.learner.tree import (
     Stem,

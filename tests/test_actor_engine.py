@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from forge.actors.backend import FinishReason, GenerationRequest, InvalidRequest, Overloaded
+from forge.actors.config import EngineConfig
 from forge.actors.engine.cpu_kernels import compiler_present
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.engine.engine import TorchEngine
 from forge.model import CausalLM, ModelConfig
 from forge.model.generate import generate
 from forge.model.sampling import SamplingParams, sampling_logprobs

@@ -9,7 +9,8 @@ import grpc
 import torch
 
 from forge.actors.backend import GenerationRequest
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine
 from forge.builtin import tiny_model
 from forge.model import CausalLM, ModelConfig
 from forge.model.generate import generate

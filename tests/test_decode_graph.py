@@ -12,7 +12,8 @@ import torch
 from test_actor_engine import full_forward_logprobs, make_model, run
 from torch._dynamo.utils import counters
 
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine
 from forge.model.generate import generate
 from forge.model.sampling import SamplingParams
 

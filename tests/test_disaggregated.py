@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from forge.actors.backend import Continuation, FinishReason, GenerationRequest, InvalidRequest
-from forge.actors.engine.engine import EngineConfig
+from forge.actors.config import EngineConfig
 from forge.model import CausalLM
 from forge.model.sampling import SamplingParams
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from forge.actors.backend import FinishReason, GenerationRequest, InvalidRequest, Overloaded
+from forge.actors.config import EngineConfig
 from forge.actors.engine.core import EngineSpec
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.engine.engine import TorchEngine
 from forge.actors.engine.process import EngineProcess
 from forge.model import CausalLM, ModelConfig
 from forge.model.sampling import SamplingParams
@@ -178,7 +179,7 @@ def test_the_core_exits_when_its_front_is_killed(checkpoint):
     script = textwrap.dedent(f"""
         import sys, time
         from forge.actors.engine.core import EngineSpec
-        from forge.actors.engine.engine import EngineConfig
+        from forge.actors.config import EngineConfig
         from forge.actors.engine.process import EngineProcess
         front = EngineProcess(EngineSpec({checkpoint!r}, config=EngineConfig(kv_cache_bytes=2**20, block_size=8,
                                                                              threads=1)))

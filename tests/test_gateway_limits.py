@@ -18,7 +18,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from forge.assets import TINY_DIR
 from forge.gateway.modelinfo import ModelInfo
-from forge.gateway.offload import PROCESS_SIZE
+from forge.gateway.off_loop import PROCESS_SIZE
 from forge.gateway.token_bound import chars_per_token
 from forge.pool import PoolReader
 from forge.tokenizer import RenderLimitExceeded, Tokenizer

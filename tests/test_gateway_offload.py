@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from forge.gateway.errors import BadRequest, ModelNotFound, Unavailable
+from forge.gateway.errors import BadRequest, ModelNotServed, Unavailable
 from forge.gateway.http.decode import decode_json, prepare_chat
-from forge.gateway.offload import PROCESS_SIZE as OFFLOAD_SIZE
-from forge.gateway.offload import OffLoop
+from forge.gateway.off_loop import PROCESS_SIZE as OFFLOAD_SIZE
+from forge.gateway.off_loop import OffLoop
 from forge.gateway.prompt_limits import PromptLimits
 
 from helpers.gateway_procs import random_actor, start_gateway
@@ -65,7 +65,7 @@ def test_a_body_decoded_apart_gives_the_same_values_and_refusals_as_inline(work)
             try:
                 call, options = await work.run_isolated(size, prepare_chat, raw, frozenset({"m"}), 100, LIMITS)
                 outcomes.append((call.messages, call.sampling.max_tokens, call.sampling.temperature, options))
-            except (BadRequest, ModelNotFound) as exc:
+            except (BadRequest, ModelNotServed) as exc:
                 outcomes.append((type(exc), exc.message, exc.param, exc.code))
         return outcomes
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine
 from forge.learner.checkpoint import Checkpointer
 from forge.learner.losses import LossConfig
 from forge.learner.parallel import Distributed

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import forge.builtin
-from forge.actors.parts import load_policy, model_id_of
+from forge.actors.engine.policy import load_policy, model_id_of
 from forge.assets import TINY_DIR, TINY_MOE_DIR, TINY_MOE_NAME, TINY_NAME, TOKENIZER_FILES
 from forge.builtin import (
     ModelNotFound,
@@ -122,10 +122,10 @@ def test_the_gateway_resolves_the_same_way(checkpoint, tmp_path):
 
 
 def test_the_trtllm_backend_resolves_the_same_way(checkpoint, monkeypatch):
-    import forge.actors.trtllm
-    from forge.actors.parts import trtllm_backend
+    import forge.actors.trtllm.backend
+    from forge.actors.trtllm.factory import trtllm_backend
 
-    monkeypatch.setattr(forge.actors.trtllm, "TrtllmBackend", lambda directory, *_, **__: directory)
+    monkeypatch.setattr(forge.actors.trtllm.backend, "TrtllmBackend", lambda directory, *_, **__: directory)
     directory, model_id = trtllm_backend("tiny", 8)
     assert model_id == TINY_NAME and (Path(directory) / "model.safetensors").exists()
     assert trtllm_backend(str(checkpoint), 8) == (str(checkpoint.resolve()), str(checkpoint.resolve()))

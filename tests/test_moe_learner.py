@@ -12,7 +12,8 @@ import pytest
 import torch
 from test_tree_training import agent_batch, assert_same_step, random_masks
 
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine
 from forge.learner.losses import LossConfig
 from forge.learner.parallel import Distributed
 from forge.learner.policy import policy_forward

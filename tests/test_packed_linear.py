@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from forge.actors.backend import GenerationRequest
+from forge.actors.config import EngineConfig
 from forge.actors.engine import packed_linear
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.engine.engine import TorchEngine
 from forge.actors.engine.packed_linear import LinearPacks, PackableLinear, linear, pack_linears, supported
 from forge.builtin import load_model, tiny_model
 from forge.model import CausalLM

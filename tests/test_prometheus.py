@@ -260,7 +260,8 @@ def test_cache_metrics_are_its_stats(tmp_path):
 
 
 def test_learner_metrics_are_its_stats(tmp_path):
-    from forge.actors.engine.engine import EngineConfig, TorchEngine
+    from forge.actors.config import EngineConfig
+    from forge.actors.engine.engine import TorchEngine
     from forge.builtin import load_model
     from forge.pool import Pool
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine
 from forge.learner.losses import LossConfig, policy_loss
 from forge.learner.policy import policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards

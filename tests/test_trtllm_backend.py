@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from forge.actors.backend import FinishReason
-from forge.actors.trtllm import chunk_from_output, sampling_kwargs
+from forge.actors.trtllm.backend import chunk_from_output, sampling_kwargs
 from forge.model.sampling import SamplingParams
 
 
@@ -44,7 +44,7 @@ def test_streamed_outputs_become_chunks_of_new_tokens_only():
 def test_trtllm_greedy_matches_the_torch_engine(tmp_path):
     from forge.actors.backend import GenerationRequest
     from forge.actors.engine.engine import TorchEngine
-    from forge.actors.trtllm import TrtllmBackend
+    from forge.actors.trtllm.backend import TrtllmBackend
     from forge.builtin import write_tiny_checkpoint
     from forge.model import CausalLM
 

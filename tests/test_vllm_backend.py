@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from forge.actors.backend import GenerationRequest
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine
 from forge.builtin import load_model, resolve_model
 from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM
@@ -54,7 +55,7 @@ def hf_greedy(directory: Path, prompt: list[int], new_tokens: int) -> list[int]:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """vLLM and the torch engine on one random-weight tiny checkpoint (tied embedding, an MTP head vLLM skips)."""
-    from forge.actors.vllm_backend import VllmBackend
+    from forge.actors.vllm.backend import VllmBackend
 
     directory = random_tiny(tmp_path_factory.mktemp("tiny"))
     backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=1))
@@ -68,7 +69,7 @@ def torch_engine(directory: Path) -> TorchEngine:
 
 def vllm_and_torch_engine(directory: Path, params: SamplingParams, threads: int = 1) -> tuple[list, list]:
     """``run`` of PROMPTS on a fresh vLLM backend over ``directory``, then on the torch engine."""
-    from forge.actors.vllm_backend import VllmBackend
+    from forge.actors.vllm.backend import VllmBackend
 
     backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=threads))
     try:
@@ -329,7 +330,7 @@ def test_a_model_with_experts_samples_what_the_torch_engine_samples_before_and_a
     """vLLM serves Qwen3-MoE (the tiny-moe shape, random weights): greedy tokens and their log-probs equal the torch
     engine's, on the checkpoint and again after both take a new version in place (vLLM's CPU build packs its
     experts for its grouped kernel, and a reload must pack the new ones again)."""
-    from forge.actors.vllm_backend import VllmBackend
+    from forge.actors.vllm.backend import VllmBackend
 
     directory = random_tiny_moe(tmp_path)
     original = CausalLM.from_pretrained(directory).state_dict()
@@ -362,7 +363,7 @@ def test_a_model_with_experts_samples_what_the_torch_engine_samples_before_and_a
 def test_on_a_gpu_vllm_records_the_experts_it_routed_through(tmp_path):
     """With a model with experts on CUDA, vLLM's routed experts come back with the final chunk, one row per
     position it fed, and agree with the experts a forward pass of the same weights chooses (fp32: ties aside)."""
-    from forge.actors.vllm_backend import VllmBackend
+    from forge.actors.vllm.backend import VllmBackend
     from forge.model.moe import routing_of
 
     directory = random_tiny_moe(tmp_path)

@@ -32,8 +32,9 @@ from typing import Any
 import click
 import zmq
 
-from forge.actors.backend import FinishReason, GenerationRequest, RequestStream, TokenChunk
-from forge.actors.engine.engine import EngineConfig, RequestLimits, TorchEngine, reserve_cpu_threads
+from forge.actors.backend import FinishReason, GenerationRequest, RequestLimits, RequestStream, TokenChunk
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine, reserve_cpu_threads
 from forge.weights.curve import ClientKeys, ServerKeys
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 class EngineSpec:
     """Everything the core needs to build its engine: the model, the engine's configuration and its links."""
 
-    model: str = "tiny"                     # a checkpoint directory or 'tiny' (see forge.actors.parts.load_policy)
+    model: str = "tiny"                     # a checkpoint directory or 'tiny' (see forge.actors.engine.policy.load_policy)
     device: str = "cpu"
     dtype: str = "float32"
     config: EngineConfig = field(default_factory=EngineConfig)
@@ -140,7 +141,7 @@ class EngineCore:
         return spec
 
     def build(self) -> None:
-        from forge.actors.parts import load_policy
+        from forge.actors.engine.policy import load_policy
 
         spec = self.spec
         threads = reserve_cpu_threads(spec.config.threads)     # before any torch work (see reserve_cpu_threads)
@@ -152,15 +153,15 @@ class EngineCore:
         engine.after_pass = outbox.flush
         self.engine, self.outbox = engine, outbox
         if spec.kv_events or spec.l3_cache:
-            from forge.actors.parts import kv_connector
+            from forge.actors.engine.l3 import kv_connector
 
             self.connector = kv_connector(engine, spec.l3_cache, spec.l3_fetch, spec.l3_api_key)
         if spec.weights_fetch and spec.relay_fetch and spec.relay_announce:
-            from forge.actors.parts import weight_relay
+            from forge.actors.weights_link import weight_relay
 
             self.relay = weight_relay(spec.relay_fetch, spec.relay_announce, spec.relay_curve)
         if spec.weights_fetch:
-            from forge.actors.parts import weight_subscriber
+            from forge.actors.weights_link import weight_subscriber
 
             self.subscriber = weight_subscriber(engine, spec.weights_fetch, spec.weights_announce,
                                                 spec.weights_curve, self.relay)

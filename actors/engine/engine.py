@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import random
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,11 +21,14 @@ from forge.actors.backend import (
     GenerationRequest,
     InvalidRequest,
     Overloaded,
+    RequestLimits,
     RequestStream,
     RoutedExperts,
     TokenChunk,
     batched_wakeups,
+    check_weights,
 )
+from forge.actors.config import EngineConfig
 from forge.actors.engine.block_manager import BlockManager
 from forge.actors.engine.paged_attention import PagedKVCache
 from forge.actors.engine.runner import ModelRunner, PreparedWeights, Sampled, Work
@@ -35,129 +36,13 @@ from forge.actors.engine.scheduler import Scheduler, SchedulerConfig
 from forge.actors.engine.sequence import Sequence, Status
 from forge.kvhash import kv_salt
 from forge.model.qwen3 import CausalLM
-from forge.settings import Settings, setting
 
 if TYPE_CHECKING:
     from forge.actors.engine.connector import EngineConnector
 
 log = logging.getLogger(__name__)
 
-
-MIB = 2**20
 MESSAGES_PER_STEP = 4          # adaptive streaming's target (EngineConfig.stream_interval = 0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineConfig(Settings):
-    block_size: int = setting(16, min=1, max=1024, help="Tokens per KV block (also the prefix-reuse granularity).")
-    kv_cache_bytes: int = setting(256 * MIB, flag="kv-cache-mb", scale=MIB, min=1, unit="MiB",
-                                  help="Memory for the paged KV cache; sets the number of blocks.")
-    max_num_seqs: int = setting(64, flag="max-batch", min=1, help="Sequences decoded together at most.")
-    max_num_batched_tokens: int = setting(4096, flag="max-batched-tokens", min=16,
-                                          help="Prompt tokens in one prefill step (longer prompts are chunked).")
-    max_waiting: int = setting(1024, min=0, help="Queued requests beyond the running batch; more are refused with "
-                                                 "RESOURCE_EXHAUSTED.")
-    speculative: bool = setting(True, help="Draft with the checkpoint's MTP head and verify with the main model (when "
-                                           "it has one).")
-    prefix_caching: bool = setting(True, help="Reuse the KV blocks of earlier requests that share a prompt prefix.")
-    on_weight_swap: str = setting("continue", choices=("continue", "abort"),
-                                  help="What in-flight requests do when a new weight version arrives.")
-    seed: int = setting(0, help="Seed for requests that bring none.")
-    threads: int = setting(0, min=0, help="Torch CPU threads of the engine loop, which runs every step (0 = torch's "
-                                          "default, the cores).")
-    cpu_kernels: bool = setting(True, help="On CPU, decode attention with the compiled C kernel (built on first use; "
-                                           "needs a C compiler).")
-    stream_interval: int = setting(0, min=0, help="Stream each request's tokens in messages of N (its first token and "
-                                                  "its end are sent at once); 0 adapts N to the load: N = running "
-                                                  "requests // 4, so one message per token below 8 running requests, "
-                                                  "then 4 to 7 messages a step. Fewer messages leave more of the "
-                                                  "process to decoding when many streams are open.")
-    packed_linear: bool = setting(True, help="On CPU, run the large linear projections on copies of their weights "
-                                             "made at load and after each weight swap: oneDNN's packed layout for "
-                                             "steps of two rows or more, the transposed matrix for one row (fp32; "
-                                             "twice as much memory again as those weights).")
-    compile_decode: bool = setting(False, help="Graph mode: torch.compile the decode step (fuses its small ops; the "
-                                               "first decode steps pay the compile, seconds to a minute, cached on "
-                                               "disk by inductor).")
-    name: str = "actor"                         # set by the actor: its instance name
-    model_id: str = "model"                     # set by the actor: the id KV salts and stats name the model by
-
-    @property
-    def abort_on_weight_swap(self) -> bool:
-        return self.on_weight_swap == "abort"
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    """What a request must fit: checked by the engine, and by an engine process's front before it sends one."""
-
-    vocab_size: int
-    max_positions: int
-    kv_capacity: int                            # tokens the KV cache holds for one request
-    eos_token_ids: tuple[int, ...]
-    max_in_flight: int                          # running + waiting requests; more are refused (Overloaded)
-
-    def check(self, request: GenerationRequest) -> tuple[int, frozenset[int]]:
-        """The request's resolved max tokens and stop ids; raises InvalidRequest with the reason."""
-        prompt = request.prompt_ids
-        if not prompt:
-            raise InvalidRequest("the prompt is empty: give at least one token id")
-        vocab = self.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequest(f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-        if len(prompt) >= self.max_positions:
-            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; the model's context is "
-                                 f"{self.max_positions}, leaving no room to generate")
-        if request.stream_interval < 0:
-            raise InvalidRequest(f"stream_interval must be 0 (the engine's) or more, got {request.stream_interval}")
-        params = request.params
-        bad_stops = [t for t in params.stop_token_ids if not 0 <= t < vocab]
-        if bad_stops:
-            raise InvalidRequest(f"stop token ids outside the vocabulary: {bad_stops[:5]}")
-        if len(prompt) >= self.kv_capacity:
-            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; this actor's KV cache holds {self.kv_capacity}")
-        room = min(self.max_positions, self.kv_capacity) - len(prompt)
-        if params.min_tokens > room:
-            raise InvalidRequest(f"min_tokens is {params.min_tokens}, but the prompt of {len(prompt)} tokens leaves "
-                                 f"room for {room}")
-        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
-        max_tokens = min(params.max_tokens or room, room)
-        if request.continuation is not None:
-            self._check_continuation(request, max_tokens, stops)
-        return max_tokens, stops
-
-    def _check_continuation(self, request: GenerationRequest, max_tokens: int, stops: frozenset[int]) -> None:
-        given = request.continuation
-        if request.prefill_only:
-            raise InvalidRequest("a request is prefill_only or a continuation, not both")
-        tokens, logprobs = given.token_ids, given.logprobs
-        if len(logprobs) != len(tokens):
-            raise InvalidRequest(f"a continuation needs one log-probability per token; got {len(tokens)} tokens and "
-                                 f"{len(logprobs)} log-probabilities")
-        if len(tokens) != 1:
-            raise InvalidRequest(f"a continuation carries the one token its prefill sampled, got {len(tokens)}")
-        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequest(f"continuation token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
-        if not all(math.isfinite(lp) and lp <= 0 for lp in logprobs):
-            raise InvalidRequest("continuation log-probabilities must be finite and at most 0")
-        if given.weight_version < 0:
-            raise InvalidRequest(f"the continuation's weight version must be 0 or more, got {given.weight_version}")
-        if len(tokens) >= max_tokens:
-            raise InvalidRequest(f"the continuation already has {len(tokens)} tokens of the request's {max_tokens}")
-        stopped = [i for i, t in enumerate(tokens) if t in stops]
-        if stopped:
-            raise InvalidRequest(f"continuation token {stopped[0]} is a stop token: the request had already finished")
-
-
-def check_weights(version: int, state_dict: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Raise ValueError unless ``state_dict`` holds exactly the model's tensors (``shapes``), each of its shape."""
-    problems = [n for n in shapes if n not in state_dict or tuple(state_dict[n].shape) != tuple(shapes[n])]
-    if problems or len(state_dict) != len(shapes):
-        extra = sorted(set(state_dict) - set(shapes))
-        raise ValueError(f"weight version {version} does not fit the model: mismatched {problems[:5]}, "
-                         f"unexpected {extra[:5]}")
 
 
 def reserve_cpu_threads(threads: int = 0) -> int:

@@ -384,3 +384,17 @@ class KVConnector(EngineConnector):
             self._publisher.join(timeout=10)
         if self.client is not None:
             self.client.close()
+
+
+def kv_connector(engine, l3_cache: str | None, fetch: str, api_key: str | None):
+    """The torch engine's KV connector: KV events for routers always, the L3 cache when ``l3_cache`` names its
+    servers; raises ValueError for a bad server list."""
+    from forge.actors.engine.l3 import KVConnector
+
+    client = None
+    if l3_cache:
+        from forge.kv.client import CacheClient
+
+        client = CacheClient(l3_cache, api_key=api_key)
+        log.info("L3 KV cache on %s (fetch: %s)", ", ".join(client.servers), fetch)
+    return KVConnector(engine, client, fetch=fetch)

@@ -38,9 +38,9 @@ from forge.actors.backend import (
     RequestStream,
     TokenChunk,
     batched_wakeups,
+    check_weights,
 )
 from forge.actors.engine.core import CoreInfo, EngineSpec
-from forge.actors.engine.engine import check_weights
 from forge.v1 import router_pb2
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""The ``forge`` command group and the ``forge-*`` console scripts."""
+"""The ``forge`` command group: every command of Forge under one program (the services also have programs of their
+own, forge-learner, forge-actor, forge-gateway and forge-cache, which import their service alone)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from forge.app.rollout.cli import rollout
 from forge.app.top.cli import plot, top
 from forge.app.up.cli import up
 from forge.cache.cli import cache
-from forge.cli.common import CONTEXT_SETTINGS, entry_point
+from forge.cli.common import CONTEXT_SETTINGS
 from forge.gateway.cli import gateway
 from forge.learner.cli import learner
 from forge.pool.cli import pool_group
@@ -36,11 +37,6 @@ def forge() -> None:
 for command in (up, rollout, learner, actor, gateway, cache, top, plot, model_group, pool_group, config_group,
                 keys_group, deploy):
     forge.add_command(command)
-
-learner_entry = entry_point(learner, "learner")
-actor_entry = entry_point(actor, "actor")
-gateway_entry = entry_point(gateway, "gateway")
-cache_entry = entry_point(cache, "cache")
 
 
 def main() -> None:

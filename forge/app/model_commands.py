@@ -134,7 +134,8 @@ def eval_command(model: str, domains: str, size: int, max_tokens: int, temperatu
     """Held-out reward of MODEL on the built-in tasks (in-process engine, nothing recorded)."""
     import asyncio
 
-    from forge.actors.engine.engine import EngineConfig, TorchEngine, reserve_cpu_threads
+    from forge.actors.config import EngineConfig
+    from forge.actors.engine.engine import TorchEngine, reserve_cpu_threads
     from forge.app.rollout.evaluate import evaluate_with
     from forge.app.rollout.llm import EngineChat
     from forge.tasks import DOMAINS

@@ -15,7 +15,7 @@ from forge.pool.errors import (
     PoolFullError,
 )
 from forge.pool.pool import Pool, PoolReader
-from forge.pool.service import PoolServicer, pool_binding, serve_pool
+from forge.pool.servicer import PoolServicer, pool_binding, serve_pool
 from forge.pool.sessions import SESSION_STATUS_NAMES, check_call, prepare_open
 from forge.pool.window import Batch, PoolSource, WindowConfig, WindowedFifo
 

@@ -203,7 +203,7 @@ def common_finish_name(value: int) -> str:
 def serve_command(config: PoolServeConfig) -> None:
     """Serve the pool at --path as the forge.v1.Pool gRPC service (with health and reflection) until SIGTERM."""
     from forge.pool.pool import Pool
-    from forge.pool.service import PoolServicer, serve_pool
+    from forge.pool.servicer import PoolServicer, serve_pool
     from forge.rpc import ServerOptions
 
     setup_logging(config.log_level)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from forge.gateway.errors import BadRequest, ModelNotFound
+from forge.gateway.errors import BadRequest, ModelNotServed
 from forge.gateway.http.openai import ChatOptions, parse_chat_request
 from forge.gateway.messages import ChatCall, surrogate_path
-from forge.gateway.offload import INLINE_SIZE
+from forge.gateway.off_loop import INLINE_SIZE
 from forge.gateway.prompt_limits import PromptLimits
 
 
@@ -35,10 +35,10 @@ def decode_json(raw: bytes | bytearray) -> Any:
 
 
 def check_model(body: Any, served: frozenset[str]) -> None:
-    """ModelNotFound unless the body names no model or one in ``served``."""
+    """ModelNotServed unless the body names no model or one in ``served``."""
     name = body.get("model") if isinstance(body, dict) else None
     if isinstance(name, str) and name not in served:
-        raise ModelNotFound(name)
+        raise ModelNotServed(name)
 
 
 def prepare_chat(raw: bytes | bytearray, served: frozenset[str], vocab_size: int, limits: PromptLimits

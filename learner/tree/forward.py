@@ -25,9 +25,9 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from forge.learner.expert_replay import routing_for
 from forge.learner.losses import mtp_topk_kl
 from forge.learner.policy import PolicyOutput
-from forge.learner.routing import routing_for
 from forge.learner.tree.packing import TreeBatch, mtp_edges
 from forge.learner.tree.stem import StemState
 from forge.model.qwen3 import CausalLM

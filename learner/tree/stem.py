@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from forge.learner.routing import routing_for
+from forge.learner.expert_replay import routing_for
 from forge.learner.tree.packing import Stem, mtp_edges
 from forge.model.moe import Routing, load_balancing_loss
 from forge.model.qwen3 import CausalLM

@@ -3,7 +3,8 @@ random-weight model with an MTP layer, 8-token blocks, and an engine built aroun
 
 from __future__ import annotations
 
-from forge.actors.engine.engine import EngineConfig, TorchEngine
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine
 from forge.actors.engine.l3 import KVConnector
 from forge.kv.client import CacheClient
 from forge.model import CausalLM, ModelConfig

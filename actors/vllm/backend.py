@@ -12,7 +12,7 @@ Weight versions load between steps, never during one: the scheduler is paused (`
 flight kept or aborted per ``on_weight_swap``, the prefix cache and running requests' KV cleared, so that KV of an
 old version is never reused), the outputs of the old version's last step are drained to their streams, the
 tensors are reloaded in place (vLLM's ``reload_weights`` from a safetensors file in a private directory, through
-``forge.actors.vllm_worker``: a path crosses vLLM's worker RPC, tensors do not on its CPU build), and the scheduler
+``forge.actors.vllm.worker``: a path crosses vLLM's worker RPC, tensors do not on its CPU build), and the scheduler
 resumes. Tensors vLLM does not know (the MTP
 head, ``mtp.*``) are left out of what it loads; the learner keeps training them.
 
@@ -47,12 +47,13 @@ from forge.actors.backend import (
     GenerationRequest,
     InvalidRequest,
     Overloaded,
+    RequestLimits,
     RequestStream,
     RoutedExperts,
     TokenChunk,
+    check_weights,
 )
-from forge.actors.config import VLLM_INSTALL_HINT
-from forge.actors.engine.engine import EngineConfig, RequestLimits, check_weights
+from forge.actors.config import VLLM_INSTALL_HINT, EngineConfig
 from forge.builtin import ModelRef
 from forge.reaper import Reaper
 
@@ -268,7 +269,7 @@ class VllmBackend(Backend):
                                     tuple(model_config.eos_token_ids), config.max_waiting + config.max_num_seqs)
         self.events = None
         if events_endpoint is not None:
-            from forge.actors.vllm_kv_events import VllmKVEvents
+            from forge.actors.vllm.kv_events import VllmKVEvents
 
             self.events = VllmKVEvents(events_endpoint, self.model_id, lambda: self._version)
         log.info("vLLM serving %s: %d KV blocks of %d tokens", self.model_id, self.num_blocks, self.block_size)
@@ -288,7 +289,7 @@ class VllmBackend(Backend):
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             enable_prefix_caching=config.prefix_caching, logprobs_mode="processed_logprobs",
             enforce_eager=not config.compile_decode, disable_log_stats=True,
-            worker_extension_cls="forge.actors.vllm_worker.ForgeWorkerExtension")
+            worker_extension_cls="forge.actors.vllm.worker.ForgeWorkerExtension")
         if kv_events_endpoint is not None:
             from vllm.config import KVEventsConfig
 

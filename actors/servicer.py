@@ -25,7 +25,8 @@ from forge.actors.backend import (
     TokenChunk,
 )
 from forge.expert_routing import encode as encode_routing
-from forge.model.sampling import SamplingError, SamplingParams
+from forge.model.sampling import SamplingError
+from forge.rpc.sampling import sampling_from_proto
 from forge.telemetry import stats_report
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
@@ -37,31 +38,6 @@ FINISH_TO_PROTO = {
     FinishReason.ABORT: common_pb2.FINISH_REASON_ABORT,
     FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
 }
-
-
-def sampling_from_proto(message: common_pb2.SamplingParams) -> SamplingParams:
-    """Proto sampling parameters to the engine's (unset temperature = 1, unset top_p = 1, max_tokens 0 = no cap)."""
-    return SamplingParams(
-        temperature=message.temperature if message.HasField("temperature") else 1.0,
-        top_p=message.top_p or 1.0,
-        top_k=message.top_k,
-        seed=message.seed if message.HasField("seed") else None,
-        max_tokens=message.max_tokens or None,
-        stop_token_ids=tuple(message.stop_token_ids),
-        ignore_eos=message.ignore_eos,
-        min_tokens=message.min_tokens,
-        top_logprobs=message.top_logprobs,
-    )
-
-
-def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
-    message = common_pb2.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                                        max_tokens=params.max_tokens or 0, stop_token_ids=params.stop_token_ids,
-                                        ignore_eos=params.ignore_eos, min_tokens=params.min_tokens,
-                                        top_logprobs=params.top_logprobs)
-    if params.seed is not None:
-        message.seed = params.seed
-    return message
 
 
 def chunk_to_proto(request_id: str, chunk: TokenChunk, actor: str, first: bool) -> actor_pb2.GenerateChunk:

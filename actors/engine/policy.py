@@ -1,0 +1,21 @@
+"""The model an actor serves, by the reference it was given (a checkpoint directory or a built-in model): the id it
+serves under and the loaded policy. Shared by the actor's factory, the engine core and the benches."""
+
+from __future__ import annotations
+
+
+def model_id_of(model: str) -> str:
+    """The id ``model`` serves under (KV salts, stats); raises ModelNotFound (a ValueError) when it names no
+    model. Loads nothing."""
+    from forge.builtin import resolve_model
+
+    return resolve_model(model).model_id
+
+
+def load_policy(model: str, device: str, dtype: str):
+    """(model, id) for ``model``: a checkpoint directory, or a built-in model (its shipped weights, else a fresh
+    init)."""
+    from forge.builtin import load_model
+
+    policy, ref = load_model(model, dtype=dtype, device=device)
+    return policy, ref.model_id

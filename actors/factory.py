@@ -1,0 +1,18 @@
+"""The one place an actor's backend is picked: every backend's factory by the name ``--backend`` gives it. A new
+backend is a ``forge.actors.backend.BackendFactory`` beside its implementation, registered here."""
+
+from __future__ import annotations
+
+from forge.actors.backend import BackendFactory
+from forge.actors.engine.factory import TorchFactory
+from forge.actors.trtllm.factory import TrtllmFactory
+from forge.actors.vllm.factory import VllmFactory
+
+FACTORIES: dict[str, type[BackendFactory]] = {f.name: f for f in (TorchFactory, VllmFactory, TrtllmFactory)}
+
+
+def factory_for(name: str) -> BackendFactory:
+    try:
+        return FACTORIES[name]()
+    except KeyError:
+        raise ValueError(f"no backend {name!r} (one of {', '.join(FACTORIES)})") from None
