@@ -19,7 +19,7 @@ from forge.app.main import forge
 from forge.app.up.cli import UpCommand, services_from
 from forge.app.up.config import RENAMED, UpConfig
 from forge.app.up.plan import Plan
-from forge.cli.options import click_value, envvars_of, settings_command
+from forge.cli.options import SettingsCommand, click_value, envvars_of, settings_command
 from forge.learner.config import LearnerConfig
 from forge.pool import WindowConfig
 from forge.settings import Settings, SettingsError, build, entries, setting
@@ -79,6 +79,18 @@ def commands_of(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[tu
         if isinstance(command, click.Group):
             found += commands_of(command, (*path, name))
     return found
+
+
+def test_every_command_derives_its_options_from_settings():
+    """No hand-written option: every command of forge (and the engine core's and the helper scripts') is a
+    SettingsCommand, whose options, variables and run-file keys come from its settings' fields."""
+    from forge.actors.engine.core import main as engine_core
+    from forge.app.pretrain import main as pretrain
+    from forge.model.random_checkpoint import main as random_checkpoint
+
+    leaves = [(" ".join(path), command) for path, command in commands_of(forge) if not isinstance(command, click.Group)]
+    leaves += [("engine core", engine_core), ("pretrain", pretrain), ("random checkpoint", random_checkpoint)]
+    assert [name for name, command in leaves if not isinstance(command, SettingsCommand)] == []
 
 
 def test_every_command_takes_a_run_file():

@@ -29,12 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import click
 import zmq
 
 from forge.actors.backend import FinishReason, GenerationRequest, RequestLimits, RequestStream, TokenChunk
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine, reserve_cpu_threads
+from forge.cli.options import settings_command
+from forge.settings import Settings, setting
 from forge.weights.curve import ClientKeys, ServerKeys
 
 log = logging.getLogger(__name__)
@@ -245,17 +246,21 @@ class EngineCore:
         self._context.term()
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--commands", required=True, help="ZeroMQ endpoint the front pushes commands to.")
-@click.option("--outputs", required=True, help="ZeroMQ endpoint the core pushes chunks and replies to.")
-@click.option("--parent", required=True, type=int, help="The front's pid; the core exits when it goes away.")
-def main(commands: str, outputs: str, parent: int) -> None:
+@dataclass(frozen=True, kw_only=True)
+class CoreLinks(Settings):
+    commands: str = setting(help="ZeroMQ endpoint the front pushes commands to.")
+    outputs: str = setting(help="ZeroMQ endpoint the core pushes chunks and replies to.")
+    parent: int = setting(min=1, help="The front's pid; the core exits when it goes away.")
+
+
+@settings_command("engine-core", CoreLinks)
+def main(links: CoreLinks) -> None:
     """Run one engine core for an EngineProcess front (started by it; not meant to be run by hand)."""
     from forge.cli.common import setup_logging
 
     for signum in (signal.SIGINT, signal.SIGTERM):      # sent to the front's process group: the front closes us
         signal.signal(signum, signal.SIG_IGN)
-    core = EngineCore(commands, outputs)
+    core = EngineCore(links.commands, links.outputs)
     try:
         spec = core.receive_spec()
     except (TimeoutError, ValueError) as exc:
@@ -270,7 +275,7 @@ def main(commands: str, outputs: str, parent: int) -> None:
         core.close()
         sys.exit(1)
     try:
-        core.serve(parent)
+        core.serve(links.parent)
     finally:
         core.close()
 

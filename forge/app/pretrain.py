@@ -10,14 +10,16 @@ import logging
 import math
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import click
 import torch
 import torch.nn.functional as F
 
 from forge.builtin import BUILTIN_MODELS, builtin_model, resolve_model, tiny_tokenizer
+from forge.cli.options import settings_command
 from forge.model.moe import Routing, load_balancing_loss
+from forge.settings import Settings, setting
 from forge.tasks.demonstrations import demonstration
 from forge.tokenizer import Tokenizer
 
@@ -114,23 +116,27 @@ def pretrain(steps: int, batch_size: int, lr: float, seed: int, progress: bool =
     return model.eval()
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--model", "name", type=click.Choice(sorted(BUILTIN_MODELS)), default="tiny", show_default=True,
-              help="The built-in model to pre-train.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where to save it [default: the model's asset directory, forge/assets/MODEL].")
-@click.option("--steps", default=3600, show_default=True)
-@click.option("--batch-size", default=16, show_default=True)
-@click.option("--lr", default=3e-3, show_default=True)
-@click.option("--seed", default=0, show_default=True)
-@click.option("--threads", default=0, help="torch threads (0 = all cores)")
-def main(name: str, out: Path | None, steps: int, batch_size: int, lr: float, seed: int, threads: int) -> None:
+@dataclass(frozen=True, kw_only=True)
+class PretrainConfig(Settings):
+    name: str = setting("tiny", flag="model", choices=tuple(sorted(BUILTIN_MODELS)),
+                        help="The built-in model to pre-train.")
+    out: Path | None = setting(None, path="dir", help="Where to save it [default: the model's asset directory, "
+                                                      "forge/assets/MODEL].")
+    steps: int = setting(3600, min=1, help="Optimiser steps.")
+    batch_size: int = setting(16, min=1, help="Demonstrations per step.")
+    lr: float = setting(3e-3, min=0, min_open=True, help="Peak learning rate (AdamW, cosine decay).")
+    seed: int = setting(0, help="Seed of the initial weights and the demonstrations.")
+    threads: int = setting(0, min=0, help="Torch threads (0: every core).")
+
+
+@settings_command("pretrain", PretrainConfig)
+def main(config: PretrainConfig) -> None:
     """Pre-train a built-in model on noisy demonstrations of the built-in tasks and save it."""
     logging.basicConfig(level="INFO", format="%(asctime)s %(message)s")
-    if threads:
-        torch.set_num_threads(threads)
-    out = out or resolve_model(name).directory
-    model = pretrain(steps, batch_size, lr, seed, name=name)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    out = config.out or resolve_model(config.name).directory
+    model = pretrain(config.steps, config.batch_size, config.lr, config.seed, name=config.name)
     model.save_pretrained(out)
     log.info("saved %s", out)
 

@@ -17,9 +17,8 @@ from typing import Any
 import click
 
 from forge.cli.options import CONTEXT_SETTINGS, config_option
-from forge.settings import LOG_LEVELS
 
-__all__ = ["CONTEXT_SETTINGS", "check_port_option", "config_option", "entry_point", "log_level_option", "setup_logging",
+__all__ = ["CONTEXT_SETTINGS", "check_port_option", "config_option", "entry_point", "setup_logging",
            "start_metrics", "write_ready_file"]
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -27,14 +26,6 @@ LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 def setup_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr, force=True)
-
-
-def log_level_option(func: Callable) -> Callable:
-    return click.option(
-        "--log-level", default="INFO", show_default=True,
-        type=click.Choice(LOG_LEVELS, case_sensitive=False),
-        help="Logging verbosity (logs go to stderr).",
-    )(func)
 
 
 def entry_point(command: click.Command, name: str) -> Callable[[], Any]:

@@ -141,22 +141,29 @@ def option_for(entry: Entry, table: str) -> click.Parameter:
     value_type = _param_type(entry) if not (entry.kind is tuple and spec.separator) else str
     if spec.argument:
         given = {} if entry.required else {"default": default}       # click takes a given None for a value
+        metavar = spec.metavar or entry.name.upper()
         return click.Argument([entry.name], type=value_type, nargs=-1 if multiple else 1, required=entry.required,
-                              envvar=envvars_of(entry, table), metavar=spec.metavar or entry.name.upper(), **given)
+                              envvar=envvars_of(entry, table), metavar=metavar if entry.required else f"[{metavar}]",
+                              **given)
     help_text = spec.help + (f" [unit: {spec.unit}]" if spec.unit else "")
     if spec.secret:
         help_text += (f" A value on the command line is visible to every local user in the process list: prefer "
                       f"{entry.flag}-file PATH or {envvars_of(entry, table)[0]}.")
     common: dict[str, Any] = {"help": help_text, "envvar": envvars_of(entry, table), "metavar": spec.metavar,
                               "show_default": default not in (None, (), "") and not spec.secret}
+    if entry.required:                 # click says "Missing option" (a value from the file or variable counts)
+        common["required"] = True
+        del common["show_default"]
     short = [f"-{spec.short}"] if spec.short else []
     if entry.kind is bool:
         off = spec.negative or f"no-{entry.name.replace('_', '-')}"
-        return click.Option([f"{entry.flag}/--{off}", *short, entry.name], default=default, **common)
+        return click.Option([f"{entry.flag}/--{off}", *short, entry.name], default=default, **{
+            k: v for k, v in common.items() if k != "required"})
     if spec.choices is not None and entry.kind is tuple and spec.separator:
         common["help"] += f" (each of {', '.join(spec.choices)})"
-    return click.Option([entry.flag, *short, entry.name], type=value_type, default=default, multiple=multiple,
-                        **common)
+    if not entry.required:
+        common["default"] = default
+    return click.Option([entry.flag, *short, entry.name], type=value_type, multiple=multiple, **common)
 
 
 def _table_name(ctx: click.Context) -> str:
@@ -232,8 +239,15 @@ class SettingsCommand(click.Command):
                                                if n in by_name})
         except SettingsError as exc:
             if exc.flag:
-                raise click.BadParameter(exc.reason, param_hint=f"'{exc.flag}'") from exc
+                raise click.BadParameter(exc.reason, param_hint=self._hint(exc.flag)) from exc
             raise click.UsageError(str(exc)) from exc
+
+    def _hint(self, flag: str) -> str:
+        """How click names the parameter behind ``flag``: the option, or a positional argument's metavar."""
+        entry = next((e for e in entries(self.settings_class) if e.flag == flag), None)
+        if entry is not None and entry.spec.argument:
+            return entry.spec.metavar or entry.name.upper()
+        return f"'{flag}'"
 
     def _invoke(self, **values: Any) -> Any:
         self._refuse_empty_secrets(click.get_current_context())

@@ -8,9 +8,13 @@ Usage: python -m forge.model.random_checkpoint OUT_DIR [--size 100m|small] [--se
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
+
+from forge.cli.options import settings_command
+from forge.settings import Settings, setting
 
 # ~100 M parameters (95 M without the tied embedding counted twice): a small but real Qwen3 shape.
 SIZES = {
@@ -51,13 +55,17 @@ def write_qwen3(directory: str | Path, size: str = "100m", seed: int = 0) -> Pat
     return directory
 
 
-@click.command()
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--size", type=click.Choice(sorted(SIZES)), default="100m", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-def main(out: Path, size: str, seed: int) -> None:
+@dataclass(frozen=True, kw_only=True)
+class RandomCheckpointConfig(Settings):
+    out: Path = setting(argument=True, path="dir", help="The checkpoint directory to write.")
+    size: str = setting("100m", choices=tuple(sorted(SIZES)), help="The architecture's size.")
+    seed: int = setting(0, help="Seed of the random weights.")
+
+
+@settings_command("random-checkpoint", RandomCheckpointConfig)
+def main(config: RandomCheckpointConfig) -> None:
     """Write a random-weight Qwen3 checkpoint to OUT."""
-    click.echo(write_qwen3(out, size, seed))
+    click.echo(write_qwen3(config.out, config.size, config.seed))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import datetime
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,6 @@ from google.protobuf import json_format
 from forge.cli.common import (
     CONTEXT_SETTINGS,
     check_port_option,
-    config_option,
     setup_logging,
     start_metrics,
     write_ready_file,
@@ -27,8 +27,9 @@ from forge.pool.errors import PoolError
 from forge.pool.fifo import STATUS_NAMES
 from forge.pool.layout import COMPLETED
 from forge.pool.sessions import SESSION_STATUS_NAMES
+from forge.settings import Settings, setting
 
-PATH_ARG = click.Path(exists=True, file_okay=False, path_type=Path)
+
 def _open_reader(path: Path) -> Any:
     from forge.pool.pool import PoolReader
 
@@ -51,15 +52,27 @@ def pool_group() -> None:
     """
 
 
-@pool_group.command("stats")
-@config_option
-@click.argument("path", type=PATH_ARG)
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def stats_command(path: Path, as_json: bool) -> None:
+def _existing_directory(path: Path) -> None:
+    if not path.is_dir():
+        raise ValueError(f"{path} is not a directory")
+
+
+PATH_HELP = "The pool's directory (LMDB)."
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatsConfig(Settings):
+    path: Path = setting(argument=True, path="dir", validate=_existing_directory, help=PATH_HELP)
+    as_json: bool = setting(False, flag="json", help="Print machine-readable JSON.")
+
+
+@settings_command("stats", StatsConfig, table="pool.stats")
+def stats_command(config: StatsConfig) -> None:
     """Counts of the pool at PATH: queue head and tail, entries by status, sessions, calls, bytes on disk."""
+    path = config.path
     with _open_reader(path) as reader:
         figures = reader.stats()
-    if as_json:
+    if config.as_json:
         click.echo(json.dumps({k: (int(v) if float(v).is_integer() else v) for k, v in figures.items()}, indent=2,
                               sort_keys=True))
         return
@@ -76,25 +89,28 @@ def stats_command(path: Path, as_json: bool) -> None:
                f"{figures['bytes_used'] / 2**20:.1f} MiB used  map {figures['map_size'] / 2**20:.0f} MiB")
 
 
-@pool_group.command("entries")
-@config_option
-@click.argument("path", type=PATH_ARG)
-@click.option("--window", "-w", type=click.IntRange(1), default=None,
-              help="Show the window [head, head + W - 1] and mark the entries a fetch with this window returns.")
-@click.option("--start", type=click.IntRange(0), default=None, help="First queue position to show (default: head).")
-@click.option("--limit", type=click.IntRange(1), default=50, show_default=True,
-              help="Most entries to show without --window.")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def entries_command(path: Path, window: int | None, start: int | None, limit: int, as_json: bool) -> None:
+@dataclass(frozen=True, kw_only=True)
+class EntriesConfig(Settings):
+    path: Path = setting(argument=True, path="dir", validate=_existing_directory, help=PATH_HELP)
+    window: int | None = setting(None, short="w", min=1, help="Show the window [head, head + W - 1] and mark the "
+                                                            "entries a fetch with this window returns.")
+    start: int | None = setting(None, min=0, help="First queue position to show [default: the head].")
+    limit: int = setting(50, min=1, help="Most entries to show without --window.")
+    as_json: bool = setting(False, flag="json", help="Print machine-readable JSON.")
+
+
+@settings_command("entries", EntriesConfig, table="pool.entries")
+def entries_command(config: EntriesConfig) -> None:
     """Queue entries of the pool at PATH from the head on: status, group, sessions closed and failed."""
-    with _open_reader(path) as reader:
+    window, start, limit = config.window, config.start, config.limit
+    with _open_reader(config.path) as reader:
         cursor = reader.cursor()
         first = cursor.head if start is None else start
         entries = reader.entries(first, window if window else limit)
         if window:
             entries = [e for e in entries if e.position < cursor.head + window]
     now = time.time()
-    if as_json:
+    if config.as_json:
         rows = [{"position": e.position, "status": STATUS_NAMES[e.status], "group_id": e.group_id,
                  "group_size": e.size, "sessions": e.members, "closed": e.closed, "failed": e.failed,
                  "created_at": e.created_at, "in_window": window is not None and e.position < cursor.head + window,
@@ -135,27 +151,30 @@ def _shared_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-@pool_group.command("show")
-@config_option
-@click.argument("path", type=PATH_ARG)
-@click.argument("session_id")
-@click.option("--model", default="tiny", show_default=True,
-              help="Tokenizer to decode with: a checkpoint directory with tokenizer.json, or 'tiny' (built-in).")
-@click.option("--ids", "show_ids", is_flag=True, help="Print token ids instead of decoded text.")
-@click.option("--full-prompt", is_flag=True,
-              help="Print every call's whole prompt (default: only what it adds to the previous call).")
-@click.option("--json", "as_json", is_flag=True, help="Print the session and its calls as JSON (token ids).")
-def show_command(path: Path, session_id: str, model: str, show_ids: bool, full_prompt: bool, as_json: bool) -> None:
+@dataclass(frozen=True, kw_only=True)
+class ShowConfig(Settings):
+    path: Path = setting(argument=True, path="dir", validate=_existing_directory, help=PATH_HELP)
+    session_id: str = setting(argument=True, help="The session to show.")
+    model: str = setting("tiny", help="Tokenizer to decode with: a checkpoint directory with tokenizer.json, or "
+                                      "'tiny' (built-in).")
+    show_ids: bool = setting(False, flag="ids", help="Print token ids instead of decoded text.")
+    full_prompt: bool = setting(False, help="Print every call's whole prompt (default: only what it adds to the "
+                                            "previous call).")
+    as_json: bool = setting(False, flag="json", help="Print the session and its calls as JSON (token ids).")
+
+
+@settings_command("show", ShowConfig, table="pool.show")
+def show_command(config: ShowConfig) -> None:
     """One session of the pool at PATH with its calls decoded to text, rewards and metrics."""
-    with _open_reader(path) as reader:
+    with _open_reader(config.path) as reader:
         try:
-            found = reader.get_session(session_id)
+            found = reader.get_session(config.session_id)
         except PoolError as exc:
             raise click.ClickException(str(exc)) from exc
-    if as_json:
+    if config.as_json:
         click.echo(json_format.MessageToJson(found, preserving_proto_field_name=True))
         return
-    tokenizer = None if show_ids else _tokenizer(model)
+    tokenizer = None if config.show_ids else _tokenizer(config.model)
 
     def text(ids: list[int]) -> str:
         return " ".join(map(str, ids)) if tokenizer is None else tokenizer.decode(ids)
@@ -179,7 +198,7 @@ def show_command(path: Path, session_id: str, model: str, show_ids: bool, full_p
                    f"{len(prompt)} prompt + {len(completion)} completion tokens  weight versions "
                    f"{versions[0] if versions else '-'}..{versions[-1] if versions else '-'}  "
                    f"mean logprob {mean:.3f}  {call.timing.total_s:.3f} s")
-        shared = 0 if full_prompt else _shared_prefix(previous, prompt)
+        shared = 0 if config.full_prompt else _shared_prefix(previous, prompt)
         label = f"[prompt, after {shared} tokens shared with the previous call]" if shared else "[prompt]"
         click.echo(label)
         click.echo(text(prompt[shared:]))
@@ -243,4 +262,5 @@ def serve_command(config: PoolServeConfig) -> None:
     server.run_until_signal(on_stop=stop, on_ready=ready)
 
 
-pool_group.add_command(serve_command)
+for _command in (stats_command, entries_command, show_command, serve_command):
+    pool_group.add_command(_command)
