@@ -1,1 +1,2 @@
-"""The Rollout Engine: actor servers and their inference backends (embedded torch engine, TensorRT-LLM; no vLLM yet)."""
+"""The Rollout Engine: actor servers and their inference backends (the embedded torch engine, vLLM, TensorRT-LLM),
+each built by its factory (``factory``)."""
