@@ -127,7 +127,12 @@ class BuiltinWorkload(Workload):
             "--temperature", str(self.sampling.temperature),
             env={"OPENAI_API_KEY": session.api_key or "unused", "PATH": "/usr/bin:/bin"},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await process.communicate()
+        try:
+            out, err = await process.communicate()
+        except asyncio.CancelledError:          # the driver stops: end the program, and read its pipes to their end
+            process.kill()                      # on this loop, which closes them before the loop goes
+            await process.communicate()
+            raise
         episode = Episode(task, reply=out.decode().strip())
         if process.returncode != 0:
             episode.failed = f"black-box agent exited with {process.returncode}: {err.decode()[-300:]}"
