@@ -14,12 +14,25 @@ SERVICE_SCRIPTS = ("forge-learner", "forge-actor", "forge-gateway", "forge-cache
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
+def built(tmp_path_factory):
+    """The wheel, and what building it printed (pip's and setuptools' output, not quietened)."""
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(REPO)], check=True, capture_output=True)
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w",
+                             str(out), str(REPO)], check=True, capture_output=True, text=True)
     (path,) = out.glob("forge_rl-*.whl")
-    return zipfile.ZipFile(path)
+    return zipfile.ZipFile(path), result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(built):
+    return built[0]
+
+
+def test_building_the_package_warns_of_nothing(built):
+    """Every directory of data is declared (setuptools warns of one it would ignore otherwise)."""
+    printed = built[1]
+    assert "running bdist_wheel" in printed                          # the build's own output was seen
+    assert "would be ignored" not in printed and "absent from the `packages` configuration" not in printed
 
 
 def test_wheel_installs_only_under_forge(wheel):
