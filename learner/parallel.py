@@ -5,6 +5,9 @@ same code with every collective a no-op."""
 from __future__ import annotations
 
 import datetime
+import logging
+import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +19,15 @@ from torch import nn
 
 from forge import environment
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Distributed:
     rank: int = 0
     world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    timeout_s: float = 600.0        # the most a collective waits for a silent peer
 
     @property
     def enabled(self) -> bool:
@@ -58,11 +64,69 @@ class Distributed:
             dist.barrier()
 
     def close(self, failed: bool = False) -> None:
-        """Leave the job; after a failed step (a peer may be gone) without the closing barrier."""
+        """Leave the job; after a failed step (a peer may be gone) without the closing collectives."""
         if self.enabled and dist.is_initialized():
             if not failed:
-                dist.barrier()          # gloo aborts a rank that tears down while a peer still talks to it
+                if dist.get_backend() == dist.Backend.GLOO:
+                    self._quiesce_gloo()
+                else:
+                    dist.barrier()      # a rank that tears down while a peer still talks to it is aborted
             dist.destroy_process_group()
+
+    def _quiesce_gloo(self) -> None:
+        """The closing collectives under gloo: return once every rank got here and this process's gloo worker
+        threads have let go of every collective, so that none of them runs Python after this.
+
+        Why: gloo's worker threads outlive ``destroy_process_group`` (its shutdown does nothing, and FSDP2's
+        DTensors keep the group alive), and a worker lets go of a collective only after its caller saw it complete;
+        freeing a tensor that has a Python object takes the GIL there. A thread that asks for the GIL while the
+        interpreter finalizes is ended inside a C++ destructor: "terminate called without an active exception"
+        (SIGABRT) at exit. A closing ``dist.barrier()`` made that likely: a gloo barrier holds on to the
+        collectives still in progress when it begins, so the last step's tensors were freed by a gloo thread when
+        the barrier was, just as the process exited.
+
+        How: a worker takes collectives in queue order and finishes one before it takes the next. Each round queues
+        one collective per worker, largest first; if each completes before the one queued ahead of it, they ran on
+        different workers, so every worker is past all that was queued before. A tensor's Python reference count
+        stays raised while gloo holds it, which tells when the round's own collectives are let go."""
+        try:
+            workers = dist.group.WORLD._get_backend(torch.device("cpu")).options._threads
+        except (AttributeError, RuntimeError):
+            workers = 2                 # gloo's default
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            tensors = [torch.zeros(max(1, (1 << 20) >> (10 * i))) for i in range(workers)]
+            done = torch.zeros(1)
+            tensors.append(done)
+            alone = _references(tensors)
+            works = [dist.all_reduce(tensor, async_op=True) for tensor in tensors[:workers]]
+            apart = True
+            for i in reversed(range(workers)):
+                works[i].wait()
+                apart = apart and (i == 0 or not works[i - 1].is_completed())
+            del works
+            done.fill_(0.0 if apart else 1.0)
+            dist.all_reduce(done, op=dist.ReduceOp.MAX)     # another round until every rank saw its workers apart
+            if not _let_go(tensors, alone, deadline):
+                log.warning("gloo still held a closing collective after %.0f s; leaving anyway", self.timeout_s)
+                return
+            if done.item() == 0.0:
+                return
+
+
+def _references(tensors: list[torch.Tensor]) -> list[int]:
+    return [sys.getrefcount(tensor) for tensor in tensors]
+
+
+def _let_go(tensors: list[torch.Tensor], alone: list[int], deadline: float) -> bool:
+    """Wait until no collective holds ``tensors`` any more: until their Python reference counts are back to
+    ``alone`` (while C++ code holds a tensor, the tensor holds one on its own Python object); False: not by
+    ``deadline``."""
+    while _references(tensors) != alone:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> Distributed:
@@ -80,7 +144,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> Distribu
         return Distributed(device=target)
     dist.init_process_group("nccl" if target.type == "cuda" else "gloo",
                             timeout=datetime.timedelta(seconds=timeout_s))
-    return Distributed(dist.get_rank(), dist.get_world_size(), target)
+    return Distributed(dist.get_rank(), dist.get_world_size(), target, timeout_s)
 
 
 def check_shared_run_dir(run_dir: Path, distributed: Distributed) -> None:
