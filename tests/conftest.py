@@ -1,4 +1,5 @@
-"""Shared test fixtures: free loopback ports, the venv's console scripts, the repository root."""
+"""Shared by both trees (unit/ and integration/): free loopback ports, the venv's console scripts, the repository
+root and the helpers' folder."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+HELPERS = REPO / "tests" / "helpers"        # helpers/*.py: imported as helpers.NAME, some run as programs
 BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the system picks it: tests never share a fixed port)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 

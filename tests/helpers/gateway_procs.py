@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
+
 from forge.launch import ServiceProcess
 
 
@@ -37,3 +39,22 @@ def start_gateway(directory: Path, actors: list[str], pool: Path, *extra: str, n
     proc.grpc_address, proc.http, proc.base_url = (proc.info["grpc_address"], proc.info["http_address"],
                                                    proc.info["base_url"])
     return proc
+
+
+def chat_calls(gateway, run: str, count: int) -> list[str]:
+    """``count`` seeded two-turn sessions; their ids."""
+    sessions = []
+    with httpx.Client(timeout=120) as http:
+        for i in range(count):
+            session = f"{run}-{i}"
+            url = f"{gateway.http}/s/{session}/v1/chat/completions"
+            messages = [{"role": "system", "content": "You are a careful assistant. " * 6},
+                        {"role": "user", "content": f"Question {i}: what is {i} + {3 * i}?"}]
+            for turn in range(2):
+                response = http.post(url, json={"messages": messages, "max_tokens": 10, "seed": 100 * i + turn,
+                                                "temperature": 0.9, "stream": turn == 1})
+                assert response.status_code == 200, response.text
+                if turn == 0:
+                    messages += [response.json()["choices"][0]["message"], {"role": "user", "content": "And?"}]
+            sessions.append(session)
+    return sessions

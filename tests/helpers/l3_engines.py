@@ -1,13 +1,21 @@
 """Small torch engines linked to an L3 cache, for the tests of the cache link and of disaggregated serving: one
-random-weight model with an MTP layer, 8-token blocks, and an engine built around it."""
+random-weight model with an MTP layer, 8-token blocks, an engine built around it, and what the tests do with it
+(sample a prompt, record the logits sampled from, wait for blocks to be published)."""
 
 from __future__ import annotations
 
+import random
+import time
+
+import torch
+
+from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
 from forge.actors.engine.l3 import KVConnector
 from forge.kv.client import CacheClient
 from forge.model import CausalLM, ModelConfig
+from forge.model.sampling import SamplingParams
 
 CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
@@ -29,3 +37,37 @@ def l3_engine(model: CausalLM, cache: str | None = None, speculative: bool = Fal
     engine = TorchEngine(model, config, initial_version=version)
     KVConnector(engine, CacheClient([cache]) if cache else None, fetch=fetch)
     return engine
+
+
+def record_logits(engine: TorchEngine) -> list[torch.Tensor]:
+    """Every logits tensor the engine's runner samples from, in order."""
+    seen: list[torch.Tensor] = []
+    original = engine.runner._sampling_logprobs
+
+    def spy(logits, params):
+        seen.append(logits.detach().clone())
+        return original(logits, params)
+
+    engine.runner._sampling_logprobs = spy
+    return seen
+
+
+def generate(engine: TorchEngine, prompt: list[int], tokens: int = 12) -> tuple[list[int], list[float]]:
+    ids, logprobs = [], []
+    params = SamplingParams(temperature=0.8, seed=7, max_tokens=tokens, ignore_eos=True)
+    for chunk in engine.submit(GenerationRequest("", prompt, params)):
+        ids += chunk.token_ids
+        logprobs += chunk.logprobs
+    return ids, logprobs
+
+
+def wait_published(engine: TorchEngine, count: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while engine.stats()["l3_published_blocks"] < count:
+        assert time.monotonic() < deadline, engine.stats()
+        time.sleep(0.02)
+
+
+def prompt_of(seed: int, length: int = 75) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100) for _ in range(length)]

@@ -1,10 +1,15 @@
-"""Shared by the pool tests and their helper processes: deterministic call records and a dump of a whole pool."""
+"""Shared by the pool tests and their helper processes: deterministic call records, a dump of a whole pool, and a
+small pool as ``forge pool``'s commands find it."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
+from collections.abc import Iterator
+from pathlib import Path
 
+from forge.pool import Pool
 from forge.pool.layout import DATABASES
 from forge.v1 import common_pb2, pool_pb2
 
@@ -31,3 +36,27 @@ def snapshot(reader) -> dict[str, dict[bytes, bytes]]:
     """Every key and value of every database of the pool behind ``reader`` (a Pool or PoolReader)."""
     with reader.store.read() as tx:
         return {name: dict(tx.cursor(name)) for name in DATABASES}
+
+
+@contextlib.contextmanager
+def cli_pool(path: Path) -> Iterator[Pool]:
+    """A pool open for writing at ``path``: a group of two closed sessions (g0's two calls are text encoded by
+    the built-in tokenizer, with a process reward on the second; g1 has one call), and a session left open."""
+    from forge.builtin import tiny_tokenizer  # imports torch: not for the pool's helper processes
+
+    tokenizer = tiny_tokenizer()
+    with Pool(path) as opened:
+        group = [opened.open_session(session_id=f"g{i}", task_id="sum", group_id="g", group_size=2) for i in range(2)]
+        prompt, answer = tokenizer.encode("What is 12 + 30?"), tokenizer.encode("It is 42.")
+        opened.append_call(pool_pb2.CallRecord(session_id="g0", index=0, prompt_ids=prompt, completion_ids=answer,
+                                               logprobs=[-0.5] * len(answer), weight_versions=[3] * len(answer),
+                                               actor="actor-0"))
+        follow, completion = prompt + answer + tokenizer.encode(" Sure?"), tokenizer.encode("Yes.")
+        opened.append_call(pool_pb2.CallRecord(session_id="g0", index=1, prompt_ids=follow, completion_ids=completion,
+                                               logprobs=[-0.1] * len(completion), weight_versions=[4] * len(completion)))
+        opened.append_call(make_call("g1", 0))
+        opened.add_process_reward("g0", 1, 0.75)
+        for session in group:
+            opened.close_session(session_id=session.session_id, outcome_rewards={"correct": 1.0})
+        opened.open_session(session_id="later")
+        yield opened

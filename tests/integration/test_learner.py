@@ -1,0 +1,101 @@
+"""The learner as processes: FSDP2 1-process vs 2-process equality (torchrun), exactly-once training across a
+kill -9 and a restart, and SIGTERM stopping after a step with a checkpoint. (In-process: unit/test_learner.py.)"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from forge.learner.checkpoint import Checkpointer
+from forge.pool import Pool
+
+from conftest import REPO, script
+from helpers.learner_runs import CONFIG, MOE_CONFIG, engine_of, lineage, make_model, write_model_and_pool
+from helpers.rollouts import fill_pool
+
+
+@pytest.mark.parametrize("config", [CONFIG, MOE_CONFIG], ids=["dense", "experts"])
+def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path, config):
+    """With experts, the experts are sharded with the rest and every token is routed as its record says."""
+    model = make_model(5, config)
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    engine = engine_of(model)
+    pool = Pool(tmp_path / "pool")
+    fill_pool(pool, engine, groups=4, group_size=3, calls=2, max_tokens=9, vocab=64)
+    engine.close()
+    pool.close()
+    results = {}
+    for nproc in (1, 2):
+        copy = tmp_path / f"pool-{nproc}"
+        shutil.copytree(tmp_path / "pool", copy)
+        out = tmp_path / f"params-{nproc}.pt"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                   str(REPO / "tests" / "helpers" / "fsdp_step.py"), str(model_dir), str(copy), str(out), "64"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results[nproc] = torch.load(out)
+    one, two = results[1], results[2]
+    assert one["tokens"] == two["tokens"] == 4 * 3 * 2 * 9
+    assert one["stem_tokens"] > 0 and two["stem_tokens"] > 0      # the trees of a step share a stem on each rank
+    assert one["loss"] == pytest.approx(two["loss"], abs=1e-5)
+    assert one["grads"].keys() == two["grads"].keys() and len(one["grads"]) > 10
+    for name, grad in one["grads"].items():       # gradients, which Adam's scale-free first update would hide
+        torch.testing.assert_close(two["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=name)
+    before = model.state_dict()
+    changed = 0
+    for name, tensor in one["state"].items():     # Adam's first update: ±lr except for gradients near zero
+        torch.testing.assert_close(two["state"][name], tensor, atol=5e-5, rtol=1e-5)
+        changed += int(not torch.equal(tensor, before[name]))
+    assert changed > len(before) // 2
+
+
+def run_learner(pool_dir: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([script("forge-learner"), "--pool", str(pool_dir), "--run-dir", str(run_dir),
+                             "--model", str(run_dir.parent / "model"), "--no-publish", "--batch-groups", "1",
+                             "--window", "3", "--lr", "1e-3", "--max-wait", "0.5", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_kill_minus_nine_then_restart_trains_every_entry_exactly_once(tmp_path):
+    write_model_and_pool(tmp_path, seed=1, groups=12)
+    run_dir = tmp_path / "run"
+    metrics = run_dir / "metrics.jsonl"
+    first = run_learner(tmp_path / "pool", run_dir, "--checkpoint-every", "3", "--max-steps", "12")
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()
+        time.sleep(0.02)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    second = run_learner(tmp_path / "pool", run_dir, "--checkpoint-every", "3", "--max-steps", "12")
+    output, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, output
+    steps = lineage(metrics)
+    assert sorted(steps) == list(range(1, 13))
+    trained = [p for step in sorted(steps) for p in steps[step]]
+    assert sorted(trained) == list(range(12)), trained
+    assert "resumed from" in output
+
+
+def test_sigterm_stops_after_a_step_with_a_checkpoint(tmp_path):
+    write_model_and_pool(tmp_path, seed=2, groups=3)
+    run_dir = tmp_path / "run"
+    proc = run_learner(tmp_path / "pool", run_dir, "--checkpoint-every", "100")
+    deadline = time.monotonic() + 120
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    latest = Checkpointer(run_dir / "checkpoints").latest()
+    assert latest is not None and latest.state["step"] >= 1

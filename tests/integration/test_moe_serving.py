@@ -1,0 +1,62 @@
+"""A model with experts served by real processes: every call the gateway records carries the routing the actor
+computed for each position it fed, equal to a full forward pass's, also when a prefill actor and a decode actor
+split the call (the prompt's routing reaches the decode actor with its KV through the L3 cache, and the gateway
+completes whatever did not with the prefill actor's). (Routing records alone: unit/test_moe_serving.py.)"""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from forge import expert_routing
+from forge.model import CausalLM
+from forge.model.moe import routing_of
+from forge.pool import PoolReader
+from forge.v1 import actor_pb2_grpc, common_pb2, pool_pb2
+
+from helpers.gateway_procs import chat_calls, start_actor, start_gateway
+from helpers.processes import start_cache
+from helpers.random_model import random_tiny_moe
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("moe-serving")
+    model = str(random_tiny_moe(directory))
+    cache = start_cache(directory, "moe-cache")
+    l3 = ("--l3-cache", cache.address)
+    both = start_actor(directory, "both", "--model", model)
+    prefill = start_actor(directory, "prefill", "--model", model, "--role", "prefill", *l3)
+    decode = start_actor(directory, "decode", "--model", model, "--role", "decode", *l3)
+    whole = start_gateway(directory, [both.address], directory / "pool-whole", "--model", model,
+                          name="gateway-whole")
+    split = start_gateway(directory, [decode.address], directory / "pool-split", "--model", model,
+                          "--prefill-actor", prefill.address, "--prefill-min-tokens", "1", name="gateway-split")
+    yield {"whole": whole, "split": split, "dir": directory, "model": model, "decode": decode}
+    for proc in (split, whole, decode, prefill, both, cache):
+        proc.stop()
+
+
+def calls_of(pool, sessions: list[str]) -> list[pool_pb2.CallRecord]:
+    with PoolReader(pool) as reader:
+        return [c for s in sessions for c in reader.get_session(s).calls]
+
+
+@pytest.mark.parametrize("gateway", ["whole", "split"])
+def test_recorded_calls_carry_the_routing_of_every_fed_position(fleet, gateway):
+    sessions = chat_calls(fleet[gateway], f"moe-{gateway}", 3)
+    calls = calls_of(fleet["dir"] / f"pool-{gateway}", sessions)
+    model = CausalLM.from_pretrained(fleet["model"]).eval()
+    assert len(calls) == 6
+    for call in calls:
+        ids = expert_routing.decode(call.routed_experts)
+        tokens = [*call.prompt_ids, *call.completion_ids]
+        assert ids is not None and ids.shape == (len(tokens) - 1, len(model.config.sparse_layers), 2)
+        assert (ids >= 0).all(), "a position's routing is missing"
+        expected = routing_of(model, tokens[:-1])
+        assert (np.sort(ids, -1) == np.sort(expected, -1)).all()
+    if gateway == "split":
+        with grpc.insecure_channel(fleet["decode"].address) as channel:
+            gauges = actor_pb2_grpc.ActorStub(channel).Stats(common_pb2.StatsRequest(), timeout=30).gauges
+        assert gauges["l3_fetched_blocks"] > 0 and gauges["l3_fetched_routing"] == gauges["l3_fetched_blocks"]

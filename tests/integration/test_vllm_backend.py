@@ -1,0 +1,387 @@
+"""The vLLM backend against the torch engine, transformers and the learner's recomputation, on the same checkpoints:
+greedy tokens, sampled tokens' log-probabilities, weight versions (swapped in process and streamed from a real
+learner process) and KV events in Forge's hash chain. Needs vLLM (``make test-vllm``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from forge.actors.backend import GenerationRequest
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine
+from forge.builtin import load_model, resolve_model
+from forge.kvhash import chain_hashes, kv_salt
+from forge.model import CausalLM
+from forge.model.random_checkpoint import write_qwen3
+from forge.model.sampling import SamplingParams, sampling_logprobs
+from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
+
+from helpers.processes import start_actor, wait_gone
+from helpers.random_model import random_tiny, random_tiny_moe
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+PROMPTS = [[(7 * i + 3 * j) % 900 + 2 for j in range(5 + i % 7)] for i in range(16)]
+KV = 64 * 2**20
+
+
+def run(backend, prompts, params: SamplingParams) -> list[tuple[list[int], list[float], list[int]]]:
+    streams = [backend.submit(GenerationRequest("", p, params)) for p in prompts]
+    results = []
+    for stream in streams:
+        chunks = list(stream)
+        results.append(([t for c in chunks for t in c.token_ids], [x for c in chunks for x in c.logprobs],
+                        [v for c in chunks for v in c.weight_versions]))
+    return results
+
+
+def hf_greedy(directory: Path, prompt: list[int], new_tokens: int) -> list[int]:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """vLLM and the torch engine on one random-weight tiny checkpoint (tied embedding, an MTP head vLLM skips)."""
+    from forge.actors.vllm.backend import VllmBackend
+
+    directory = random_tiny(tmp_path_factory.mktemp("tiny"))
+    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=1))
+    yield backend, directory
+    backend.close()
+
+
+def torch_engine(directory: Path) -> TorchEngine:
+    return TorchEngine(load_model(directory)[0], EngineConfig(kv_cache_bytes=KV))
+
+
+def vllm_and_torch_engine(directory: Path, params: SamplingParams, threads: int = 1) -> tuple[list, list]:
+    """``run`` of PROMPTS on a fresh vLLM backend over ``directory``, then on the torch engine."""
+    from forge.actors.vllm.backend import VllmBackend
+
+    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=threads))
+    try:
+        ours = run(backend, PROMPTS, params)
+    finally:
+        backend.close()
+    engine = torch_engine(directory)
+    try:
+        return ours, run(engine, PROMPTS, params)
+    finally:
+        engine.close()
+
+
+def test_greedy_tokens_equal_the_torch_engine_and_transformers_on_the_tiny_model(tiny):
+    backend, directory = tiny
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine = torch_engine(directory)
+    try:
+        ours, theirs = run(backend, PROMPTS, greedy), run(engine, PROMPTS, greedy)
+    finally:
+        engine.close()
+    for (tokens, logprobs, versions), (want, want_logprobs, _) in zip(ours, theirs, strict=True):
+        assert tokens == want and versions == [0] * 12
+        torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want_logprobs), atol=1e-4, rtol=0)
+    for prompt, (tokens, _, _) in list(zip(PROMPTS, ours, strict=True))[:4]:
+        assert tokens == hf_greedy(directory, prompt, 12)
+
+
+def test_greedy_tokens_equal_on_a_100m_qwen3_written_by_transformers(tmp_path):
+    directory = write_qwen3(tmp_path / "q100m", "100m", seed=1)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    ours, theirs = vllm_and_torch_engine(directory, greedy, threads=2)
+    assert [o[0] for o in ours] == [t[0] for t in theirs]
+    for prompt, (tokens, _, _) in list(zip(PROMPTS, ours, strict=True))[:2]:
+        assert tokens == hf_greedy(directory, prompt, 8)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, seed=11, max_tokens=16, ignore_eos=True),
+                                    SamplingParams(temperature=0.7, top_k=20, seed=12, max_tokens=16, ignore_eos=True),
+                                    SamplingParams(temperature=1.2, top_p=0.8, seed=13, max_tokens=16, ignore_eos=True),
+                                    SamplingParams(temperature=0.9, top_k=50, top_p=0.9, seed=14, max_tokens=16,
+                                                   ignore_eos=True)])
+def test_sampled_logprobs_equal_the_learners_recomputation(tiny, params):
+    backend, directory = tiny
+    model = CausalLM.from_pretrained(directory).eval()
+    for prompt, (tokens, logprobs, _) in zip(PROMPTS[:6], run(backend, PROMPTS[:6], params), strict=True):
+        ids = torch.tensor([prompt + tokens])
+        with torch.no_grad():
+            logits = model.logits(model(ids))[0, len(prompt) - 1:-1]
+        expected = sampling_logprobs(logits, params.temperature, params.top_k, params.top_p)
+        recomputed = expected.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+        assert torch.isfinite(recomputed).all(), "a sampled token outside the distribution the learner recomputes"
+        torch.testing.assert_close(torch.tensor(logprobs), recomputed, atol=1e-4, rtol=0)
+
+
+def test_the_same_seed_gives_the_same_tokens(tiny):
+    backend, _ = tiny
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=10, ignore_eos=True)
+    assert run(backend, PROMPTS[:3], params) == run(backend, PROMPTS[:3], params)
+
+
+def test_end_of_sequence_and_stop_ids_end_a_request_with_the_stop_token(tiny):
+    backend, _ = tiny
+    tokens = run(backend, [PROMPTS[0]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0][0]
+    stop = tokens[5]
+    stopped = list(backend.submit(GenerationRequest("", PROMPTS[0], SamplingParams(
+        temperature=0, max_tokens=12, stop_token_ids=(stop,)))))
+    got = [t for c in stopped for t in c.token_ids]
+    assert got == tokens[:tokens.index(stop) + 1] and stopped[-1].finish_reason == "stop"
+
+
+def learner_logprobs(model: CausalLM, prompt: list[int], tokens: list[int], params: SamplingParams,
+                     banned: list[int]) -> torch.Tensor:
+    """The distribution [len(tokens), V] the learner recomputes, ``banned`` left out of the first min_tokens."""
+    with torch.no_grad():
+        logits = model.logits(model(torch.tensor([prompt + tokens])))[0, len(prompt) - 1:-1].clone()
+    logits[:params.min_tokens, banned] = float("-inf")
+    return sampling_logprobs(logits, params.temperature, params.top_k, params.top_p)
+
+
+def test_min_tokens_bans_the_stop_ids_as_the_torch_engine_and_the_learner_do(tiny):
+    backend, directory = tiny
+    model = CausalLM.from_pretrained(directory).eval()
+    free = run(backend, PROMPTS[:4], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    engine = torch_engine(directory)
+    try:
+        for prompt, (first, _, _) in zip(PROMPTS[:4], free, strict=True):
+            stops = tuple(dict.fromkeys(first[:3]))       # greedy decoding would stop on its first token
+            for params in (SamplingParams(temperature=0, max_tokens=12, stop_token_ids=stops, min_tokens=6),
+                           SamplingParams(temperature=1.0, top_k=30, seed=3, max_tokens=12, stop_token_ids=stops,
+                                          min_tokens=6, ignore_eos=True)):
+                (tokens, logprobs, _), = run(backend, [prompt], params)
+                assert len(tokens) >= 6 and not set(tokens[:6]) & set(stops)
+                expected = learner_logprobs(model, prompt, tokens, params, [*stops, *model.config.eos_token_ids])
+                picked = expected.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+                torch.testing.assert_close(torch.tensor(logprobs), picked, atol=1e-4, rtol=0)
+                if params.greedy:
+                    assert tokens == run(engine, [prompt], params)[0][0]
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, top_logprobs=5),
+                                    SamplingParams(temperature=0.8, top_k=8, seed=4, max_tokens=10, ignore_eos=True,
+                                                   top_logprobs=20)])
+def test_top_logprobs_equal_the_torch_engines_and_the_learners(tiny, params):
+    backend, directory = tiny
+    model = CausalLM.from_pretrained(directory).eval()
+    engine = torch_engine(directory)
+    try:
+        for prompt in PROMPTS[:3]:
+            ours = list(backend.submit(GenerationRequest("", prompt, params)))
+            tokens = [t for c in ours for t in c.token_ids]
+            tops = [top for c in ours for top in c.top_logprobs]
+            assert len(tops) == len(tokens) == 10
+            expected = learner_logprobs(model, prompt, tokens, params, [])
+            for i, (ids, values) in enumerate(tops):
+                want = torch.topk(expected[i], params.top_logprobs)
+                support = int(torch.isfinite(want.values).sum())
+                assert len(ids) == support and set(ids) == set(want.indices[:support].tolist())
+                torch.testing.assert_close(torch.tensor(values), want.values[:support], atol=1e-4, rtol=0)
+            if params.greedy:
+                theirs = list(engine.submit(GenerationRequest("", prompt, params)))
+                assert [top[0] for c in theirs for top in c.top_logprobs] == [ids for ids, _ in tops]
+    finally:
+        engine.close()
+
+
+def test_a_weight_swap_stamps_later_tokens_and_matches_the_torch_engine_on_the_new_weights(tiny):
+    backend, directory = tiny
+    original = CausalLM.from_pretrained(directory).state_dict()
+    new = {name: tensor * (1.0 + 0.05 * (i % 3)) for i, (name, tensor) in enumerate(original.items())}
+    long_run = backend.submit(GenerationRequest("", PROMPTS[1], SamplingParams(temperature=0, max_tokens=400,
+                                                                                ignore_eos=True)))
+    first = long_run.get(timeout=120)
+    backend.load_weights(backend.weight_version + 1, new)
+    version = backend.weight_version
+    rest = list(long_run)
+    versions = [v for c in [first, *rest] for v in c.weight_versions]
+    assert versions[0] == version - 1 and versions[-1] == version and versions == sorted(versions)
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine = TorchEngine(load_model(directory)[0], EngineConfig(kv_cache_bytes=KV))
+    try:
+        engine.load_weights(1, new)
+        assert engine.wait_for_version(1, timeout=60)
+        ours, theirs = run(backend, PROMPTS[:8], greedy), run(engine, PROMPTS[:8], greedy)
+    finally:
+        engine.close()
+    assert [o[0] for o in ours] == [t[0] for t in theirs]
+    assert all(set(o[2]) == {version} for o in ours)
+    for (_, logprobs, _), (_, want, _) in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want), atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="not newer"):
+        backend.load_weights(version, new)
+    with pytest.raises(ValueError, match="does not fit"):
+        backend.load_weights(version + 1, {**new, "model.norm.weight": torch.ones(3)})
+    assert backend.stats()["weight_swap_ms"] > 0
+
+
+def test_kv_events_name_the_prompt_blocks_in_forges_hash_chain(tiny):
+    backend, _ = tiny
+    size = backend.block_size
+    prompt = [(11 * j) % 700 + 5 for j in range(3 * size + 5)]
+    run(backend, [prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    wanted = chain_hashes(prompt, size, kv_salt(backend.model_id, backend.weight_version))
+    log, describe = backend.kv_events()
+    deadline = time.monotonic() + 60
+    while not set(wanted) <= set(log.poll("", 0).events[0].block_hashes):
+        assert time.monotonic() < deadline, "vLLM's stored blocks never reached the event log"
+        time.sleep(0.05)
+    layout, figures = describe()
+    assert layout.block_size == size and layout.weight_version == backend.weight_version
+    assert {"running", "waiting", "kv_used_frac", "tokens_per_s"} <= set(figures)
+    again = backend.submit(GenerationRequest("", prompt, SamplingParams(temperature=0, max_tokens=1)))
+    assert next(iter(again)).cached_prompt_tokens >= 3 * size
+
+
+def test_an_actor_process_follows_a_real_learners_versions(tmp_path):
+    """forge-learner trains on a pool and publishes; a vLLM forge-actor applies the versions; its greedy output
+    after the swap equals the torch engine's on the same version's tensors (fetched from the learner here)."""
+    from forge.pool import Pool
+    from forge.weights import WeightSubscriber
+
+    from helpers.processes import Service
+    from helpers.rollouts import fill_pool
+
+    directory = random_tiny(tmp_path)
+    engine = torch_engine(directory)
+    pool = Pool(tmp_path / "pool")
+    fill_pool(pool, engine, groups=4, group_size=2, max_tokens=8)
+    engine.close()
+    pool.close()
+    learner = Service("learner", "forge-learner", [
+        "--pool", str(tmp_path / "pool"), "--run-dir", str(tmp_path / "run"), "--model", str(directory),
+        "--batch-groups", "1", "--window", "1", "--lr", "1e-2", "--max-wait", "0.5",
+        "--weights-fetch", "tcp://127.0.0.1:*", "--weights-announce", "tcp://127.0.0.1:*", "--port", "0"],
+        tmp_path, timeout_s=300)
+    received: dict[int, dict[str, torch.Tensor]] = {}
+    subscriber = WeightSubscriber(learner.info["weights_fetch"], learner.info["weights_announce"],
+                                  on_version=lambda version, tensors: received.__setitem__(version, dict(tensors)))
+    actor = start_actor(tmp_path, "--backend", "vllm", "--model", str(directory), "--weights-fetch",
+                        learner.info["weights_fetch"], "--weights-announce", learner.info["weights_announce"],
+                        name="vllm-actor", timeout_s=900)
+    try:
+        with grpc.insecure_channel(actor.address) as channel:
+            stub = actor_pb2_grpc.ActorStub(channel)
+            deadline = time.monotonic() + 600
+            while stub.Stats(common_pb2.StatsRequest()).gauges["weight_version"] < 2:
+                assert time.monotonic() < deadline, "the learner's second version never reached the actor"
+                time.sleep(0.2)
+            request = actor_pb2.GenerateRequest(prompt_ids=PROMPTS[2], sampling=common_pb2.SamplingParams(
+                temperature=0, max_tokens=10, ignore_eos=True))
+            chunks = list(stub.Generate(request, timeout=120))
+            version, = {v for c in chunks for v in c.weight_versions}
+            while version not in received:
+                assert time.monotonic() < deadline, f"version {version} never reached the test's subscriber"
+                time.sleep(0.1)
+    finally:
+        assert actor.stop() == 0
+        subscriber.close()
+        learner.stop()
+    assert version >= 2
+    model = CausalLM.from_pretrained(directory)
+    model.load_state_dict(received[version])
+    engine = TorchEngine(model.eval(), EngineConfig(kv_cache_bytes=KV))
+    try:
+        (want, _, _), = run(engine, [PROMPTS[2]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    finally:
+        engine.close()
+    assert [t for c in chunks for t in c.token_ids] == want
+
+
+def test_a_killed_vllm_actor_leaves_no_engine_process_behind(tmp_path):
+    """``kill -9`` of a forge-actor that embeds vLLM: its reaper ends vLLM's engine core and workers, which nothing
+    else would (they would hold their memory, on a GPU the device's, until someone found them)."""
+    import signal
+
+    from forge.reaper import child_pids
+
+    actor = start_actor(tmp_path, "--backend", "vllm", "--model", str(random_tiny(tmp_path)), name="vllm-killed",
+                        timeout_s=900)
+    children = child_pids(actor.proc.pid)
+    left = children + [grandchild for child in children for grandchild in child_pids(child)]
+    try:
+        titles = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
+        assert any(b"EngineCore" in title for title in titles), titles
+        actor.stop(signal.SIGKILL)
+        wait_gone(left)
+    finally:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_model_with_experts_samples_what_the_torch_engine_samples_before_and_after_a_weight_swap(tmp_path):
+    """vLLM serves Qwen3-MoE (the tiny-moe shape, random weights): greedy tokens and their log-probs equal the torch
+    engine's, on the checkpoint and again after both take a new version in place (vLLM's CPU build packs its
+    experts for its grouped kernel, and a reload must pack the new ones again)."""
+    from forge.actors.vllm.backend import VllmBackend
+
+    directory = random_tiny_moe(tmp_path)
+    original = CausalLM.from_pretrained(directory).state_dict()
+    new = {name: tensor * (1.0 + 0.05 * (i % 3)) for i, (name, tensor) in enumerate(original.items())}
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=1))
+    try:
+        ours_before = run(backend, PROMPTS, greedy)
+        backend.load_weights(1, new)
+        ours_after = run(backend, PROMPTS, greedy)
+    finally:
+        backend.close()
+    engine = torch_engine(directory)
+    try:
+        theirs_before = run(engine, PROMPTS, greedy)
+        engine.load_weights(1, new)
+        assert engine.wait_for_version(1, timeout=60)
+        theirs_after = run(engine, PROMPTS, greedy)
+    finally:
+        engine.close()
+    assert [t[0] for t in theirs_before] != [t[0] for t in theirs_after], "the new version samples the same tokens"
+    for ours, theirs, version in ((ours_before, theirs_before, 0), (ours_after, theirs_after, 1)):
+        for (tokens, logprobs, versions), (want, want_logprobs, _) in zip(ours, theirs, strict=True):
+            assert tokens == want and set(versions) == {version}
+            torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want_logprobs), atol=1e-4, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM returns routed experts from its GPU model runner only")
+def test_on_a_gpu_vllm_records_the_experts_it_routed_through(tmp_path):
+    """With a model with experts on CUDA, vLLM's routed experts come back with the final chunk, one row per
+    position it fed, and agree with the experts a forward pass of the same weights chooses (fp32: ties aside)."""
+    from forge.actors.vllm.backend import VllmBackend
+    from forge.model.moe import routing_of
+
+    directory = random_tiny_moe(tmp_path)
+    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV), device="cuda")
+    try:
+        streams = [backend.submit(GenerationRequest("", p, SamplingParams(temperature=1.0, max_tokens=10, seed=i,
+                                                                          ignore_eos=True)))
+                   for i, p in enumerate(PROMPTS[:4])]
+        finals = [(prompt, list(stream)) for prompt, stream in zip(PROMPTS[:4], streams, strict=True)]
+    finally:
+        backend.close()
+    model = CausalLM.from_pretrained(directory).eval()
+    agree = total = 0
+    for prompt, chunks in finals:
+        record = chunks[-1].routed_experts
+        assert record is not None
+        tokens = [*prompt, *[t for c in chunks for t in c.token_ids]]
+        assert record.ids.shape[0] == len(tokens) - 1 and (record.ids >= 0).all()
+        with torch.no_grad():
+            want = routing_of(model, tokens[:-1])
+        agree += int((record.ids == want).all(axis=(1, 2)).sum())
+        total += len(tokens) - 1
+    assert agree >= 0.95 * total, f"{agree} of {total} positions routed as the model routes them"

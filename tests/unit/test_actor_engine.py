@@ -1,0 +1,433 @@
+"""The embedded torch engine: exact greedy outputs and log-probs (with prefix hits, chunked prefill, preemption and
+MTP speculation), isolation of concurrent requests, abort, weight swaps at step boundaries, and clear refusals."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+from forge.actors.backend import FinishReason, GenerationRequest, InvalidRequest, Overloaded
+from forge.actors.engine.cpu_kernels import compiler_present
+from forge.model import CausalLM, ModelConfig
+from forge.model.generate import generate
+from forge.model.sampling import SamplingParams, sampling_logprobs
+
+from helpers.engines import (
+    CONFIG,
+    assert_concurrent_greedy_equals,
+    assert_logprobs_equal_a_full_forward_pass,
+    engine_for,
+    make_model,
+    run,
+)
+
+
+@pytest.fixture(scope="module")
+def model() -> CausalLM:
+    return make_model(0)
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["c-attention", "torch-attention"])
+@pytest.mark.parametrize("speculative", [False, True])
+def test_greedy_equals_transformers_and_concurrent_requests_stay_isolated(tmp_path, model, speculative, cpu_kernels):
+    transformers = pytest.importorskip("transformers")
+    model.save_pretrained(tmp_path)
+    reference = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    rng = random.Random(1)
+    prompts = [[rng.randrange(100) for _ in range(rng.randrange(1, 40))] for _ in range(12)]
+    engine = engine_for(model, speculative=speculative, cpu_kernels=cpu_kernels)
+    assert (engine.runner.kernel is not None) == (cpu_kernels and compiler_present())
+    try:
+        assert_concurrent_greedy_equals(engine, reference, prompts, 20)
+        if speculative:
+            assert engine.stats()["drafts"] > 0
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=3),
+                                    SamplingParams(temperature=1.2, top_k=10, top_p=0.9, max_tokens=24, seed=4,
+                                                   ignore_eos=True),
+                                    SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)])
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["c-attention", "torch-attention"])
+def test_recorded_logprobs_equal_a_full_forward_pass_with_and_without_prefix_hits(model, speculative, params,
+                                                                                  cpu_kernels):
+    assert_logprobs_equal_a_full_forward_pass(model, params, speculative=speculative, cpu_kernels=cpu_kernels)
+
+
+def test_prefix_hits_chunked_prefill_and_preemption_do_not_change_outputs(model):
+    rng = random.Random(5)
+    shared = [rng.randrange(100) for _ in range(30)]
+    prompts = [shared + [rng.randrange(100) for _ in range(rng.randrange(1, 20))] for _ in range(8)]
+    params = [SamplingParams(temperature=0.9, seed=i, max_tokens=40, ignore_eos=True) for i in range(8)]
+    roomy = engine_for(model)
+    expected = [run(roomy, p, s)[0] for p, s in zip(prompts, params, strict=True)]
+    roomy.close()
+    # 12 blocks of 8 tokens cannot hold 8 sequences of up to 89 tokens: requests get preempted and recomputed.
+    per_block = 2 * CONFIG.num_layers_with_mtp * 8 * CONFIG.num_key_value_heads * CONFIG.head_dim * 4
+    tight = engine_for(model, kv_cache_bytes=14 * per_block, max_num_batched_tokens=16)
+    try:
+        got: dict[int, list[int]] = {}
+        threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, run(tight, prompts[i], params[i])[0]))
+                   for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert [got[i] for i in range(8)] == expected
+        assert tight.stats()["preemptions"] > 0
+        assert tight.blocks.num_free == len(tight.blocks.blocks)
+    finally:
+        tight.close()
+
+
+def test_speculative_sampling_keeps_the_exact_distribution():
+    config = ModelConfig(vocab_size=6, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_nextn_predict_layers=1)
+    model = make_model(3, config)
+    with torch.no_grad():
+        model.mtp[0].fc.weight.mul_(4.0)       # a draft head that disagrees with the policy often
+    prompt = [1, 2, 3]
+    with torch.no_grad():
+        first = model.logits(model(torch.tensor([prompt])))[0, -1].softmax(-1)
+        exact = {}
+        for a in range(6):
+            second = model.logits(model(torch.tensor([[*prompt, a]])))[0, -1].softmax(-1)
+            for b in range(6):
+                exact[(a, b)] = float(first[a] * second[b])
+    engine = engine_for(model, speculative=True, max_waiting=4000)
+    samples = 3000
+    try:
+        streams = [engine.submit(GenerationRequest("", prompt, SamplingParams(seed=i, max_tokens=2, ignore_eos=True)))
+                   for i in range(samples)]
+        counts = Counter(tuple(t for chunk in stream for t in chunk.token_ids) for stream in streams)
+        acceptance = engine.stats()["spec_acceptance"]
+    finally:
+        engine.close()
+    chi2 = sum((counts.get(cell, 0) - samples * p) ** 2 / (samples * p) for cell, p in exact.items())
+    assert chi2 < 80.0, f"chi-square {chi2:.1f} over 35 degrees of freedom"   # p < 1e-4 at 80
+    assert 0.0 < acceptance < 1.0
+
+
+def test_seeded_requests_reproduce_whatever_the_batch(model):
+    engine = engine_for(model)
+    try:
+        params = SamplingParams(temperature=1.0, seed=42, max_tokens=16, ignore_eos=True)
+        alone = run(engine, [5, 6, 7], params)[0]
+        streams = [engine.submit(GenerationRequest("", [5, 6, 7] if i == 3 else [i, 9],
+                                                   params if i == 3 else SamplingParams(max_tokens=16)))
+                   for i in range(8)]
+        crowded = [t for chunk in streams[3] for t in chunk.token_ids]
+        for stream in streams:
+            list(stream)
+        assert crowded == alone
+    finally:
+        engine.close()
+
+
+def test_abort_frees_blocks_and_ends_the_stream(model):
+    engine = engine_for(model)
+    try:
+        stream = engine.submit(GenerationRequest("long", list(range(50)), SamplingParams(max_tokens=400,
+                                                                                           ignore_eos=True)))
+        stream.get(timeout=30)
+        assert engine.abort("long")
+        chunks = list(stream)
+        assert chunks[-1].finish_reason is FinishReason.ABORT
+        assert not engine.abort("long")
+        engine.submit(GenerationRequest("", [1], SamplingParams(max_tokens=1))).finished.wait(30)
+        assert engine.blocks.num_free == len(engine.blocks.blocks)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("interval", [5, 0], ids=["every-5", "adaptive"])
+def test_streaming_in_messages_of_several_tokens_loses_nothing(model, interval):
+    """Tokens go out in messages of ``interval`` (adaptive: one per token up to 4 running requests, then running // 4),
+    the first one alone; whatever is pending ends with the request, including an aborted one."""
+    params = SamplingParams(temperature=0.7, max_tokens=23, ignore_eos=True, seed=1)
+    prompts = [[random.Random(i).randrange(100) for _ in range(9)] for i in range(12)]
+    one_by_one = engine_for(model, stream_interval=1, speculative=False)
+    try:
+        expected = [run(one_by_one, prompt, params)[0] for prompt in prompts]
+    finally:
+        one_by_one.close()
+    engine = engine_for(model, stream_interval=interval, speculative=False)
+    try:
+        streams = [engine.submit(GenerationRequest(f"r{i}", prompt, params)) for i, prompt in enumerate(prompts)]
+        aborted = engine.submit(GenerationRequest("aborted", prompts[0], SamplingParams(max_tokens=400,
+                                                                                        ignore_eos=True)))
+        aborted.get(timeout=30)
+        time.sleep(0.05)
+        engine.abort("aborted")
+        for want, stream in zip(expected, streams, strict=True):
+            chunks = list(stream)
+            tokens = [t for chunk in chunks for t in chunk.token_ids]
+            assert len(chunks[0].token_ids) == 1 and chunks[-1].finish_reason is FinishReason.LENGTH
+            assert all(len(c.token_ids) == len(c.logprobs) == len(c.weight_versions) for c in chunks)
+            assert len(chunks) < len(tokens) and max(len(c.token_ids) for c in chunks) <= (interval or 13 // 4)
+            assert tokens == want                  # seeded: the same tokens alone and batched, nothing lost
+        whole = list(engine.submit(GenerationRequest("whole", prompts[1], params, stream_interval=2**31 - 1)))
+        assert [len(c.token_ids) for c in whole] == [1, 22] and [t for c in whole for t in c.token_ids] == expected[1]
+        rest = list(aborted)
+        assert rest[-1].finish_reason is FinishReason.ABORT
+        assert engine.stats()["tokens"] == 13 * 23 + 1 + sum(len(c.token_ids) for c in rest)
+    finally:
+        engine.close()
+
+
+def test_stop_tokens_and_eos_finish_with_stop(model):
+    engine = engine_for(model)
+    try:
+        tokens = run(engine, [3, 4], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
+        stop = tokens[5]
+        got, _, _, last = run(engine, [3, 4], SamplingParams(temperature=0, max_tokens=30, stop_token_ids=(stop,)))
+        assert got == tokens[:tokens.index(stop) + 1] and last.finish_reason is FinishReason.STOP
+    finally:
+        engine.close()
+
+
+def masked_forward_logprobs(model: CausalLM, prompt: list[int], tokens: list[int], params: SamplingParams,
+                            banned: list[int]) -> torch.Tensor:
+    """The sampling distribution [len(tokens), V] of every output of ``prompt + tokens``, with ``banned`` ids left
+    out of the first ``params.min_tokens`` ones (what the engine draws from)."""
+    with torch.no_grad():
+        logits = model.logits(model(torch.tensor([prompt + tokens])))[0, len(prompt) - 1:-1].clone()
+    logits[:params.min_tokens, banned] = float("-inf")
+    return sampling_logprobs(logits, params.temperature, params.top_k, params.top_p)
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_keeps_stop_ids_out_of_the_first_tokens_and_records_their_logprobs(model, speculative,
+                                                                                     temperature):
+    engine = engine_for(model, speculative=speculative)
+    prompt = [3, 4, 5]
+    try:
+        free = run(engine, prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+        stops = tuple(dict.fromkeys(free[:4]))    # greedy decoding would stop at once on any of these
+        params = SamplingParams(temperature=temperature, max_tokens=12, seed=5, stop_token_ids=stops, min_tokens=6)
+        for _ in range(3 if temperature else 1):
+            tokens, logprobs, _, last = run(engine, prompt, params)
+            assert len(tokens) >= 6 and not set(tokens[:6]) & set(stops)
+            assert last.finish_reason is (FinishReason.STOP if tokens[-1] in stops else FinishReason.LENGTH)
+            expected = masked_forward_logprobs(model, prompt, tokens, params, [*stops, 100])
+            picked = expected.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+            torch.testing.assert_close(torch.tensor(logprobs), picked, atol=2e-5, rtol=0)
+            params = SamplingParams(**{**params.__dict__, "seed": params.seed + 1})
+        # Without min_tokens the same request stops on the first token.
+        assert len(run(engine, prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=stops))[0]) == 1
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_tokens=16, seed=2, ignore_eos=True,
+                                                   top_logprobs=5),
+                                    SamplingParams(temperature=0.7, top_k=3, max_tokens=16, seed=3, ignore_eos=True,
+                                                   top_logprobs=20),
+                                    SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, top_logprobs=1)])
+def test_top_logprobs_are_the_most_likely_tokens_of_the_sampling_distribution(model, speculative, params):
+    engine = engine_for(model, speculative=speculative)
+    prompt = [random.Random(3).randrange(100) for _ in range(20)]
+    try:
+        stream = engine.submit(GenerationRequest("", prompt, params))
+        chunks = list(stream)
+        tokens = [t for c in chunks for t in c.token_ids]
+        logprobs = [v for c in chunks for v in c.logprobs]
+        tops = [top for c in chunks for top in c.top_logprobs]
+        assert len(tops) == len(tokens) == 16
+        expected = masked_forward_logprobs(model, prompt, tokens, params, [])
+        for i, (token, logprob, (ids, values)) in enumerate(zip(tokens, logprobs, tops, strict=True)):
+            want = torch.topk(expected[i], params.top_logprobs)
+            support = int((want.values > float("-inf")).sum())
+            assert len(ids) == len(values) == support and values == sorted(values, reverse=True)
+            torch.testing.assert_close(torch.tensor(values), want.values[:support], atol=2e-5, rtol=0)
+            assert set(ids) == set(want.indices[:support].tolist()) or len(set(values)) < len(values)
+            assert sum(math.exp(v) for v in values) <= 1 + 1e-5
+            if token in ids:
+                assert values[ids.index(token)] == pytest.approx(logprob, abs=1e-6)
+        if params.greedy:
+            assert all(ids[0] == token for token, (ids, _) in zip(tokens, tops, strict=True))
+        # A request that asks for none gets none.
+        plain = list(engine.submit(GenerationRequest("", prompt, SamplingParams(max_tokens=4))))
+        assert not any(c.top_logprobs for c in plain)
+    finally:
+        engine.close()
+
+
+def test_weight_swap_applies_between_steps_and_stamps_versions(model):
+    other = make_model(9)
+    engine = engine_for(model, speculative=True)
+    try:
+        stream = engine.submit(GenerationRequest("", [1, 2, 3], SamplingParams(temperature=0, max_tokens=300,
+                                                                                ignore_eos=True)))
+        seen = stream.get(timeout=30)
+        engine.load_weights(1, other.state_dict())
+        chunks = [seen, *stream]
+        versions = [v for chunk in chunks for v in chunk.weight_versions]
+        assert versions[0] == 0 and versions[-1] == 1
+        assert versions == sorted(versions)
+        for chunk in chunks:                   # one step, one version
+            assert len(set(chunk.weight_versions)) <= 1
+        fresh = run(engine, [1, 2, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+        expected = generate(other, [1, 2, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+        assert fresh[0] == expected.token_ids and set(fresh[2]) == {1}
+        assert engine.weight_version == 1
+    finally:
+        engine.close()
+
+
+def test_weight_swap_can_abort_in_flight_requests(model):
+    engine = engine_for(model, on_weight_swap="abort")
+    try:
+        stream = engine.submit(GenerationRequest("", [1, 2], SamplingParams(max_tokens=400, ignore_eos=True)))
+        stream.get(timeout=30)
+        engine.load_weights(1, make_model(2).state_dict())
+        assert list(stream)[-1].finish_reason is FinishReason.ABORT
+    finally:
+        engine.close()
+
+
+def test_mismatched_or_stale_weights_are_refused_and_the_old_version_stays(model):
+    engine = engine_for(model)
+    try:
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        state["model.norm.weight"] = torch.ones(7)
+        with pytest.raises(ValueError, match="does not fit"):
+            engine.load_weights(1, state)
+        engine.load_weights(3, model.state_dict())
+        with pytest.raises(ValueError, match="not newer"):
+            engine.load_weights(2, model.state_dict())
+        assert engine.wait_for_version(3, timeout=10)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("prompt, params, message", [
+    ([], SamplingParams(), "empty"),
+    ([1, 101], SamplingParams(), "outside the vocabulary"),
+    ([-1], SamplingParams(), "outside the vocabulary"),
+    (list(range(100)) * 6, SamplingParams(), "context"),
+    ([1], SamplingParams(stop_token_ids=(500,)), "stop token"),
+    (list(range(100)) * 5, SamplingParams(min_tokens=100), "min_tokens"),
+])
+def test_bad_requests_are_refused_with_a_reason(model, prompt, params, message):
+    engine = engine_for(model)
+    try:
+        with pytest.raises(InvalidRequest, match=message):
+            engine.submit(GenerationRequest("", prompt, params))
+        assert run(engine, [1, 2], SamplingParams(max_tokens=3))[3].finish_reason is FinishReason.LENGTH
+    finally:
+        engine.close()
+
+
+def test_a_full_queue_refuses_with_overloaded(model):
+    engine = engine_for(model, max_num_seqs=1, max_waiting=1)
+    try:
+        long = SamplingParams(max_tokens=300, ignore_eos=True)
+        engine.submit(GenerationRequest("a", [1], long))
+        engine.submit(GenerationRequest("b", [1], long))
+        with pytest.raises(Overloaded, match="queue is full"):
+            engine.submit(GenerationRequest("c", [1], long))
+    finally:
+        engine.close()
+    engine = engine_for(model)
+    try:
+        engine.submit(GenerationRequest("a", [1], SamplingParams(max_tokens=300, ignore_eos=True)))
+        with pytest.raises(InvalidRequest, match="already in flight"):
+            engine.submit(GenerationRequest("a", [1], SamplingParams()))
+    finally:
+        engine.close()
+
+
+def test_stats_report_the_figures_telemetry_needs(model):
+    engine = engine_for(model)
+    try:
+        run(engine, [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+        stats = engine.stats()
+        for key in ("tokens_per_s", "running", "waiting", "kv_used_frac", "prefix_hit_rate", "spec_acceptance",
+                    "weight_version", "preemptions"):
+            assert key in stats and math.isfinite(stats[key])
+        assert stats["tokens"] == 5
+    finally:
+        engine.close()
+
+
+def test_group_rollouts_of_one_prompt_compute_its_prefix_once(model):
+    engine = engine_for(model)
+    prompt = [random.Random(11).randrange(100) for _ in range(97)]
+    try:
+        streams = [engine.submit(GenerationRequest("", prompt, SamplingParams(seed=i, max_tokens=4)))
+                   for i in range(8)]
+        for stream in streams:
+            list(stream)
+        blocks = engine.blocks
+        assert blocks.hit_tokens == 7 * (96 // 8) * 8      # all but the first rollout reuse every full block
+    finally:
+        engine.close()
+
+
+def test_decoding_right_after_a_weight_swap_drops_drafts_safely(model):
+    engine = engine_for(model, speculative=True, block_size=4)
+    try:
+        streams = [engine.submit(GenerationRequest("", [i + 1] * (3 + i), SamplingParams(max_tokens=60,
+                                                                                         ignore_eos=True)))
+                   for i in range(6)]
+        for stream in streams:
+            stream.get(timeout=30)
+        for version in range(1, 6):            # every swap drops the drafts of running requests
+            engine.load_weights(version, model.state_dict())
+            assert engine.wait_for_version(version, timeout=30)
+        finals = [list(stream)[-1] for stream in streams]
+        assert all(chunk.finish_reason is FinishReason.LENGTH for chunk in finals), [c.error for c in finals]
+    finally:
+        engine.close()
+
+
+def test_the_engine_loop_owns_the_cpu_threads_it_is_given(model):
+    from forge.actors.engine.engine import reserve_cpu_threads
+
+    before = torch.get_num_threads()
+    try:
+        threads = reserve_cpu_threads(3)
+        assert threads == 3 and torch.get_num_threads() == 1      # the caller no longer starts thread teams
+        engine = engine_for(model, threads=threads)
+        try:
+            run(engine, [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
+            assert engine.stats()["threads"] == 3
+            assert torch.get_num_threads() == 1                    # set per thread: the loop's count stays its own
+        finally:
+            engine.close()
+        assert reserve_cpu_threads() == 1                          # 0 = keep what the caller had
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_an_engine_without_a_kv_connector_keeps_no_kv_events(model):
+    from forge.actors.engine.l3 import KVConnector
+
+    engine = engine_for(model, kv_cache_bytes=2**19)          # 85 blocks of 8 tokens: the requests evict each other
+    rng = random.Random(12)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    try:
+        for _ in range(40):
+            run(engine, [rng.randrange(100) for _ in range(48)], params)
+        blocks = engine.blocks
+        assert engine.stats()["finished"] == 40 and blocks.lookups == 40
+        assert not blocks.stored and not blocks.evicted       # nobody drains them: none kept
+        connector = KVConnector(engine)                       # a consumer from now on: recorded, then drained
+        run(engine, [rng.randrange(100) for _ in range(48)], params)
+        deadline = time.monotonic() + 10
+        while connector.events.sequence < 48 // 8 or blocks.stored:
+            assert time.monotonic() < deadline, (connector.events.sequence, len(blocks.stored))
+            time.sleep(0.01)
+    finally:
+        engine.close()

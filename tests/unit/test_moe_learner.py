@@ -1,0 +1,158 @@
+"""The learner on a model with experts: tree-merged training equals sample-by-sample training (loss and every
+gradient) with routing replay, also where samples share tokens but were routed differently (the trie splits them)
+and with the routers choosing again; with replay, the learner's log-probs of sampled tokens equal the actor's on a
+recorded pool whose every token is near a routing tie, where recomputing the routing drifts; and a training step
+reports the routing mismatch, the expert load and the load-balancing loss, whose gradient reaches the routers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine
+from forge.learner.losses import LossConfig
+from forge.learner.parallel import Distributed
+from forge.learner.policy import policy_forward
+from forge.learner.rewards import RewardConfig, batch_rewards
+from forge.learner.samples import build_samples, make_micro_batch
+from forge.learner.trainer import Trainer, TrainerConfig
+from forge.learner.tree import build_trie
+from forge.model import CausalLM, ModelConfig
+from forge.model.moe import routing_of
+from forge.pool import Pool, WindowConfig
+
+from helpers.gradients import capture_gradients
+from helpers.rollouts import fill_pool
+from helpers.threads import one_thread  # noqa: F401  (autouse)
+from helpers.tree_steps import VOCAB, agent_batch, assert_same_step, random_masks
+
+CONFIG = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_nextn_predict_layers=1,
+                     num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True)
+
+
+@pytest.fixture(scope="module")
+def model() -> CausalLM:
+    net = CausalLM(CONFIG)
+    net.init_weights(std=0.3, seed=0)
+    return net
+
+
+def with_recorded_routing(model: CausalLM, samples, other: CausalLM, rng: random.Random, share: float = 0.3):
+    """Each sample gets the routing of its tokens but the last, from ``model`` or (``share`` of them, as if sampled
+    under another weight version) from ``other``: only samples drawn without truncation, whose tokens stay in the
+    support however they are routed."""
+    for sample in samples:
+        untruncated = sample.top_k == 0 and sample.top_p >= 1.0
+        source = other if untruncated and rng.random() < share else model
+        sample.routing = routing_of(source, sample.tokens[:-1])
+    return samples
+
+
+@pytest.mark.parametrize("budget", [4096, 40])
+@pytest.mark.parametrize("share", [True, False], ids=["stem", "recompute-stem"])
+def test_tree_step_equals_sample_by_sample_with_replayed_routing(model, budget, share):
+    rng = random.Random(budget + share)
+    other = CausalLM(CONFIG)
+    other.init_weights(std=0.3, seed=9)
+    samples = with_recorded_routing(model, agent_batch(model, rng), other, rng)
+    by_tokens = build_trie([s.tokens for s in samples])
+    by_routing = build_trie([s.tokens for s in samples], [s.routing for s in samples])
+    assert by_routing.num_nodes > by_tokens.num_nodes, "no sample was routed differently on a shared prefix"
+    for sample, path in zip(samples, by_routing.paths, strict=True):
+        assert (by_routing.routing[path[:-1]] == sample.routing).all()
+    config = LossConfig(kind="cispo", eps_high=0.3, mtp_weight=0.5, mtp_top_k=5)
+    assert_same_step(model, samples, config, random_masks(rng, samples), budget, linear_budget=budget * 2,
+                     share=share)
+
+
+def test_tree_step_equals_sample_by_sample_when_the_routers_choose_again(model):
+    rng = random.Random(5)
+    samples = agent_batch(model, rng)
+    config = LossConfig(kind="grpo", mtp_weight=0.5, mtp_top_k=5)
+    assert_same_step(model, samples, config, random_masks(rng, samples), 40, linear_budget=80,
+                     routing_mode="recompute")
+
+
+TIED = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=1,
+                   moe_intermediate_size=16, norm_topk_prob=True)
+
+
+def near_ties(seed: int, noise: float) -> CausalLM:
+    """Routers whose experts come in pairs of nearly equal rows (0 ~ 1, 2 ~ -1): every token is a near tie
+    between the two experts of a pair, whose MLPs differ. One expert per token, its weight renormalised to 1: what
+    the routers decide is which expert, nothing else."""
+    net = CausalLM(TIED)
+    net.init_weights(std=0.3, seed=0)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in net.model.layers:
+            base = layer.mlp.gate.weight[0].clone()
+            rows = torch.stack([base, base, -base, -base])
+            layer.mlp.gate.weight.copy_(rows + noise * torch.randn(rows.shape, generator=generator))
+    return net.eval()
+
+
+def test_replayed_routing_keeps_the_learner_on_the_actor_log_probs_near_routing_ties(tmp_path):
+    actor_model = near_ties(seed=1, noise=1e-4)
+    learner_model = near_ties(seed=1, noise=1e-4)
+    with torch.no_grad():           # another version's routers: within 1e-4 of the actor's, enough to flip ties
+        for layer in learner_model.model.layers:
+            layer.mlp.gate.weight.add_(1e-4 * torch.randn(layer.mlp.gate.weight.shape,
+                                                          generator=torch.Generator().manual_seed(2)))
+    engine = TorchEngine(actor_model, EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8))
+    pool = Pool(tmp_path / "pool")
+    try:
+        fill_pool(pool, engine, groups=3, group_size=2, calls=2, max_tokens=8, vocab=VOCAB)
+        entries = list(pool.fetch(10, include_calls=True).entries)
+    finally:
+        engine.close()
+        pool.close()
+    samples = build_samples(entries, batch_rewards(entries, RewardConfig()), TIED.eos_token_ids)
+    assert len(samples) == 12 and all(s.routing is not None for s in samples)
+    batch = make_micro_batch(samples)
+    drift = {}
+    with torch.no_grad():
+        for mode in ("replay", "recompute"):
+            out = policy_forward(learner_model, batch, routing_mode=mode)
+            drift[mode] = float((out.logprobs - batch.old_logprobs).abs().max())
+            differs, given = out.routing.mismatches(batch.valid)
+            assert given == sum(len(s.tokens) - 1 for s in samples)
+            drift[f"{mode} mismatch"] = differs / given
+    assert drift["replay"] <= 1e-4, drift
+    assert drift["replay mismatch"] > 0.05 and drift["recompute mismatch"] > 0.05, drift   # measured either way
+    assert drift["recompute"] > 100 * drift["replay"], drift
+
+
+def test_a_training_step_reports_routing_and_trains_the_routers_toward_balance(tmp_path, model):
+    copy = CausalLM(CONFIG)
+    copy.load_state_dict(model.state_dict())
+    engine = TorchEngine(copy, EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8))
+    pool = Pool(tmp_path / "pool")
+    try:
+        fill_pool(pool, engine, groups=2, group_size=2, calls=2, max_tokens=6, vocab=VOCAB)
+    finally:
+        engine.close()
+    records, router_grads = {}, {}
+    try:
+        for weight in (0.0, 1.0):
+            pool.rewind(0)                  # both steps train the same batch
+            learner = CausalLM(CONFIG)
+            learner.load_state_dict(model.state_dict())
+            trainer = Trainer(learner, Distributed(), TrainerConfig(lr=1e-3, micro_batch_tokens=40),
+                              LossConfig(mtp_weight=0.1, router_balance_weight=weight), RewardConfig(),
+                              WindowConfig(batch_groups=2, min_groups=2), pool)
+            grads = capture_gradients(trainer, learner)
+            records[weight] = trainer.step()
+            router_grads[weight] = grads["model.layers.0.mlp.gate.weight"]
+    finally:
+        pool.close()
+    for record in records.values():
+        assert record["routing_mismatch"] == 0.0            # the learner's weights are the actor's
+        assert record["routing_recorded_share"] > 0.5 and record["expert_load_max"] >= 1.0
+    assert "router_balance_loss" not in records[0.0] and records[1.0]["router_balance_loss"] >= 1.0
+    assert not torch.allclose(router_grads[0.0], router_grads[1.0]), "the balance loss did not reach the router"

@@ -1,0 +1,78 @@
+"""The cost-aware router's polling against a real in-process server that does not implement KV events: asked again
+only after a long back-off. (Inside a real gateway with real actors: integration/test_router_gateway.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from forge.gateway.actors import ActorState
+from forge.gateway.routing import ActorEndpoint, CostAwareRouter, RouteRequest
+from forge.rpc import ServiceBinding, serve
+from forge.v1 import actor_pb2, actor_pb2_grpc
+
+from conftest import free_port
+from helpers.gateway_fake_actor import FakeActor
+
+
+class CallLog(grpc.ServerInterceptor):
+    """The methods a server was asked for, implemented or not."""
+
+    def __init__(self) -> None:
+        self.methods: list[str] = []
+
+    def intercept_service(self, continuation, handler_call_details):
+        self.methods.append(handler_call_details.method)
+        return continuation(handler_call_details)
+
+
+def test_the_router_backs_off_from_an_actor_that_does_not_implement_kv_events():
+    calls = CallLog()
+    binding = ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, FakeActor("script", [5]), actor_pb2,
+                                "Actor")
+    server = serve([binding], interceptors=[calls])           # an Actor without KVEventSource (another backend)
+    dead = f"127.0.0.1:{free_port()}"                         # nothing listens: UNAVAILABLE, not UNIMPLEMENTED
+    clock = [1000.0]
+
+    def polls() -> int:
+        return calls.methods.count("/forge.v1.KVEventSource/PollKVEvents")
+
+    async def until(condition, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        actors = [ActorState(ActorEndpoint(server.address)), ActorState(ActorEndpoint(dead))]
+        for actor in actors:
+            actor.channel = grpc.aio.insecure_channel(actor.endpoint.address)
+        router = CostAwareRouter(actors, poll_interval_s=0.01, clock=lambda: clock[0])
+        model, down = router.models[server.address], router.models[dead]
+        await router.start()
+        try:
+            await until(lambda: polls() == 1 and not model.events_supported)
+            await until(lambda: dead in router._retry_at)
+            assert down.events_supported                          # a failed poll is not "unsupported"
+            assert router._retry_at[dead] - clock[0] == router.failed_retry_s < router.unsupported_retry_s
+            clock[0] += router.unsupported_retry_s - 1
+            await asyncio.sleep(0.3)                              # some 30 rounds of polling, within the back-off
+            assert polls() == 1
+            clock[0] += 2
+            await until(lambda: polls() == 2)                     # asked again once it is over
+            assert not model.events_supported
+            request = RouteRequest("", [1, 2, 3])
+            assert router.choose(request, {dead}).address == server.address   # still routed, on load alone
+            gauges = router.gauges()                              # and the gauges say which actor is
+            assert gauges[f"router_kv_events/{server.address}"] == 0 and gauges[f"router_kv_events/{dead}"] == 1
+        finally:
+            await router.close()
+            for actor in actors:
+                await actor.channel.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop(0)
