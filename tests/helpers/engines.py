@@ -1,6 +1,6 @@
-"""The embedded torch engine in tests: a small random model, an engine on it, a request run to its end, and the
-checks several engine tests make (concurrent greedy requests against a reference, recorded log-probs against a full
-forward pass)."""
+"""The embedded torch engine in tests: small random models (dense, and with experts), an engine on one, a request run
+to its end, and the checks several engine tests make (concurrent greedy requests against a reference, recorded
+log-probs against a full forward pass)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,21 @@ from forge.actors.engine.engine import TorchEngine
 from forge.model import CausalLM, ModelConfig
 from forge.model.sampling import SamplingParams, sampling_logprobs
 
-CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                     num_nextn_predict_layers=1, eos_token_id=100)
+from helpers.random_model import random_model, small_config
+
+CONFIG = small_config(max_position_embeddings=512, eos_token_id=100)
+MOE_CONFIG = small_config(experts=True, num_hidden_layers=3, max_position_embeddings=512, eos_token_id=100,
+                          num_experts=5, mlp_only_layers=(1,))
 
 
 def make_model(seed: int, config: ModelConfig = CONFIG) -> CausalLM:
-    model = CausalLM(config)
-    model.init_weights(std=0.15, seed=seed)
-    return model.eval()
+    """The engine tests' random model (``CONFIG`` unless told) for ``seed``."""
+    return random_model(config, seed, std=0.15)
+
+
+def moe_model() -> CausalLM:
+    """A model with experts whose routers differ from token to token."""
+    return random_model(MOE_CONFIG, std=0.15, router_scale=8.0)
 
 
 def run(engine: TorchEngine, prompt: list[int], params: SamplingParams, request_id: str = ""):

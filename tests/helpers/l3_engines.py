@@ -1,6 +1,6 @@
-"""Small torch engines linked to an L3 cache, for the tests of the cache link and of disaggregated serving: one
-random-weight model with an MTP layer, 8-token blocks, an engine built around it, and what the tests do with it
-(sample a prompt, record the logits sampled from, wait for blocks to be published)."""
+"""Small torch engines linked to an L3 cache, for the tests of the cache link and of disaggregated serving: 8-token
+blocks, an engine built around a model (helpers.engines.make_model's, say), and what the tests do with it (sample a
+prompt, record the logits sampled from, wait for blocks to be published)."""
 
 from __future__ import annotations
 
@@ -14,19 +14,10 @@ from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
 from forge.actors.engine.l3 import KVConnector
 from forge.kv.client import CacheClient
-from forge.model import CausalLM, ModelConfig
+from forge.model import CausalLM
 from forge.model.sampling import SamplingParams
 
-CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                     num_nextn_predict_layers=1, eos_token_id=100)
 BLOCK = 8
-
-
-def small_model() -> CausalLM:
-    model = CausalLM(CONFIG)
-    model.init_weights(std=0.15, seed=0)
-    return model.eval()
 
 
 def l3_engine(model: CausalLM, cache: str | None = None, speculative: bool = False, version: int = 0,

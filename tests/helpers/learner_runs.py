@@ -12,24 +12,20 @@ from forge.actors.engine.engine import TorchEngine
 from forge.model import CausalLM, ModelConfig
 from forge.pool import Pool
 
+from helpers.random_model import EXPERTS, copy_of, random_model, small_config
 from helpers.rollouts import fill_pool
 
-CONFIG = ModelConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=12, num_nextn_predict_layers=1,
-                     max_position_embeddings=256)
-MOE_CONFIG = dataclasses.replace(CONFIG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+CONFIG = small_config(vocab_size=64, hidden_size=48, intermediate_size=96, head_dim=12, max_position_embeddings=256)
+MOE_CONFIG = dataclasses.replace(CONFIG, **EXPERTS)
 
 
 def make_model(seed: int = 0, config: ModelConfig = CONFIG) -> CausalLM:
-    model = CausalLM(config)
-    model.init_weights(std=0.2, seed=seed)
-    return model
+    return random_model(config, seed, std=0.2)
 
 
 def engine_of(model: CausalLM, **overrides) -> TorchEngine:
-    copy = make_model(config=model.config)
-    copy.load_state_dict(model.state_dict())
-    return TorchEngine(copy, EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8, **overrides))
+    """An engine sampling from a copy of ``model`` (which a learner may then train)."""
+    return TorchEngine(copy_of(model), EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8, **overrides))
 
 
 def write_model_and_pool(directory: Path, seed: int, groups: int) -> None:

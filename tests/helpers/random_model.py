@@ -1,11 +1,60 @@
-"""A random-weight checkpoint of the tiny architecture (with the built-in tokenizer) for tests of the serving
-machinery, whose expectations (no early end-of-sequence, arbitrary token splits) the trained model would not meet."""
+"""Random-weight models for the tests: one factory for every small random ``CausalLM`` (dense or with experts, of any
+size, for any seed), a copy of a model, and random checkpoints of the built-in architectures (with the built-in
+tokenizer) for tests of the serving machinery, whose expectations (no early end-of-sequence, arbitrary token
+splits) the trained model would not meet."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from forge.builtin import write_tiny_checkpoint
+import torch
+
+from forge.builtin import write_builtin_checkpoint, write_tiny_checkpoint
+from forge.model import CausalLM, ModelConfig
+
+# A small dense shape with one MTP layer; a test names what it changes.
+SMALL = dict(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, num_nextn_predict_layers=1)
+# Experts in every layer (unless mlp_only_layers says otherwise), two of them per token, renormalised.
+EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+
+
+def small_config(experts: bool = False, **fields) -> ModelConfig:
+    """``SMALL``, with ``EXPERTS`` when ``experts``, and ``fields`` over both."""
+    return ModelConfig(**{**SMALL, **(EXPERTS if experts else {}), **fields})
+
+
+def random_model(config: ModelConfig | None = None, seed: int = 0, std: float = 0.02, *, router_scale: float = 1.0,
+                 noise: float = 0.0) -> CausalLM:
+    """``CausalLM(config)`` (``small_config()`` by default) in eval mode, its weights drawn from N(0, std) for
+    ``seed``. ``router_scale`` multiplies the experts' routers: confident routers, whose experts differ from token to
+    token and are never near a tie that rounding could flip. ``noise``: N(0, noise) added to the norms' weights and
+    the biases (each drawn for ``seed``), so that a norm or a bias in the wrong place shows."""
+    model = CausalLM(config or small_config())
+    model.init_weights(std=std, seed=seed)
+    scale_routers(model, router_scale)
+    if noise:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name or name.endswith("bias"):
+                    param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(seed)) * noise)
+    return model.eval()
+
+
+def scale_routers(model: CausalLM, scale: float) -> None:
+    """Multiply the experts' routers of ``model`` by ``scale``."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.mul_(scale)
+
+
+def copy_of(model: CausalLM) -> CausalLM:
+    """Another model with ``model``'s config and weights (an engine samples from one while a learner trains the
+    other)."""
+    copy = CausalLM(model.config)
+    copy.load_state_dict(model.state_dict())
+    return copy
 
 
 def random_tiny(directory: Path, seed: int = 0) -> Path:
@@ -14,17 +63,9 @@ def random_tiny(directory: Path, seed: int = 0) -> Path:
 
 def random_tiny_moe(directory: Path, seed: int = 0, router_scale: float = 10.0) -> Path:
     """The tiny-moe architecture with random weights whose routers are ``router_scale`` times as confident as at
-    initialisation: experts differ from token to token, and no two are near a tie that rounding could flip."""
-    import torch
-
-    from forge.builtin import write_builtin_checkpoint
-    from forge.model import CausalLM
-
+    initialisation (see ``random_model``)."""
     path = write_builtin_checkpoint(directory / "random-tiny-moe", "tiny-moe", seed)
     model = CausalLM.from_pretrained(path)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                param.mul_(router_scale)
+    scale_routers(model, router_scale)
     model.save_pretrained(path)
     return path

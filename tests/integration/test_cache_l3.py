@@ -19,13 +19,14 @@ from forge.kv.client import CacheClient
 from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM
 
-from helpers.l3_engines import BLOCK, CONFIG, generate, l3_engine, prompt_of, record_logits, small_model, wait_published
+from helpers.engines import CONFIG, make_model
+from helpers.l3_engines import BLOCK, generate, l3_engine, prompt_of, record_logits, wait_published
 from helpers.processes import start_cache
 
 
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
-    return small_model()
+    return make_model(0)
 
 
 @pytest.fixture(scope="module")

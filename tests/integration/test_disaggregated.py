@@ -20,7 +20,8 @@ from forge.model import CausalLM
 from forge.model.sampling import SamplingParams
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
-from helpers.l3_engines import BLOCK, CONFIG, l3_engine, small_model
+from helpers.engines import CONFIG, make_model
+from helpers.l3_engines import BLOCK, l3_engine
 from helpers.processes import start_actor, start_cache
 from helpers.random_model import random_tiny
 
@@ -29,7 +30,7 @@ ACTOR_BLOCK = EngineConfig().block_size       # forge-actor's default
 
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
-    return small_model()
+    return make_model(0)
 
 
 @pytest.fixture(scope="module")

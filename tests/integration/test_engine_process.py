@@ -19,23 +19,17 @@ from forge.actors.config import EngineConfig
 from forge.actors.engine.core import EngineSpec
 from forge.actors.engine.engine import TorchEngine
 from forge.actors.engine.process import EngineProcess
-from forge.model import CausalLM, ModelConfig
 from forge.model.sampling import SamplingParams
 
-CONFIG = ModelConfig(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, head_dim=12, num_nextn_predict_layers=1, max_position_embeddings=256)
+from helpers.random_model import random_model, small_config
+
+CONFIG = small_config(vocab_size=97, hidden_size=48, intermediate_size=96, head_dim=12, max_position_embeddings=256)
 ENGINE = EngineConfig(kv_cache_bytes=2 * 2**20, block_size=8, threads=1, model_id="test")
-
-
-def model(seed: int) -> CausalLM:
-    net = CausalLM(CONFIG)
-    net.init_weights(std=0.2, seed=seed)
-    return net.eval()
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return str(model(0).save_pretrained(tmp_path_factory.mktemp("ckpt")))
+    return str(random_model(CONFIG, 0, std=0.2).save_pretrained(tmp_path_factory.mktemp("ckpt")))
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +60,7 @@ def collect(backend, batch: list[GenerationRequest]) -> dict[str, tuple[list[int
 
 
 def test_outputs_equal_the_engine_in_process(engine):
-    local = TorchEngine(model(0), ENGINE)
+    local = TorchEngine(random_model(CONFIG, 0, std=0.2), ENGINE)
     try:
         expected = collect(local, requests())
     finally:
@@ -109,7 +103,7 @@ def test_abort_ends_the_stream_and_frees_its_blocks(engine):
 
 def test_weights_through_the_pipe_apply_between_steps(engine):
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    new = model(4)
+    new = random_model(CONFIG, 4, std=0.2)
     with pytest.raises(ValueError, match="does not fit the model"):
         engine.load_weights(1, {"nope": torch.zeros(2)})
     engine.load_weights(1, new.state_dict())

@@ -11,29 +11,18 @@ import torch
 
 from forge.kv.client import CacheClient
 from forge.kvhash import chain_hashes
-from forge.model import CausalLM, ModelConfig
+from forge.model import CausalLM
 from forge.model.moe import routing_of
 from forge.model.sampling import SamplingParams
 
-from helpers.engines import run
+from helpers.engines import moe_model, run
 from helpers.l3_engines import BLOCK, l3_engine, wait_published
 from helpers.processes import start_cache
-
-CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                     num_nextn_predict_layers=1, eos_token_id=100, num_experts=5, num_experts_per_tok=2,
-                     moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=(1,))
 
 
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
-    model = CausalLM(CONFIG)
-    model.init_weights(std=0.15, seed=0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                param.mul_(8.0)                  # routers that differ from token to token
-    return model.eval()
+    return moe_model()
 
 
 @pytest.fixture(scope="module")

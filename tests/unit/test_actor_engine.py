@@ -14,7 +14,7 @@ import torch
 
 from forge.actors.backend import FinishReason, GenerationRequest, InvalidRequest, Overloaded
 from forge.actors.engine.cpu_kernels import compiler_present
-from forge.model import CausalLM, ModelConfig
+from forge.model import CausalLM
 from forge.model.generate import generate
 from forge.model.sampling import SamplingParams, sampling_logprobs
 
@@ -26,6 +26,7 @@ from helpers.engines import (
     make_model,
     run,
 )
+from helpers.random_model import small_config
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +90,8 @@ def test_prefix_hits_chunked_prefill_and_preemption_do_not_change_outputs(model)
 
 
 def test_speculative_sampling_keeps_the_exact_distribution():
-    config = ModelConfig(vocab_size=6, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_nextn_predict_layers=1)
+    config = small_config(vocab_size=6, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=1)
     model = make_model(3, config)
     with torch.no_grad():
         model.mtp[0].fc.weight.mul_(4.0)       # a draft head that disagrees with the policy often

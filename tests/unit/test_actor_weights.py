@@ -8,24 +8,18 @@ import time
 from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
-from forge.model import CausalLM, ModelConfig
 from forge.model.generate import generate
 from forge.model.sampling import SamplingParams
 from forge.weights import Faults, WeightPublisher, WeightSubscriber
 
-CONFIG = ModelConfig(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, head_dim=12, num_nextn_predict_layers=1)
+from helpers.random_model import random_model, small_config
 
-
-def model(seed: int) -> CausalLM:
-    net = CausalLM(CONFIG)
-    net.init_weights(std=0.2, seed=seed)
-    return net.eval()
+CONFIG = small_config(vocab_size=97, hidden_size=48, intermediate_size=96, head_dim=12)
 
 
 def test_published_versions_apply_between_steps_and_corrupted_ones_are_refused():
     greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    engine = TorchEngine(model(0), EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8))
+    engine = TorchEngine(random_model(CONFIG, 0, std=0.2), EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8))
     publisher = WeightPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", chunk_size=4096,
                                 faults=Faults(corrupt_chunks={(2, 1)}))
     subscriber = WeightSubscriber(publisher.fetch_endpoint, publisher.announce_endpoint,
@@ -34,7 +28,7 @@ def test_published_versions_apply_between_steps_and_corrupted_ones_are_refused()
         stream = engine.submit(GenerationRequest("", [1, 2, 3], SamplingParams(temperature=0, max_tokens=2000,
                                                                                  ignore_eos=True)))
         first = stream.get(timeout=30)
-        one = model(1)
+        one = random_model(CONFIG, 1, std=0.2)
         publisher.publish(1, one.state_dict())
         assert subscriber.wait_for_version(1, timeout=30) and engine.wait_for_version(1, timeout=30)
         engine.abort(stream.request_id)
@@ -43,7 +37,7 @@ def test_published_versions_apply_between_steps_and_corrupted_ones_are_refused()
         fresh = [t for c in engine.submit(GenerationRequest("", [4, 5], greedy)) for t in c.token_ids]
         assert fresh == generate(one, [4, 5], greedy).token_ids
 
-        publisher.publish(2, model(2).state_dict())          # chunk 1 is corrupted on the wire
+        publisher.publish(2, random_model(CONFIG, 2, std=0.2).state_dict())          # chunk 1 is corrupted on the wire
         deadline = time.monotonic() + 30
         while subscriber.stats.versions_rejected < 1:
             assert time.monotonic() < deadline, subscriber.stats
@@ -52,7 +46,7 @@ def test_published_versions_apply_between_steps_and_corrupted_ones_are_refused()
         still = [t for c in engine.submit(GenerationRequest("", [4, 5], greedy)) for t in c.token_ids]
         assert still == fresh
 
-        three = model(3)
+        three = random_model(CONFIG, 3, std=0.2)
         publisher.publish(3, three.state_dict())
         assert engine.wait_for_version(3, timeout=30)
         after = [t for c in engine.submit(GenerationRequest("", [4, 5], greedy)) for t in c.token_ids]

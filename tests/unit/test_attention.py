@@ -8,18 +8,17 @@ import random
 import pytest
 import torch
 
-from forge.model import CausalLM, DenseKVCache, MaskedAttention, ModelConfig
+from forge.model import CausalLM, DenseKVCache, MaskedAttention
 from forge.model.attention import ancestor_mask
 
-CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_nextn_predict_layers=1)
+from helpers.random_model import random_model, small_config
+
+CONFIG = small_config(intermediate_size=96, num_hidden_layers=3)
 
 
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
-    net = CausalLM(CONFIG)
-    net.init_weights(std=0.1, seed=0)
-    return net.eval()
+    return random_model(CONFIG, std=0.1)
 
 
 def linear_logits(model: CausalLM, ids: list[int]) -> torch.Tensor:

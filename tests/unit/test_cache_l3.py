@@ -13,12 +13,13 @@ from forge.actors.engine.l3 import KVConnector
 from forge.model import CausalLM
 from forge.model.sampling import SamplingParams
 
-from helpers.l3_engines import BLOCK, generate, l3_engine, prompt_of, small_model
+from helpers.engines import make_model
+from helpers.l3_engines import BLOCK, generate, l3_engine, prompt_of
 
 
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
-    return small_model()
+    return make_model(0)
 
 
 make_engine = l3_engine

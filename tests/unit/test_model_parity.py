@@ -7,8 +7,11 @@ import torch
 
 from forge.model import CausalLM, CheckpointError, ModelConfig, ModelConfigError
 
+from helpers.random_model import random_model
+
 transformers = pytest.importorskip("transformers")
 
+NOISY = dict(std=0.1, noise=0.2)      # norms and biases away from 1 and 0: a misplaced one shows
 CONFIGS = {
     "mha-headdim-not-hidden-over-heads": dict(vocab_size=131, hidden_size=48, intermediate_size=80,
                                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
@@ -25,17 +28,6 @@ CONFIGS = {
 }
 
 
-def random_model(config: ModelConfig, seed: int) -> CausalLM:
-    torch.manual_seed(seed)
-    model = CausalLM(config)
-    model.init_weights(std=0.1, seed=seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                param.add_(torch.randn_like(param) * 0.2)   # non-trivial norms and biases catch misplaced ones
-    return model
-
-
 def hf_model(path) -> torch.nn.Module:
     return transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
 
@@ -44,7 +36,7 @@ def hf_model(path) -> torch.nn.Module:
 @pytest.mark.parametrize("shard", [None, 40_000])
 def test_logits_match_transformers(tmp_path, name, shard):
     config = ModelConfig(**CONFIGS[name])
-    random_model(config, seed=len(name)).save_pretrained(tmp_path, max_shard_bytes=shard)
+    random_model(config, seed=len(name), **NOISY).save_pretrained(tmp_path, max_shard_bytes=shard)
     if shard:
         assert (tmp_path / "model.safetensors.index.json").exists()
     ours = CausalLM.from_pretrained(tmp_path).eval()
@@ -77,7 +69,7 @@ def test_loads_a_checkpoint_saved_by_transformers(tmp_path):
 
 def test_explicit_position_ids_match_transformers(tmp_path):
     config = ModelConfig(**CONFIGS["gqa4-tied-bias"])
-    random_model(config, seed=5).save_pretrained(tmp_path)
+    random_model(config, seed=5, **NOISY).save_pretrained(tmp_path)
     ours, reference = CausalLM.from_pretrained(tmp_path).eval(), hf_model(tmp_path)
     ids = torch.randint(0, config.vocab_size, (2, 12))
     positions = torch.arange(7, 19).expand(2, 12)
@@ -88,7 +80,7 @@ def test_explicit_position_ids_match_transformers(tmp_path):
 
 def test_save_load_round_trip_keeps_every_tensor(tmp_path):
     config = ModelConfig(**CONFIGS["mqa-untied-mtp2"])
-    model = random_model(config, seed=9)
+    model = random_model(config, seed=9, **NOISY)
     model.save_pretrained(tmp_path, max_shard_bytes=10_000)
     loaded = CausalLM.from_pretrained(tmp_path)
     assert loaded.config == config
@@ -99,7 +91,7 @@ def test_save_load_round_trip_keeps_every_tensor(tmp_path):
 
 def test_mismatched_checkpoints_are_refused_with_a_reason(tmp_path):
     config = ModelConfig(**CONFIGS["gqa2-tied-mtp1"])
-    random_model(config, seed=2).save_pretrained(tmp_path)
+    random_model(config, seed=2, **NOISY).save_pretrained(tmp_path)
     bad = dict(CONFIGS["gqa2-tied-mtp1"], intermediate_size=32)
     ModelConfig(**bad).save(tmp_path)
     with pytest.raises(CheckpointError, match=r"intermediate|shape"):

@@ -11,34 +11,26 @@ import numpy
 import pytest
 import torch
 
-from forge.model import CausalLM, ModelConfig
+from forge.model import CausalLM
 from forge.model.moe import routing_of
 from forge.model.sampling import SamplingParams
 
 from helpers.engines import (
+    MOE_CONFIG,
     assert_concurrent_greedy_equals,
     assert_logprobs_equal_a_full_forward_pass,
     engine_for,
     full_forward_logprobs,
+    moe_model,
     run,
 )
 from helpers.l3_engines import BLOCK, l3_engine
-
-CONFIG = ModelConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                     num_nextn_predict_layers=1, eos_token_id=100, num_experts=5, num_experts_per_tok=2,
-                     moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=(1,))
+from helpers.random_model import random_model, small_config
 
 
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
-    model = CausalLM(CONFIG)
-    model.init_weights(std=0.15, seed=0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                param.mul_(8.0)                  # routers that differ from token to token
-    return model.eval()
+    return moe_model()
 
 
 def transformers_reference(tmp_path, model: CausalLM):
@@ -84,9 +76,9 @@ def test_the_final_chunk_carries_the_routing_of_every_fed_position(model, specul
             prompt = shared + [rng.randrange(100) for _ in range(attempt * 3 + 1)]
             tokens, _, _, last = run(engine, prompt, params)
             routed = last.routed_experts
-            assert routed is not None and routed.num_experts == CONFIG.num_experts
+            assert routed is not None and routed.num_experts == MOE_CONFIG.num_experts
             everything = prompt + tokens
-            assert routed.ids.shape == (len(everything) - 1, len(CONFIG.sparse_layers), CONFIG.num_experts_per_tok)
+            assert routed.ids.shape == (len(everything) - 1, len(MOE_CONFIG.sparse_layers), MOE_CONFIG.num_experts_per_tok)
             expected = routing_of(model, everything[:-1])
             assert (numpy.sort(routed.ids, -1) == numpy.sort(expected, -1)).all(), f"request {attempt}"
         assert engine.blocks.hit_tokens >= 2 * 24
@@ -116,10 +108,9 @@ def test_graph_mode_decodes_and_routes_as_a_full_forward_pass(tmp_path, model):
 
 
 def test_a_dense_model_sends_no_routing():
-    dense = CausalLM(ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1, head_dim=16, eos_token_id=100))
-    dense.init_weights(seed=1)
-    engine = engine_for(dense.eval())
+    dense = random_model(small_config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, num_nextn_predict_layers=0, eos_token_id=100), seed=1)
+    engine = engine_for(dense)
     try:
         *_, last = run(engine, [1, 2, 3], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
         assert last.routed_experts is None and engine.cache.routing is None
@@ -133,17 +124,17 @@ def test_a_malformed_routing_block_leaves_its_positions_unknown(model):
 
     engine = l3_engine(model, None)
     try:
-        connector, shape = engine.connector, (BLOCK, len(CONFIG.sparse_layers), CONFIG.num_experts_per_tok)
+        connector, shape = engine.connector, (BLOCK, len(MOE_CONFIG.sparse_layers), MOE_CONFIG.num_experts_per_tok)
         name = routing_block_hash(bytes(16))
 
         def block(ids: numpy.ndarray) -> KVBlock:
             return KVBlock.build(name, BLOCK, str(ids.dtype), ids.shape, ids.tobytes())
 
-        good = numpy.arange(numpy.prod(shape), dtype=numpy.uint8).reshape(shape) % CONFIG.num_experts
+        good = numpy.arange(numpy.prod(shape), dtype=numpy.uint8).reshape(shape) % MOE_CONFIG.num_experts
         assert (connector._routing_ids(block(good)).numpy() == good).all()
         assert connector._routing_ids(block(good.astype(numpy.int16))) is None          # another dtype
         assert connector._routing_ids(block(good[:, :1].copy())) is None                # another shape
-        assert connector._routing_ids(block(good + CONFIG.num_experts)) is None         # no such expert
+        assert connector._routing_ids(block(good + MOE_CONFIG.num_experts)) is None         # no such expert
         assert connector._routing_ids(None) is None
     finally:
         engine.close()

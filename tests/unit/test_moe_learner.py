@@ -20,25 +20,24 @@ from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import build_samples, make_micro_batch
 from forge.learner.trainer import Trainer, TrainerConfig
 from forge.learner.tree import build_trie
-from forge.model import CausalLM, ModelConfig
+from forge.model import CausalLM
 from forge.model.moe import routing_of
 from forge.pool import Pool, WindowConfig
 
 from helpers.gradients import capture_gradients
+from helpers.learner_runs import engine_of
+from helpers.random_model import copy_of, random_model, small_config
 from helpers.rollouts import fill_pool
 from helpers.threads import one_thread  # noqa: F401  (autouse)
 from helpers.tree_steps import VOCAB, agent_batch, assert_same_step, random_masks
 
-CONFIG = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_nextn_predict_layers=1,
-                     num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True)
+CONFIG = small_config(experts=True, vocab_size=VOCAB, hidden_size=32, intermediate_size=48, head_dim=8,
+                      moe_intermediate_size=16)
 
 
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
-    net = CausalLM(CONFIG)
-    net.init_weights(std=0.3, seed=0)
-    return net
+    return random_model(CONFIG, std=0.3)
 
 
 def with_recorded_routing(model: CausalLM, samples, other: CausalLM, rng: random.Random, share: float = 0.3):
@@ -56,8 +55,7 @@ def with_recorded_routing(model: CausalLM, samples, other: CausalLM, rng: random
 @pytest.mark.parametrize("share", [True, False], ids=["stem", "recompute-stem"])
 def test_tree_step_equals_sample_by_sample_with_replayed_routing(model, budget, share):
     rng = random.Random(budget + share)
-    other = CausalLM(CONFIG)
-    other.init_weights(std=0.3, seed=9)
+    other = random_model(CONFIG, seed=9, std=0.3)
     samples = with_recorded_routing(model, agent_batch(model, rng), other, rng)
     by_tokens = build_trie([s.tokens for s in samples])
     by_routing = build_trie([s.tokens for s in samples], [s.routing for s in samples])
@@ -77,17 +75,15 @@ def test_tree_step_equals_sample_by_sample_when_the_routers_choose_again(model):
                      routing_mode="recompute")
 
 
-TIED = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=1,
-                   moe_intermediate_size=16, norm_topk_prob=True)
+TIED = small_config(experts=True, vocab_size=VOCAB, hidden_size=32, intermediate_size=48, head_dim=8,
+                    moe_intermediate_size=16, num_experts_per_tok=1, num_nextn_predict_layers=0)
 
 
 def near_ties(seed: int, noise: float) -> CausalLM:
     """Routers whose experts come in pairs of nearly equal rows (0 ~ 1, 2 ~ -1): every token is a near tie
     between the two experts of a pair, whose MLPs differ. One expert per token, its weight renormalised to 1: what
     the routers decide is which expert, nothing else."""
-    net = CausalLM(TIED)
-    net.init_weights(std=0.3, seed=0)
+    net = random_model(TIED, std=0.3)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for layer in net.model.layers:
@@ -129,9 +125,7 @@ def test_replayed_routing_keeps_the_learner_on_the_actor_log_probs_near_routing_
 
 
 def test_a_training_step_reports_routing_and_trains_the_routers_toward_balance(tmp_path, model):
-    copy = CausalLM(CONFIG)
-    copy.load_state_dict(model.state_dict())
-    engine = TorchEngine(copy, EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8))
+    engine = engine_of(model)
     pool = Pool(tmp_path / "pool")
     try:
         fill_pool(pool, engine, groups=2, group_size=2, calls=2, max_tokens=6, vocab=VOCAB)
@@ -141,8 +135,7 @@ def test_a_training_step_reports_routing_and_trains_the_routers_toward_balance(t
     try:
         for weight in (0.0, 1.0):
             pool.rewind(0)                  # both steps train the same batch
-            learner = CausalLM(CONFIG)
-            learner.load_state_dict(model.state_dict())
+            learner = copy_of(model)
             trainer = Trainer(learner, Distributed(), TrainerConfig(lr=1e-3, micro_batch_tokens=40),
                               LossConfig(mtp_weight=0.1, router_balance_weight=weight), RewardConfig(),
                               WindowConfig(batch_groups=2, min_groups=2), pool)

@@ -12,28 +12,20 @@ import torch.nn.functional as F
 from forge.model import CausalLM, CheckpointError, ModelConfig, ModelConfigError
 from forge.model.moe import Routing, expert_load, load_balancing_loss
 
+from helpers.random_model import random_model
+
 transformers = pytest.importorskip("transformers")
 
 BASE = dict(vocab_size=131, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24)
+# norms away from 1, so that a misplaced one shows; confident routers, so that experts differ from token to token
+CONFIDENT = dict(std=0.1, noise=0.2, router_scale=10.0)
 CONFIGS = {
     "top2-every-layer": dict(BASE),
     "top3-normalised-tied": dict(BASE, num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=True),
     "sparse-step-2": dict(BASE, num_hidden_layers=4, decoder_sparse_step=2),
     "mlp-only-layer-0-mtp": dict(BASE, mlp_only_layers=(0,), num_nextn_predict_layers=1),
 }
-
-
-def random_moe(config: ModelConfig, seed: int) -> CausalLM:
-    model = CausalLM(config)
-    model.init_weights(std=0.1, seed=seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.add_(torch.randn_like(param, generator=torch.Generator().manual_seed(seed)) * 0.2)
-            elif name.endswith("mlp.gate.weight"):
-                param.mul_(10.0)        # confident routers: experts differ from token to token
-    return model
 
 
 def hf_model(path) -> torch.nn.Module:
@@ -49,7 +41,7 @@ def ids_for(config: ModelConfig, shape=(3, 29), seed: int = 1) -> torch.Tensor:
 @pytest.mark.parametrize("shard", [None, 30_000])
 def test_logits_match_transformers(tmp_path, name, shard):
     config = ModelConfig(**CONFIGS[name])
-    random_moe(config, seed=len(name)).save_pretrained(tmp_path, max_shard_bytes=shard)
+    random_model(config, seed=len(name), **CONFIDENT).save_pretrained(tmp_path, max_shard_bytes=shard)
     data = json.loads((tmp_path / "config.json").read_text())
     assert data["model_type"] == "qwen3_moe" and data["architectures"] == ["Qwen3MoeForCausalLM"]
     ours, reference = CausalLM.from_pretrained(tmp_path).eval(), hf_model(tmp_path)
@@ -88,7 +80,7 @@ def test_loads_a_checkpoint_saved_by_transformers(tmp_path):
 
 def test_save_load_round_trip_keeps_every_tensor_in_the_per_expert_layout(tmp_path):
     config = ModelConfig(**CONFIGS["mlp-only-layer-0-mtp"])
-    model = random_moe(config, seed=9)
+    model = random_model(config, seed=9, **CONFIDENT)
     model.save_pretrained(tmp_path, max_shard_bytes=20_000)
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
     assert "model.layers.1.mlp.experts.5.down_proj.weight" in index and "mtp.0.layer.mlp.experts.0.up_proj.weight" \
@@ -104,7 +96,7 @@ def test_a_checkpoint_missing_an_expert_is_refused(tmp_path):
     from safetensors.torch import load_file, save_file
 
     config = ModelConfig(**CONFIGS["top2-every-layer"])
-    random_moe(config, seed=2).save_pretrained(tmp_path)
+    random_model(config, seed=2, **CONFIDENT).save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
     del state["model.layers.2.mlp.experts.3.up_proj.weight"]
     save_file(state, tmp_path / "model.safetensors")
@@ -133,7 +125,7 @@ def test_a_dense_config_round_trips_without_moe_keys():
 
 def test_grouped_experts_equal_a_loop_over_tokens():
     config = ModelConfig(**CONFIGS["top3-normalised-tied"])
-    moe = random_moe(config, seed=4).model.layers[0].mlp
+    moe = random_model(config, seed=4, **CONFIDENT).model.layers[0].mlp
     x = torch.randn(40, config.hidden_size, generator=torch.Generator().manual_seed(0), requires_grad=True)
     routing = Routing(record=True)
     out = moe(x, routing)
@@ -158,7 +150,7 @@ def test_grouped_experts_equal_a_loop_over_tokens():
 
 def test_replaying_a_recorded_routing_reproduces_the_forward_exactly():
     config = ModelConfig(**CONFIGS["sparse-step-2"])
-    model = random_moe(config, seed=6).eval()
+    model = random_model(config, seed=6, **CONFIDENT).eval()
     ids = ids_for(config, (2, 17))
     with torch.no_grad():
         recorder = Routing(record=True)
@@ -172,7 +164,7 @@ def test_replaying_a_recorded_routing_reproduces_the_forward_exactly():
 
 def test_a_replayed_routing_is_followed_and_its_mismatch_counted():
     config = ModelConfig(**CONFIGS["top2-every-layer"])
-    model = random_moe(config, seed=7).eval()
+    model = random_model(config, seed=7, **CONFIDENT).eval()
     ids = ids_for(config, (1, 12))
     with torch.no_grad():
         recorder = Routing(record=True)

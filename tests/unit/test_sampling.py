@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from forge.model import CausalLM, ModelConfig
 from forge.model.generate import generate
 from forge.model.sampling import (
     MAX_TEMPERATURE,
@@ -20,6 +19,8 @@ from forge.model.sampling import (
     sampling_logprobs,
     top_logprobs,
 )
+
+from helpers.random_model import random_model, small_config
 
 
 def test_top_k_and_top_p_support():
@@ -69,10 +70,8 @@ def test_every_temperature_allowed_gives_finite_logprobs_for_the_sampled_token(t
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    config = ModelConfig(vocab_size=89, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, eos_token_id=88)
-    net = CausalLM(config)
-    net.init_weights(std=0.2, seed=4)
+    config = small_config(vocab_size=89, intermediate_size=96, num_nextn_predict_layers=0, eos_token_id=88)
+    net = random_model(config, seed=4, std=0.2)
     path = tmp_path_factory.mktemp("model")
     net.save_pretrained(path)
     return net.eval(), path

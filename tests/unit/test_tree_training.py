@@ -12,30 +12,27 @@ import numpy as np
 import pytest
 import torch
 
-from forge.actors.config import EngineConfig
-from forge.actors.engine.engine import TorchEngine
 from forge.learner.losses import LossConfig
 from forge.learner.policy import policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import Sample, build_samples, make_micro_batch
 from forge.learner.tree import build_trie, pack_step, pack_trees, rank_spans, stem_forward, tree_policy_forward
-from forge.model import CausalLM, ModelConfig
+from forge.model import CausalLM
 from forge.model.sampling import SamplingParams
 from forge.pool import Pool
 
+from helpers.learner_runs import engine_of
+from helpers.random_model import random_model, small_config
 from helpers.rollouts import fill_pool
 from helpers.threads import one_thread  # noqa: F401  (autouse)
 from helpers.tree_steps import VOCAB, agent_batch, assert_same_step, draw, make_sample, random_masks
 
-CONFIG = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_nextn_predict_layers=1)
+CONFIG = small_config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, head_dim=8)
 
 
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
-    net = CausalLM(CONFIG)
-    net.init_weights(std=0.3, seed=0)
-    return net
+    return random_model(CONFIG, std=0.3)
 
 
 _BATCHES: dict[int, list[Sample]] = {}
@@ -81,9 +78,8 @@ def test_every_cpu_attention_path_is_exact(model, impl):
 def test_tree_step_on_cuda_equals_sample_by_sample(impl):
     """The GPU paths (flex over a block mask, compiled; gather, the fallback) against sample-by-sample training on
     the GPU, with a head size the compiled flex kernels take (32). (segments is built on a CPU-only kernel.)"""
-    net = CausalLM(ModelConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                               num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_nextn_predict_layers=1))
-    net.init_weights(std=0.3, seed=0)
+    net = random_model(small_config(vocab_size=VOCAB, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1,
+                                    head_dim=32), std=0.3)
     rng = random.Random(31)
     samples = agent_batch(net, rng, groups=3, group_size=4, calls=4, system_len=40)
     config = LossConfig(mtp_weight=1.0, mtp_top_k=8)
@@ -154,9 +150,7 @@ def test_degenerate_batches(model):
 
 def test_real_rollouts_from_the_pool(tmp_path, model):
     """Sessions sampled by the embedded engine and recorded in a real pool, as the trainer reads them."""
-    copy = CausalLM(CONFIG)
-    copy.load_state_dict(model.state_dict())
-    engine = TorchEngine(copy, EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8))
+    engine = engine_of(model)
     pool = Pool(tmp_path / "pool")
     try:
         fill_pool(pool, engine, groups=3, group_size=3, calls=3, max_tokens=6, vocab=VOCAB,
