@@ -5,7 +5,6 @@ prompt, record the logits sampled from, wait for blocks to be published)."""
 from __future__ import annotations
 
 import random
-import time
 
 import torch
 
@@ -16,6 +15,8 @@ from forge.actors.engine.l3 import KVConnector
 from forge.kv.client import CacheClient
 from forge.model import CausalLM
 from forge.model.sampling import SamplingParams
+
+from helpers.waiting import WAIT_S, wait_for
 
 BLOCK = 8
 
@@ -52,11 +53,8 @@ def generate(engine: TorchEngine, prompt: list[int], tokens: int = 12) -> tuple[
     return ids, logprobs
 
 
-def wait_published(engine: TorchEngine, count: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while engine.stats()["l3_published_blocks"] < count:
-        assert time.monotonic() < deadline, engine.stats()
-        time.sleep(0.02)
+def wait_published(engine: TorchEngine, count: int, timeout_s: float = WAIT_S) -> None:
+    wait_for(lambda: engine.stats()["l3_published_blocks"] >= count, f"{count} blocks published to L3", timeout_s)
 
 
 def prompt_of(seed: int, length: int = 75) -> list[int]:

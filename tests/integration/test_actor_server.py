@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import grpc
 import pytest
@@ -16,6 +15,7 @@ from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 from helpers.processes import start_actor
 from helpers.random_model import random_tiny
+from helpers.waiting import wait_for
 
 # The same cases against each backend: the torch engine in its own process and in the server's, and vLLM.
 BACKENDS = [pytest.param(("--engine-process",), id="torch-process"), pytest.param(("--in-process",), id="torch"),
@@ -147,14 +147,6 @@ def test_stats_and_health(actor):
     assert report.host.gpu_available or report.host.gpu_unavailable_reason
 
 
-def wait_for(condition, timeout: float = 300.0) -> None:
-    """Until ``condition()`` holds: an event that comes whatever the machine's speed (the bound only ends a hang)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 def test_more_open_streams_than_server_threads_are_all_admitted_and_stats_still_answer(actor):
     """100 streams open at once (the threaded server had 64 threads: the rest, Stats and health included, queued
     behind them): Stats and health answer while they are open, and every stream is admitted: each is counted
@@ -176,13 +168,13 @@ def test_more_open_streams_than_server_threads_are_all_admitted_and_stats_still_
             now = gauges()
             return now["running"] + now["waiting"] + now["finished"] - before["finished"]
 
-        wait_for(lambda: admitted() == 100)
+        wait_for(lambda: admitted() == 100, "all 100 streams to be admitted", 300)
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         assert gauges()["refused"] == before["refused"]
         for stream in streams:
             stream.cancel()
-        wait_for(lambda: gauges()["running"] + gauges()["waiting"] == 0)
+        wait_for(lambda: gauges()["running"] + gauges()["waiting"] == 0, "the cancelled streams to end", 300)
         assert gauges()["kv_used_frac"] == 0
 
 

@@ -3,8 +3,6 @@ and follows every version published after."""
 
 from __future__ import annotations
 
-import time
-
 import grpc
 import torch
 
@@ -15,6 +13,7 @@ from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 from forge.weights import WeightPublisher
 
 from helpers.processes import start_actor
+from helpers.waiting import wait_for
 
 
 def test_a_forge_actor_process_follows_the_learners_versions(tmp_path):
@@ -37,10 +36,8 @@ def test_a_forge_actor_process_follows_the_learners_versions(tmp_path):
                 for p in new.parameters():
                     p.mul_(1.5)
             publisher.publish(5, new.state_dict())
-            deadline = time.monotonic() + 60
-            while stub.Stats(common_pb2.StatsRequest()).gauges["weight_version"] != 5:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+            wait_for(lambda: stub.Stats(common_pb2.StatsRequest()).gauges["weight_version"] == 5,
+                     "the actor to apply version 5")
             chunks = list(stub.Generate(request))
         assert {v for c in chunks for v in c.weight_versions} == {5}
         assert [t for c in chunks for t in c.token_ids] == generate(new, [1, 2, 3], greedy).token_ids

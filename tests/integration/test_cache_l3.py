@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from forge.model import CausalLM
 from helpers.engines import CONFIG, make_model
 from helpers.l3_engines import BLOCK, generate, l3_engine, prompt_of, record_logits, wait_published
 from helpers.processes import start_cache
+from helpers.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -172,12 +172,13 @@ def test_two_actor_processes_share_a_prompt_through_the_cache_under_the_routers_
             assert events.snapshot and layout.l3 and layout.variant == "mtp" and layout.block_size == 16
             held = {h for e in events.events for h in e.block_hashes}
             assert set(prompt_hashes(prompt, layout)) <= held           # the router's hashes name the actor's blocks
-            deadline = time.monotonic() + 20
-            while True:
-                gauges = actor_pb2_grpc.ActorStub(channel).Stats(common_pb2.StatsRequest(), timeout=10).gauges
-                if gauges["l3_published_blocks"] + gauges["l3_fetched_blocks"] >= 6 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
+            stub = actor_pb2_grpc.ActorStub(channel)
+
+            def blocks_moved(stub=stub):
+                gauges = stub.Stats(common_pb2.StatsRequest(), timeout=10).gauges
+                return gauges if gauges["l3_published_blocks"] + gauges["l3_fetched_blocks"] >= 6 else None
+
+            gauges = wait_for(blocks_moved, "the prompt's blocks to be published or fetched")
             stats.append(gauges)
             channel.close()
         assert outputs[0] == outputs[1] and len(outputs[0]) == 8

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from forge.actors.engine.process import EngineProcess
 from forge.model.sampling import SamplingParams
 
 from helpers.random_model import random_model, small_config
+from helpers.waiting import wait_for
 
 CONFIG = small_config(vocab_size=97, hidden_size=48, intermediate_size=96, head_dim=12, max_position_embeddings=256)
 ENGINE = EngineConfig(kv_cache_bytes=2 * 2**20, block_size=8, threads=1, model_id="test")
@@ -95,10 +95,8 @@ def test_abort_ends_the_stream_and_frees_its_blocks(engine):
     assert engine.abort("long")
     assert list(stream)[-1].finish_reason is FinishReason.ABORT
     assert not engine.abort("long")
-    deadline = time.monotonic() + 10
-    while (stats := engine.stats())["running"] or stats["kv_used_frac"]:
-        assert time.monotonic() < deadline, stats
-        time.sleep(0.02)
+    wait_for(lambda: not ((stats := engine.stats())["running"] or stats["kv_used_frac"]),
+             "the aborted request's blocks to be freed")
 
 
 def test_weights_through_the_pipe_apply_between_steps(engine):
@@ -156,10 +154,7 @@ def test_a_dead_core_fails_its_streams_and_refuses_new_work(checkpoint):
         os.kill(front.pid, signal.SIGKILL)
         last = list(stream)[-1]
         assert last.finish_reason is FinishReason.ERROR and "not running" in last.error
-        deadline = time.monotonic() + 10
-        while not exits:                   # told after the streams are failed
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for(lambda: exits, "the exit to be told")             # told after the streams are failed
         assert front.failed and "code -9" in exits[0]
         with pytest.raises(Overloaded, match="not running"):
             front.submit(GenerationRequest("", [1], SamplingParams()))
@@ -185,10 +180,7 @@ def test_the_core_exits_when_its_front_is_killed(checkpoint):
         core = int(front.stdout.readline())
         front.kill()
         front.wait(timeout=30)
-        deadline = time.monotonic() + 15
-        while _alive(core):
-            assert time.monotonic() < deadline, "the engine core outlived its front"
-            time.sleep(0.1)
+        wait_for(lambda: not _alive(core), "the engine core to exit after its front")
     finally:
         front.kill()
 

@@ -19,6 +19,7 @@ from forge.tokenizer import Tokenizer
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from helpers.gateway_procs import random_actor, start_gateway
+from helpers.waiting import wait_for
 
 TOK = Tokenizer.from_dir(TINY_DIR)
 GLOBAL_KEY = "gw-global-key-123"
@@ -256,13 +257,12 @@ def test_a_cancelled_chat_stops_the_generation_and_records_nothing(gateway):
                                                  SamplingParams(max_tokens=1500, ignore_eos=True)), timeout=60)
         next(call)
         call.cancel()
-        cancelled = time.monotonic()
-        deadline = cancelled + 30
-        while time.monotonic() < deadline:
+
+        def ended():
             gauges = stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges
-            if gauges["in_flight"] == 0:
-                break
-            time.sleep(0.05)
+            return gauges if gauges["in_flight"] == 0 else None
+
+        gauges = wait_for(ended, "the cancelled call to end")
         assert gauges["in_flight"] == 0 and gauges["calls"] == before["calls"]
     with PoolReader(gateway.pool_path) as reader:
         assert reader.get_session(session_id).session.num_calls == 0

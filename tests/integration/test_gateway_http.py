@@ -7,7 +7,6 @@ import concurrent.futures
 import itertools
 import json
 import math
-import time
 import uuid
 from urllib.parse import quote
 
@@ -27,6 +26,7 @@ from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, pool_pb2
 
 from helpers.gateway_fake_actor import serve_fake_actor
 from helpers.gateway_procs import random_actor, start_gateway
+from helpers.waiting import wait_for
 
 TOK = Tokenizer.from_dir(TINY_DIR)
 INFO = ModelInfo(TOK, 2048, "tiny")
@@ -343,12 +343,13 @@ def test_a_client_that_goes_away_mid_stream_aborts_the_call_and_leaves_no_record
         before = http.get(f"{gateway.http}/v1/stats").json()["gauges"]
         with http.stream("POST", f"{gateway.http}/s/gone-away/v1/chat/completions", json=body) as response:
             next(response.iter_lines())
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def aborted() -> dict | None:
             gauges = http.get(f"{gateway.http}/v1/stats").json()["gauges"]
-            if gauges["in_flight"] == 0 and gauges["client_disconnects"] > before["client_disconnects"]:
-                break
-            time.sleep(0.05)
+            return gauges if gauges["in_flight"] == 0 and gauges["client_disconnects"] > before["client_disconnects"] \
+                else None
+
+        gauges = wait_for(aborted, "the call the client left to be aborted")
         assert gauges["in_flight"] == 0 and gauges["client_disconnects"] == before["client_disconnects"] + 1
         assert gauges["calls"] == before["calls"]
     with pytest.raises(NotFoundError):
@@ -367,10 +368,8 @@ def test_a_call_outside_any_session_closes_the_session_it_opened(stack, stream):
         _ = response.read()
     assert response.status_code == 200, response.text
     session_id = response.headers["X-Forge-Session-Id"]
-    deadline = time.monotonic() + 60
-    while reader.get_session(session_id).session.status == pool_pb2.SESSION_STATUS_OPEN:
-        assert time.monotonic() < deadline, "the one-call session was left open"
-        time.sleep(0.02)
+    wait_for(lambda: reader.get_session(session_id).session.status != pool_pb2.SESSION_STATUS_OPEN,
+             "the one-call session to be closed")
     stored = reader.get_session(session_id)
     assert stored.session.status == pool_pb2.SESSION_STATUS_FAILED and len(stored.calls) == 1
     assert "outside any session" in stored.session.failure_reason

@@ -7,7 +7,6 @@ INTERNAL/UNKNOWN status; and a refused input leaves the pool as it was: its figu
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from dataclasses import asdict, dataclass
 
@@ -22,6 +21,7 @@ from forge.rpc import connect
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, pool_pb2
 
 from helpers.gateway_procs import random_actor, start_gateway
+from helpers.waiting import wait_for
 
 KEY = "properties-global-key"
 BOUNDED = settings(max_examples=8, deadline=None, derandomize=True, database=None,
@@ -60,10 +60,8 @@ def pool_snapshot(reader: PoolReader) -> tuple[dict, list]:
 def settle_one_call_session(reader: PoolReader, response: httpx.Response) -> None:
     """A streamed call outside any session has its session closed after the last chunk: wait for that write."""
     session_id = response.headers["X-Forge-Session-Id"]
-    deadline = time.monotonic() + 60                # a safety net only: the close is an event to wait for
-    while reader.get_session(session_id).session.status == pool_pb2.SESSION_STATUS_OPEN:
-        assert time.monotonic() < deadline, f"the one-call session {session_id} stayed open"
-        time.sleep(0.01)
+    wait_for(lambda: reader.get_session(session_id).session.status != pool_pb2.SESSION_STATUS_OPEN,
+             f"the one-call session {session_id} to be closed")
 
 
 # ------------------------------------------------------------------------------------------------ strategies

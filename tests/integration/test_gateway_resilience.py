@@ -17,6 +17,7 @@ from forge.v1 import pool_pb2
 
 from helpers.gateway_fake_actor import serve_fake_actor
 from helpers.gateway_procs import start_actor, start_gateway
+from helpers.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -180,12 +181,12 @@ def test_abandoned_sessions_time_out_as_failed(actor, tmp_path):
             session_id = http.post(f"{gateway.http}/v1/sessions", json={}).json()["session"]["session_id"]
             url = f"{gateway.http}/s/{session_id}/v1/chat/completions"
             assert chat(http, url, [{"role": "user", "content": "hi"}]).status_code == 200
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
+
+            def closed() -> dict | None:
                 session = http.get(f"{gateway.http}/v1/sessions/{session_id}").json()["session"]
-                if session["status"] != "open":
-                    break
-                time.sleep(0.1)
+                return session if session["status"] != "open" else None
+
+            session = wait_for(closed, "the abandoned session to be closed")
             assert (session["status"], session["failure_reason"], session["num_calls"]) == ("failed", "timeout", 1)
             late = chat(http, url, [{"role": "user", "content": "still there?"}])
             assert late.status_code == 409 and "failed" in late.json()["error"]["message"]

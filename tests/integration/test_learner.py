@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from forge.pool import Pool
 from conftest import REPO, script
 from helpers.learner_runs import CONFIG, MOE_CONFIG, engine_of, lineage, make_model, write_model_and_pool
 from helpers.rollouts import fill_pool
+from helpers.waiting import wait_for
 
 
 @pytest.mark.parametrize("config", [CONFIG, MOE_CONFIG], ids=["dense", "experts"])
@@ -69,10 +69,8 @@ def test_kill_minus_nine_then_restart_trains_every_entry_exactly_once(tmp_path):
     run_dir = tmp_path / "run"
     metrics = run_dir / "metrics.jsonl"
     first = run_learner(tmp_path / "pool", run_dir, "--checkpoint-every", "3", "--max-steps", "12")
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
-        assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()
-        time.sleep(0.02)
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, "the learner's fifth step",
+             watched=[first], interval_s=0.02)
     first.send_signal(signal.SIGKILL)
     first.wait()
     second = run_learner(tmp_path / "pool", run_dir, "--checkpoint-every", "3", "--max-steps", "12")
@@ -89,11 +87,9 @@ def test_sigterm_stops_after_a_step_with_a_checkpoint(tmp_path):
     write_model_and_pool(tmp_path, seed=2, groups=3)
     run_dir = tmp_path / "run"
     proc = run_learner(tmp_path / "pool", run_dir, "--checkpoint-every", "100")
-    deadline = time.monotonic() + 120
     metrics = run_dir / "metrics.jsonl"
-    while not (metrics.exists() and metrics.read_text().strip()):
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: metrics.exists() and metrics.read_text().strip(), "the learner's first step", watched=[proc],
+             interval_s=0.02)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, output

@@ -35,7 +35,7 @@ def cache_server(tmp_path_factory):
 def published(engine, prompt: list[int]) -> list[int]:
     """Serve ``prompt`` on ``engine`` and wait until its full blocks (and their routing) are in L3."""
     run(engine, prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    wait_published(engine, len(prompt) // BLOCK, timeout=300)
+    wait_published(engine, len(prompt) // BLOCK, timeout_s=300)
     return chain_hashes(prompt, BLOCK, engine.salt())
 
 

@@ -10,8 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -23,6 +21,7 @@ from forge.launch import ServiceProcess
 from forge.v1 import common_pb2
 
 from conftest import REPO, free_port, script
+from helpers.waiting import wait_for
 
 A, B = "127.0.0.2", "127.0.0.3"
 EXAMPLES = REPO / "examples"
@@ -34,16 +33,6 @@ def gauges(address: str, kind: str) -> dict[str, float]:
         stats = channel.unary_unary(stats_method(kind), request_serializer=common_pb2.StatsRequest.SerializeToString,
                                     response_deserializer=common_pb2.StatsReport.FromString)
         return dict(stats(common_pb2.StatsRequest(), timeout=10).gauges)
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 300, *watched: ServiceProcess) -> None:
-    """Poll ``check`` until it holds; fail with ``what`` when a watched service exits or the bound runs out."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        for service in watched:
-            assert service.alive, f"{service.name} exited while waiting for {what}:\n{service.log_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.1)
 
 
 def run_file(directory: Path) -> Path:
@@ -114,7 +103,7 @@ def test_two_hosts_train_publish_to_every_actor_and_replace_a_killed_one(tmp_pat
             "--http-port", "0", "--router", "round-robin"], tmp_path, timeout_s=120)
         services.append(gateway)
         at = gateway.info["grpc_address"]
-        wait_for("both actors to join the gateway", lambda: gauges(at, "gateway").get("actors") == 2, 120, gateway)
+        wait_for(lambda: gauges(at, "gateway").get("actors") == 2, "both actors to join the gateway", 120, watched=[gateway])
 
         rollout = subprocess.Popen([script("forge"), "rollout", "--config", str(run_file(tmp_path)), "--gateway", at,
                                     "--http", gateway.info["http_address"], "--max-tokens", "24",
@@ -124,33 +113,35 @@ def test_two_hosts_train_publish_to_every_actor_and_replace_a_killed_one(tmp_pat
         def learner_at(step: int) -> bool:
             return gauges(learner.info["address"], "learner").get("step", 0) >= step
 
-        wait_for("the two-node learner's third step", lambda: learner_at(3), 900, learner, gateway, relay, second)
+        wait_for(lambda: learner_at(3), "the two-node learner's third step", 900,
+                 watched=[learner, gateway, relay, second])
         version = int(gauges(learner.info["address"], "learner")["version"])
         assert version >= 3
         for service in (relay, second):           # the relay's child gets every version through it
-            wait_for(f"{service.name} to apply version {version}",
-                     lambda s=service: gauges(s.info["address"], "actor").get("weight_version", -1) >= version, 300, service)
+            wait_for(lambda s=service: gauges(s.info["address"], "actor").get("weight_version", -1) >= version,
+                     f"{service.name} to apply version {version}", 300, watched=[service])
         calls = gauges(at, "gateway")
         assert calls.get(f"actor_calls/{relay.info['address']}", 0) > 0
         assert calls.get(f"actor_calls/{second.info['address']}", 0) > 0
 
         killed = second.info["address"]
         second.kill()
-        wait_for("the gateway to drop the killed actor", lambda: f"actor_calls/{killed}" not in gauges(at, "gateway"), 120,
-                 gateway)
+        wait_for(lambda: f"actor_calls/{killed}" not in gauges(at, "gateway"), "the gateway to drop the killed actor", 120,
+                 watched=[gateway])
         assert gauges(at, "gateway")["actors"] == 1
         services.remove(second)
         second = actor(actors_dir, "actor-b", B, *fed, cache.info["address"])      # same ready file, new port
         services.append(second)
         back = second.info["address"]
         assert back != killed
-        wait_for("the restarted actor to be added again", lambda: gauges(at, "gateway").get("actors") == 2, 120, gateway)
+        wait_for(lambda: gauges(at, "gateway").get("actors") == 2, "the restarted actor to be added again", 120,
+                 watched=[gateway])
         latest = int(gauges(learner.info["address"], "learner")["version"])
-        wait_for("the restarted actor to catch up through the relay",
-                 lambda: gauges(back, "actor").get("weight_version", -1) >= latest, 300, second)
+        wait_for(lambda: gauges(back, "actor").get("weight_version", -1) >= latest,
+                 "the restarted actor to catch up through the relay", 300, watched=[second])
         served = gauges(at, "gateway").get(f"actor_calls/{back}", 0)
-        wait_for("the restarted actor to serve calls again",
-                 lambda: gauges(at, "gateway").get(f"actor_calls/{back}", 0) > served, 300, gateway, second)
+        wait_for(lambda: gauges(at, "gateway").get(f"actor_calls/{back}", 0) > served,
+                 "the restarted actor to serve calls again", 300, watched=[gateway, second])
     finally:
         if rollout is not None:
             rollout.send_signal(signal.SIGINT)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from forge.reaper import child_pids
 
 from conftest import free_port, script
 from helpers.learner_runs import lineage, write_model_and_pool
+from helpers.waiting import wait_for
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]   # two torchrun jobs, restarted: minutes when loaded
@@ -48,10 +48,8 @@ def test_a_rank_that_dies_stops_the_job_and_a_restart_trains_every_entry_once(fi
     args = (base / "pool", run_dir, base / "model")
     rendezvous = f"{HOSTS[0]}:{free_port(HOSTS[0])}"
     nodes = [start_node(rank, *args, rendezvous, "--checkpoint-every", "2", "--max-steps", "8") for rank in (0, 1)]
-    deadline = time.monotonic() + 300
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-        assert all(n.poll() is None for n in nodes) and time.monotonic() < deadline, nodes[0].stdout.read()
-        time.sleep(0.05)
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, "the job's third step", 300,
+             watched=nodes)
     doomed = ranks_of(nodes[1])
     assert len(doomed) == 1
     os.kill(doomed[0], signal.SIGKILL)          # rank 1 dies; its node's torchrun agent and node 0 follow
@@ -97,10 +95,7 @@ def test_sigterm_to_every_node_stops_the_job_cleanly(filled_pool):
     rendezvous = f"{HOSTS[0]}:{free_port(HOSTS[0])}"
     nodes = [start_node(rank, base / "pool", run_dir, base / "model", rendezvous, "--checkpoint-every", "100")
              for rank in (0, 1)]
-    deadline = time.monotonic() + 300
-    while not (metrics.exists() and metrics.read_text().strip()):
-        assert all(n.poll() is None for n in nodes) and time.monotonic() < deadline, nodes[0].stdout.read()
-        time.sleep(0.05)
+    wait_for(lambda: metrics.exists() and metrics.read_text().strip(), "the job's first step", 300, watched=nodes)
     for node in nodes:
         node.send_signal(signal.SIGTERM)
     outputs = [n.communicate(timeout=300)[0] for n in nodes]

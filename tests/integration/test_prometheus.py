@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import grpc
 import httpx
@@ -29,6 +28,7 @@ from conftest import free_port, script
 from helpers.gateway_procs import start_gateway
 from helpers.metrics import assert_same, scrape, series
 from helpers.processes import Service, start_actor, start_cache
+from helpers.waiting import wait_for
 
 KEY = "metrics-test-key"
 
@@ -153,10 +153,8 @@ def test_learner_metrics_are_its_stats(tmp_path):
     try:
         with grpc.insecure_channel(learner.address) as channel:
             stub = learner_pb2_grpc.LearnerStub(channel)
-            deadline = time.monotonic() + 240
-            while stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges.get("step", 0) < 2:   # both groups
-                assert time.monotonic() < deadline and learner.proc.poll() is None, learner.log_text()[-2000:]
-                time.sleep(0.1)
+            wait_for(lambda: stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges.get("step", 0) >= 2,
+                     "the learner's second step (both groups)", 240, watched=[learner])
             scraped = scrape(learner.info["metrics_url"])
             report = stub.Stats(common_pb2.StatsRequest(), timeout=30)
     finally:

@@ -4,12 +4,11 @@ back-off from a server without KV events: unit/test_router_gateway.py.)"""
 
 from __future__ import annotations
 
-import time
-
 from forge.rpc import connect
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from helpers.gateway_procs import start_actor, start_gateway
+from helpers.waiting import wait_for
 
 
 def test_the_gateway_routes_by_cached_prefix_and_reports_router_figures(tmp_path):
@@ -31,10 +30,8 @@ def test_the_gateway_routes_by_cached_prefix_and_reports_router_figures(tmp_path
         first = stub.StartSession(gateway_pb2.StartSessionRequest(task_id="t"), timeout=10).session.session_id
         home, completion = call(first, [*system, 7, 8, 9])
         address = next(a.address for a in actors if a.address.endswith(home.removeprefix("actor-")))
-        deadline = time.monotonic() + 20
-        while gauges().get(f"router_cached_blocks/{address}", 0) < len(system) // 16:
-            assert time.monotonic() < deadline, gauges()
-            time.sleep(0.1)
+        wait_for(lambda: gauges().get(f"router_cached_blocks/{address}", 0) >= len(system) // 16,
+                 "the router to learn the prompt's blocks from the actor's KV events")
         assert call(first, [*system, 7, 8, 9, *completion, 10, 11])[0] == home       # the session's next turn
         for i in range(3):                                                              # other sessions, same prefix
             other = stub.StartSession(gateway_pb2.StartSessionRequest(task_id=f"o{i}"), timeout=10).session

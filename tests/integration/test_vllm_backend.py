@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from pathlib import Path
 
 import grpc
@@ -25,6 +24,7 @@ from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 from helpers.processes import start_actor, wait_gone
 from helpers.random_model import random_tiny, random_tiny_moe
+from helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -236,10 +236,8 @@ def test_kv_events_name_the_prompt_blocks_in_forges_hash_chain(tiny):
     run(backend, [prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     wanted = chain_hashes(prompt, size, kv_salt(backend.model_id, backend.weight_version))
     log, describe = backend.kv_events()
-    deadline = time.monotonic() + 60
-    while not set(wanted) <= set(log.poll("", 0).events[0].block_hashes):
-        assert time.monotonic() < deadline, "vLLM's stored blocks never reached the event log"
-        time.sleep(0.05)
+    wait_for(lambda: set(wanted) <= set(log.poll("", 0).events[0].block_hashes),
+             "vLLM's stored blocks to reach the event log")
     layout, figures = describe()
     assert layout.block_size == size and layout.weight_version == backend.weight_version
     assert {"running", "waiting", "kv_used_frac", "tokens_per_s"} <= set(figures)
@@ -276,17 +274,13 @@ def test_an_actor_process_follows_a_real_learners_versions(tmp_path):
     try:
         with grpc.insecure_channel(actor.address) as channel:
             stub = actor_pb2_grpc.ActorStub(channel)
-            deadline = time.monotonic() + 600
-            while stub.Stats(common_pb2.StatsRequest()).gauges["weight_version"] < 2:
-                assert time.monotonic() < deadline, "the learner's second version never reached the actor"
-                time.sleep(0.2)
+            wait_for(lambda: stub.Stats(common_pb2.StatsRequest()).gauges["weight_version"] >= 2,
+                     "the learner's second version to reach the actor", 600)
             request = actor_pb2.GenerateRequest(prompt_ids=PROMPTS[2], sampling=common_pb2.SamplingParams(
                 temperature=0, max_tokens=10, ignore_eos=True))
             chunks = list(stub.Generate(request, timeout=120))
             version, = {v for c in chunks for v in c.weight_versions}
-            while version not in received:
-                assert time.monotonic() < deadline, f"version {version} never reached the test's subscriber"
-                time.sleep(0.1)
+            wait_for(lambda: version in received, f"version {version} to reach the test's subscriber", 600)
     finally:
         assert actor.stop() == 0
         subscriber.close()

@@ -5,7 +5,6 @@ unit/test_weights_relay.py.)"""
 from __future__ import annotations
 
 import shutil
-import time
 
 import grpc
 import torch
@@ -23,13 +22,12 @@ from helpers.weights import FAST, STEADY, Received, assert_state_equal
 
 
 def wait_for_gauge(stub: actor_pb2_grpc.ActorStub, name: str, value: float) -> dict[str, float]:
-    deadline = time.monotonic() + WAIT_S
-    while True:
+    """The actor's gauges once its ``name`` is ``value``."""
+    def reached() -> dict[str, float] | None:
         gauges = dict(stub.Stats(common_pb2.StatsRequest()).gauges)
-        if gauges.get(name) == value:
-            return gauges
-        assert time.monotonic() < deadline, f"{name} is {gauges.get(name)}, not {value}"
-        time.sleep(0.05)
+        return gauges if gauges.get(name) == value else None
+
+    return wait_for(reached, f"the actor's {name} to be {value}")
 
 
 def test_forge_actor_processes_relay_the_learners_versions(tmp_path):

@@ -27,6 +27,7 @@ from helpers.engines import (
     run,
 )
 from helpers.random_model import small_config
+from helpers.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -426,9 +427,7 @@ def test_an_engine_without_a_kv_connector_keeps_no_kv_events(model):
         assert not blocks.stored and not blocks.evicted       # nobody drains them: none kept
         connector = KVConnector(engine)                       # a consumer from now on: recorded, then drained
         run(engine, [rng.randrange(100) for _ in range(48)], params)
-        deadline = time.monotonic() + 10
-        while connector.events.sequence < 48 // 8 or blocks.stored:
-            assert time.monotonic() < deadline, (connector.events.sequence, len(blocks.stored))
-            time.sleep(0.01)
+        wait_for(lambda: connector.events.sequence >= 48 // 8 and not blocks.stored,
+                 "the request's blocks to be recorded and drained", interval_s=0.01)
     finally:
         engine.close()

@@ -3,8 +3,6 @@ never torn, and a corrupted version is refused while the old one keeps serving."
 
 from __future__ import annotations
 
-import time
-
 from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
@@ -13,6 +11,7 @@ from forge.model.sampling import SamplingParams
 from forge.weights import Faults, WeightPublisher, WeightSubscriber
 
 from helpers.random_model import random_model, small_config
+from helpers.waiting import wait_for
 
 CONFIG = small_config(vocab_size=97, hidden_size=48, intermediate_size=96, head_dim=12)
 
@@ -38,10 +37,7 @@ def test_published_versions_apply_between_steps_and_corrupted_ones_are_refused()
         assert fresh == generate(one, [4, 5], greedy).token_ids
 
         publisher.publish(2, random_model(CONFIG, 2, std=0.2).state_dict())          # chunk 1 is corrupted on the wire
-        deadline = time.monotonic() + 30
-        while subscriber.stats.versions_rejected < 1:
-            assert time.monotonic() < deadline, subscriber.stats
-            time.sleep(0.05)
+        wait_for(lambda: subscriber.stats.versions_rejected >= 1, "the corrupted version's rejection")
         assert engine.weight_version == 1
         still = [t for c in engine.submit(GenerationRequest("", [4, 5], greedy)) for t in c.token_ids]
         assert still == fresh

@@ -21,6 +21,7 @@ from forge.pool import (
 from forge.v1 import pool_pb2
 
 from helpers.pool_util import make_call, same_call, snapshot
+from helpers.waiting import wait_for
 
 COMPLETED = pool_pb2.ENTRY_STATUS_COMPLETED
 CONSUMED = pool_pb2.ENTRY_STATUS_CONSUMED
@@ -342,9 +343,7 @@ def test_a_reader_in_the_same_process_shares_the_environment(pool):
 def test_housekeeping_expires_sessions_and_a_closed_pool_refuses_writes(tmp_path):
     pool = Pool(tmp_path / "p", session_timeout_s=0.1, housekeeping_s=0.05)
     sid = pool.open_session().session_id
-    deadline = time.monotonic() + 10
-    while pool.get_session(sid).session.status == pool_pb2.SESSION_STATUS_OPEN and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: pool.get_session(sid).session.status != pool_pb2.SESSION_STATUS_OPEN, "the session to expire")
     assert pool.get_session(sid).session.failure_reason == "timeout"
     pool.close()
     with pytest.raises(PoolClosedError):

@@ -4,7 +4,6 @@ only after a long back-off. (Inside a real gateway with real actors: integration
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 
@@ -15,6 +14,7 @@ from forge.v1 import actor_pb2, actor_pb2_grpc
 
 from conftest import free_port
 from helpers.gateway_fake_actor import FakeActor
+from helpers.waiting import wait_for_async
 
 
 class CallLog(grpc.ServerInterceptor):
@@ -39,12 +39,6 @@ def test_the_router_backs_off_from_an_actor_that_does_not_implement_kv_events():
     def polls() -> int:
         return calls.methods.count("/forge.v1.KVEventSource/PollKVEvents")
 
-    async def until(condition, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
-
     async def scenario() -> None:
         actors = [ActorState(ActorEndpoint(server.address)), ActorState(ActorEndpoint(dead))]
         for actor in actors:
@@ -53,15 +47,16 @@ def test_the_router_backs_off_from_an_actor_that_does_not_implement_kv_events():
         model, down = router.models[server.address], router.models[dead]
         await router.start()
         try:
-            await until(lambda: polls() == 1 and not model.events_supported)
-            await until(lambda: dead in router._retry_at)
+            await wait_for_async(lambda: polls() == 1 and not model.events_supported, "the first poll's answer",
+                                 interval_s=0.01)
+            await wait_for_async(lambda: dead in router._retry_at, "the dead actor's retry time", interval_s=0.01)
             assert down.events_supported                          # a failed poll is not "unsupported"
             assert router._retry_at[dead] - clock[0] == router.failed_retry_s < router.unsupported_retry_s
             clock[0] += router.unsupported_retry_s - 1
             await asyncio.sleep(0.3)                              # some 30 rounds of polling, within the back-off
             assert polls() == 1
             clock[0] += 2
-            await until(lambda: polls() == 2)                     # asked again once it is over
+            await wait_for_async(lambda: polls() == 2, "the second poll", interval_s=0.01)   # once it is over
             assert not model.events_supported
             request = RouteRequest("", [1, 2, 3])
             assert router.choose(request, {dead}).address == server.address   # still routed, on load alone

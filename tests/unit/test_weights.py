@@ -19,16 +19,8 @@ from forge.weights import Faults, Manifest, ManifestError, WeightPublisher, Weig
 from forge.weights.source import prepare
 
 from conftest import free_port
+from helpers.waiting import wait_for
 from helpers.weights import FAST, Received, assert_state_equal, endpoints, mixed_state
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 @contextlib.contextmanager
@@ -125,7 +117,7 @@ def test_a_chunk_corrupted_on_the_wire_is_rejected_and_the_old_version_kept(algo
         publisher.publish(1, mixed_state(1))
         assert subscriber.wait_for_version(1, 10)
         publisher.publish(2, mixed_state(2))
-        assert wait_until(lambda: subscriber.stats.versions_rejected == 1)
+        wait_for(lambda: subscriber.stats.versions_rejected == 1, "the corrupted version's rejection")
         time.sleep(0.3)   # announcements and polls of the rejected version keep coming: it must stay rejected
         assert subscriber.latest_version == 1 and received.versions == [1]
         assert subscriber.stats.versions_rejected == 1
@@ -144,7 +136,7 @@ def test_a_newer_version_replaces_one_being_fetched():
     subscriber = WeightSubscriber(publisher.fetch_endpoint, publisher.announce_endpoint, received, window=2, **FAST)
     with running(publisher, subscriber):
         publisher.publish(1, {"w": torch.randn(256 * 1024)})    # 1 MiB, 64 slow chunks
-        assert wait_until(lambda: subscriber.stats.chunks_received >= 4)
+        wait_for(lambda: subscriber.stats.chunks_received >= 4, "4 of version 1's 64 chunks", interval_s=0.01)
         newer = {"w": torch.randn(256 * 1024)}
         publisher.publish(2, newer)
         assert subscriber.wait_for_version(2, 20)
@@ -166,7 +158,7 @@ def test_versions_only_move_forward():
                 first.publish(4, mixed_state(6))
         with WeightPublisher(fetch, announce, chunk_size=512, announce_interval_s=0.05) as older:
             older.publish(3, mixed_state(3))   # a restarted publisher with an older version, announced repeatedly
-            assert wait_until(lambda: older.stats.manifests_served >= 2)
+            wait_for(lambda: older.stats.manifests_served >= 2, "the older publisher's second manifest")
             time.sleep(0.2)
             assert sub.latest_version == 5 and received.versions == [5]
             older.publish(6, mixed_state(6))
@@ -246,7 +238,8 @@ def test_after_a_silent_publisher_the_fetch_resumes_from_a_restarted_one_with_th
         fake.collect(0.3)
         fake.answer(3)
         fake.collect(0.2)
-        assert wait_until(lambda: sub.stats.chunks_received == 3) and len(fake.pending) == 3
+        wait_for(lambda: sub.stats.chunks_received == 3, "the three answered chunks")
+        assert len(fake.pending) == 3
         fake.close()   # three requests die with it
         with WeightPublisher(fake.endpoint, "tcp://127.0.0.1:*", chunk_size=4096) as restarted:
             restarted.publish(4, state)   # same bytes and layout: same whole-version hash
