@@ -1,5 +1,6 @@
 """Shared by both trees (unit/ and integration/): free loopback ports, the venv's console scripts, the repository
-root and the helpers' folder."""
+root and the helpers' folder; and the process fixtures several integration modules use: a cache server, a random
+actor and a gateway stack."""
 
 from __future__ import annotations
 
@@ -37,6 +38,41 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+@pytest.fixture(scope="module")
+def cache_server(tmp_path_factory):
+    """A ``forge-cache`` process for a module's tests, started once and stopped after them."""
+    from helpers.processes import start_cache
+
+    proc = start_cache(tmp_path_factory.mktemp("cache"), "cache")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_actor(tmp_path_factory):
+    """A ``forge-actor`` serving a random-weight tiny model, for a module's tests (started once, stopped after)."""
+    from helpers.gateway_procs import random_actor
+
+    proc = random_actor(tmp_path_factory.mktemp("actor"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(request, tmp_path_factory):
+    """A ``forge-actor`` serving a random-weight tiny model and a ``forge-gateway`` in front of it, started once for a
+    module's tests and stopped after them (a ``helpers.gateway_procs.Stack``). The module parameterises them:
+    ``GATEWAY_ARGS``, the gateway's options (``{checkpoint}`` stands for the actor's checkpoint folder), and
+    ``prepare_checkpoint(folder)``, run on that folder before the gateway reads it."""
+    from helpers.gateway_procs import gateway_stack
+
+    module = request.module
+    directory = tmp_path_factory.mktemp(module.__name__.rpartition(".")[2])
+    with gateway_stack(directory, getattr(module, "GATEWAY_ARGS", ()),
+                       getattr(module, "prepare_checkpoint", None)) as started:
+        yield started
 
 
 def _importable(name: str) -> bool:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import random
 import threading
+from pathlib import Path
 
+import pytest
 import torch
 
 from forge.actors.backend import FinishReason, GenerationRequest
@@ -30,6 +32,15 @@ def make_model(seed: int, config: ModelConfig = CONFIG) -> CausalLM:
 def moe_model() -> CausalLM:
     """A model with experts whose routers differ from token to token."""
     return random_model(MOE_CONFIG, std=0.15, router_scale=8.0)
+
+
+def transformers_reference(directory: Path, model: CausalLM):
+    """transformers' Qwen3ForCausalLM (Qwen3MoeForCausalLM for a model with experts) on ``model``'s weights, written
+    to ``directory``; the test is skipped where transformers is not installed."""
+    transformers = pytest.importorskip("transformers")
+    model.save_pretrained(directory)
+    reference = transformers.Qwen3MoeForCausalLM if model.config.is_moe else transformers.Qwen3ForCausalLM
+    return reference.from_pretrained(directory, dtype=torch.float32).eval()
 
 
 def run(engine: TorchEngine, prompt: list[int], params: SamplingParams, request_id: str = ""):

@@ -1,12 +1,18 @@
-"""Real actor and gateway processes on loopback for the gateway tests (and the benchmark), through forge.launch."""
+"""Real actor and gateway processes on loopback for the gateway tests (and the benchmark), through forge.launch: one
+of each, a random actor and a gateway in front of it (the ``stack`` fixture), a fleet of prefill and decode actors
+behind gateways, and seeded chat sessions through a gateway."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from forge.launch import ServiceProcess
+from forge.pool import PoolReader
 
 
 class Proc(ServiceProcess):
@@ -39,6 +45,72 @@ def start_gateway(directory: Path, actors: list[str], pool: Path, *extra: str, n
     proc.grpc_address, proc.http, proc.base_url = (proc.info["grpc_address"], proc.info["http_address"],
                                                    proc.info["base_url"])
     return proc
+
+
+@dataclass
+class Stack:
+    """A random-weight actor and a gateway in front of it; the gateway's pool is at ``pool``, read by ``reader``."""
+    directory: Path
+    actor: Proc
+    gateway: Proc
+    reader: PoolReader
+
+    @property
+    def pool(self) -> Path:
+        return self.directory / "pool"
+
+
+@contextlib.contextmanager
+def gateway_stack(directory: Path, gateway_args: Sequence[str] = (),
+                  prepare_checkpoint: Callable[[Path], None] | None = None) -> Iterator[Stack]:
+    """Start a random actor (its checkpoint in DIRECTORY/random-tiny, which ``prepare_checkpoint`` may edit) and a
+    gateway in front of it with ``gateway_args`` (``{checkpoint}`` formatted in); stop both after."""
+    actor = random_actor(directory)
+    try:
+        checkpoint = directory / "random-tiny"
+        if prepare_checkpoint is not None:
+            prepare_checkpoint(checkpoint)
+        gateway = start_gateway(directory, [actor.address], directory / "pool",
+                                *(arg.format(checkpoint=checkpoint) for arg in gateway_args))
+        try:
+            with PoolReader(directory / "pool") as reader:
+                yield Stack(directory, actor, gateway, reader)
+        finally:
+            gateway.stop()
+    finally:
+        actor.stop()
+
+
+@contextlib.contextmanager
+def disaggregated_fleet(directory: Path, model: str, decoders: int = 1, *gateway_args: str) -> Iterator[dict]:
+    """Actors serving ``model`` through an L3 cache, behind two gateways: ``whole`` in front of a ``both`` actor, and
+    ``split`` in front of ``decoders`` decode actors (``decode``, a list) with a ``prefill`` actor that prefills
+    every call (``--prefill-min-tokens 1``). Both gateways get ``gateway_args``; their pools are DIRECTORY/pool-whole
+    and DIRECTORY/pool-split. Yields them by name, with ``dir`` and ``model``; stops every one after."""
+    from helpers.processes import start_cache
+
+    started: list[ServiceProcess] = []
+
+    def keep(proc: ServiceProcess) -> ServiceProcess:
+        started.append(proc)
+        return proc
+
+    try:
+        l3 = ("--l3-cache", keep(start_cache(directory, "cache")).address)
+        both = keep(start_actor(directory, "both", "--model", model))
+        prefill = keep(start_actor(directory, "prefill", "--model", model, "--role", "prefill", *l3))
+        decode = [keep(start_actor(directory, f"decode-{i}", "--model", model, "--role", "decode", *l3))
+                  for i in range(decoders)]
+        whole = keep(start_gateway(directory, [both.address], directory / "pool-whole", *gateway_args,
+                                   name="gateway-whole"))
+        split = keep(start_gateway(directory, [d.address for d in decode], directory / "pool-split", *gateway_args,
+                                   "--prefill-actor", prefill.address, "--prefill-min-tokens", "1",
+                                   name="gateway-split"))
+        yield {"whole": whole, "split": split, "prefill": prefill, "decode": decode, "both": both, "dir": directory,
+               "model": model}
+    finally:
+        for proc in reversed(started):
+            proc.stop()
 
 
 def chat_calls(gateway, run: str, count: int) -> list[str]:

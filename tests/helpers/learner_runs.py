@@ -1,5 +1,6 @@
-"""The learner's tests' small random model, an engine sampling from a copy of it, and what learner processes are
-given and leave: a model and a pool of rollouts written for them, and the positions each step trained."""
+"""The learner's tests' small random model, an engine sampling from a copy of it (and a pool filled by one), and
+what learner processes are given and leave: a model and a pool of rollouts written for them, and the positions
+each step trained."""
 
 from __future__ import annotations
 
@@ -28,16 +29,23 @@ def engine_of(model: CausalLM, **overrides) -> TorchEngine:
     return TorchEngine(copy_of(model), EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8, **overrides))
 
 
+def fill_from(pool: Pool, model: CausalLM, **rollouts) -> None:
+    """``fill_pool(pool, ...)`` with the rollouts (``rollouts``: its options) that an engine on a copy of ``model``
+    samples, over the model's vocabulary."""
+    engine = engine_of(model)
+    try:
+        fill_pool(pool, engine, vocab=model.config.vocab_size, **rollouts)
+    finally:
+        engine.close()
+
+
 def write_model_and_pool(directory: Path, seed: int, groups: int) -> None:
     """A random model in DIRECTORY/model and a pool in DIRECTORY/pool of ``groups`` finished groups of 2 rollouts
     sampled from it, for the learner processes of a test."""
     model = make_model(seed)
     model.save_pretrained(directory / "model")
-    engine = engine_of(model)
-    pool = Pool(directory / "pool")
-    fill_pool(pool, engine, groups=groups, group_size=2, vocab=64)
-    engine.close()
-    pool.close()
+    with Pool(directory / "pool") as pool:
+        fill_from(pool, model, groups=groups, group_size=2)
 
 
 def lineage(metrics: Path) -> dict[int, list[int]]:

@@ -20,20 +20,12 @@ from forge.model import CausalLM
 
 from helpers.engines import CONFIG, make_model
 from helpers.l3_engines import BLOCK, generate, l3_engine, prompt_of, record_logits, wait_published
-from helpers.processes import start_cache
 from helpers.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
     return make_model(0)
-
-
-@pytest.fixture(scope="module")
-def cache_server(tmp_path_factory):
-    proc = start_cache(tmp_path_factory.mktemp("l3"), "l3")
-    yield proc
-    proc.stop()
 
 
 make_engine = l3_engine

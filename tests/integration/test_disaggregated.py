@@ -22,7 +22,7 @@ from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 from helpers.engines import CONFIG, make_model
 from helpers.l3_engines import BLOCK, l3_engine
-from helpers.processes import start_actor, start_cache
+from helpers.processes import start_actor
 from helpers.random_model import random_tiny
 
 ACTOR_BLOCK = EngineConfig().block_size       # forge-actor's default
@@ -31,13 +31,6 @@ ACTOR_BLOCK = EngineConfig().block_size       # forge-actor's default
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
     return make_model(0)
-
-
-@pytest.fixture(scope="module")
-def cache_server(tmp_path_factory):
-    proc = start_cache(tmp_path_factory.mktemp("pd"), "pd-cache")
-    yield proc
-    proc.stop()
 
 
 make_engine = functools.partial(l3_engine, fetch="auto", model_id="pd-test")

@@ -15,7 +15,7 @@ from forge.gateway.keys import KeyRing
 from forge.rpc.auth import bearer_metadata
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from helpers.gateway_procs import random_actor, start_gateway
+from helpers.gateway_procs import start_gateway
 
 GLOBAL_KEY = "auth-global-key"
 CHAT, GENERATE, ADD_REWARD, END_SESSION = Operation.CHAT, Operation.GENERATE, Operation.ADD_REWARD, Operation.END_SESSION
@@ -118,21 +118,14 @@ def test_every_operation_but_session_start_stats_metrics_and_reflection_is_open_
 
 
 @pytest.fixture(scope="module")
-def actor(tmp_path_factory):
-    proc = random_actor(tmp_path_factory.mktemp("gateway-auth-actor"))
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def gateways(actor, tmp_path_factory):
+def gateways(tiny_actor, tmp_path_factory):
     procs = {}
     try:
         key_file = tmp_path_factory.mktemp("gateway-auth-key") / "gateway.key"
         key_file.write_text(f"# the gateway's global key\n\n{GLOBAL_KEY}\n")          # never on a command line
         for table, extra in (("with keys", ("--api-key-file", str(key_file))), ("without keys", ())):
             directory = tmp_path_factory.mktemp("gateway-auth")
-            procs[table] = start_gateway(directory, [actor.address], directory / "pool", *extra)
+            procs[table] = start_gateway(directory, [tiny_actor.address], directory / "pool", *extra)
         yield procs
     finally:
         for proc in procs.values():

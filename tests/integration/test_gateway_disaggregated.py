@@ -18,27 +18,15 @@ import pytest
 from forge.pool import PoolReader
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from helpers.gateway_procs import chat_calls, start_actor, start_gateway
-from helpers.processes import start_cache
+from helpers.gateway_procs import chat_calls, disaggregated_fleet, start_gateway
 from helpers.random_model import random_tiny
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     directory = tmp_path_factory.mktemp("pd-gateway")
-    model = str(random_tiny(directory))
-    cache = start_cache(directory, "pd-cache")
-    l3 = ("--l3-cache", cache.address)
-    both = start_actor(directory, "both", "--model", model)
-    prefill = start_actor(directory, "prefill", "--model", model, "--role", "prefill", *l3)
-    decode = [start_actor(directory, f"decode-{i}", "--model", model, "--role", "decode", *l3) for i in range(2)]
-    whole = start_gateway(directory, [both.address], directory / "pool-whole", name="gateway-whole")
-    split = start_gateway(directory, [d.address for d in decode], directory / "pool-split", "--prefill-actor",
-                          prefill.address, "--prefill-min-tokens", "1", name="gateway-split")
-    yield {"whole": whole, "split": split, "prefill": prefill, "decode": decode, "both": both, "dir": directory,
-           "model": model}
-    for proc in (split, whole, *decode, prefill, both, cache):
-        proc.stop()
+    with disaggregated_fleet(directory, str(random_tiny(directory)), 2) as started:
+        yield started
 
 
 def recorded(pool, sessions: list[str]) -> list[tuple]:

@@ -18,7 +18,7 @@ from forge.rpc import connect
 from forge.tokenizer import Tokenizer
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from helpers.gateway_procs import random_actor, start_gateway
+from helpers.gateway_procs import start_gateway
 from helpers.waiting import wait_for
 
 TOK = Tokenizer.from_dir(TINY_DIR)
@@ -26,16 +26,9 @@ GLOBAL_KEY = "gw-global-key-123"
 
 
 @pytest.fixture(scope="module")
-def actor(tmp_path_factory):
-    proc = random_actor(tmp_path_factory.mktemp("gateway-grpc-actor"))
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def gateway(actor, tmp_path_factory):
+def gateway(tiny_actor, tmp_path_factory):
     directory = tmp_path_factory.mktemp("gateway-grpc")
-    proc = start_gateway(directory, [actor.address], directory / "pool")
+    proc = start_gateway(directory, [tiny_actor.address], directory / "pool")
     proc.pool_path = directory / "pool"
     yield proc
     proc.stop()
@@ -45,7 +38,7 @@ def user(text: str) -> gateway_pb2.ChatMessage:
     return gateway_pb2.ChatMessage(role="user", content=text)
 
 
-def test_chat_generate_rewards_and_stats_over_grpc(actor, gateway):
+def test_chat_generate_rewards_and_stats_over_grpc(tiny_actor, gateway):
     with grpc.insecure_channel(gateway.grpc_address) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         started = stub.StartSession(gateway_pb2.StartSessionRequest(task_id="w1", domain="qa", group_id="g",
@@ -81,7 +74,7 @@ def test_chat_generate_rewards_and_stats_over_grpc(actor, gateway):
         report = stub.Stats(common_pb2.StatsRequest(), timeout=30)
         assert report.service == "gateway" and report.gauges["calls"] >= 2
         for name in ("sessions_open", "calls_per_s", "latency_ms_p50", "latency_ms_p99", "errors", "tito_splices",
-                     "tito_fallbacks", f"actor_in_flight/{actor.address}"):
+                     "tito_fallbacks", f"actor_in_flight/{tiny_actor.address}"):
             assert name in report.gauges, name
         assert report.labels["grpc_address"] == gateway.grpc_address
 
@@ -184,8 +177,8 @@ def test_chat_takes_the_openai_parameters_the_http_front_end_takes(gateway):
     assert list(calls[1].prompt_ids) == list(calls[0].prompt_ids)
 
 
-def test_global_and_per_session_keys_on_both_front_ends(actor, tmp_path):
-    gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool", "--api-key", GLOBAL_KEY,
+def test_global_and_per_session_keys_on_both_front_ends(tiny_actor, tmp_path):
+    gateway = start_gateway(tmp_path, [tiny_actor.address], tmp_path / "pool", "--api-key", GLOBAL_KEY,
                             "--api-key", "second-key")
     try:
         bearer = {"Authorization": f"Bearer {GLOBAL_KEY}"}

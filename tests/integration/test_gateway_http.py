@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import uuid
+from pathlib import Path
 from urllib.parse import quote
 
 import grpc
@@ -25,7 +26,7 @@ from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, pool_pb2
 
 from helpers.gateway_fake_actor import serve_fake_actor
-from helpers.gateway_procs import random_actor, start_gateway
+from helpers.gateway_procs import start_gateway
 from helpers.waiting import wait_for
 
 TOK = Tokenizer.from_dir(TINY_DIR)
@@ -40,20 +41,12 @@ THINKING_SWITCH = "{%- if add_generation_prompt and enable_thinking is defined a
                   "<think>\n\n</think>\n\n{% endif %}"
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gateway-http")
-    actor = random_actor(directory)
-    checkpoint = directory / "random-tiny"      # the actor's checkpoint; the gateway reads its chat template
-    template = checkpoint / "chat_template.jinja"
-    template.write_text((TINY_DIR / "chat_template.jinja").read_text() + THINKING_SWITCH)
-    gateway = start_gateway(directory, [actor.address], directory / "pool", "--max-body-bytes", str(MAX_BODY),
-                            "--model", str(checkpoint))
-    reader = PoolReader(directory / "pool")
-    yield actor, gateway, reader
-    reader.close()
-    gateway.stop()
-    actor.stop()
+# The stack fixture (conftest.py): the gateway reads the chat template of the actor's checkpoint, given the switch.
+GATEWAY_ARGS = ("--max-body-bytes", str(MAX_BODY), "--model", "{checkpoint}")
+
+
+def prepare_checkpoint(checkpoint: Path) -> None:
+    (checkpoint / "chat_template.jinja").write_text((TINY_DIR / "chat_template.jinja").read_text() + THINKING_SWITCH)
 
 
 def session_calls(reader: PoolReader, session_id: str) -> list[pool_pb2.CallRecord]:
@@ -72,7 +65,7 @@ def replay(actor_address: str, call: pool_pb2.CallRecord) -> list[int]:
 
 
 def test_a_black_box_agent_with_the_openai_client_leaves_an_exact_session(stack):
-    actor, gateway, reader = stack
+    actor, gateway, reader = stack.actor, stack.gateway, stack.reader
     opened = httpx.post(f"{gateway.http}/v1/sessions", json={"task_id": "t-1", "domain": "agent"}).json()
     session_id = opened["session"]["session_id"]
     assert opened["session"]["status"] == "open" and opened["api_key"].startswith("fsk_")
@@ -135,7 +128,7 @@ def test_a_black_box_agent_with_the_openai_client_leaves_an_exact_session(stack)
 
 
 def test_tito_splices_sampled_ids_that_retokenising_would_change(stack):
-    _actor, gateway, reader = stack
+    gateway, reader = stack.gateway, stack.reader
     client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
     for seed in range(20):
         session_id = f"tito-{uuid.uuid4().hex}"
@@ -159,7 +152,7 @@ def test_tito_splices_sampled_ids_that_retokenising_would_change(stack):
 
 
 def test_stop_strings_cut_the_text_and_keep_every_sampled_id(stack):
-    _actor, gateway, reader = stack
+    gateway, reader = stack.gateway, stack.reader
     body = {"messages": [{"role": "user", "content": "Say something long."}], "max_tokens": 24, "seed": 5,
             "temperature": 1.0, "ignore_eos": True, "return_token_ids": True}
     full = httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=60).json()
@@ -194,7 +187,7 @@ def pool_counts(reader: PoolReader) -> tuple[float, float]:
 
 
 def test_bad_input_gets_an_openai_error_and_leaves_no_record(stack):
-    _actor, gateway, reader = stack
+    gateway, reader = stack.gateway, stack.reader
     url = f"{gateway.base_url}/chat/completions"
     good = {"model": "forge-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     ended = httpx.post(f"{gateway.http}/v1/sessions", json={}).json()["session"]["session_id"]
@@ -244,7 +237,7 @@ def test_bad_input_gets_an_openai_error_and_leaves_no_record(stack):
 
 def test_a_body_without_content_length_is_read_whole_and_bounded(stack):
     """A chunked body (no Content-Length) is joined once and refused with 413 as soon as it passes the limit."""
-    _actor, gateway, _reader = stack
+    gateway = stack.gateway
     good = json.dumps({"model": "forge-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
 
     def chunks(text: str, size: int = 7):
@@ -260,7 +253,7 @@ def test_a_body_without_content_length_is_read_whole_and_bounded(stack):
 
 
 def test_a_hundred_concurrent_sessions_are_kept_apart(stack):
-    _actor, gateway, reader = stack
+    gateway, reader = stack.gateway, stack.reader
     run = uuid.uuid4().hex[:8]
 
     def agent(i: int) -> str:
@@ -337,7 +330,7 @@ def test_tool_calls_and_reasoning_reach_the_openai_client_and_splice_back(tmp_pa
 
 
 def test_a_client_that_goes_away_mid_stream_aborts_the_call_and_leaves_no_record(stack):
-    _actor, gateway, reader = stack
+    gateway, reader = stack.gateway, stack.reader
     body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 1500, "ignore_eos": True, "stream": True}
     with httpx.Client(timeout=60) as http:
         before = http.get(f"{gateway.http}/v1/stats").json()["gauges"]
@@ -360,7 +353,7 @@ def test_a_client_that_goes_away_mid_stream_aborts_the_call_and_leaves_no_record
 def test_a_call_outside_any_session_closes_the_session_it_opened(stack, stream):
     """A bare OpenAI call (no session in the path or headers) is recorded in a session of its own, which is closed
     as the call ends: left open, it would hold the learner's queue until the session timeout."""
-    _, gateway, reader = stack
+    gateway, reader = stack.gateway, stack.reader
     body = {"model": "forge-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
             "stream": stream}
     with httpx.Client(timeout=60) as http:
@@ -383,7 +376,7 @@ def chat(gateway, **body) -> dict:
 
 
 def test_min_tokens_keeps_the_stop_ids_out_of_the_first_tokens(stack):
-    _actor, gateway, reader = stack
+    gateway, reader = stack.gateway, stack.reader
     free = chat(gateway, temperature=0, max_tokens=8, ignore_eos=True, return_token_ids=True)
     stops = free["choices"][0]["token_ids"][:3]       # greedy decoding stops on its first token with these
     early = chat(gateway, temperature=0, max_tokens=8, stop_token_ids=stops, return_token_ids=True)
@@ -400,7 +393,7 @@ def test_min_tokens_keeps_the_stop_ids_out_of_the_first_tokens(stack):
 
 
 def test_top_logprobs_are_the_actors_and_hold_the_sampled_tokens(stack):
-    actor, gateway, reader = stack
+    actor, gateway, reader = stack.actor, stack.gateway, stack.reader
     # top_k 5: the sampled token is always among the 5 most likely, whose probabilities add up to 1.
     body = {"temperature": 1.0, "top_k": 5, "seed": 9, "max_tokens": 8, "ignore_eos": True, "logprobs": True,
             "top_logprobs": 5, "return_token_ids": True}
@@ -435,7 +428,7 @@ def test_top_logprobs_are_the_actors_and_hold_the_sampled_tokens(stack):
 
 
 def test_chat_template_kwargs_reach_the_template(stack):
-    _actor, gateway, reader = stack
+    gateway, reader = stack.gateway, stack.reader
     messages = [{"role": "user", "content": "Count to ten."}]
     plain = httpx.post(f"{gateway.http}/tokenize", json={"model": "forge-tiny", "messages": messages}).json()
     off = httpx.post(f"{gateway.http}/tokenize", json={"model": "forge-tiny", "messages": messages,
@@ -461,7 +454,7 @@ def test_chat_template_kwargs_reach_the_template(stack):
     ("chat_template_kwargs", {"messages": []}), ("chat_template_kwargs", {"eos_token": "x"}),
 ])
 def test_parameters_the_gateway_does_not_implement_are_refused_by_name(stack, field, value):
-    _actor, gateway, reader = stack
+    gateway, reader = stack.gateway, stack.reader
     body = {"model": "forge-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
             "logprobs": True, field: value}
     if field == "min_tokens":
@@ -475,13 +468,13 @@ def test_parameters_the_gateway_does_not_implement_are_refused_by_name(stack, fi
 
 
 def test_neutral_values_of_refused_parameters_are_accepted(stack):
-    _actor, gateway, _reader = stack
+    gateway = stack.gateway
     assert chat(gateway, max_tokens=2, repetition_penalty=1, min_p=0, presence_penalty=0.0, logit_bias={},
                 guided_json=None, response_format={"type": "text"}, user="agent-7", parallel_tool_calls=True)
 
 
 def test_unknown_models_get_404_model_not_found_and_vllm_endpoints_answer(stack):
-    _actor, gateway, _reader = stack
+    gateway = stack.gateway
     with httpx.Client(base_url=gateway.http, timeout=60) as http:
         for method, path, body in (("POST", "/v1/chat/completions",
                                     {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}),
@@ -541,7 +534,7 @@ def test_parallel_tool_calls_false_returns_one_tool_call(tmp_path):
 
 
 def test_integers_beyond_int32_surrogates_and_odd_headers_are_400s_naming_the_parameter(stack):
-    _actor, gateway, reader = stack
+    gateway, reader = stack.gateway, stack.reader
     url = f"{gateway.base_url}/chat/completions"
     good = {"model": "forge-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     opened = httpx.post(f"{gateway.http}/v1/sessions", json={}).json()["session"]["session_id"]

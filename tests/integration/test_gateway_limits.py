@@ -19,8 +19,6 @@ from forge.pool import PoolReader
 from forge.tokenizer import Tokenizer
 from forge.v1 import gateway_pb2, gateway_pb2_grpc
 
-from helpers.gateway_procs import random_actor, start_gateway
-
 TOK = Tokenizer.from_dir(TINY_DIR)
 MODEL = ModelInfo.load("tiny")
 LIMIT = MODEL.max_prompt_chars                  # (context - 1) x the longest piece of the vocabulary
@@ -36,16 +34,6 @@ def body(messages: list[dict], **extra: object) -> bytes:
     return json.dumps({"model": "forge-tiny", "messages": messages, "max_tokens": 1, **extra}).encode()
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gateway-limits")
-    actor = random_actor(directory)
-    gateway = start_gateway(directory, [actor.address], directory / "pool")      # the default 16 MiB body limit
-    yield gateway, directory / "pool"
-    gateway.stop()
-    actor.stop()
-
-
 def calls_in_pool(pool) -> float:
     with PoolReader(pool) as reader:
         return reader.stats()["calls"]
@@ -57,7 +45,7 @@ def post(http: httpx.Client, gateway, content: bytes) -> httpx.Response:
 
 
 def test_ten_megabyte_prompts_are_refused_as_too_long_on_both_front_ends(stack):
-    gateway, pool = stack
+    gateway, pool = stack.gateway, stack.pool       # the default 16 MiB body limit
     before = calls_in_pool(pool)
     cases = [
         (body([user("word " * (TEN_MB // 5))]), "the text of the messages has"),
@@ -94,7 +82,7 @@ def test_ten_megabyte_prompts_are_refused_as_too_long_on_both_front_ends(stack):
 
 
 def test_a_prompt_just_under_the_bound_is_rendered_and_runs(stack):
-    gateway, _ = stack
+    gateway = stack.gateway
     empty = TOK.render_chat([user("")], add_generation_prompt=True)
     markup, markup_tokens = len(empty), len(TOK.encode(empty))
     fits = LONGEST_PIECE * (MODEL.context_length - 1 - markup_tokens)     # one token per piece, one token to spare
@@ -118,7 +106,7 @@ def test_a_prompt_just_under_the_bound_is_rendered_and_runs(stack):
 def test_a_large_body_that_fits_is_decoded_apart_and_runs(stack):
     """A body past the size decoded in a separate process (2 MiB, nearly all whitespace) is answered as the same
     body without the whitespace is; bad JSON, an unknown model and a lone surrogate in it are refused the same."""
-    gateway, _ = stack
+    gateway = stack.gateway
     small = body([user("Compute 2 + 2.")], seed=7, return_token_ids=True)
     padding = b" " * (2 * PROCESS_SIZE)
     with httpx.Client(timeout=120) as http:
@@ -137,7 +125,7 @@ def test_a_large_body_that_fits_is_decoded_apart_and_runs(stack):
 def test_health_and_small_calls_are_answered_while_big_bodies_arrive(stack):
     """Two HTTP and two gRPC clients send 10 MB prompts in a loop; meanwhile /health and small chat calls are
     answered, and some of them begin and end while a big request is in flight (ordering by a shared counter)."""
-    gateway, _ = stack
+    gateway = stack.gateway
     clock, lock = itertools.count(), threading.Lock()
     stop = threading.Event()
     flights: list[tuple[int, int]] = []

@@ -20,7 +20,6 @@ from forge.pool import PoolReader
 from forge.rpc import connect
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, pool_pb2
 
-from helpers.gateway_procs import random_actor, start_gateway
 from helpers.waiting import wait_for
 
 KEY = "properties-global-key"
@@ -32,22 +31,18 @@ FAILURES = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.D
 DEEP = "\x00deep:"          # a schema placeholder, replaced by JSON nested that many levels in the sent body
 
 
+GATEWAY_ARGS = ("--api-key", KEY, "--max-body-bytes", str(1 << 20))        # for the stack fixture (conftest.py)
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gateway-properties")
-    actor = random_actor(directory)
-    gateway = start_gateway(directory, [actor.address], directory / "pool", "--api-key", KEY,
-                            "--max-body-bytes", str(1 << 20))
-    reader = PoolReader(directory / "pool")
-    http = httpx.Client(base_url=gateway.http, timeout=60, headers={"Authorization": f"Bearer {KEY}"})
-    channel = connect(gateway.grpc_address, api_key=KEY)
+def keyed(stack):
+    """An HTTP client and a gRPC channel to the stack's gateway with its key, and a session they share."""
+    http = httpx.Client(base_url=stack.gateway.http, timeout=60, headers={"Authorization": f"Bearer {KEY}"})
+    channel = connect(stack.gateway.grpc_address, api_key=KEY)
     main = http.post("/v1/sessions", json={"task_id": "properties"}).json()["session"]["session_id"]
-    yield gateway, reader, http, channel, main
+    yield http, channel, main
     channel.close()
     http.close()
-    reader.close()
-    gateway.stop()
-    actor.stop()
 
 
 def pool_snapshot(reader: PoolReader) -> tuple[dict, list]:
@@ -203,9 +198,9 @@ def refused_http(status: int) -> bool:
 @pytest.mark.parametrize("odd", [None, "body", *sorted(CHAT.odd), *sorted(HEADERS.odd)])
 @BOUNDED
 @given(data=st.data(), route=ROUTE, sid=st.uuids())
-def test_http_chat_requests_never_fail_the_gateway_and_refusals_leave_the_pool_unchanged(stack, odd, data, route,
-                                                                                       sid):
-    _gateway, reader, http, _channel, main = stack
+def test_http_chat_requests_never_fail_the_gateway_and_refusals_leave_the_pool_unchanged(
+        stack, keyed, odd, data, route, sid):
+    reader, (http, _channel, main) = stack.reader, keyed
     body = data.draw(ODD_VALUE if odd == "body" else CHAT.request(odd if odd in CHAT.odd else None), "body")
     headers = sendable(data.draw(HEADERS.request(odd if odd in HEADERS.odd else None), "headers"))
     path = {"one-call": "/v1/chat/completions", "implicit": f"/s/{sid.hex}/v1/chat/completions",
@@ -244,9 +239,9 @@ SESSION_CASES = [(kind, odd) for kind, fields in (("start", START), ("end", CLOS
 @pytest.mark.parametrize(("kind", "odd"), SESSION_CASES)
 @BOUNDED
 @given(data=st.data(), target=st.sampled_from(["fresh", "unknown", "odd"]))
-def test_http_session_requests_never_fail_the_gateway_and_refusals_leave_the_pool_unchanged(stack, kind, odd, data,
-                                                                                          target):
-    _gateway, reader, http, _channel, _main = stack
+def test_http_session_requests_never_fail_the_gateway_and_refusals_leave_the_pool_unchanged(
+        stack, keyed, kind, odd, data, target):
+    reader, (http, _channel, _main) = stack.reader, keyed
     fields = {"start": START, "end": CLOSE, "reward": REWARD}[kind]
     body = data.draw(ODD_VALUE if odd == "body" else fields.request(odd), "body")
     session_id = {"fresh": None, "unknown": uuid.uuid4().hex, "odd": "%ED%A0%80" + "x" * 300}[target]
@@ -331,8 +326,8 @@ def grpc_outcome(call) -> grpc.StatusCode:
                          metadata=st.dictionaries(PROTO_TEXT, PROTO_TEXT, max_size=2), issue_api_key=st.booleans()),
        method=st.sampled_from(sorted(METHODS)), raw=st.binary(max_size=48))
 def test_grpc_messages_never_fail_the_gateway_and_refusals_leave_the_pool_unchanged(
-        stack, kind, odd, data, target, prompt, index, reward, rewards, opening, method, raw):
-    _gateway, reader, http, channel, main = stack
+        stack, keyed, kind, odd, data, target, prompt, index, reward, rewards, opening, method, raw):
+    reader, (http, channel, main) = stack.reader, keyed
     stub = gateway_pb2_grpc.GatewayStub(channel)
     session_id = {"main": main, "unknown": uuid.uuid4().hex, "": ""}[target]
     if kind == "end" and target == "main":      # keep the main session open for the other examples
@@ -370,5 +365,5 @@ def test_the_sent_bodies_carry_surrogates_and_deep_schemas_as_meant():
 
 
 def test_the_gateway_logged_no_traceback(stack):
-    gateway = stack[0]
+    gateway = stack.gateway
     assert gateway.alive() and "Traceback" not in gateway.log()

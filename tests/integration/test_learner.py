@@ -15,9 +15,8 @@ import torch
 from forge.learner.checkpoint import Checkpointer
 from forge.pool import Pool
 
-from conftest import REPO, script
-from helpers.learner_runs import CONFIG, MOE_CONFIG, engine_of, lineage, make_model, write_model_and_pool
-from helpers.rollouts import fill_pool
+from conftest import HELPERS, script
+from helpers.learner_runs import CONFIG, MOE_CONFIG, fill_from, lineage, make_model, write_model_and_pool
 from helpers.waiting import wait_for
 
 
@@ -27,18 +26,15 @@ def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path, config):
     model = make_model(5, config)
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
-    engine = engine_of(model)
-    pool = Pool(tmp_path / "pool")
-    fill_pool(pool, engine, groups=4, group_size=3, calls=2, max_tokens=9, vocab=64)
-    engine.close()
-    pool.close()
+    with Pool(tmp_path / "pool") as pool:
+        fill_from(pool, model, groups=4, group_size=3, calls=2, max_tokens=9)
     results = {}
     for nproc in (1, 2):
         copy = tmp_path / f"pool-{nproc}"
         shutil.copytree(tmp_path / "pool", copy)
         out = tmp_path / f"params-{nproc}.pt"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                   str(REPO / "tests" / "helpers" / "fsdp_step.py"), str(model_dir), str(copy), str(out), "64"]
+                   str(HELPERS / "fsdp_step.py"), str(model_dir), str(copy), str(out), "64"]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         results[nproc] = torch.load(out)

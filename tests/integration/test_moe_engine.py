@@ -25,13 +25,6 @@ def model() -> CausalLM:
     return moe_model()
 
 
-@pytest.fixture(scope="module")
-def cache_server(tmp_path_factory):
-    proc = start_cache(tmp_path_factory.mktemp("moe-l3"), "l3")
-    yield proc
-    proc.stop()
-
-
 def published(engine, prompt: list[int]) -> list[int]:
     """Serve ``prompt`` on ``engine`` and wait until its full blocks (and their routing) are in L3."""
     run(engine, prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))

@@ -15,8 +15,7 @@ from forge.model.moe import routing_of
 from forge.pool import PoolReader
 from forge.v1 import actor_pb2_grpc, common_pb2, pool_pb2
 
-from helpers.gateway_procs import chat_calls, start_actor, start_gateway
-from helpers.processes import start_cache
+from helpers.gateway_procs import chat_calls, disaggregated_fleet
 from helpers.random_model import random_tiny_moe
 
 
@@ -24,18 +23,8 @@ from helpers.random_model import random_tiny_moe
 def fleet(tmp_path_factory):
     directory = tmp_path_factory.mktemp("moe-serving")
     model = str(random_tiny_moe(directory))
-    cache = start_cache(directory, "moe-cache")
-    l3 = ("--l3-cache", cache.address)
-    both = start_actor(directory, "both", "--model", model)
-    prefill = start_actor(directory, "prefill", "--model", model, "--role", "prefill", *l3)
-    decode = start_actor(directory, "decode", "--model", model, "--role", "decode", *l3)
-    whole = start_gateway(directory, [both.address], directory / "pool-whole", "--model", model,
-                          name="gateway-whole")
-    split = start_gateway(directory, [decode.address], directory / "pool-split", "--model", model,
-                          "--prefill-actor", prefill.address, "--prefill-min-tokens", "1", name="gateway-split")
-    yield {"whole": whole, "split": split, "dir": directory, "model": model, "decode": decode}
-    for proc in (split, whole, decode, prefill, both, cache):
-        proc.stop()
+    with disaggregated_fleet(directory, model, 1, "--model", model) as started:
+        yield started
 
 
 def calls_of(pool, sessions: list[str]) -> list[pool_pb2.CallRecord]:
@@ -57,6 +46,6 @@ def test_recorded_calls_carry_the_routing_of_every_fed_position(fleet, gateway):
         expected = routing_of(model, tokens[:-1])
         assert (np.sort(ids, -1) == np.sort(expected, -1)).all()
     if gateway == "split":
-        with grpc.insecure_channel(fleet["decode"].address) as channel:
+        with grpc.insecure_channel(fleet["decode"][0].address) as channel:
             gauges = actor_pb2_grpc.ActorStub(channel).Stats(common_pb2.StatsRequest(), timeout=30).gauges
         assert gauges["l3_fetched_blocks"] > 0 and gauges["l3_fetched_routing"] == gauges["l3_fetched_blocks"]

@@ -11,19 +11,8 @@ import pytest
 from forge.app.rollout.llm import aio_channel
 from forge.v1 import gateway_pb2, gateway_pb2_grpc
 
-from helpers.gateway_procs import random_actor, start_gateway
-
 KEY = "rollout-key-1"
-
-
-@pytest.fixture(scope="module")
-def keyed_gateway(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("keyed")
-    actor = random_actor(directory)
-    gateway = start_gateway(directory, [actor.address], directory / "pool", "--api-key", KEY)
-    yield gateway
-    gateway.stop()
-    actor.stop()
+GATEWAY_ARGS = ("--api-key", KEY)          # the stack fixture's gateway (conftest.py) is keyed
 
 
 async def one_chat(address: str, api_key: str | None) -> list[gateway_pb2.ChatChunk]:
@@ -36,12 +25,12 @@ async def one_chat(address: str, api_key: str | None) -> list[gateway_pb2.ChatCh
         return [chunk async for chunk in stub.Chat(request, timeout=60)]
 
 
-def test_the_key_goes_with_streaming_calls_too(keyed_gateway):
-    chunks = asyncio.run(one_chat(keyed_gateway.grpc_address, KEY))
+def test_the_key_goes_with_streaming_calls_too(stack):
+    chunks = asyncio.run(one_chat(stack.gateway.grpc_address, KEY))
     assert sum(len(c.token_ids) for c in chunks) == 3 and chunks[-1].completion_tokens == 3
 
 
-def test_a_channel_without_the_key_is_refused(keyed_gateway):
+def test_a_channel_without_the_key_is_refused(stack):
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        asyncio.run(one_chat(keyed_gateway.grpc_address, None))
+        asyncio.run(one_chat(stack.gateway.grpc_address, None))
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -25,6 +25,7 @@ from helpers.engines import (
     engine_for,
     make_model,
     run,
+    transformers_reference,
 )
 from helpers.random_model import small_config
 from helpers.waiting import wait_for
@@ -38,9 +39,7 @@ def model() -> CausalLM:
 @pytest.mark.parametrize("cpu_kernels", [True, False], ids=["c-attention", "torch-attention"])
 @pytest.mark.parametrize("speculative", [False, True])
 def test_greedy_equals_transformers_and_concurrent_requests_stay_isolated(tmp_path, model, speculative, cpu_kernels):
-    transformers = pytest.importorskip("transformers")
-    model.save_pretrained(tmp_path)
-    reference = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    reference = transformers_reference(tmp_path, model)
     rng = random.Random(1)
     prompts = [[rng.randrange(100) for _ in range(rng.randrange(1, 40))] for _ in range(12)]
     engine = engine_for(model, speculative=speculative, cpu_kernels=cpu_kernels)

@@ -16,7 +16,7 @@ from forge.actors.engine.engine import TorchEngine
 from forge.model.generate import generate
 from forge.model.sampling import SamplingParams
 
-from helpers.engines import full_forward_logprobs, make_model, run
+from helpers.engines import full_forward_logprobs, make_model, run, transformers_reference
 
 pytestmark = pytest.mark.skipif(not torch._dynamo.is_dynamo_supported(), reason="torch.compile is unsupported here")
 
@@ -30,9 +30,7 @@ def engine(request):
 
 
 def test_compiled_decoding_equals_transformers_for_many_rows_and_one(tmp_path, engine):
-    transformers = pytest.importorskip("transformers")
-    engine.model.save_pretrained(tmp_path)
-    reference = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    reference = transformers_reference(tmp_path, engine.model)
     rng = random.Random(1)
     prompts = [[rng.randrange(100) for _ in range(rng.randrange(1, 40))] for _ in range(6)]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)

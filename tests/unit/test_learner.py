@@ -24,7 +24,7 @@ from forge.pool import Pool
 from forge.pool.window import WindowConfig
 
 from helpers.gradients import capture_gradients
-from helpers.learner_runs import CONFIG, engine_of, make_model
+from helpers.learner_runs import CONFIG, engine_of, fill_from, make_model
 from helpers.rollouts import fill_pool
 
 
@@ -77,11 +77,9 @@ def trainer_for(model, pool, checkpoints=None, **window):
 
 def test_steps_take_completed_entries_inside_the_window_only(tmp_path):
     model = make_model()
-    engine = engine_of(model)
     pool = Pool(tmp_path / "pool")
     held = pool.open_session(task_id="slow", group_id="slow", group_size=1)   # the head entry stays pending
-    fill_pool(pool, engine, groups=5, group_size=2, vocab=64)
-    engine.close()
+    fill_from(pool, model, groups=5, group_size=2)
     trainer = trainer_for(model, pool, window=3, min_groups=1, max_wait_s=0.2)
     record = trainer.step()
     assert record["positions"] == [1, 2] and record["head"] == 0      # W = 3: entries 1 and 2 only
@@ -96,10 +94,8 @@ def test_steps_take_completed_entries_inside_the_window_only(tmp_path):
 
 def test_training_consumes_in_order_checkpoints_and_resumes(tmp_path):
     model = make_model()
-    engine = engine_of(model)
     pool = Pool(tmp_path / "pool")
-    fill_pool(pool, engine, groups=6, group_size=2, vocab=64)
-    engine.close()
+    fill_from(pool, model, groups=6, group_size=2)
     checkpoints = Checkpointer(tmp_path / "run" / "checkpoints")
     trainer = trainer_for(model, pool, checkpoints)
     records = [trainer.step() for _ in range(2)]
@@ -128,10 +124,8 @@ def test_training_consumes_in_order_checkpoints_and_resumes(tmp_path):
 
 def test_a_step_moves_probability_toward_rewarded_tokens(tmp_path):
     model = make_model(3)
-    engine = engine_of(model)
     pool = Pool(tmp_path / "pool")
-    fill_pool(pool, engine, groups=16, group_size=4, max_tokens=12, vocab=64)
-    engine.close()
+    fill_from(pool, model, groups=16, group_size=4, max_tokens=12)
     contexts = torch.randint(1, 64, (32, 6), generator=torch.Generator().manual_seed(9))
 
     def even_mass() -> float:
@@ -150,11 +144,8 @@ def test_a_step_moves_probability_toward_rewarded_tokens(tmp_path):
 
 def test_tree_and_sample_by_sample_steps_give_the_same_parameters(tmp_path):
     model = make_model(4)
-    engine = engine_of(model)
-    pool = Pool(tmp_path / "pool")
-    fill_pool(pool, engine, groups=4, group_size=4, calls=3, max_tokens=8, vocab=64)
-    engine.close()
-    pool.close()
+    with Pool(tmp_path / "pool") as pool:
+        fill_from(pool, model, groups=4, group_size=4, calls=3, max_tokens=8)
     results = {}
     for tree in (True, False):
         copy = tmp_path / f"pool-{tree}"

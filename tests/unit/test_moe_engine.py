@@ -23,6 +23,7 @@ from helpers.engines import (
     full_forward_logprobs,
     moe_model,
     run,
+    transformers_reference,
 )
 from helpers.l3_engines import BLOCK, l3_engine
 from helpers.random_model import random_model, small_config
@@ -31,13 +32,6 @@ from helpers.random_model import random_model, small_config
 @pytest.fixture(scope="module")
 def model() -> CausalLM:
     return moe_model()
-
-
-def transformers_reference(tmp_path, model: CausalLM):
-    """transformers' Qwen3MoeForCausalLM on ``model``'s weights, written to ``tmp_path``."""
-    transformers = pytest.importorskip("transformers")
-    model.save_pretrained(tmp_path)
-    return transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
 
 
 def random_prompts(seed: int, count: int) -> list[list[int]]:

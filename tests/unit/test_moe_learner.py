@@ -25,7 +25,7 @@ from forge.model.moe import routing_of
 from forge.pool import Pool, WindowConfig
 
 from helpers.gradients import capture_gradients
-from helpers.learner_runs import engine_of
+from helpers.learner_runs import fill_from
 from helpers.random_model import copy_of, random_model, small_config
 from helpers.rollouts import fill_pool
 from helpers.threads import one_thread  # noqa: F401  (autouse)
@@ -125,12 +125,8 @@ def test_replayed_routing_keeps_the_learner_on_the_actor_log_probs_near_routing_
 
 
 def test_a_training_step_reports_routing_and_trains_the_routers_toward_balance(tmp_path, model):
-    engine = engine_of(model)
     pool = Pool(tmp_path / "pool")
-    try:
-        fill_pool(pool, engine, groups=2, group_size=2, calls=2, max_tokens=6, vocab=VOCAB)
-    finally:
-        engine.close()
+    fill_from(pool, model, groups=2, group_size=2, calls=2, max_tokens=6)
     records, router_grads = {}, {}
     try:
         for weight in (0.0, 1.0):
