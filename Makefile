@@ -10,6 +10,7 @@ STAMP := $(VENV)/.forge-installed
 # informational, and the only thing it would print, so it is silenced.
 EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 UP_ARGS ?=
+TEST_WORKERS ?= 2
 # The vLLM backend's tests run in an environment of their own (vLLM pins its own dependencies).
 # CUDA machines: make test-vllm VLLM_EXTRA=vllm TORCH="torch==2.13.0 --index-url ..."
 VLLM_VENV ?= .venv-vllm
@@ -31,9 +32,11 @@ $(STAMP): pyproject.toml
 run: venv
 	$(BIN)/forge up $(UP_ARGS)
 
-## The tests and the linter, as CI runs them.
+## The tests (tests/unit and tests/integration) on $(TEST_WORKERS) xdist workers, and the linter, as CI runs them.
+## Each test module runs on one worker (its module fixtures start once); the heavy multi-process runs share one
+## group (xdist_group "heavy"), so they never run beside each other.
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 	$(BIN)/ruff check .
 
 ## The vLLM backend's tests (marked vllm), in $(VLLM_VENV) with vLLM's CPU build beside the CPU torch.

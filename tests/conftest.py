@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,11 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 HELPERS = REPO / "tests" / "helpers"        # helpers/*.py: imported as helpers.NAME, some run as programs
 BIN = Path(sys.executable).parent
+# The heavy multi-process runs (forge up, several hosts' services, torchrun jobs), each module marked
+# xdist_group("heavy"): on a loaded machine two of them side by side could run past their timeouts, so make test's
+# workers run them one after another (see pytest_xdist_make_scheduler).
+HEAVY = frozenset({"tests/integration/test_e2e.py", "tests/integration/test_multihost.py",
+                   "tests/integration/test_multinode_learner.py", "tests/integration/test_team_run.py"})
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -82,7 +88,8 @@ def _importable(name: str) -> bool:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked gpu, trtllm or vllm are skipped (and say why) where the hardware or backend is absent."""
+    """Tests marked gpu, trtllm or vllm are skipped (and say why) where the hardware or backend is absent; a module
+    marked xdist_group("heavy") must be one of HEAVY, and the other way round."""
     import torch
 
     absent = {
@@ -94,3 +101,49 @@ def pytest_collection_modifyitems(config, items) -> None:
         for marker, reason in absent.items():
             if reason and item.get_closest_marker(marker):
                 item.add_marker(pytest.mark.skip(reason=reason))
+        heavy = any("heavy" in (*mark.args, mark.kwargs.get("name")) for mark in item.iter_markers("xdist_group"))
+        if heavy != (_module(item.nodeid) in HEAVY):
+            raise pytest.UsageError(f"{item.nodeid}: mark its module xdist_group(\"heavy\") and list it in HEAVY "
+                                    "(tests/conftest.py), or neither")
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+class _HeavyFirst(OrderedDict):
+    """A work queue whose heavy group comes first: the longest unit of work starts at once."""
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if key == "heavy":
+            self.move_to_end(key, last=False)
+
+
+@pytest.hookimpl(tryfirst=True)         # before pytest-xdist turns -n N into --dist load
+def pytest_cmdline_main(config) -> None:
+    """``-n N`` without ``--dist`` distributes as ``--dist loadgroup`` (see pytest_xdist_make_scheduler)."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no":
+        config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` as make test runs it: each test module is one unit of work, run on one worker (its
+    module-scoped fixtures, servers among them, start once), and the HEAVY modules are one unit together, run one
+    after another on one worker, first. (pytest-xdist 3.8 cannot read xdist_group marks under pytest 9.2, so the
+    scheduler groups by module path: https://github.com/pytest-dev/pytest-xdist/issues/1386.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def __init__(self, config, log=None) -> None:
+            super().__init__(config, log)
+            self.workqueue = _HeavyFirst()
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = _module(nodeid)
+            return "heavy" if module in HEAVY else module
+
+    return ModuleGroups(config, log)

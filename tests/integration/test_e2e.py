@@ -33,8 +33,9 @@ from forge.weights.curve import load_key_pair
 
 STEPS = 30
 
-pytestmark = pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")),
-                                reason="the pre-trained tiny checkpoint is not in forge/assets/tiny")
+pytestmark = [pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")),
+                                 reason="the pre-trained tiny checkpoint is not in forge/assets/tiny"),
+              pytest.mark.xdist_group("heavy")]                 # forge up runs: one at a time (conftest.HEAVY)
 
 
 def descendants(pid: int) -> list[int]:

@@ -25,6 +25,7 @@ from helpers.waiting import wait_for
 
 A, B = "127.0.0.2", "127.0.0.3"
 EXAMPLES = REPO / "examples"
+pytestmark = pytest.mark.xdist_group("heavy")           # a whole system on two hosts: one heavy run at a time (conftest.HEAVY)
 
 
 def gauges(address: str, kind: str) -> dict[str, float]:

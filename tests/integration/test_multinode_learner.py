@@ -19,7 +19,8 @@ from helpers.learner_runs import lineage, write_model_and_pool
 from helpers.waiting import wait_for
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]   # two torchrun jobs, restarted: minutes when loaded
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200),    # two torchrun jobs, restarted: minutes when loaded
+              pytest.mark.xdist_group("heavy")]                # one heavy run at a time (conftest.HEAVY)
 
 
 def start_node(rank: int, pool: Path, run_dir: Path, model: Path, rendezvous: str, *extra: str) -> subprocess.Popen:

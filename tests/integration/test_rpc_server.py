@@ -39,14 +39,15 @@ class ServerProcess:
         return self.proc.returncode, out
 
 
-@pytest.fixture(params=["threads", "asyncio"])
+@pytest.fixture(scope="module", params=["threads", "asyncio"])
 def kind(request) -> tuple[str, ...]:
     """The helper's arguments that pick the server kind."""
     return ("--asyncio",) if request.param == "asyncio" else ()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def server(kind):
+    """A server of each kind for the tests that only call it (started once per kind)."""
     proc = ServerProcess(*kind)
     yield proc
     if proc.proc.poll() is None:
