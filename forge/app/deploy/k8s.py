@@ -36,7 +36,7 @@ from forge.app.deploy.services import ANY, Command, shell_words
 from forge.app.registry import KEY_KINDS, service
 from forge.weights.endpoints import RELAY_ANNOUNCE_PORT, RELAY_FETCH_PORT, WEIGHTS_ANNOUNCE_PORT, WEIGHTS_FETCH_PORT
 
-KUBERNETES_VERSION = "1.30"         # the oldest Kubernetes the manifests are checked against (tests/test_deploy.py)
+KUBERNETES_VERSION = "1.30"         # the oldest Kubernetes the manifests are checked against (tests/unit/test_deploy.py)
 SECRET = "forge-keys"
 RUN_CONFIG = "forge-run"
 POD_NAME = "FORGE_POD_NAME"         # every pod's own name (the downward API), whose ordinal is its rank or index
