@@ -30,7 +30,11 @@ SUPPORTED = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
     "stop_token_ids", "ignore_eos", "min_tokens", "n", "stream", "stream_options", "logprobs", "top_logprobs",
     "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "response_format", "return_token_ids",
-    "user"})
+    "reasoning_effort", "modalities"})
+# Fields the gateway accepts and ignores, as vLLM does: they ask OpenAI's service for storage, billing, caching or
+# moderation, and change nothing that is sampled.
+IGNORED = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
+                     "verbosity"})
 # Fields accepted at the value that changes nothing (or null), refused at any other.
 NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0, "logit_bias": {}}
 RECORDED = "sampling must stay what the learner recomputes the log-probabilities under"
@@ -142,7 +146,7 @@ def parse_tools(body: dict) -> list[dict] | None:
 def refuse_unsupported(body: dict) -> None:
     """A 400 naming the first field the gateway does not implement (a null counts as absent)."""
     for name, value in body.items():
-        if name in SUPPORTED or value is None:
+        if name in SUPPORTED or name in IGNORED or value is None:
             continue
         if name in NEUTRAL and value == NEUTRAL[name] and not isinstance(value, bool):
             continue
@@ -200,6 +204,16 @@ def parse_sampling(body: dict, vocab_size: int, context_length: int | None = Non
     return check_sampling(sampling, vocab_size, context_length)
 
 
+def template_kwargs(body: dict) -> dict:
+    """The chat template's extra variables: ``chat_template_kwargs``, with ``reasoning_effort`` among them (as vLLM
+    passes it) unless those set it themselves."""
+    kwargs = check_template_kwargs(_get(body, "chat_template_kwargs", "dict"))
+    effort = _get(body, "reasoning_effort", "str")
+    if effort is not None:
+        kwargs.setdefault("reasoning_effort", effort)
+    return kwargs
+
+
 def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = None
                        ) -> tuple[ChatCall, ChatOptions]:
     if not isinstance(body, dict):
@@ -225,13 +239,17 @@ def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = 
         stop = [stop]
     elif not isinstance(stop, list):
         raise BadRequest("stop must be a string or a list of strings", "stop")
+    modalities = _get(body, "modalities", "list", ["text"])
+    if modalities != ["text"]:
+        raise BadRequest(f"modalities must be [\"text\"] (got {modalities!r}): the model writes text only",
+                         "modalities")
     stream_options = _get(body, "stream_options", "dict", {})
     options = ChatOptions(stream=_get(body, "stream", "bool", False),
                           include_usage=bool(stream_options.get("include_usage")),
                           logprobs=_get(body, "logprobs", "bool", False),
                           return_token_ids=_get(body, "return_token_ids", "bool", False))
     call = ChatCall(messages, tools, bool(tools) and choice != "none", parse_sampling(body, vocab_size, context_length),
-                    check_stop(stop), check_template_kwargs(_get(body, "chat_template_kwargs", "dict")),
+                    check_stop(stop), template_kwargs(body),
                     _get(body, "parallel_tool_calls", "bool", True))
     return call, options
 

@@ -318,6 +318,9 @@ def test_openai_request_is_checked_into_a_chat_call():
     ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
     ({"stream": "yes"}, "stream"),
     ({"model": 7}, "model"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"reasoning_effort": 2}, "reasoning_effort"),
+    ({"audio": {"voice": "alloy"}}, "audio"),
 ])
 def test_bad_openai_requests_name_the_field(change, param):
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **change}
@@ -338,6 +341,24 @@ def test_openai_extensions_reach_the_chat_call():
         with pytest.raises(BadRequest) as err:
             parse_chat_request({"messages": body["messages"], name: 2048}, 1024, context_length=2048)
         assert (err.value.param, err.value.code) == (name, "context_length_exceeded")
+
+
+def test_fields_that_change_nothing_are_accepted_and_ignored():
+    """What OpenAI's clients send for storage, billing, caching and moderation changes nothing that is sampled: the
+    call is the one the bare request makes."""
+    bare = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0.7}
+    harmless = {"store": False, "metadata": {"run": "a"}, "service_tier": "auto", "prompt_cache_key": "k",
+                "safety_identifier": "u1", "verbosity": "low", "modalities": ["text"], "user": "me"}
+    call, options = parse_chat_request({**bare, **harmless}, 1024)
+    expected, expected_options = parse_chat_request(bare, 1024)
+    assert call == expected and options == expected_options
+
+
+def test_reasoning_effort_reaches_the_chat_template():
+    body = {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "low"}
+    assert parse_chat_request(body, 1024)[0].template_kwargs == {"reasoning_effort": "low"}
+    own = {**body, "chat_template_kwargs": {"reasoning_effort": "high", "enable_thinking": True}}
+    assert parse_chat_request(own, 1024)[0].template_kwargs == {"reasoning_effort": "high", "enable_thinking": True}
 
 
 def test_proto_chat_request_is_checked():
