@@ -13,10 +13,26 @@ from forge.settings import Settings, SettingsError, log_level_setting, ready_fil
 LOOPBACK = "127.0.0.1"
 
 
+def check_model_name(name: str) -> None:
+    if not name or name != name.strip():
+        raise ValueError(f"a model name must be non-empty text without surrounding spaces, got {name!r}")
+
+
+def check_model_names(names: tuple[str, ...]) -> None:
+    for name in names:
+        check_model_name(name)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GatewayConfig(Settings):
     model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory (tokenizer, chat template, context length), or 'tiny' / 'tiny-moe'.")
-    model_name: str = setting("forge-tiny", help="The model name served at /v1/models and echoed in responses.")
+    model_name: str = setting("forge-tiny", validate=check_model_name,
+                              help="The model name served at /v1/models and echoed in responses.")
+    served_model_names: tuple[str, ...] = setting((), flag="served-model-name", metavar="NAME",
+                                                  validate=check_model_names,
+                                                  help="Another name requests on the global URL may give for the "
+                                                       "model (repeatable), as vLLM's --served-model-name. A "
+                                                       "session's URL serves any name.")
     actors: tuple[str, ...] = setting((), flag="actor", metavar="HOST:PORT", validate=check_addresses,
                                       help="An actor to route calls to (repeatable; at least one, unless "
                                            "--actors-dir announces them).")

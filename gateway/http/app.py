@@ -162,22 +162,30 @@ class HttpFrontEnd:
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
-    def _model_json(self) -> dict:
-        return {"id": self.gateway.config.model_name, "object": "model", "created": int(self.gateway.started),
+    def _model_json(self, name: str | None = None) -> dict:
+        return {"id": name or self.gateway.config.model_name, "object": "model", "created": int(self.gateway.started),
                 "owned_by": "forge", "root": self.gateway.model.model_id,
                 "max_model_len": self.gateway.model.context_length}
 
     @property
     def served(self) -> frozenset[str]:
-        """The model names a request may give: the gateway's model name and the model's id."""
-        return frozenset((self.gateway.config.model_name, self.gateway.model.model_id))
+        """The model names a request may give: the gateway's model name, its aliases and the model's id."""
+        config = self.gateway.config
+        return frozenset((config.model_name, *config.served_model_names, self.gateway.model.model_id))
+
+    def served_at(self, request: web.Request) -> frozenset[str] | None:
+        """The model names a request may give on its URL; None: any. A session's URL serves the session's model
+        whatever name a program hard-codes (its author chose the name for another provider); the global URL
+        answers 404 for a name it does not serve."""
+        return None if "sid" in request.match_info else self.served
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._model_json()]})
 
     async def model_info(self, request: web.Request) -> web.Response:
-        check_model({"model": request.match_info["model"]}, self.served)
-        return web.json_response(self._model_json())
+        name = request.match_info["model"]
+        check_model({"model": name}, self.served_at(request))
+        return web.json_response(self._model_json(name if name not in self.served else None))
 
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": __version__})
@@ -241,7 +249,8 @@ class HttpFrontEnd:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         raw = await self._raw(request)
         model, size = self.gateway.model, len(raw)
-        call, options = await self.gateway.work.run_isolated(size, prepare_chat, raw, self.served, model.vocab_size,
+        call, options = await self.gateway.work.run_isolated(size, prepare_chat, raw, self.served_at(request),
+                                                             model.vocab_size,
                                                              model.limits)
         session_id = request["session_id"] or request.headers.get(SESSION_HEADER)
         if session_id:

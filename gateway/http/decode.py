@@ -34,14 +34,14 @@ def decode_json(raw: bytes | bytearray) -> Any:
     return body
 
 
-def check_model(body: Any, served: frozenset[str]) -> None:
-    """ModelNotServed unless the body names no model or one in ``served``."""
+def check_model(body: Any, served: frozenset[str] | None) -> None:
+    """ModelNotServed unless the body names no model or one in ``served`` (None: any name)."""
     name = body.get("model") if isinstance(body, dict) else None
-    if isinstance(name, str) and name not in served:
+    if served is not None and isinstance(name, str) and name not in served:
         raise ModelNotServed(name)
 
 
-def prepare_chat(raw: bytes | bytearray, served: frozenset[str], vocab_size: int, limits: PromptLimits
+def prepare_chat(raw: bytes | bytearray, served: frozenset[str] | None, vocab_size: int, limits: PromptLimits
                  ) -> tuple[ChatCall, ChatOptions]:
     """A chat completion body's call and options, refused as too long when its message text alone cannot fit."""
     body = decode_json(raw)

@@ -42,7 +42,7 @@ THINKING_SWITCH = "{%- if add_generation_prompt and enable_thinking is defined a
 
 
 # The stack fixture (conftest.py): the gateway reads the chat template of the actor's checkpoint, given the switch.
-GATEWAY_ARGS = ("--max-body-bytes", str(MAX_BODY), "--model", "{checkpoint}")
+GATEWAY_ARGS = ("--max-body-bytes", str(MAX_BODY), "--model", "{checkpoint}", "--served-model-name", "tiny-alias")
 
 
 def prepare_checkpoint(checkpoint: Path) -> None:
@@ -473,12 +473,23 @@ def test_neutral_values_of_refused_parameters_are_accepted(stack):
                 guided_json=None, response_format={"type": "text"}, user="agent-7", parallel_tool_calls=True)
 
 
+def test_a_session_url_serves_whatever_model_name_a_program_hard_codes(stack):
+    gateway, reader = stack.gateway, stack.reader
+    session_id = f"named-{uuid.uuid4().hex}"
+    session = openai.OpenAI(base_url=f"{gateway.http}/s/{session_id}/v1", api_key="unused", max_retries=0)
+    reply = session.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=2)
+    assert reply.model == "forge-tiny" and reply.model_extra["forge"]["session_id"] == session_id
+    assert len(session_calls(reader, session_id)) == 1
+    assert session.models.retrieve("gpt-4o-mini").id == "gpt-4o-mini"
+
+
 def test_unknown_models_get_404_model_not_found_and_vllm_endpoints_answer(stack):
     gateway = stack.gateway
     with httpx.Client(base_url=gateway.http, timeout=60) as http:
         for method, path, body in (("POST", "/v1/chat/completions",
                                     {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}),
-                                   ("GET", "/v1/models/gpt-4o", None), ("GET", "/s/any/v1/models/gpt-4o", None),
+                                   ("GET", "/v1/models/gpt-4o", None),
                                    ("POST", "/tokenize", {"model": "gpt-4o", "prompt": "hi"}),
                                    ("POST", "/detokenize", {"model": "gpt-4o", "tokens": [1]})):
             response = http.request(method, path, json=body)
@@ -495,6 +506,8 @@ def test_unknown_models_get_404_model_not_found_and_vllm_endpoints_answer(stack)
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
         assert chat(gateway, model=listed["root"], max_tokens=1)["model"] == "forge-tiny"
+        assert chat(gateway, model="tiny-alias", max_tokens=1)["model"] == "forge-tiny"
+        assert http.get("/v1/models/tiny-alias").json() == listed
 
         tokens = http.post("/tokenize", json={"prompt": "Count to ten.", "return_token_strs": True}).json()
         assert tokens["tokens"] == TOK.encode("Count to ten.") and tokens["count"] == len(tokens["tokens"])
