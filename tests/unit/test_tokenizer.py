@@ -41,6 +41,12 @@ CONVERSATIONS = {
         {"role": "tool", "tool_call_id": "call_2", "content": "5"},
         {"role": "assistant", "content": "Tor, and 5.", "reasoning_content": "both tools answered"},
     ],
+    "system-messages-anywhere": [          # as frameworks send them: a retry prompt in mid-conversation
+        {"role": "system", "content": "Answer in JSON."},
+        {"role": "user", "content": "Name a city."},
+        {"role": "assistant", "content": "Tor"},
+        {"role": "system", "content": "That was not JSON; try again."},
+    ],
     "reasoning-under-old-name": [
         {"role": "user", "content": "Why?"},
         {"role": "assistant", "content": "Because.", "thinking": "a hidden thought"},
@@ -138,9 +144,14 @@ def test_named_templates_pick_tool_use_when_tools_are_given(tmp_path):
     assert tokenizer.render_chat(messages, tools=TOOLS) == "T2"
 
 
+def test_a_later_system_message_is_a_system_turn_in_place(ours):
+    rendered = ours.render_chat(CONVERSATIONS["system-messages-anywhere"], add_generation_prompt=True)
+    assert rendered.startswith("<|im_start|>system\nAnswer in JSON.<|im_end|>\n")
+    assert rendered.endswith("<|im_start|>assistant\nTor<|im_end|>\n<|im_start|>system\nThat was not JSON; try "
+                             "again.<|im_end|>\n<|im_start|>assistant\n")
+
+
 def test_template_errors_are_clear(ours):
-    with pytest.raises(ChatTemplateError, match="system message may only come first"):
-        ours.render_chat([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}])
     with pytest.raises(ChatTemplateError, match="unknown role"):
         ours.render_chat([{"role": "wizard", "content": "a"}])
     with pytest.raises(ChatTemplateError, match="empty"):
