@@ -1,6 +1,7 @@
 """The rollout driver: issues a workload's tasks in groups of G through the gateway, plays every session with the
 workload's agent, and closes each session with its rewards (or its failure), keeping a few groups in flight and
-pausing while the learner has enough waiting."""
+pausing while the learner has enough waiting. Every session it starts is closed on every exit path: one still in
+play when the driver stops, or one whose group could not start in full, is closed as failed with the reason."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import secrets
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import grpc
 
 from forge.app.rollout.llm import aio_channel
 from forge.app.rollout.workload import Outcome, Plan, Session, Workload, start_request
@@ -65,6 +68,19 @@ async def finish(stub, session_id: str, outcome: Outcome) -> None:
         failed=bool(outcome.failed), failure_reason=outcome.failed[:1000]), timeout=60)
 
 
+STOPPED = "the rollout stopped before the session ended"
+
+
+async def abandon(stub, session_id: str, reason: str) -> None:
+    """Close a session that will not be played to its end as failed; a gateway that cannot close it (gone, or the
+    session already closed) is only logged: its session timeout closes what is left."""
+    try:
+        await stub.EndSession(gateway_pb2.EndSessionRequest(session_id=session_id, failed=True,
+                                                            failure_reason=reason), timeout=60)
+    except grpc.aio.AioRpcError as exc:
+        log.warning("session %s could not be closed (%s): %s", session_id, reason, exc.details())
+
+
 class RolloutDriver:
     def __init__(self, config: DriverConfig, workload: Workload, on_outcome: Callable[[Outcome], None] | None = None,
                  queued_groups: Callable[[], int] | None = None) -> None:
@@ -103,14 +119,27 @@ class RolloutDriver:
         self._group += 1
         group_id = f"{plan.task_id}-{self._run_tag}-g{self._group}"
         request = start_request(plan, group_id, self.config.group_size)
-        sessions = await asyncio.gather(*(stub.StartSession(request, timeout=60)
-                                          for _ in range(self.config.group_size)))
+        starts = [asyncio.ensure_future(stub.StartSession(request, timeout=60))
+                  for _ in range(self.config.group_size)]
+        try:                                    # shielded: a start in flight when the driver stops still answers
+            sessions = await asyncio.gather(*map(asyncio.shield, starts))
+        except BaseException as exc:            # a start failed, or the driver stops: close those that started
+            await asyncio.gather(*starts, return_exceptions=True)
+            reason = STOPPED if isinstance(exc, asyncio.CancelledError) else f"its group could not start: {exc}"
+            await asyncio.gather(*(abandon(stub, start.result().session.session_id, reason) for start in starts
+                                   if not start.cancelled() and start.exception() is None))
+            raise
         await asyncio.gather(*(self._play(stub, plan, started) for started in sessions))
 
     async def _play(self, stub, plan: Plan, started: gateway_pb2.StartSessionResponse) -> None:
         session = session_of(started, self.config.http_base, self.config.api_key)
-        outcome = await self.workload.play(stub, plan, session)
-        await finish(stub, session.session_id, outcome)
+        try:
+            outcome = await self.workload.play(stub, plan, session)
+            await finish(stub, session.session_id, outcome)
+        except BaseException as exc:
+            reason = STOPPED if isinstance(exc, asyncio.CancelledError) else f"{type(exc).__name__}: {exc}"
+            await abandon(stub, session.session_id, reason[:1000])
+            raise
         self.stats.add(outcome)
         if self.on_outcome:
             self.on_outcome(outcome)
