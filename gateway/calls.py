@@ -5,6 +5,7 @@ sends its last message. Used by both front ends."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -14,6 +15,7 @@ from forge import expert_routing
 from forge.gateway.actors import ActorCall, ActorSet
 from forge.gateway.detokenize import TextAssembler
 from forge.gateway.errors import BadRequest, UpstreamFailed
+from forge.gateway.forced_calls import tool_call_opener
 from forge.gateway.messages import ChatCall
 from forge.gateway.metrics import Metrics
 from forge.gateway.modelinfo import ModelInfo
@@ -54,6 +56,15 @@ class Completion:
         self.logprobs.extend(chunk.logprobs)
         self.versions.extend(chunk.weight_versions)
         self.top_logprobs.extend(chunk.top_logprobs)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What the model continues: the rendered chat, ending with ``opener``, the forced beginning of the answer
+    (a forced tool call's, or empty), which is parsed together with what is sampled after it."""
+
+    text: str
+    opener: str = ""
 
 
 @dataclass
@@ -119,12 +130,20 @@ class CallRunner:
         """Refuse, before any rendering, a call whose message text alone cannot fit the context."""
         self.model.limits.check_size(call)
 
-    def render(self, call: ChatCall) -> str:
-        """The prompt text of a chat call (the template with the generation prompt), refused as too long as soon
-        as its text cannot fit the context, before it is tokenised."""
+    def render(self, call: ChatCall) -> Prompt:
+        """The prompt of a chat call (the template with the generation prompt, and a forced tool call's opener),
+        refused as too long as soon as its text cannot fit the context, before it is tokenised."""
         self.check_size(call)
+        text = self._render(call, call.messages, add_generation_prompt=True)
+        if not call.force_tool_call:
+            return Prompt(text)
+        opener = tool_call_opener(functools.partial(self._render, call), call.messages, text, call.forced_function,
+                                  call.tools)
+        return Prompt(text + opener, opener)
+
+    def _render(self, call: ChatCall, messages: list[dict], add_generation_prompt: bool) -> str:
         try:
-            return self.tokenizer.render_chat(call.messages, call.tools, add_generation_prompt=True,
+            return self.tokenizer.render_chat(messages, call.tools, add_generation_prompt=add_generation_prompt,
                                               max_chars=self.model.max_prompt_chars, **call.template_kwargs)
         except RenderLimitExceeded as exc:
             raise self.model.limits.too_long("the prompt", exc.chars, "at least ") from None
@@ -140,13 +159,13 @@ class CallRunner:
                              f"{self.model.context_length} tokens, leaving no room to generate",
                              "messages", "context_length_exceeded")
 
-    async def chat(self, state: SessionState, call: ChatCall, text: str, stream: bool = True
+    async def chat(self, state: SessionState, call: ChatCall, prompt: Prompt, stream: bool = True
                    ) -> AsyncIterator[ChatDelta | ChatResult]:
-        """Run a chat call whose prompt text is ``text`` (from ``render``); without ``stream`` only the result
-        comes (and text is decoded once, unless stop strings need it as it grows)."""
+        """Run a chat call whose prompt is ``prompt`` (from ``render``); without ``stream`` only the result comes
+        (and text is decoded once, unless stop strings need it as it grows)."""
         started, t0 = time.time(), time.monotonic()
         has_history = any(m.get("role") == "assistant" for m in call.messages)
-        build = await self.work.run(len(text), state.history.build, self.tokenizer, text, has_history)
+        build = await self.work.run(len(prompt.text), state.history.build, self.tokenizer, prompt.text, has_history)
         self.check_prompt(build.ids)
         self.metrics.count(TITO_COUNTERS[build.kind])
         if build.kind in (PARTIAL, FALLBACK):
@@ -176,14 +195,14 @@ class CallRunner:
                     if not stream:
                         continue
                     visible = assembler.visible()
-                    reasoning, content = self.parser.visible(visible, call.parse_tools)
+                    reasoning, content = self.parser.visible(prompt.opener + visible, call.parse_tools)
                     delta = ChatDelta(_grow(shown.text, visible, "text"), _grow(shown.reasoning, reasoning, "reasoning"),
                                       _grow(shown.content, content, "content"), ids, list(chunk.logprobs),
                                       list(chunk.weight_versions), list(chunk.top_logprobs))
                     shown = ChatDelta(visible, reasoning, content)
                     yield delta
             text_out = assembler.final()
-            parsed = self.parser.parse(text_out, call.parse_tools)
+            parsed = self.parser.parse(prompt.opener + text_out, call.parse_tools)
             if not call.parallel_tool_calls:
                 del parsed.tool_calls[1:]
             stopped = assembler.stop_hit is not None

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from forge.gateway.errors import BadRequest
+from forge.gateway.forced_calls import check_tool_choice
 from forge.model.sampling import MAX_TOP_LOGPROBS, temperature_problem
 from forge.tokenizer.tokenizer import NAMED_SPECIAL_TOKENS
 from forge.v1 import common_pb2, gateway_pb2
@@ -29,11 +30,13 @@ TEMPLATE_OWN = frozenset({"messages", "tools", "documents", "add_generation_prom
 class ChatCall:
     messages: list[dict]
     tools: list[dict] | None = None         # OpenAI tool dicts: {"type": "function", "function": {...}}
-    parse_tools: bool = False               # parse tool calls out of the completion (tools given, choice "auto")
+    parse_tools: bool = False               # parse tool calls out of the completion (tools given, choice not "none")
     sampling: common_pb2.SamplingParams = field(default_factory=common_pb2.SamplingParams)
     stop: list[str] = field(default_factory=list)
     template_kwargs: dict = field(default_factory=dict)    # extra chat template variables (chat_template_kwargs)
     parallel_tool_calls: bool = True        # False: at most one tool call is returned
+    force_tool_call: bool = False           # tool_choice "required" or a named function: the answer opens a call
+    forced_function: str | None = None      # the named function, if any
 
 
 def shown_chars(call: ChatCall) -> int:
@@ -224,8 +227,9 @@ def chat_call_from_proto(request: gateway_pb2.ChatRequest, vocab_size: int, cont
                                  ) from exc
         tools.append(tool_function(f"tools[{i}]", function))
     choice = request.tool_choice or "auto"
-    if choice not in ("auto", "none"):
-        raise BadRequest(f"tool_choice must be 'auto' or 'none' (got {choice!r})", "tool_choice")
+    if choice not in ("auto", "none", "required"):          # else the name of a function among the tools
+        choice = {"type": "function", "function": {"name": choice}}
+    mode, function = check_tool_choice(choice, tools)
     template_kwargs = {}
     if request.chat_template_kwargs_json:
         try:
@@ -233,6 +237,6 @@ def chat_call_from_proto(request: gateway_pb2.ChatRequest, vocab_size: int, cont
         except ValueError as exc:
             raise BadRequest(f"chat_template_kwargs_json is not JSON: {exc}", "chat_template_kwargs") from exc
     parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
-    return ChatCall(messages, tools or None, bool(tools) and choice == "auto",
+    return ChatCall(messages, tools or None, bool(tools) and mode != "none",
                     check_sampling(request.sampling, vocab_size, context_length), check_stop(list(request.stop)),
-                    check_template_kwargs(template_kwargs), parallel)
+                    check_template_kwargs(template_kwargs), parallel, mode == "required", function)

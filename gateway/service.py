@@ -105,9 +105,9 @@ class Gateway:
         ``size``: bytes of the request the call came from; a large one is checked and rendered off the loop."""
         if open_as is None:
             _required(session_id)
-        text = await self.work.run(size, self.runner.render, call)
+        prompt = await self.work.run(size, self.runner.render, call)
         state = await self.sessions.resolve(session_id or uuid.uuid4().hex, open_as)
-        events = self.runner.chat(state, call, text, stream)
+        events = self.runner.chat(state, call, prompt, stream)
         if session_id is None:
             events = self._closing_one_call(state.session_id, events)
         return CallStream(state.session_id, events)

@@ -10,6 +10,7 @@ from typing import Any
 
 from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest
+from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.messages import (
     ChatCall,
     chat_message,
@@ -229,9 +230,7 @@ def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = 
         raise BadRequest(f"response_format {response_format.get('type')!r} is not supported: {RECORDED} (no "
                          "constrained decoding); only 'text'", "response_format")
     tools = parse_tools(body)
-    choice = body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        raise BadRequest("tool_choice must be 'auto' or 'none' (forced tool calls are not supported)", "tool_choice")
+    mode, function = check_tool_choice(body.get("tool_choice"), tools)
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -248,9 +247,9 @@ def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = 
                           include_usage=bool(stream_options.get("include_usage")),
                           logprobs=_get(body, "logprobs", "bool", False),
                           return_token_ids=_get(body, "return_token_ids", "bool", False))
-    call = ChatCall(messages, tools, bool(tools) and choice != "none", parse_sampling(body, vocab_size, context_length),
-                    check_stop(stop), template_kwargs(body),
-                    _get(body, "parallel_tool_calls", "bool", True))
+    call = ChatCall(messages, tools, bool(tools) and mode != "none", parse_sampling(body, vocab_size, context_length),
+                    check_stop(stop), template_kwargs(body), _get(body, "parallel_tool_calls", "bool", True),
+                    mode == "required", function)
     return call, options
 
 

@@ -11,6 +11,7 @@ import pytest
 from forge.assets import TINY_DIR
 from forge.gateway.detokenize import TextAssembler
 from forge.gateway.errors import BadRequest
+from forge.gateway.forced_calls import check_tool_choice, tool_call_opener
 from forge.gateway.http.openai import parse_chat_request
 from forge.gateway.keys import KeyRing
 from forge.gateway.messages import chat_call_from_proto
@@ -302,7 +303,9 @@ def test_openai_request_is_checked_into_a_chat_call():
     ({"stop": ["", "x"]}, "stop"),
     ({"stop": 5}, "stop"),
     ({"tools": [{"type": "function"}]}, "tools[0]"),
-    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),              # without tools
+    ({"tool_choice": {"type": "function", "function": {"name": "add"}}}, "tool_choice"),
+    ({"tool_choice": "any"}, "tool_choice"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
@@ -359,6 +362,61 @@ def test_reasoning_effort_reaches_the_chat_template():
     assert parse_chat_request(body, 1024)[0].template_kwargs == {"reasoning_effort": "low"}
     own = {**body, "chat_template_kwargs": {"reasoning_effort": "high", "enable_thinking": True}}
     assert parse_chat_request(own, 1024)[0].template_kwargs == {"reasoning_effort": "high", "enable_thinking": True}
+
+
+# Qwen3's layout of a tool call: the block on lines of its own (the newline after a block tag is trimmed, as
+# transformers renders templates).
+QWEN_STYLE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}"
+              "{% for c in m.tool_calls or [] %}\n<tool_call>\n{\"name\": {{ c.function.name | tojson }}, "
+              "\"arguments\": {{ c.function.arguments }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("template, required, named", [
+    (None, '<tool_call>{"name": ', '<tool_call>{"name": "add", "arguments": '),
+    (QWEN_STYLE, '<tool_call>\n{"name": ', '<tool_call>\n{"name": "add", "arguments": '),
+])
+def test_a_forced_tool_calls_opener_is_the_templates_own_layout(template, required, named):
+    from forge.tokenizer.chat_template import render_chat
+
+    messages = [{"role": "user", "content": "add 2 and 3"}]
+
+    def render(conversation, add_generation_prompt):
+        if template is None:
+            return TOK.render_chat(conversation, TOOLS, add_generation_prompt=add_generation_prompt)
+        return render_chat(template, conversation, tools=TOOLS, add_generation_prompt=add_generation_prompt)
+
+    prompt = render(messages, True)
+    assert tool_call_opener(render, messages, prompt, None, TOOLS) == required
+    assert tool_call_opener(render, messages, prompt, "add", TOOLS) == named
+    # What the model then writes completes the template's own rendering of the call, which parses.
+    whole = render([*messages, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}]}], False)
+    assert whole.startswith(prompt + named + '{"a": 2}')
+
+
+def test_a_template_that_does_not_show_tool_calls_cannot_force_one():
+    messages = [{"role": "user", "content": "hi"}]
+    from forge.tokenizer.chat_template import render_chat
+
+    def render(conversation, add_generation_prompt):
+        return render_chat("{% for m in messages %}{{ m.content }}{% endfor %}", conversation)
+
+    with pytest.raises(BadRequest, match="tool-call layout could not be read"):
+        tool_call_opener(render, messages, render(messages, True), "add", TOOLS)
+
+
+def test_tool_choice_forms():
+    assert check_tool_choice(None, TOOLS) == ("auto", None)
+    assert check_tool_choice("none", None) == ("none", None)
+    assert check_tool_choice("required", TOOLS) == ("required", None)
+    assert check_tool_choice({"type": "function", "function": {"name": "add"}}, TOOLS) == ("required", "add")
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
+    call = parse_chat_request({**body, "tool_choice": {"type": "function", "function": {"name": "add"}}}, 1024)[0]
+    assert call.force_tool_call and call.forced_function == "add" and call.parse_tools
+    proto = gateway_pb2.ChatRequest(messages=[gateway_pb2.ChatMessage(role="user", content="hi")],
+                                    tools=[gateway_pb2.Tool(name="add")], tool_choice="add")
+    assert chat_call_from_proto(proto, 1024).forced_function == "add"
 
 
 def test_proto_chat_request_is_checked():
