@@ -229,7 +229,8 @@ def test_bad_input_gets_an_openai_error_and_leaves_no_record(stack):
         assert http.post(url, json=good).status_code == 200
     client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError, match="tool_choice"):
-        client.chat.completions.create(model="forge-tiny", messages=good["messages"], tools=TOOLS, tool_choice="required")
+        client.chat.completions.create(model="forge-tiny", messages=good["messages"], tools=TOOLS,
+                                       tool_choice={"type": "function", "function": {"name": "not-a-tool"}})
     assert gateway.alive()
 
 
