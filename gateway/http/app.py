@@ -10,7 +10,6 @@ actors or the pool fail)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -24,8 +23,9 @@ from forge.gateway.auth import Operation
 from forge.gateway.calls import ChatResult
 from forge.gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, TooLarge
 from forge.gateway.http.body import read_body
-from forge.gateway.http.decode import check_model, decode_json, prepare_chat
-from forge.gateway.http.openai import ChunkWriter, completion_json
+from forge.gateway.http.conversations import Conversations
+from forge.gateway.http.decode import check_model, decode_json, prepare_call
+from forge.gateway.http.formats import WIRE_PATHS
 from forge.gateway.http.sessions_json import (
     close_request,
     open_request,
@@ -34,7 +34,8 @@ from forge.gateway.http.sessions_json import (
     session_with_calls_json,
 )
 from forge.gateway.http.tokenize import detokenize, tokenize
-from forge.gateway.messages import INT32_MAX, check_text
+from forge.gateway.http.wire import Answering, Event, WireFormat
+from forge.gateway.messages import INT32_MAX, ChatCall, check_text
 from forge.gateway.service import Gateway
 from forge.prometheus import stats_registry
 from forge.v1 import pool_pb2
@@ -54,8 +55,13 @@ def request_key(request: web.Request) -> str | None:
     return request.headers.get("X-Api-Key") or None
 
 
-def json_error(error: GatewayError, headers: dict | None = None) -> web.Response:
-    return web.json_response(error.to_json(), status=error.status, headers=headers)
+def json_error(error: GatewayError, wire: WireFormat | None = None) -> web.Response:
+    """An error answered in the shape of the format the path speaks (OpenAI's by default)."""
+    return web.json_response(wire.error(error) if wire else error.to_json(), status=error.status)
+
+
+def wire_of(path: str) -> WireFormat | None:
+    return next((wire for suffix, wire in WIRE_PATHS.items() if path.endswith(suffix)), None)
 
 
 class HttpFrontEnd:
@@ -66,6 +72,8 @@ class HttpFrontEnd:
         self.runner: web.AppRunner | None = None
         self.url = ""
         self.registry = stats_registry(gateway.report)
+        self.conversations = Conversations()
+        self.answering = Answering(gateway.model, gateway.config.model_name)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._middleware])
@@ -73,7 +81,8 @@ class HttpFrontEnd:
         for prefix in ("", "/s/{sid}"):
             app.router.add_get(prefix + "/v1/models", self._allowed(Operation.MODELS, self.models))
             app.router.add_get(prefix + "/v1/models/{model:.+}", self._allowed(Operation.MODELS, self.model_info))
-            app.router.add_post(prefix + "/v1/chat/completions", self._allowed(Operation.CHAT, self.chat_completions))
+            for path, wire in WIRE_PATHS.items():
+                app.router.add_post(prefix + path, self._allowed(Operation.CHAT, self._model_call(wire)))
         app.router.add_post("/v1/sessions", self._allowed(Operation.START_SESSION, self.start_session))
         app.router.add_get("/v1/sessions/{sid}", self._allowed(Operation.GET_SESSION, self.get_session))
         app.router.add_post("/v1/sessions/{sid}/end", self._allowed(Operation.END_SESSION, self.end_session))
@@ -112,7 +121,7 @@ class HttpFrontEnd:
             return await handler(request)
         except GatewayError as exc:
             metrics.count("client_errors" if exc.status < 500 else "errors")
-            return json_error(exc)
+            return json_error(exc, wire_of(request.path))
         except web.HTTPException as exc:
             metrics.count("client_errors" if exc.status < 500 else "errors")
             error: GatewayError
@@ -125,7 +134,7 @@ class HttpFrontEnd:
             else:
                 error = BadRequest(exc.reason or "bad request")
                 error.status = exc.status
-            return json_error(error)
+            return json_error(error, wire_of(request.path))
         except Exception:
             metrics.count("errors")
             log.exception("%s %s failed", request.method, request.path)
@@ -246,35 +255,43 @@ class HttpFrontEnd:
             opening.group_size = int(size)
         return opening
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        raw = await self._raw(request)
-        model, size = self.gateway.model, len(raw)
-        call, options = await self.gateway.work.run_isolated(size, prepare_chat, raw, self.served_at(request),
-                                                             model.vocab_size,
-                                                             model.limits)
-        session_id = request["session_id"] or request.headers.get(SESSION_HEADER)
-        if session_id:
-            check_text(session_id, SESSION_HEADER)
-        chat = await self.gateway.chat(call, session_id, self._open_as(request), stream=options.stream, size=size)
-        headers = {SESSION_HEADER: chat.session_id}
-        if options.stream:
-            return await self._stream(request, chat.events, options, headers)
-        result: ChatResult | None = None
-        async with contextlib.aclosing(chat.events) as events:
-            async for event in events:
-                if isinstance(event, ChatResult):
-                    result = event
-        headers["X-Forge-Call-Index"] = str(result.call_index)
-        body = completion_json(result, self.gateway.model, self.gateway.config.model_name, options)
-        return web.json_response(body, headers=headers)
+    def _model_call(self, wire: WireFormat) -> Handler:
+        """The handler of a model call in ``wire``'s format."""
 
-    async def _stream(self, request: web.Request, events: Any, options: Any, headers: dict) -> web.StreamResponse:
-        writer = ChunkWriter(self.gateway.model, self.gateway.config.model_name, options)
+        async def model_call(request: web.Request) -> web.StreamResponse:
+            raw = await self._raw(request)
+            model, size = self.gateway.model, len(raw)
+            call, options = await self.gateway.work.run_isolated(size, prepare_call, raw, self.served_at(request),
+                                                                 model.vocab_size, model.limits, wire.name)
+            session_id = request["session_id"] or request.headers.get(SESSION_HEADER)
+            if session_id:
+                check_text(session_id, SESSION_HEADER)
+            call, session_id = wire.complete(call, options, self.conversations, session_id)
+            stream = wire.streams(options)
+            chat = await self.gateway.chat(call, session_id, self._open_as(request), stream=stream, size=size)
+            headers = {SESSION_HEADER: chat.session_id}
+            if stream:
+                return await self._stream(request, wire, (call, options), chat.events, headers)
+            result: ChatResult | None = None
+            async with contextlib.aclosing(chat.events) as events:
+                async for event in events:
+                    if isinstance(event, ChatResult):
+                        result = event
+            wire.remember(call, options, result, self.conversations)
+            headers["X-Forge-Call-Index"] = str(result.call_index)
+            return web.json_response(wire.answer(result, self.answering, options), headers=headers)
+
+        return model_call
+
+    async def _stream(self, request: web.Request, wire: WireFormat, asked: tuple[ChatCall, Any], events: Any,
+                      headers: dict) -> web.StreamResponse:
+        call, options = asked
+        writer = wire.writer(self.answering, options)
         response: web.StreamResponse | None = None
 
-        async def send(body: Any) -> None:
-            data = "[DONE]" if body is None else json.dumps(body, separators=(",", ":"))
-            await response.write(f"data: {data}\n\n".encode())
+        async def send(sent: list[Event]) -> None:
+            for event in sent:
+                await response.write(event.encode())
 
         started = time.monotonic()
         try:
@@ -286,12 +303,10 @@ class HttpFrontEnd:
                         await response.prepare(request)
                         await send(writer.first())
                     if isinstance(event, ChatResult):
-                        for body in writer.final(event):
-                            await send(body)
-                        await send(None)
+                        wire.remember(call, options, event, self.conversations)
+                        await send(writer.final(event))
                     else:
-                        for body in writer.deltas(event):
-                            await send(body)
+                        await send(writer.deltas(event))
         except GatewayError as exc:
             if response is None:
                 raise
@@ -299,7 +314,7 @@ class HttpFrontEnd:
             log.warning("streamed call of session %s failed after %.2f s: %s", headers[SESSION_HEADER],
                         time.monotonic() - started, exc.message)
             with contextlib.suppress(*DISCONNECTED):
-                await send(exc.to_json())
+                await send(writer.failed(exc))
             return response
         except DISCONNECTED:
             self.gateway.metrics.count("client_disconnects")

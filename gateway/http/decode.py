@@ -1,5 +1,5 @@
-"""From the bytes of an HTTP request body to checked values: the JSON, and for a chat completion its call and
-options refused early when its text cannot fit the context. Pure functions of picklable arguments, so that the
+"""From the bytes of an HTTP request body to checked values: the JSON, and for a model call its call and options
+refused early when its text cannot fit the context. Pure functions of picklable arguments, so that the
 gateway can run them in a separate process for large bodies (``OffLoop.run_isolated``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from forge.gateway.errors import BadRequest, ModelNotServed
-from forge.gateway.http.openai import ChatOptions, parse_chat_request
+from forge.gateway.http.formats import WIRE_FORMATS
 from forge.gateway.messages import ChatCall, surrogate_path
 from forge.gateway.off_loop import INLINE_SIZE
 from forge.gateway.prompt_limits import PromptLimits
@@ -41,11 +41,14 @@ def check_model(body: Any, served: frozenset[str] | None) -> None:
         raise ModelNotServed(name)
 
 
-def prepare_chat(raw: bytes | bytearray, served: frozenset[str] | None, vocab_size: int, limits: PromptLimits
-                 ) -> tuple[ChatCall, ChatOptions]:
-    """A chat completion body's call and options, refused as too long when its message text alone cannot fit."""
+def prepare_call(raw: bytes | bytearray, served: frozenset[str] | None, vocab_size: int, limits: PromptLimits,
+                 wire: str = "chat.completions") -> tuple[ChatCall, Any]:
+    """A model call's body in the format ``wire`` names, checked into its call and options, and refused as too long
+    when its message text alone cannot fit."""
     body = decode_json(raw)
     check_model(body, served)
-    call, options = parse_chat_request(body, vocab_size, limits.context_length)
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    call, options = WIRE_FORMATS[wire].parse(body, vocab_size, limits.context_length)
     limits.check_size(call)
     return call, options

@@ -11,6 +11,7 @@ from typing import Any
 from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest
 from forge.gateway.forced_calls import check_tool_choice
+from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat
 from forge.gateway.messages import (
     ChatCall,
     chat_message,
@@ -314,8 +315,8 @@ def completion_json(result: ChatResult, model: ModelInfo, model_name: str, optio
     return body
 
 
-class ChunkWriter:
-    """``chat.completion.chunk`` objects of one streamed completion."""
+class ChunkWriter(StreamWriter):
+    """``chat.completion.chunk`` objects of one streamed completion, closed by ``[DONE]``."""
 
     def __init__(self, model: ModelInfo, model_name: str, options: ChatOptions) -> None:
         self.model = model
@@ -334,10 +335,13 @@ class ChunkWriter:
             body["usage"] = None
         return body
 
-    def first(self) -> dict:
-        return self.chunk({"role": "assistant", "content": ""})
+    def first(self) -> list[Event]:
+        return [Event(self.chunk({"role": "assistant", "content": ""}))]
 
-    def deltas(self, event: ChatDelta) -> list[dict]:
+    def deltas(self, delta: ChatDelta) -> list[Event]:
+        return [Event(chunk) for chunk in self._delta_chunks(delta)]
+
+    def _delta_chunks(self, event: ChatDelta) -> list[dict]:
         delta = {}
         if event.reasoning:
             delta["reasoning_content"] = event.reasoning
@@ -348,8 +352,8 @@ class ChunkWriter:
             return []
         return [self.chunk(delta, event=event)]
 
-    def final(self, result: ChatResult) -> list[dict]:
-        chunks = self.deltas(result)
+    def final(self, result: ChatResult) -> list[Event]:
+        chunks = self._delta_chunks(result)
         for i, call in enumerate(result.parsed.tool_calls):
             chunks.append(self.chunk({"tool_calls": [{"index": i, **call.to_openai()}]}))
         last = self.chunk({}, finish_name(result))
@@ -359,4 +363,22 @@ class ChunkWriter:
         chunks.append(last)
         if self.options.include_usage:
             chunks.append({**self.base, "choices": [], "usage": usage_json(result)})
-        return chunks
+        return [*map(Event, chunks), Event(None)]
+
+
+class ChatCompletions(WireFormat):
+    """OpenAI's ``POST /v1/chat/completions``."""
+
+    name = "chat.completions"
+
+    def parse(self, body: dict, vocab_size: int, context_length: int | None) -> tuple[ChatCall, ChatOptions]:
+        return parse_chat_request(body, vocab_size, context_length)
+
+    def streams(self, options: ChatOptions) -> bool:
+        return options.stream
+
+    def answer(self, result: ChatResult, answering: Answering, options: ChatOptions) -> dict:
+        return completion_json(result, answering.model, answering.model_name, options)
+
+    def writer(self, answering: Answering, options: ChatOptions) -> ChunkWriter:
+        return ChunkWriter(answering.model, answering.model_name, options)

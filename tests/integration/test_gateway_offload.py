@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from forge.gateway.errors import BadRequest, ModelNotServed, Unavailable
-from forge.gateway.http.decode import decode_json, prepare_chat
+from forge.gateway.http.decode import decode_json, prepare_call
 from forge.gateway.off_loop import PROCESS_SIZE as OFFLOAD_SIZE
 from forge.gateway.off_loop import OffLoop
 from forge.gateway.prompt_limits import PromptLimits
@@ -63,7 +63,7 @@ def test_a_body_decoded_apart_gives_the_same_values_and_refusals_as_inline(work)
         outcomes: list[object] = []
         for size in (len(raw), 0):                  # in the process, then on the loop
             try:
-                call, options = await work.run_isolated(size, prepare_chat, raw, frozenset({"m"}), 100, LIMITS)
+                call, options = await work.run_isolated(size, prepare_call, raw, frozenset({"m"}), 100, LIMITS)
                 outcomes.append((call.messages, call.sampling.max_tokens, call.sampling.temperature, options))
             except (BadRequest, ModelNotServed) as exc:
                 outcomes.append((type(exc), exc.message, exc.param, exc.code))
