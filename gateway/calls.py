@@ -86,6 +86,7 @@ class ChatResult(ChatDelta):
 
     finish_reason: int = STOP
     stopped_by_string: bool = False
+    stop_string: str | None = None              # the stop string that ended the call, if one did
     parsed: ParsedCompletion | None = None
     call_index: int = -1
     session_id: str = ""
@@ -221,7 +222,8 @@ class CallRunner:
                 content=_grow(shown.content, parsed.content, "content"), token_ids=list(last.token_ids),
                 logprobs=list(last.logprobs), weight_versions=list(last.weight_versions),
                 top_logprobs=list(last.top_logprobs), finish_reason=finish,
-                stopped_by_string=stopped, parsed=parsed, call_index=index, session_id=state.session_id,
+                stopped_by_string=stopped, stop_string=assembler.stop_hit, parsed=parsed, call_index=index,
+                session_id=state.session_id,
                 prompt_ids=build.ids, completion_ids=out.token_ids, all_logprobs=out.logprobs,
                 all_top_logprobs=out.top_logprobs, tito=build.kind)
         except UpstreamFailed as exc:

@@ -112,6 +112,11 @@ class Gateway:
             events = self._closing_one_call(state.session_id, events)
         return CallStream(state.session_id, events)
 
+    async def prompt_tokens(self, call: ChatCall, size: int = 0) -> int:
+        """How many tokens ``call``'s prompt is, rendered as it would run (nothing is sampled or recorded)."""
+        prompt = await self.work.run(size, self.runner.render, call)
+        return len(await self.work.run(len(prompt.text), self.model.tokenizer.encode, prompt.text))
+
     async def _closing_one_call(self, session_id: str, events: AsyncIterator[T]) -> AsyncIterator[T]:
         """A call's events; then the session the call opened for itself is closed (as failed: no agent is there to
         give it an outcome), so that it does not hold the learner's queue until it times out."""

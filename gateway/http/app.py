@@ -1,11 +1,12 @@
-"""The OpenAI-compatible HTTP front end (aiohttp) for black-box agents, plus session endpoints for launchers.
+"""The HTTP front end (aiohttp) for black-box agents, plus session endpoints for launchers.
 
-Routes: ``GET /health``; ``GET /v1/models``, ``GET /v1/models/{model}``; ``POST /v1/chat/completions`` (also under
-a session prefix, ``/s/{session_id}/v1/...``); vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /version``;
+Routes: ``GET /health``; ``GET /v1/models``, ``GET /v1/models/{model}``; the model calls of every wire format
+(``forge.gateway.http.formats``: OpenAI's ``POST /v1/chat/completions`` and ``POST /v1/responses``, Anthropic's
+``POST /v1/messages``) and Anthropic's ``POST /v1/messages/count_tokens``, all also under a session prefix
+(``/s/{session_id}/v1/...``); vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /version``;
 ``POST /v1/sessions``, ``GET /v1/sessions/{id}``, ``POST /v1/sessions/{id}/end``, ``POST /v1/sessions/{id}/rewards``;
-``GET /v1/stats``; ``GET /metrics`` (Prometheus, from the same report as ``/v1/stats``). Every error is OpenAI's
-error JSON with a 4xx (5xx only when
-actors or the pool fail)."""
+``GET /v1/stats``; ``GET /metrics`` (Prometheus, from the same report as ``/v1/stats``). Every error is a 4xx (5xx
+only when actors or the pool fail) in the shape of the path's format (OpenAI's by default)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from forge.gateway.calls import ChatResult
 from forge.gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, TooLarge
 from forge.gateway.http.body import read_body
 from forge.gateway.http.conversations import Conversations
-from forge.gateway.http.decode import check_model, decode_json, prepare_call
-from forge.gateway.http.formats import WIRE_PATHS
+from forge.gateway.http.decode import check_model, decode_json, prepare_call, prepare_count
+from forge.gateway.http.formats import WIRE_FORMATS, WIRE_PATHS
 from forge.gateway.http.sessions_json import (
     close_request,
     open_request,
@@ -61,6 +62,8 @@ def json_error(error: GatewayError, wire: WireFormat | None = None) -> web.Respo
 
 
 def wire_of(path: str) -> WireFormat | None:
+    """The format of the call at ``path`` (Anthropic's token count answers errors as Messages does)."""
+    path = path.removesuffix("/count_tokens")
     return next((wire for suffix, wire in WIRE_PATHS.items() if path.endswith(suffix)), None)
 
 
@@ -83,6 +86,7 @@ class HttpFrontEnd:
             app.router.add_get(prefix + "/v1/models/{model:.+}", self._allowed(Operation.MODELS, self.model_info))
             for path, wire in WIRE_PATHS.items():
                 app.router.add_post(prefix + path, self._allowed(Operation.CHAT, self._model_call(wire)))
+            app.router.add_post(prefix + "/v1/messages/count_tokens", self._allowed(Operation.CHAT, self.count_tokens))
         app.router.add_post("/v1/sessions", self._allowed(Operation.START_SESSION, self.start_session))
         app.router.add_get("/v1/sessions/{sid}", self._allowed(Operation.GET_SESSION, self.get_session))
         app.router.add_post("/v1/sessions/{sid}/end", self._allowed(Operation.END_SESSION, self.end_session))
@@ -254,6 +258,15 @@ class HttpFrontEnd:
                 raise BadRequest(f"X-Forge-Group-Size must be an integer in [0, {INT32_MAX}]", "X-Forge-Group-Size")
             opening.group_size = int(size)
         return opening
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        """Anthropic's token count of a Messages request: its prompt's tokens as the call would run."""
+        raw = await self._raw(request)
+        model, size = self.gateway.model, len(raw)
+        call = await self.gateway.work.run_isolated(size, prepare_count, raw, self.served_at(request),
+                                                    model.vocab_size, model.limits)
+        call, _session = WIRE_FORMATS["messages"].complete(call, None, self.conversations, None)
+        return web.json_response({"input_tokens": await self.gateway.prompt_tokens(call, size)})
 
     def _model_call(self, wire: WireFormat) -> Handler:
         """The handler of a model call in ``wire``'s format."""

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from forge.gateway.errors import BadRequest, ModelNotServed
+from forge.gateway.http.anthropic import parse_messages_request
 from forge.gateway.http.formats import WIRE_FORMATS
 from forge.gateway.messages import ChatCall, surrogate_path
 from forge.gateway.off_loop import INLINE_SIZE
@@ -52,3 +53,15 @@ def prepare_call(raw: bytes | bytearray, served: frozenset[str] | None, vocab_si
     call, options = WIRE_FORMATS[wire].parse(body, vocab_size, limits.context_length)
     limits.check_size(call)
     return call, options
+
+
+def prepare_count(raw: bytes | bytearray, served: frozenset[str] | None, vocab_size: int, limits: PromptLimits
+                  ) -> ChatCall:
+    """The call of an Anthropic ``count_tokens`` body (a Messages request without ``max_tokens``)."""
+    body = decode_json(raw)
+    check_model(body, served)
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    call, _options = parse_messages_request(body, vocab_size, limits.context_length, needs_max_tokens=False)
+    limits.check_size(call)
+    return call
