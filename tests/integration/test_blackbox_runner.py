@@ -74,7 +74,7 @@ import json, os, stat, sys
 task_file = os.environ["FORGE_TASK_FILE"]
 task = json.load(open(task_file))
 print("stdin:", sys.stdin.read())
-for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "FORGE_SESSION_ID"):
+for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "FORGE_SESSION_ID"):
     print(name + ":", os.environ.get(name))
 print("task_id:", task["task_id"])
 print("task_file:", task_file)
@@ -88,13 +88,15 @@ def test_the_program_gets_its_session_and_task_and_nothing_of_forge(tmp_path, pr
     monkeypatch.setenv("FORGE_GATEWAY_API_KEYS", "deployment-secret-1")
     monkeypatch.setenv("OPENAI_API_KEY", "deployment-secret-2")
     monkeypatch.setenv("OPENAI_ORG_ID", "deployment-secret-3")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "deployment-secret-4")
     monkeypatch.setenv("UNRELATED_SETTING", "kept")
     runner = BlackBoxRunner(python(write_program(tmp_path, "echo.py", ECHO), cwd=tmp_path))
     result = asyncio.run(runner.run(TASK, **SESSION))
     lines = dict(line.split(": ", 1) for line in result.reply.splitlines())
     assert lines["stdin"] == "What is 2 + 3?"
     assert lines["OPENAI_BASE_URL"] == SESSION["base_url"]
-    assert lines["OPENAI_API_KEY"] == SESSION["api_key"]
+    assert lines["OPENAI_API_KEY"] == SESSION["api_key"] == lines["ANTHROPIC_API_KEY"]
+    assert lines["ANTHROPIC_BASE_URL"] + "/v1" == SESSION["base_url"]
     assert lines["FORGE_SESSION_ID"] == "abc"
     assert lines["task_id"] == "t7"
     assert lines["folder_mode"] == "0o700"

@@ -1,10 +1,11 @@
 """Runs a user's unmodified agent program once per training session (a black-box agent).
 
-The program is any executable that reads the two OpenAI variables: it gets ``OPENAI_BASE_URL`` (the session's base
-URL) and ``OPENAI_API_KEY`` (the session's key), plus ``FORGE_SESSION_ID`` and ``FORGE_TASK_FILE`` (a JSON file with
-the task), and the task's first user message on standard input. Its standard output is its reply; it must exit 0.
-Every variable of the parent that starts with ``FORGE_`` or ``OPENAI_`` is withheld, since those may hold the
-deployment's secrets. The program runs in a process group of its own, so that on a timeout, a cancellation or its
+The program is any executable that reads the OpenAI or the Anthropic client's variables: it gets
+``OPENAI_BASE_URL`` (the session's base URL) and ``OPENAI_API_KEY`` (the session's key), ``ANTHROPIC_BASE_URL`` (the
+session's root, where the Messages API is) and ``ANTHROPIC_API_KEY`` (the same key), plus ``FORGE_SESSION_ID`` and
+``FORGE_TASK_FILE`` (a JSON file with the task), and the task's first user message on standard input. Its standard
+output is its reply; it must exit 0. Every variable of the parent that starts with ``FORGE_``, ``OPENAI_`` or
+``ANTHROPIC_`` is withheld, since those may hold the deployment's secrets. The program runs in a process group of its own, so that on a timeout, a cancellation or its
 exit nothing it started is left running. POSIX only (process groups). See docs/agents.md.
 """
 
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 STDOUT_LIMIT_BYTES = 1 << 20   # of a longer standard output only the end is kept
 KILL_GRACE_S = 2.0             # between SIGTERM and SIGKILL of the program's process group
 DRAIN_S = 5.0                  # how long to wait for the pipes to close once the group is killed
-WITHHELD_PREFIXES = ("FORGE_", "OPENAI_")
+WITHHELD_PREFIXES = ("FORGE_", "OPENAI_", "ANTHROPIC_")
 
 
 def agent_path() -> str:
@@ -131,8 +132,9 @@ class BlackBoxRunner:
             task_file = Path(folder) / "task.json"
             task_file.write_text(json.dumps(task, ensure_ascii=False), encoding="utf-8")
             env = {name: value for name, value in os.environ.items() if not name.startswith(WITHHELD_PREFIXES)}
-            env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key, FORGE_SESSION_ID=session_id,
-                       FORGE_TASK_FILE=str(task_file), PATH=agent_path())
+            env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key, ANTHROPIC_BASE_URL=base_url.removesuffix("/v1"),
+                       ANTHROPIC_API_KEY=api_key, FORGE_SESSION_ID=session_id, FORGE_TASK_FILE=str(task_file),
+                       PATH=agent_path())
             loop = asyncio.get_running_loop()
             output = _Output(STDOUT_LIMIT_BYTES, command.stderr_tail_bytes)
             started = time.monotonic()
