@@ -138,8 +138,12 @@ def serve(parent: int, grace_s: float, commands: int = 0) -> None:
 
     while True:
         ready, _, _ = select.select([commands, *watch], [], [], POLL_S)
-        if adopting:
-            adopt_new(child_pids(parent))
+        if adopting and commands not in ready:
+            seen = child_pids(parent)
+            # The parent starts what is not the reaper's only after it has written "settle": children seen while
+            # no command waits were all started before it, and once one waits, its own list is the one that counts.
+            if not select.select([commands], [], [], 0)[0]:
+                adopt_new(seen)
         gone = watch[0] in ready if watch else start_time(parent) != parent_started
         if not gone and commands not in ready:
             continue
