@@ -18,7 +18,7 @@ from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest, GatewayError
 from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.http.conversations import Conversations
-from forge.gateway.http.openai import _get, parse_sampling
+from forge.gateway.http.openai import field_value, parse_sampling
 from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat
 from forge.gateway.messages import ChatCall, chat_message, check_stop, tool_function
 from forge.v1 import common_pb2
@@ -142,7 +142,7 @@ def parse_messages(body: dict) -> list[dict]:
 
 
 def parse_tools(body: dict) -> list[dict] | None:
-    tools = _get(body, "tools", "list")
+    tools = field_value(body, "tools", "list")
     if not tools:
         return None
     checked = []
@@ -159,7 +159,7 @@ def parse_tools(body: dict) -> list[dict] | None:
 
 def parse_tool_choice(body: dict, tools: list[dict] | None) -> tuple[str, str | None, bool]:
     """(mode, forced function, parallel tool calls) of Anthropic's ``tool_choice``."""
-    choice = _get(body, "tool_choice", "dict")
+    choice = field_value(body, "tool_choice", "dict")
     if choice is None:
         return "auto", None, True
     kind = choice.get("type")
@@ -176,13 +176,13 @@ def template_kwargs(body: dict) -> dict:
     (adaptive, and thinking between tool calls, leave the template's default; ``budget_tokens`` is not enforced),
     and ``output_config.effort`` as ``reasoning_effort``."""
     kwargs: dict = {}
-    thinking = _get(body, "thinking", "dict")
+    thinking = field_value(body, "thinking", "dict")
     if thinking is not None:
         if thinking.get("type") not in ("enabled", "disabled", "adaptive", "between_tools"):
             raise BadRequest("thinking.type must be enabled, disabled, adaptive or between_tools", "thinking")
         if thinking["type"] in ("enabled", "disabled"):
             kwargs["enable_thinking"] = thinking["type"] == "enabled"
-    output = _get(body, "output_config", "dict", {})
+    output = field_value(body, "output_config", "dict", {})
     if output.get("format") is not None:
         raise BadRequest("output_config.format (structured output) is not supported: no constrained decoding",
                          "output_config.format")
@@ -199,13 +199,13 @@ def parse_messages_request(body: dict, vocab_size: int, context_length: int | No
         if name not in SUPPORTED and name not in IGNORED and value is not None:
             reason = WHY_NOT.get(name)
             raise BadRequest(f"{name} is not supported" + (f": {reason}" if reason else " by this gateway"), name)
-    _get(body, "model", "str")
+    field_value(body, "model", "str")
     if needs_max_tokens and body.get("max_tokens") is None:
         raise BadRequest("max_tokens is required", "max_tokens")
     messages = parse_messages(body)
     tools = parse_tools(body)
     mode, function, parallel = parse_tool_choice(body, tools)
-    stop = _get(body, "stop_sequences", "list", [])
+    stop = field_value(body, "stop_sequences", "list", [])
     try:
         stop = check_stop(stop)
     except BadRequest as exc:
@@ -214,7 +214,7 @@ def parse_messages_request(body: dict, vocab_size: int, context_length: int | No
                               vocab_size, context_length)
     call = ChatCall(messages, tools, bool(tools) and mode != "none", sampling, stop, template_kwargs(body), parallel,
                     mode == "required", function)
-    return call, MessagesOptions(_get(body, "stream", "bool", False), "msg_" + uuid.uuid4().hex)
+    return call, MessagesOptions(field_value(body, "stream", "bool", False), "msg_" + uuid.uuid4().hex)
 
 
 # ---------------------------------------------------------------------------------------------- answers

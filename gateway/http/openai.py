@@ -65,7 +65,9 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _get(body: dict, name: str, kind: str, default: Any = None) -> Any:
+def field_value(body: dict, name: str, kind: str, default: Any = None) -> Any:
+    """``body[name]`` checked to be of ``kind`` (bool, int, number, str, list, dict); ``default`` when absent or
+    null."""
     value = body.get(name)
     if value is None:
         return default
@@ -132,7 +134,7 @@ def parse_messages(value: Any) -> list[dict]:
 
 
 def parse_tools(body: dict) -> list[dict] | None:
-    tools = _get(body, "tools", "list")
+    tools = field_value(body, "tools", "list")
     if not tools:
         return None
     checked = []
@@ -158,23 +160,23 @@ def refuse_unsupported(body: dict) -> None:
 
 def parse_sampling(body: dict, vocab_size: int, context_length: int | None = None) -> common_pb2.SamplingParams:
     sampling = common_pb2.SamplingParams()
-    temperature = _get(body, "temperature", "number")
+    temperature = field_value(body, "temperature", "number")
     if temperature is not None:
         problem = temperature_problem(temperature)     # before float32 rounding: 1e-50 is no greedy 0
         if problem:
             raise BadRequest(problem, "temperature")
         sampling.temperature = temperature
-    top_p = _get(body, "top_p", "number")
+    top_p = field_value(body, "top_p", "number")
     if top_p is not None:
         sampling.top_p = top_p if 0 < top_p <= 1 else 0.0
         if sampling.top_p == 0.0:                      # out of range, or too small for float32 (0 would mean 1)
             raise BadRequest(f"top_p must be in (0, 1], got {top_p}", "top_p")
-    top_k = _get(body, "top_k", "int", 0)
+    top_k = field_value(body, "top_k", "int", 0)
     if top_k < -1:
         raise BadRequest(f"top_k must be >= 0 (or -1 for off), got {top_k}", "top_k")
     sampling.top_k = max(check_int32(top_k, "top_k"), 0)
     for name in ("max_completion_tokens", "max_tokens"):
-        value = _get(body, name, "int")
+        value = field_value(body, name, "int")
         if value is not None:
             if value < 1:
                 raise BadRequest(f"{name} must be >= 1, got {value}", name)
@@ -183,22 +185,22 @@ def parse_sampling(body: dict, vocab_size: int, context_length: int | None = Non
                                  "included", name, "context_length_exceeded")
             sampling.max_tokens = min(value, 2**31 - 1)
             break
-    seed = _get(body, "seed", "int")
+    seed = field_value(body, "seed", "int")
     if seed is not None:
         if not 0 <= seed < 2**63:
             raise BadRequest(f"seed must be in [0, 2**63), got {seed}", "seed")
         sampling.seed = seed
-    stop_ids = _get(body, "stop_token_ids", "list", [])
+    stop_ids = field_value(body, "stop_token_ids", "list", [])
     if not all(_is_int(t) for t in stop_ids):
         raise BadRequest("stop_token_ids must be a list of token ids", "stop_token_ids")
     sampling.stop_token_ids.extend(check_token_ids(stop_ids, vocab_size, "stop_token_ids"))
-    sampling.ignore_eos = _get(body, "ignore_eos", "bool", False)
-    min_tokens = _get(body, "min_tokens", "int", 0)
+    sampling.ignore_eos = field_value(body, "ignore_eos", "bool", False)
+    min_tokens = field_value(body, "min_tokens", "int", 0)
     if not 0 <= min_tokens < 2**31:
         raise BadRequest(f"min_tokens must be >= 0, got {min_tokens}", "min_tokens")
     sampling.min_tokens = min_tokens
-    top_logprobs = _get(body, "top_logprobs", "int", 0)
-    if top_logprobs and not _get(body, "logprobs", "bool", False):
+    top_logprobs = field_value(body, "top_logprobs", "int", 0)
+    if top_logprobs and not field_value(body, "logprobs", "bool", False):
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     if not 0 <= top_logprobs < 2**31:
         raise BadRequest(f"top_logprobs must be >= 0, got {top_logprobs}", "top_logprobs")
@@ -209,8 +211,8 @@ def parse_sampling(body: dict, vocab_size: int, context_length: int | None = Non
 def template_kwargs(body: dict) -> dict:
     """The chat template's extra variables: ``chat_template_kwargs``, with ``reasoning_effort`` among them (as vLLM
     passes it) unless those set it themselves."""
-    kwargs = check_template_kwargs(_get(body, "chat_template_kwargs", "dict"))
-    effort = _get(body, "reasoning_effort", "str")
+    kwargs = check_template_kwargs(field_value(body, "chat_template_kwargs", "dict"))
+    effort = field_value(body, "reasoning_effort", "str")
     if effort is not None:
         kwargs.setdefault("reasoning_effort", effort)
     return kwargs
@@ -221,12 +223,12 @@ def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = 
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     refuse_unsupported(body)
-    _get(body, "model", "str")
+    field_value(body, "model", "str")
     messages = parse_messages(body.get("messages"))
-    n = _get(body, "n", "int", 1)
+    n = field_value(body, "n", "int", 1)
     if n != 1:
         raise BadRequest(f"n must be 1 (got {n}); send separate requests for several samples", "n")
-    response_format = _get(body, "response_format", "dict")
+    response_format = field_value(body, "response_format", "dict")
     if response_format and response_format.get("type", "text") != "text":
         raise BadRequest(f"response_format {response_format.get('type')!r} is not supported: {RECORDED} (no "
                          "constrained decoding); only 'text'", "response_format")
@@ -239,17 +241,17 @@ def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = 
         stop = [stop]
     elif not isinstance(stop, list):
         raise BadRequest("stop must be a string or a list of strings", "stop")
-    modalities = _get(body, "modalities", "list", ["text"])
+    modalities = field_value(body, "modalities", "list", ["text"])
     if modalities != ["text"]:
         raise BadRequest(f"modalities must be [\"text\"] (got {modalities!r}): the model writes text only",
                          "modalities")
-    stream_options = _get(body, "stream_options", "dict", {})
-    options = ChatOptions(stream=_get(body, "stream", "bool", False),
+    stream_options = field_value(body, "stream_options", "dict", {})
+    options = ChatOptions(stream=field_value(body, "stream", "bool", False),
                           include_usage=bool(stream_options.get("include_usage")),
-                          logprobs=_get(body, "logprobs", "bool", False),
-                          return_token_ids=_get(body, "return_token_ids", "bool", False))
+                          logprobs=field_value(body, "logprobs", "bool", False),
+                          return_token_ids=field_value(body, "return_token_ids", "bool", False))
     call = ChatCall(messages, tools, bool(tools) and mode != "none", parse_sampling(body, vocab_size, context_length),
-                    check_stop(stop), template_kwargs(body), _get(body, "parallel_tool_calls", "bool", True),
+                    check_stop(stop), template_kwargs(body), field_value(body, "parallel_tool_calls", "bool", True),
                     mode == "required", function)
     return call, options
 
