@@ -1,0 +1,553 @@
+"""OpenAI's Responses API (``POST /v1/responses``), the default model path of the OpenAI Agents SDK, so that agents
+written with it train unchanged: a request's ``instructions``, ``input`` items (messages, function calls and their
+outputs, reasoning) and function tools become the chat call every format runs (rendered with the model's
+template, recorded token-in-token-out); the answer comes back as a ``response`` object of output items (reasoning,
+message, function calls) or as the Responses stream of named events.
+
+An assistant turn comes back as several items (a reasoning item, a message, function calls): consecutive ones
+merge into the one assistant message the model wrote, with the function calls' ``arguments`` text as written, so
+the history renders to the recorded prompt and completion and splices token for token. ``previous_response_id``
+continues a conversation the gateway keeps (``Conversations``): the earlier request's messages and the answer as
+the model wrote it, in the session that answer ran in (a call outside any session runs in a one-call session,
+closed once answered: the next one continues the conversation in a session of its own)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from forge.gateway.calls import ChatDelta, ChatResult
+from forge.gateway.errors import BadRequest, GatewayError, NotFound
+from forge.gateway.forced_calls import check_tool_choice
+from forge.gateway.http.conversations import Conversations, StoredResponse
+from forge.gateway.http.openai import field_value, message_json, parse_sampling, template_kwargs
+from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat
+from forge.gateway.messages import ChatCall, chat_message, check_stop, tool_function
+from forge.gateway.parsing import ToolCall
+from forge.v1 import common_pb2
+
+SUPPORTED = frozenset({
+    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "temperature", "top_p",
+    "max_output_tokens", "stream", "stream_options", "previous_response_id", "reasoning", "text", "include",
+    "truncation", "background", "top_logprobs", "top_k", "seed", "stop", "chat_template_kwargs"})
+# Accepted and ignored: they ask OpenAI's service for storage, billing, caching, moderation hints or limits on its
+# hosted tools (there are none here), and change nothing sampled.
+IGNORED = frozenset({"store", "metadata", "user", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+                     "prompt_cache_options", "safety_identifier", "max_tool_calls"})
+WHY_NOT = {
+    "conversation": "the gateway keeps no conversation objects; chain responses with previous_response_id",
+    "prompt": "prompt templates are stored on OpenAI's service; send instructions and input",
+    "context_management": "the agent manages its own context",
+    "moderation": "the gateway does not moderate",
+}
+# include values that ask for what the gateway does not return: refused, since an empty answer would be wrong.
+REFUSED_INCLUDES = {"message.output_text.logprobs": "logprobs are not returned by the Responses API here; chat "
+                                                     "completions return them (logprobs), and the session's "
+                                                     "records hold them (GET /v1/sessions/{id}?include_ids=1)"}
+TEXT_PARTS = ("input_text", "output_text")
+MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+HOSTED_TOOL = ("OpenAI's hosted tool {kind!r} is not supported: the gateway runs no tools; declare a function tool "
+               "({{'type': 'function', 'name': ..., 'parameters': ...}}) and run it in the agent")
+ITEM_PREFIXES = {"reasoning": "rs_", "message": "msg_", "call": "fc_"}
+TOOL_CHOICE_FORMS = "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}"
+
+
+@dataclass
+class ResponsesOptions:
+    """A request's answer settings: its response id (made at parse time, so that the answer, the stream and what
+    is kept agree) and what the response object repeats."""
+
+    response_id: str
+    created_at: int
+    stream: bool = False
+    has_instructions: bool = False          # the call's first message is the request's instructions
+    previous_response_id: str | None = None
+    echo: dict = field(default_factory=dict)    # the request's settings the response object repeats
+    # The session the call was given (by its request, or by the previous response), once ``complete`` has run;
+    # None: a one-call session of its own, closed once answered, which a later response cannot continue.
+    session_id: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------- requests
+
+
+def _text(value: Any, where: str) -> str:
+    """The text of a message's content: a string, or a list of text parts."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise BadRequest(f"{where} must be a string or a list of text parts", where)
+    texts = []
+    for j, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise BadRequest(f"{where}[{j}]: only text parts ({', '.join(TEXT_PARTS)}) with a string text are "
+                             f"supported (got {kind!r})", f"{where}[{j}]")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _string(item: dict, name: str, where: str, empty: bool = False) -> str:
+    value = item.get(name)
+    if not isinstance(value, str) or not (value or empty):
+        raise BadRequest(f"{where}.{name} must be a{'' if empty else ' non-empty'} string", f"{where}.{name}")
+    return value
+
+
+def _reasoning_text(item: dict, where: str) -> str:
+    """The reasoning the model wrote, from a reasoning item's ``content`` (its ``summary`` is not what was
+    written, and is left out)."""
+    summary = item.get("summary", [])
+    if not isinstance(summary, list):
+        raise BadRequest(f"{where}.summary must be a list", f"{where}.summary")
+    content = item.get("content") or []
+    if not isinstance(content, list):
+        raise BadRequest(f"{where}.content must be a list of reasoning_text parts", f"{where}.content")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "reasoning_text" or not isinstance(part.get("text"), str):
+            raise BadRequest(f"{where}.content[{j}] must be {{'type': 'reasoning_text', 'text': ...}}",
+                             f"{where}.content[{j}]")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _function_call(item: dict, where: str) -> dict:
+    call_id, name = _string(item, "call_id", where), _string(item, "name", where)
+    arguments = item.get("arguments", "{}")
+    if not isinstance(arguments, str):
+        raise BadRequest(f"{where}.arguments must be a string (the call's JSON arguments)", f"{where}.arguments")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _function_output(item: dict, where: str) -> dict:
+    call_id = _string(item, "call_id", where)
+    output = item.get("output")
+    if output is None:
+        raise BadRequest(f"{where}.output is required", f"{where}.output")
+    return chat_message(where, "tool", _text(output, f"{where}.output"), extras={"tool_call_id": call_id})
+
+
+@dataclass
+class AssistantTurn:
+    """The items of one assistant turn, merged into one message: reasoning, then text, then function calls."""
+
+    where: str
+    reasoning: list[str] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    calls: list[dict] = field(default_factory=list)
+
+    @property
+    def spoken(self) -> bool:
+        """Whether text or a call has come: a reasoning item or message after them opens another turn."""
+        return bool(self.content or self.calls)
+
+    def message(self) -> dict:
+        text = "".join(self.content)
+        return chat_message(self.where, "assistant", text or (None if self.calls else ""), self.calls or None,
+                            reasoning="".join(self.reasoning) or None)
+
+
+def parse_input(value: Any) -> list[dict]:
+    """The messages of ``input``: a string is one user message; a list holds items, an assistant turn's items
+    (reasoning, message, function calls, in that order) merging into one assistant message."""
+    if isinstance(value, str):
+        return [chat_message("input", "user", value)]
+    if not isinstance(value, list) or not value:
+        raise BadRequest("input must be a string or a non-empty list of items", "input")
+    messages: list[dict] = []
+    turn: AssistantTurn | None = None
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise BadRequest(f"{where} must be an object", where)
+        kind = item.get("type", "message")
+        role = item.get("role")
+        if kind in ("reasoning", "function_call") or (kind == "message" and role == "assistant"):
+            if turn is not None and turn.spoken and kind != "function_call":
+                messages.append(turn.message())
+                turn = None
+            turn = turn or AssistantTurn(where)
+            if kind == "reasoning":
+                turn.reasoning.append(_reasoning_text(item, where))
+            elif kind == "function_call":
+                turn.calls.append(_function_call(item, where))
+            else:
+                turn.content.append(_text(item.get("content"), f"{where}.content"))
+            continue
+        if turn is not None:
+            messages.append(turn.message())
+            turn = None
+        if kind == "function_call_output":
+            messages.append(_function_output(item, where))
+        elif kind == "message":
+            if role not in MESSAGE_ROLES:
+                raise BadRequest(f"{where}.role must be one of {', '.join(MESSAGE_ROLES)} (got {role!r})",
+                                 f"{where}.role")
+            messages.append(chat_message(where, role, _text(item.get("content"), f"{where}.content")))
+        else:
+            raise BadRequest(f"{where}.type {kind!r} is not supported: input items are messages, function_call, "
+                             "function_call_output and reasoning", f"{where}.type")
+    if turn is not None:
+        messages.append(turn.message())
+    return messages
+
+
+def parse_tools(body: dict) -> tuple[list[dict] | None, list[dict]]:
+    """(the tools in OpenAI's chat form, the same as the response object repeats them)."""
+    tools = field_value(body, "tools", "list")
+    if not tools:
+        return None, []
+    checked, echoed = [], []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise BadRequest(f"{where} must be an object", where)
+        kind = tool.get("type")
+        if kind != "function":
+            raise BadRequest(f"{where}: " + HOSTED_TOOL.format(kind=kind), where)
+        _string(tool, "name", where)
+        for name, kinds, what in (("description", str, "a string"), ("parameters", dict, "a JSON schema object"),
+                                  ("strict", bool, "a boolean")):
+            if not isinstance(tool.get(name), kinds | None):
+                raise BadRequest(f"{where}.{name} must be {what}", f"{where}.{name}")
+        function = {name: tool.get(name) for name in ("name", "description", "parameters")}
+        checked.append(tool_function(where, function))
+        echoed.append({"type": "function", **function, "strict": tool.get("strict")})
+    return checked, echoed
+
+
+def parse_tool_choice(body: dict, tools: list[dict] | None) -> tuple[str, str | None]:
+    """(mode, forced function) of the Responses ``tool_choice``."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise BadRequest(f"{TOOL_CHOICE_FORMS} (got type {choice.get('type')!r}: the gateway runs no hosted "
+                             "tools)", "tool_choice")
+        if not isinstance(choice.get("name"), str):
+            raise BadRequest(f"{TOOL_CHOICE_FORMS}: a function's name is a string", "tool_choice")
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    elif choice is not None and choice not in ("auto", "none", "required"):
+        raise BadRequest(f"{TOOL_CHOICE_FORMS} (got {choice!r})", "tool_choice")
+    return check_tool_choice(choice, tools)
+
+
+def _keys(value: dict, allowed: tuple[str, ...], name: str) -> None:
+    for key in value:
+        if key not in allowed and value[key] is not None:
+            raise BadRequest(f"{name}.{key} is not supported by this gateway", f"{name}.{key}")
+
+
+def parse_settings(body: dict) -> dict:
+    """The chat template's variables (``reasoning.effort`` as ``reasoning_effort``), with ``text``, ``include``
+    and the fields accepted at one value checked."""
+    reasoning = field_value(body, "reasoning", "dict", {})
+    _keys(reasoning, ("effort", "summary", "generate_summary"), "reasoning")
+    effort = reasoning.get("effort")
+    if effort is not None and not isinstance(effort, str):
+        raise BadRequest("reasoning.effort must be a string", "reasoning.effort")
+    text = field_value(body, "text", "dict", {})
+    _keys(text, ("format", "verbosity"), "text")
+    form = text.get("format")
+    if form is not None and (not isinstance(form, dict) or form.get("type") != "text"):
+        kind = form.get("type") if isinstance(form, dict) else form
+        raise BadRequest(f"text.format {kind!r} is not supported: structured output needs constrained decoding, "
+                         "which would change what the learner recomputes; only {'type': 'text'}", "text.format")
+    for j, name in enumerate(field_value(body, "include", "list", [])):
+        if not isinstance(name, str):
+            raise BadRequest(f"include[{j}] must be a string", f"include[{j}]")
+        if name in REFUSED_INCLUDES:
+            raise BadRequest(f"include {name!r} is not supported: {REFUSED_INCLUDES[name]}", "include")
+    if field_value(body, "truncation", "str", "disabled") != "disabled":
+        raise BadRequest("truncation must be 'disabled': the gateway never drops input to fit the context (a "
+                         "prompt too long is refused with context_length_exceeded)", "truncation")
+    if field_value(body, "background", "bool", False):
+        raise BadRequest("background must be false: every response is answered on its request", "background")
+    if field_value(body, "top_logprobs", "int", 0):
+        raise BadRequest(f"top_logprobs must be 0: {REFUSED_INCLUDES['message.output_text.logprobs']}",
+                         "top_logprobs")
+    field_value(body, "stream_options", "dict")
+    return template_kwargs({"chat_template_kwargs": body.get("chat_template_kwargs"), "reasoning_effort": effort})
+
+
+def refuse_unsupported(body: dict) -> None:
+    for name, value in body.items():
+        if name not in SUPPORTED and name not in IGNORED and value is not None:
+            reason = WHY_NOT.get(name)
+            raise BadRequest(f"{name} is not supported" + (f": {reason}" if reason else " by this gateway"), name)
+
+
+def parse_limits(body: dict, vocab_size: int, context_length: int | None) -> common_pb2.SamplingParams:
+    limit = field_value(body, "max_output_tokens", "int")
+    if limit is not None and (limit < 1 or (context_length is not None and limit >= context_length)):
+        raise BadRequest(f"max_output_tokens must be >= 1 and below the model's context ({context_length} tokens, "
+                         f"prompt included), got {limit}", "max_output_tokens",
+                         None if limit < 1 else "context_length_exceeded")
+    return parse_sampling({**{name: body.get(name) for name in ("temperature", "top_p", "top_k", "seed")},
+                           "max_tokens": limit}, vocab_size, context_length)
+
+
+def parse_stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if not isinstance(stop, str | list):
+        raise BadRequest("stop must be a string or a list of strings", "stop")
+    return check_stop([stop] if isinstance(stop, str) else stop)
+
+
+def parse_responses_request(body: Any, vocab_size: int, context_length: int | None = None
+                            ) -> tuple[ChatCall, ResponsesOptions]:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    refuse_unsupported(body)
+    field_value(body, "model", "str")
+    instructions = field_value(body, "instructions", "str")
+    if "input" not in body or body["input"] is None:
+        raise BadRequest("input is required: a string or a list of items", "input")
+    messages = parse_input(body["input"])
+    if instructions is not None:
+        messages.insert(0, chat_message("instructions", "system", instructions))
+    tools, echoed_tools = parse_tools(body)
+    mode, function = parse_tool_choice(body, tools)
+    parallel = field_value(body, "parallel_tool_calls", "bool", True)
+    previous = field_value(body, "previous_response_id", "str")
+    kwargs = parse_settings(body)
+    sampling = parse_limits(body, vocab_size, context_length)
+    call = ChatCall(messages, tools, bool(tools) and mode != "none", sampling, parse_stop(body), kwargs, parallel,
+                    mode == "required", function)
+    echo = {"instructions": instructions, "tools": echoed_tools, "tool_choice": body.get("tool_choice") or "auto",
+            "parallel_tool_calls": parallel, "temperature": field_value(body, "temperature", "number", 1.0),
+            "top_p": field_value(body, "top_p", "number", 1.0), "max_output_tokens": body.get("max_output_tokens"),
+            "previous_response_id": previous, "truncation": "disabled", "top_logprobs": 0,
+            "reasoning": {"effort": None, "summary": None, **field_value(body, "reasoning", "dict", {})},
+            "text": {"format": {"type": "text"}, **{k: v for k, v in field_value(body, "text", "dict", {}).items()
+                                                    if v is not None}},
+            "metadata": field_value(body, "metadata", "dict", {})}
+    options = ResponsesOptions("resp_" + uuid.uuid4().hex, int(time.time()), field_value(body, "stream", "bool", False),
+                               instructions is not None, previous, echo)
+    return call, options
+
+
+# ---------------------------------------------------------------------------------------------- answers
+
+
+class ItemIds:
+    """The ids of a response's output items, made as each is first named (so that a stream's events and its final
+    response agree)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, str] = {}
+
+    def of(self, kind: str, index: int = 0) -> str:
+        key = f"{kind}{index}"
+        if key not in self._ids:
+            self._ids[key] = ITEM_PREFIXES[kind] + uuid.uuid4().hex
+        return self._ids[key]
+
+
+def incomplete(result: ChatResult) -> bool:
+    return result.finish_reason == common_pb2.FINISH_REASON_LENGTH and not result.stopped_by_string
+
+
+def reasoning_item(item_id: str, text: str | None) -> dict:
+    return {"type": "reasoning", "id": item_id, "summary": [],
+            "content": [] if text is None else [{"type": "reasoning_text", "text": text}]}
+
+
+def text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(item_id: str, text: str | None, status: str) -> dict:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": [] if text is None else [text_part(text)]}
+
+
+def call_item(item_id: str, call: ToolCall, status: str, arguments: str | None = None) -> dict:
+    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments if arguments is None else arguments, "status": status}
+
+
+def output_items(result: ChatResult, ids: ItemIds) -> list[dict]:
+    """Reasoning (when the model wrote some), the message (its text, or an empty one when nothing else came) and
+    one item per function call."""
+    parsed = result.parsed
+    items = []
+    if parsed.reasoning:
+        items.append(reasoning_item(ids.of("reasoning"), parsed.reasoning))
+    if parsed.content or not parsed.tool_calls:
+        items.append(message_item(ids.of("message"), parsed.content,
+                                  "incomplete" if incomplete(result) else "completed"))
+    items += [call_item(ids.of("call", i), call, "completed") for i, call in enumerate(parsed.tool_calls)]
+    return items
+
+
+def usage_json(result: ChatResult) -> dict:
+    prompt, completion = len(result.prompt_ids), len(result.completion_ids)
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion}
+
+
+def response_json(answering: Answering, options: ResponsesOptions, status: str, **fields: Any) -> dict:
+    """A response object: its settings as the request gave them, ``status``, and ``fields`` (output, usage, ...)."""
+    return {"id": options.response_id, "object": "response", "created_at": options.created_at, "status": status,
+            "incomplete_details": None, "model": answering.model_name, "output": [], "usage": None, "error": None,
+            **options.echo, **fields}
+
+
+def final_response(result: ChatResult, answering: Answering, options: ResponsesOptions, ids: ItemIds) -> dict:
+    cut = incomplete(result)
+    return response_json(answering, options, "incomplete" if cut else "completed",
+                         incomplete_details={"reason": "max_output_tokens"} if cut else None,
+                         output=output_items(result, ids), usage=usage_json(result),
+                         forge={"session_id": result.session_id, "call_index": result.call_index,
+                                "tito": result.tito})
+
+
+class ResponseEvents(StreamWriter):
+    """The Responses stream: ``response.created`` and ``response.in_progress``; per output item
+    ``response.output_item.added``, its content part (``response.content_part.added``, text deltas and ``.done``,
+    ``response.content_part.done``) or a function call's arguments (``response.function_call_arguments.delta`` and
+    ``.done``), ``response.output_item.done``; then ``response.completed`` (or ``response.incomplete``) with the
+    whole response. Reasoning streams as ``response.reasoning_text.delta``, text as ``response.output_text.delta``;
+    function calls come whole once the call ends."""
+
+    def __init__(self, answering: Answering, options: ResponsesOptions) -> None:
+        self.answering = answering
+        self.options = options
+        self.ids = ItemIds()
+        self.sequence = 0
+        self.index = -1
+        self.open: str | None = None        # the kind of the item whose text is streaming
+        self.text = ""
+        self.opened: set[str] = set()
+
+    def event(self, kind: str, /, **body: Any) -> Event:
+        event = Event({"type": kind, "sequence_number": self.sequence, **body}, kind)
+        self.sequence += 1
+        return event
+
+    def first(self) -> list[Event]:
+        response = response_json(self.answering, self.options, "in_progress")
+        return [self.event("response.created", response=response),
+                self.event("response.in_progress", response=response)]
+
+    def _where(self) -> dict:
+        return {"item_id": self.ids.of(self.open), "output_index": self.index}
+
+    def _open(self, kind: str) -> list[Event]:
+        if self.open == kind:
+            return []
+        events = self._close("completed")
+        self.index += 1
+        self.open, self.text = kind, ""
+        self.opened.add(kind)
+        item_id = self.ids.of(kind)
+        item = reasoning_item(item_id, None) if kind == "reasoning" else message_item(item_id, None, "in_progress")
+        part = {"type": "reasoning_text", "text": ""} if kind == "reasoning" else text_part("")
+        return [*events, self.event("response.output_item.added", output_index=self.index, item=item),
+                self.event("response.content_part.added", **self._where(), content_index=0, part=part)]
+
+    def _close(self, status: str) -> list[Event]:
+        if self.open is None:
+            return []
+        where, text = self._where(), self.text
+        if self.open == "reasoning":
+            done = self.event("response.reasoning_text.done", **where, content_index=0, text=text)
+            item = reasoning_item(where["item_id"], text)
+        else:
+            done = self.event("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
+            item = message_item(where["item_id"], text, status)
+        self.open = None
+        return [done, self.event("response.content_part.done", **where, content_index=0, part=item["content"][0]),
+                self.event("response.output_item.done", output_index=where["output_index"], item=item)]
+
+    def _delta(self, kind: str, text: str) -> list[Event]:
+        events = self._open(kind)
+        self.text += text
+        name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+        extra = {} if kind == "reasoning" else {"logprobs": []}
+        return [*events, self.event(name, **self._where(), content_index=0, delta=text, **extra)]
+
+    def deltas(self, delta: ChatDelta) -> list[Event]:
+        events = []
+        if delta.reasoning:
+            events += self._delta("reasoning", delta.reasoning)
+        if delta.content:
+            events += self._delta("message", delta.content)
+        return events
+
+    def final(self, result: ChatResult) -> list[Event]:
+        events = self.deltas(result)
+        calls = result.parsed.tool_calls
+        if "message" not in self.opened and not calls:
+            events += self._open("message")
+        events += self._close("incomplete" if incomplete(result) else "completed")
+        for i, call in enumerate(calls):
+            self.index += 1
+            where = {"item_id": self.ids.of("call", i), "output_index": self.index}
+            events += [
+                self.event("response.output_item.added", output_index=self.index,
+                           item=call_item(where["item_id"], call, "in_progress", "")),
+                self.event("response.function_call_arguments.delta", **where, delta=call.arguments),
+                self.event("response.function_call_arguments.done", **where, name=call.name,
+                           arguments=call.arguments),
+                self.event("response.output_item.done", output_index=self.index,
+                           item=call_item(where["item_id"], call, "completed"))]
+        response = final_response(result, self.answering, self.options, self.ids)
+        name = "response.completed" if response["status"] == "completed" else "response.incomplete"
+        return [*events, self.event(name, response=response)]
+
+    def failed(self, error: GatewayError) -> list[Event]:
+        code = error.code or ("server_error" if error.status >= 500 else error.error_type)
+        response = response_json(self.answering, self.options, "failed",
+                                 error={"code": code, "message": error.message})
+        return [self.event("response.failed", response=response)]
+
+
+class Responses(WireFormat):
+    """OpenAI's ``POST /v1/responses``."""
+
+    name = "responses"
+
+    def parse(self, body: dict, vocab_size: int, context_length: int | None) -> tuple[ChatCall, ResponsesOptions]:
+        return parse_responses_request(body, vocab_size, context_length)
+
+    def streams(self, options: ResponsesOptions) -> bool:
+        return options.stream
+
+    def complete(self, call: ChatCall, options: ResponsesOptions, conversations: Conversations,
+                 session_id: str | None) -> tuple[ChatCall, str | None]:
+        """The stored conversation of ``previous_response_id`` put after the instructions, in its session unless
+        the request names one (a response that ran in a one-call session has none to continue in)."""
+        if options.previous_response_id is not None:
+            stored = conversations.response(options.previous_response_id)
+            if stored is None:
+                raise NotFound(f"previous_response_id {options.previous_response_id!r} is not a response this "
+                               "gateway keeps (it keeps the latest ones, in memory)", "previous_response_id")
+            head = call.messages[:1] if options.has_instructions else []
+            call = replace(call, messages=[*head, *stored.messages, *call.messages[len(head):]])
+            session_id = session_id or stored.session_id
+        options.session_id = session_id
+        return call, session_id
+
+    def answer(self, result: ChatResult, answering: Answering, options: ResponsesOptions) -> dict:
+        return final_response(result, answering, options, ItemIds())
+
+    def writer(self, answering: Answering, options: ResponsesOptions) -> ResponseEvents:
+        return ResponseEvents(answering, options)
+
+    def remember(self, call: ChatCall, options: ResponsesOptions, result: ChatResult,
+                 conversations: Conversations) -> None:
+        """The conversation behind the answer, without the request's instructions, and the session it ran in
+        unless that was a one-call session: what a later request continues with ``previous_response_id``."""
+        answer = message_json(result)
+        said = chat_message("output", "assistant", answer["content"], answer.get("tool_calls"),
+                            reasoning=answer.get("reasoning_content"))
+        messages = [*call.messages[1 if options.has_instructions else 0:], said]
+        session_id = result.session_id if options.session_id is not None else None
+        conversations.keep_response(options.response_id, StoredResponse(session_id, messages))
