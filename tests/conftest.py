@@ -88,7 +88,7 @@ def _importable(name: str) -> bool:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked gpu, trtllm or vllm are skipped (and say why) where the hardware or backend is absent; a module
+    """Tests marked gpu, trtllm, vllm or agents are skipped (and say why) where the hardware or backend is absent; a module
     marked xdist_group("heavy") must be one of HEAVY, and the other way round."""
     import torch
 
@@ -96,6 +96,8 @@ def pytest_collection_modifyitems(config, items) -> None:
         "gpu": None if torch.cuda.is_available() else "no CUDA GPU on this machine",
         "trtllm": None if _importable("tensorrt_llm") else "TensorRT-LLM is not installed (GPU extra)",
         "vllm": None if _importable("vllm") else "vLLM is not installed (make test-vllm runs these)",
+        "agents": None if os.environ.get("FORGE_AGENTS_PYTHON") else "the agent frameworks' environment is not "
+                                                                     "given (make test-agents runs these)",
     }
     for item in items:
         for marker, reason in absent.items():

@@ -1,0 +1,31 @@
+"""openai-agents with its chat-completions model: a function tool, streamed, a few turns."""
+
+import asyncio
+import sys
+
+from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
+from openai import AsyncOpenAI
+
+
+@function_tool
+def lookup(key: str) -> str:
+    """Look a key up in the table."""
+    return f"{key} is owned by Mai."
+
+
+async def main() -> None:
+    set_tracing_disabled(True)      # traces would go to OpenAI's servers, out of reach here
+    model = OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=AsyncOpenAI())
+    agent = Agent(name="clerk", instructions="Answer with the table's help.", tools=[lookup], model=model,
+                  model_settings=ModelSettings(max_tokens=48))
+    try:
+        result = Runner.run_streamed(agent, sys.stdin.read(), max_turns=3)
+        async for _event in result.stream_events():
+            pass
+        print(result.final_output)
+    except (MaxTurnsExceeded, ModelBehaviorError) as exc:
+        print(f"gave up: {type(exc).__name__}")
+
+
+asyncio.run(main())
