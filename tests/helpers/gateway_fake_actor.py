@@ -44,6 +44,12 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
         return actor_pb2.AbortResponse(found=False)
 
 
+def sampled_ids(tokenizer, text: str) -> list[int]:
+    """``text`` as a sampler may write it (a script for the fake actor): in pieces of three characters, which are not
+    the tokens encoding it whole would give, then the end of sequence."""
+    return [t for i in range(0, len(text), 3) for t in tokenizer.encode(text[i:i + 3])] + [tokenizer.eos_token_id]
+
+
 def serve_fake_actor(mode: str, script: list[int] | None = None, logprob: float = -0.5):
     servicer = FakeActor(mode, script, logprob)
     server = serve([ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2, "Actor")])

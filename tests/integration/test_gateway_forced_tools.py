@@ -11,7 +11,7 @@ from forge.assets import TINY_DIR
 from forge.pool import PoolReader
 from forge.tokenizer import Tokenizer
 
-from helpers.gateway_fake_actor import serve_fake_actor
+from helpers.gateway_fake_actor import sampled_ids, serve_fake_actor
 from helpers.gateway_procs import start_gateway
 from helpers.recompute import learner_and_recorded
 
@@ -23,17 +23,12 @@ NAMED = {"type": "function", "function": {"name": "lookup"}}
 MESSAGES = [{"role": "user", "content": "Who owns Bo?"}]
 
 
-def sampled_ids(text: str) -> list[int]:
-    """``text`` as a sampler may write it: in pieces of three characters, then the end of sequence."""
-    return [t for i in range(0, len(text), 3) for t in TOK.encode(text[i:i + 3])] + [TOK.eos_token_id]
-
-
 def rendered(messages: list[dict]) -> str:
     return TOK.render_chat(messages, TOOLS, add_generation_prompt=True)
 
 
 def test_a_named_function_is_called_with_the_arguments_the_model_writes(tmp_path):
-    sampled = sampled_ids('{"key": "Bo"}}</tool_call>')
+    sampled = sampled_ids(TOK, '{"key": "Bo"}}</tool_call>')
     server, servicer = serve_fake_actor("script", sampled)
     gateway = start_gateway(tmp_path, [server.address], tmp_path / "pool")
     try:
@@ -71,7 +66,7 @@ def test_a_named_function_is_called_with_the_arguments_the_model_writes(tmp_path
 
 
 def test_required_lets_the_model_pick_the_function(tmp_path):
-    server, servicer = serve_fake_actor("script", sampled_ids('"add", "arguments": {"a": 2}}</tool_call>'))
+    server, servicer = serve_fake_actor("script", sampled_ids(TOK, '"add", "arguments": {"a": 2}}</tool_call>'))
     gateway = start_gateway(tmp_path, [server.address], tmp_path / "pool")
     try:
         client = openai.OpenAI(base_url=f"{gateway.http}/s/required/v1", api_key="x", max_retries=0)

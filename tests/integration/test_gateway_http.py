@@ -25,7 +25,7 @@ from forge.pool import NotFoundError, PoolReader
 from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, pool_pb2
 
-from helpers.gateway_fake_actor import serve_fake_actor
+from helpers.gateway_fake_actor import sampled_ids, serve_fake_actor
 from helpers.gateway_procs import start_gateway
 from helpers.waiting import wait_for
 
@@ -287,7 +287,7 @@ SCRIPTED = ('<think>Bo is in the table.</think>\nLet me look.'
 def test_tool_calls_and_reasoning_reach_the_openai_client_and_splice_back(tmp_path):
     """A scripted actor samples a tool call with reasoning (split into non-canonical tokens, as a sampler may):
     the client gets them parsed, streaming or not, and the assistant message it sends back splices exactly."""
-    sampled = [t for i in range(0, len(SCRIPTED), 3) for t in TOK.encode(SCRIPTED[i:i + 3])] + [TOK.eos_token_id]
+    sampled = sampled_ids(TOK, SCRIPTED)
     assert TOK.encode(TOK.decode(sampled)) != sampled
     server, servicer = serve_fake_actor("script", sampled)
     gateway = start_gateway(tmp_path, [server.address], tmp_path / "pool")

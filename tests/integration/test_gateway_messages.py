@@ -13,7 +13,7 @@ from forge.assets import TINY_DIR
 from forge.pool import PoolReader
 from forge.tokenizer import Tokenizer
 
-from helpers.gateway_fake_actor import serve_fake_actor
+from helpers.gateway_fake_actor import sampled_ids, serve_fake_actor
 from helpers.gateway_procs import start_gateway
 from helpers.recompute import learner_and_recorded
 
@@ -55,7 +55,7 @@ def test_text_answers_streamed_or_not_are_recorded_as_the_learner_recomputes_the
 
 
 def test_tool_use_is_answered_and_its_result_splices_back(tmp_path):
-    sampled = [t for i in range(0, len(SCRIPTED), 3) for t in TOK.encode(SCRIPTED[i:i + 3])] + [TOK.eos_token_id]
+    sampled = sampled_ids(TOK, SCRIPTED)
     server, _servicer = serve_fake_actor("script", sampled)
     gateway = start_gateway(tmp_path, [server.address], tmp_path / "pool")
     try:

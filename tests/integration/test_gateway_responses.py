@@ -14,7 +14,7 @@ from forge.assets import TINY_DIR
 from forge.pool import PoolReader
 from forge.tokenizer import Tokenizer
 
-from helpers.gateway_fake_actor import serve_fake_actor
+from helpers.gateway_fake_actor import sampled_ids, serve_fake_actor
 from helpers.gateway_procs import start_gateway
 from helpers.recompute import learner_and_recorded
 
@@ -129,7 +129,7 @@ def test_a_response_outside_any_session_is_continued_in_a_new_one(stack):
 
 
 def test_function_calls_are_answered_as_items_and_splice_back(tmp_path):
-    sampled = [t for i in range(0, len(SCRIPTED), 3) for t in TOK.encode(SCRIPTED[i:i + 3])] + [TOK.eos_token_id]
+    sampled = sampled_ids(TOK, SCRIPTED)
     server, servicer = serve_fake_actor("script", sampled)
     gateway = start_gateway(tmp_path, [server.address], tmp_path / "pool")
     try:
