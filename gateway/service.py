@@ -5,6 +5,7 @@ these calls and their results back; who may make a call is ``auth.py``'s. Lives 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -41,6 +42,16 @@ class CallStream(Generic[T]):
 
     session_id: str
     events: AsyncIterator[T]
+
+
+def sample_call(call: ChatCall, index: int) -> ChatCall:
+    """The call of answer ``index`` of several to one prompt: a seeded one draws with seed + index."""
+    if index == 0 or not call.sampling.HasField("seed"):
+        return call
+    sampling = common_pb2.SamplingParams()
+    sampling.CopyFrom(call.sampling)
+    sampling.seed = (call.sampling.seed + index) % (2**63)
+    return dataclasses.replace(call, sampling=sampling)
 
 
 def _required(session_id: str | None) -> str:
@@ -103,28 +114,45 @@ class Gateway:
         then the result once the call is recorded. With ``open_as``, an unknown session is opened with its fields
         at the call's first record, and no ``session_id`` means a new one-call session; without, it must exist.
         ``size``: bytes of the request the call came from; a large one is checked and rendered off the loop."""
+        return (await self.chat_samples(call, 1, session_id, open_as, stream, size))[0]
+
+    async def chat_samples(self, call: ChatCall, samples: int, session_id: str | None,
+                           open_as: pool_pb2.OpenSessionRequest | None = None, stream: bool = True, size: int = 0
+                           ) -> list[CallStream[ChatDelta | ChatResult]]:
+        """``samples`` answers to one prompt, run at once as ``chat`` runs one, each recorded as a call of the
+        session (with a seed, answer i is drawn with seed + i). A one-call session of their own is closed once the
+        last of them ends."""
         if open_as is None:
             _required(session_id)
         prompt = await self.work.run(size, self.runner.render, call)
         state = await self.sessions.resolve(session_id or uuid.uuid4().hex, open_as)
-        events = self.runner.chat(state, call, prompt, stream)
+        streams = [self.runner.chat(state, sample_call(call, i), prompt, stream) for i in range(samples)]
         if session_id is None:
-            events = self._closing_one_call(state.session_id, events)
-        return CallStream(state.session_id, events)
+            streams = self._closing_after_all(state.session_id, streams)
+        return [CallStream(state.session_id, events) for events in streams]
 
     async def prompt_tokens(self, call: ChatCall, size: int = 0) -> int:
         """How many tokens ``call``'s prompt is, rendered as it would run (nothing is sampled or recorded)."""
         prompt = await self.work.run(size, self.runner.render, call)
         return len(await self.work.run(len(prompt.text), self.model.tokenizer.encode, prompt.text))
 
-    async def _closing_one_call(self, session_id: str, events: AsyncIterator[T]) -> AsyncIterator[T]:
-        """A call's events; then the session the call opened for itself is closed (as failed: no agent is there to
-        give it an outcome), so that it does not hold the learner's queue until it times out."""
-        try:
-            async for event in events:
-                yield event
-        finally:
-            await asyncio.shield(self._close_one_call(session_id))
+    def _closing_after_all(self, session_id: str, streams: list[AsyncIterator[T]]) -> list[AsyncIterator[T]]:
+        """The calls' events; once the last of them has ended, the session they opened for themselves is closed (as
+        failed: no agent is there to give it an outcome), so that it does not hold the learner's queue until it
+        times out."""
+        left = len(streams)
+
+        async def closing(events: AsyncIterator[T]) -> AsyncIterator[T]:
+            nonlocal left
+            try:
+                async for event in events:
+                    yield event
+            finally:
+                left -= 1
+                if left == 0:
+                    await asyncio.shield(self._close_one_call(session_id))
+
+        return [closing(events) for events in streams]
 
     async def _close_one_call(self, session_id: str) -> None:
         request = pool_pb2.CloseSessionRequest(session_id=session_id, failed=True,

@@ -27,6 +27,7 @@ from forge.gateway.http.body import read_body
 from forge.gateway.http.conversations import Conversations
 from forge.gateway.http.decode import check_model, decode_json, prepare_call, prepare_count
 from forge.gateway.http.formats import WIRE_FORMATS, WIRE_PATHS
+from forge.gateway.http.samples import all_results, indexed
 from forge.gateway.http.sessions_json import (
     close_request,
     open_request,
@@ -281,25 +282,25 @@ class HttpFrontEnd:
                 check_text(session_id, SESSION_HEADER)
             call, session_id = wire.complete(call, options, self.conversations, session_id)
             stream = wire.streams(options)
-            chat = await self.gateway.chat(call, session_id, self._open_as(request), stream=stream, size=size)
-            headers = {SESSION_HEADER: chat.session_id}
+            calls = await self.gateway.chat_samples(call, wire.samples(options), session_id, self._open_as(request),
+                                                    stream=stream, size=size)
+            headers = {SESSION_HEADER: calls[0].session_id}
             if stream:
-                return await self._stream(request, wire, (call, options), chat.events, headers)
-            result: ChatResult | None = None
-            async with contextlib.aclosing(chat.events) as events:
-                async for event in events:
-                    if isinstance(event, ChatResult):
-                        result = event
-            wire.remember(call, options, result, self.conversations)
-            headers["X-Forge-Call-Index"] = str(result.call_index)
-            return web.json_response(wire.answer(result, self.answering, options), headers=headers)
+                return await self._stream(request, wire, (call, options), [c.events for c in calls], headers)
+            results = await all_results([c.events for c in calls])
+            for result in results:
+                wire.remember(call, options, result, self.conversations)
+            headers["X-Forge-Call-Index"] = str(results[0].call_index)
+            return web.json_response(wire.answer_samples(results, self.answering, options), headers=headers)
 
         return model_call
 
-    async def _stream(self, request: web.Request, wire: WireFormat, asked: tuple[ChatCall, Any], events: Any,
-                      headers: dict) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, wire: WireFormat, asked: tuple[ChatCall, Any],
+                      streams: list[Any], headers: dict) -> web.StreamResponse:
         call, options = asked
-        writer = wire.writer(self.answering, options)
+        writers = wire.sample_writers(self.answering, options, len(streams))
+        results: list[Any] = [None] * len(streams)
+        begun: set[int] = set()
         response: web.StreamResponse | None = None
 
         async def send(sent: list[Event]) -> None:
@@ -308,18 +309,22 @@ class HttpFrontEnd:
 
         started = time.monotonic()
         try:
-            async with contextlib.aclosing(events):
-                async for event in events:
+            async with contextlib.aclosing(indexed(streams)) as events:
+                async for index, event in events:
                     if response is None:
                         response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
                                                                "Cache-Control": "no-cache"})
                         await response.prepare(request)
-                        await send(writer.first())
+                    if index not in begun:
+                        begun.add(index)
+                        await send(writers[index].first())
                     if isinstance(event, ChatResult):
+                        results[index] = event
                         wire.remember(call, options, event, self.conversations)
-                        await send(writer.final(event))
+                        await send(writers[index].final(event))
                     else:
-                        await send(writer.deltas(event))
+                        await send(writers[index].deltas(event))
+            await send(wire.closing(writers, results, options))
         except GatewayError as exc:
             if response is None:
                 raise
@@ -327,7 +332,7 @@ class HttpFrontEnd:
             log.warning("streamed call of session %s failed after %.2f s: %s", headers[SESSION_HEADER],
                         time.monotonic() - started, exc.message)
             with contextlib.suppress(*DISCONNECTED):
-                await send(writer.failed(exc))
+                await send(writers[0].failed(exc))
             return response
         except DISCONNECTED:
             self.gateway.metrics.count("client_disconnects")

@@ -37,6 +37,7 @@ SUPPORTED = frozenset({
 # moderation, and change nothing that is sampled.
 IGNORED = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
                      "verbosity"})
+MAX_SAMPLES = 128                  # n: answers to one prompt
 # Fields accepted at the value that changes nothing (or null), refused at any other.
 NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0, "logit_bias": {}}
 RECORDED = "sampling must stay what the learner recomputes the log-probabilities under"
@@ -55,6 +56,7 @@ class ChatOptions:
     include_usage: bool = False
     logprobs: bool = False
     return_token_ids: bool = False
+    n: int = 1                      # answers to the prompt, each a call of the session
 
 
 def _is_int(value: Any) -> bool:
@@ -226,8 +228,8 @@ def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = 
     field_value(body, "model", "str")
     messages = parse_messages(body.get("messages"))
     n = field_value(body, "n", "int", 1)
-    if n != 1:
-        raise BadRequest(f"n must be 1 (got {n}); send separate requests for several samples", "n")
+    if not 1 <= n <= MAX_SAMPLES:
+        raise BadRequest(f"n must be in [1, {MAX_SAMPLES}], got {n}", "n")
     response_format = field_value(body, "response_format", "dict")
     if response_format and response_format.get("type", "text") != "text":
         raise BadRequest(f"response_format {response_format.get('type')!r} is not supported: {RECORDED} (no "
@@ -249,7 +251,7 @@ def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = 
     options = ChatOptions(stream=field_value(body, "stream", "bool", False),
                           include_usage=bool(stream_options.get("include_usage")),
                           logprobs=field_value(body, "logprobs", "bool", False),
-                          return_token_ids=field_value(body, "return_token_ids", "bool", False))
+                          return_token_ids=field_value(body, "return_token_ids", "bool", False), n=n)
     call = ChatCall(messages, tools, bool(tools) and mode != "none", parse_sampling(body, vocab_size, context_length),
                     check_stop(stop), template_kwargs(body), field_value(body, "parallel_tool_calls", "bool", True),
                     mode == "required", function)
@@ -295,39 +297,56 @@ def message_json(result: ChatResult) -> dict:
     return message
 
 
-def usage_json(result: ChatResult) -> dict:
-    prompt, completion = len(result.prompt_ids), len(result.completion_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
 def forge_json(result: ChatResult) -> dict:
     return {"session_id": result.session_id, "call_index": result.call_index, "tito": result.tito}
 
 
-def completion_json(result: ChatResult, model: ModelInfo, model_name: str, options: ChatOptions) -> dict:
-    choice: dict = {"index": 0, "message": message_json(result), "finish_reason": finish_name(result),
-                    "logprobs": logprobs_json(model, result.completion_ids, result.all_logprobs,
-                                              result.all_top_logprobs) if options.logprobs else None}
+def usage_of(results: list[ChatResult]) -> dict:
+    """The usage of a request's answers: its prompt once, every answer's tokens."""
+    prompt = len(results[0].prompt_ids)
+    completion = sum(len(result.completion_ids) for result in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def forge_of(results: list[ChatResult]) -> dict:
+    """Forge's object: the session and the first answer's call (with several, every answer's call index)."""
+    body = forge_json(results[0])
+    if len(results) > 1:
+        body["call_indexes"] = [result.call_index for result in results]
+    return body
+
+
+def completion_json(results: list[ChatResult], model: ModelInfo, model_name: str, options: ChatOptions) -> dict:
+    choices = []
+    for index, result in enumerate(results):
+        choice: dict = {"index": index, "message": message_json(result), "finish_reason": finish_name(result),
+                        "logprobs": logprobs_json(model, result.completion_ids, result.all_logprobs,
+                                                  result.all_top_logprobs) if options.logprobs else None}
+        if options.return_token_ids:
+            choice["token_ids"] = result.completion_ids
+        choices.append(choice)
     body = {"id": new_completion_id(), "object": "chat.completion", "created": int(time.time()),
-            "model": model_name, "choices": [choice], "usage": usage_json(result), "system_fingerprint": None,
-            "forge": forge_json(result)}
+            "model": model_name, "choices": choices, "usage": usage_of(results), "system_fingerprint": None,
+            "forge": forge_of(results)}
     if options.return_token_ids:
-        body["prompt_token_ids"] = result.prompt_ids
-        choice["token_ids"] = result.completion_ids
+        body["prompt_token_ids"] = results[0].prompt_ids
     return body
 
 
 class ChunkWriter(StreamWriter):
-    """``chat.completion.chunk`` objects of one streamed completion, closed by ``[DONE]``."""
+    """``chat.completion.chunk`` objects of one streamed answer (choice ``index``, of completion ``completion_id``);
+    ``ChatCompletions.closing`` ends the stream (usage, ``[DONE]``)."""
 
-    def __init__(self, model: ModelInfo, model_name: str, options: ChatOptions) -> None:
+    def __init__(self, model: ModelInfo, model_name: str, options: ChatOptions, index: int = 0,
+                 completion_id: str | None = None) -> None:
         self.model = model
         self.options = options
-        self.base = {"id": new_completion_id(), "object": "chat.completion.chunk", "created": int(time.time()),
-                     "model": model_name, "system_fingerprint": None}
+        self.index = index
+        self.base = {"id": completion_id or new_completion_id(), "object": "chat.completion.chunk",
+                     "created": int(time.time()), "model": model_name, "system_fingerprint": None}
 
     def chunk(self, delta: dict, finish_reason: str | None = None, event: ChatDelta | None = None) -> dict:
-        choice: dict = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict = {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         if event is not None and self.options.logprobs and event.token_ids:
             choice["logprobs"] = logprobs_json(self.model, event.token_ids, event.logprobs, event.top_logprobs)
         if event is not None and self.options.return_token_ids:
@@ -363,9 +382,7 @@ class ChunkWriter(StreamWriter):
         if self.options.return_token_ids:
             last["prompt_token_ids"] = result.prompt_ids
         chunks.append(last)
-        if self.options.include_usage:
-            chunks.append({**self.base, "choices": [], "usage": usage_json(result)})
-        return [*map(Event, chunks), Event(None)]
+        return [Event(chunk) for chunk in chunks]
 
 
 class ChatCompletions(WireFormat):
@@ -379,8 +396,23 @@ class ChatCompletions(WireFormat):
     def streams(self, options: ChatOptions) -> bool:
         return options.stream
 
+    def samples(self, options: ChatOptions) -> int:
+        return options.n
+
     def answer(self, result: ChatResult, answering: Answering, options: ChatOptions) -> dict:
-        return completion_json(result, answering.model, answering.model_name, options)
+        return completion_json([result], answering.model, answering.model_name, options)
+
+    def answer_samples(self, results: list[ChatResult], answering: Answering, options: ChatOptions) -> dict:
+        return completion_json(results, answering.model, answering.model_name, options)
 
     def writer(self, answering: Answering, options: ChatOptions) -> ChunkWriter:
         return ChunkWriter(answering.model, answering.model_name, options)
+
+    def sample_writers(self, answering: Answering, options: ChatOptions, count: int) -> list[StreamWriter]:
+        completion_id = new_completion_id()
+        return [ChunkWriter(answering.model, answering.model_name, options, index, completion_id)
+                for index in range(count)]
+
+    def closing(self, writers: list[StreamWriter], results: list[ChatResult], options: ChatOptions) -> list[Event]:
+        usage = [Event({**writers[0].base, "choices": [], "usage": usage_of(results)})]
+        return [*(usage if options.include_usage else []), Event(None)]

@@ -73,6 +73,10 @@ class WireFormat(abc.ABC):
     def streams(self, options: Any) -> bool:
         """Whether the request asked for a stream."""
 
+    def samples(self, options: Any) -> int:
+        """How many answers to its prompt the request asked for (each is a call of the session)."""
+        return 1
+
     def complete(self, call: ChatCall, options: Any, conversations: Conversations, session_id: str | None
                  ) -> tuple[ChatCall, str | None]:
         """The call with what the request refers to filled in from earlier answers (e.g. a previous response),
@@ -83,9 +87,22 @@ class WireFormat(abc.ABC):
     def answer(self, result: ChatResult, answering: Answering, options: Any) -> dict:
         """The whole answer of a call that was not streamed."""
 
+    def answer_samples(self, results: list[ChatResult], answering: Answering, options: Any) -> dict:
+        """The whole answer of the calls of a request that asked for ``samples`` of them (one, unless the format
+        takes more)."""
+        return self.answer(results[0], answering, options)
+
     @abc.abstractmethod
     def writer(self, answering: Answering, options: Any) -> StreamWriter:
         """The writer of a streamed answer."""
+
+    def sample_writers(self, answering: Answering, options: Any, count: int) -> list[StreamWriter]:
+        """The writers of ``count`` streamed answers to one prompt, one each, into one stream."""
+        return [self.writer(answering, options)]
+
+    def closing(self, writers: list[StreamWriter], results: list[ChatResult], options: Any) -> list[Event]:
+        """Sent once every streamed answer (written by ``writers``) has ended."""
+        return []
 
     def remember(self, call: ChatCall, options: Any, result: ChatResult,  # noqa: B027 - most keep nothing
                  conversations: Conversations) -> None:

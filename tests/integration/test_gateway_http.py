@@ -15,6 +15,7 @@ import grpc
 import httpx
 import openai
 import pytest
+import torch
 
 import forge
 from forge.assets import TINY_DIR
@@ -27,6 +28,7 @@ from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, pool_pb2
 
 from helpers.gateway_fake_actor import sampled_ids, serve_fake_actor
 from helpers.gateway_procs import start_gateway
+from helpers.recompute import learner_and_recorded
 from helpers.waiting import wait_for
 
 TOK = Tokenizer.from_dir(TINY_DIR)
@@ -199,7 +201,7 @@ def test_bad_input_gets_an_openai_error_and_leaves_no_record(stack):
         (url, b"[1, 2]", 400, "JSON object"),
         (url, json.dumps({**good, "messages": [{"role": "user", "content": 5}]}).encode(), 400, "content"),
         (url, json.dumps({**good, "max_tokens": "many"}).encode(), 400, "max_tokens must be an int"),
-        (url, json.dumps({**good, "n": 2}).encode(), 400, "n must be 1"),
+        (url, json.dumps({**good, "n": 0}).encode(), 400, "n must be in [1, 128]"),
         (url, json.dumps({**good, "messages": [{"role": "wizard", "content": "hi"}]}).encode(), 400, "role"),
         (url, json.dumps({**good, "messages": [{"role": "user", "content": "1 " * 2100}]}).encode(), 400,
          "context"),
@@ -372,6 +374,41 @@ def chat(gateway, **body) -> dict:
     response = httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     return response.json()
+
+
+def test_n_answers_to_one_prompt_are_n_calls_of_the_session(stack):
+    """n = 3, streamed or not: three choices, each recorded as a call of the session with its own seed, all from the
+    same prompt, and each as the learner recomputes it."""
+    gateway, reader = stack.gateway, stack.reader
+    session = f"{gateway.http}/s/three-answers/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 5, "seed": 7, "n": 3,
+            "temperature": 1.0, "return_token_ids": True}
+    whole = httpx.post(session, json=body, timeout=60).json()
+    assert [c["index"] for c in whole["choices"]] == [0, 1, 2] and whole["forge"]["call_indexes"] == [0, 1, 2]
+    assert whole["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in whole["choices"])
+    with httpx.stream("POST", session, json={**body, "stream": True, "stream_options": {"include_usage": True}},
+                      timeout=60) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    streamed = {i: [t for c in chunks for ch in c["choices"] if ch["index"] == i for t in ch.get("token_ids") or []]
+                for i in range(3)}
+    assert chunks[-1]["usage"]["completion_tokens"] == sum(len(ids) for ids in streamed.values())
+    assert len({c["id"] for c in chunks}) == 1
+    calls = session_calls(reader, "three-answers")
+    assert len(calls) == 6 and len({tuple(c.prompt_ids) for c in calls}) == 1
+    assert sorted(c.sampling.seed for c in calls) == [7, 7, 8, 8, 9, 9]
+    by_seed = {c.sampling.seed: list(c.completion_ids) for c in calls[:3]}
+    assert [by_seed[7 + i] for i in range(3)] == [c["token_ids"] for c in whole["choices"]]
+    learner, recorded = learner_and_recorded(stack.directory / "random-tiny", calls)
+    torch.testing.assert_close(learner, recorded, atol=1e-5, rtol=0)
+
+
+def test_n_answers_outside_a_session_close_their_session_once_all_end(stack):
+    answer = chat(stack.gateway, n=2, max_tokens=3)
+    session_id = answer["forge"]["session_id"]
+    stored = stack.reader.get_session(session_id)
+    assert len(stored.calls) == 2 and stored.session.status == pool_pb2.SESSION_STATUS_FAILED
 
 
 def test_min_tokens_keeps_the_stop_ids_out_of_the_first_tokens(stack):
