@@ -60,7 +60,7 @@ $(VLLM_STAMP): pyproject.toml
 ## Popular agent frameworks at their defaults (tests/agents/programs, marked agents) against a real gateway, each
 ## program run in $(AGENTS_VENV) (tests/agents/requirements.txt) as a session's black-box agent.
 test-agents: venv agents-venv
-	FORGE_AGENTS_PYTHON=$(AGENTS_VENV)/bin/python $(BIN)/python -m pytest -q -m agents tests/agents
+	FORGE_AGENTS_PYTHON=$(abspath $(AGENTS_VENV))/bin/python $(BIN)/python -m pytest -q -m agents tests/agents
 
 agents-venv: $(AGENTS_STAMP)
 

@@ -28,6 +28,13 @@ from helpers.gateway_procs import start_actor, start_gateway
 from helpers.recompute import learner_and_recorded
 
 pytestmark = pytest.mark.agents
+
+
+def agents_python() -> str:
+    """The agent frameworks' interpreter (FORGE_AGENTS_PYTHON), as an absolute path: forge up runs programs from
+    the run file's folder. Not resolved: a virtual environment's python is a link that must stay one."""
+    return str(Path(os.environ["FORGE_AGENTS_PYTHON"]).absolute())
+
 PROGRAMS = Path(__file__).parent / "programs"
 CONTEXT = 16384
 TASK = {"task_id": "owner-bo", "domain": "agent",
@@ -72,7 +79,7 @@ def test_the_framework_runs_unchanged_and_every_call_is_recorded_exactly(served,
     opened = httpx.post(f"{gateway.http}/v1/sessions", json={"task_id": TASK["task_id"], "domain": "agent"},
                         timeout=30).json()
     session_id = opened["session"]["session_id"]
-    runner = BlackBoxRunner(AgentCommand((os.environ["FORGE_AGENTS_PYTHON"], str(PROGRAMS / f"{program}.py")),
+    runner = BlackBoxRunner(AgentCommand((agents_python(), str(PROGRAMS / f"{program}.py")),
                                          timeout_s=600))
     run = asyncio.run(runner.run(TASK, base_url=opened["base_url"], api_key=opened["api_key"],
                                  session_id=session_id))
@@ -120,7 +127,7 @@ def test_smolagents_trains_unchanged_through_forge_up(tmp_path):
     (tmp_path / "eval.jsonl").write_text("\n".join(held_out) + "\n")
     run_file = tmp_path / "run.toml"
     model = long_context_tiny(tmp_path / "tiny-long")
-    run_file.write_text(SMOLAGENTS_RUN.format(examples=REPO / "examples", python=os.environ["FORGE_AGENTS_PYTHON"],
+    run_file.write_text(SMOLAGENTS_RUN.format(examples=REPO / "examples", python=agents_python(),
                                               model=model))
     run_dir = tmp_path / "run"
     result = subprocess.run([script("forge"), "up", "--config", str(run_file), "--run-dir", str(run_dir)],
