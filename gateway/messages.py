@@ -178,13 +178,14 @@ def check_sampling(sampling: common_pb2.SamplingParams, vocab_size: int, context
     return checked
 
 
-def check_stop(stop: list[str]) -> list[str]:
+def check_stop(stop: list[str], param: str = "stop") -> list[str]:
+    """Stop strings checked; an error names ``param``, the field they came in."""
     if len(stop) > MAX_STOP_STRINGS:
-        raise BadRequest(f"at most {MAX_STOP_STRINGS} stop strings (got {len(stop)})", "stop")
+        raise BadRequest(f"at most {MAX_STOP_STRINGS} stop strings (got {len(stop)})", param)
     if any(not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS for s in stop):
-        raise BadRequest(f"stop strings must be non-empty strings of at most {MAX_STOP_CHARS} characters", "stop")
+        raise BadRequest(f"stop strings must be non-empty strings of at most {MAX_STOP_CHARS} characters", param)
     for s in stop:
-        check_text(s, "stop")
+        check_text(s, param)
     return list(stop)
 
 

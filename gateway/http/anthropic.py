@@ -18,8 +18,8 @@ from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest, GatewayError
 from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.http.conversations import Conversations
-from forge.gateway.http.openai import field_value, parse_sampling
-from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat
+from forge.gateway.http.openai import field_value, parse_sampling, refuse_unsupported
+from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat, forge_json
 from forge.gateway.messages import ChatCall, chat_message, check_stop, tool_function
 from forge.v1 import common_pb2
 
@@ -195,21 +195,14 @@ def template_kwargs(body: dict) -> dict:
 
 def parse_messages_request(body: dict, vocab_size: int, context_length: int | None, needs_max_tokens: bool = True
                            ) -> tuple[ChatCall, MessagesOptions]:
-    for name, value in body.items():
-        if name not in SUPPORTED and name not in IGNORED and value is not None:
-            reason = WHY_NOT.get(name)
-            raise BadRequest(f"{name} is not supported" + (f": {reason}" if reason else " by this gateway"), name)
+    refuse_unsupported(body, SUPPORTED, IGNORED, WHY_NOT, {})
     field_value(body, "model", "str")
     if needs_max_tokens and body.get("max_tokens") is None:
         raise BadRequest("max_tokens is required", "max_tokens")
     messages = parse_messages(body)
     tools = parse_tools(body)
     mode, function, parallel = parse_tool_choice(body, tools)
-    stop = field_value(body, "stop_sequences", "list", [])
-    try:
-        stop = check_stop(stop)
-    except BadRequest as exc:
-        raise BadRequest(exc.message, "stop_sequences") from None
+    stop = check_stop(field_value(body, "stop_sequences", "list", []), "stop_sequences")
     sampling = parse_sampling({name: body.get(name) for name in ("temperature", "top_p", "top_k", "max_tokens")},
                               vocab_size, context_length)
     call = ChatCall(messages, tools, bool(tools) and mode != "none", sampling, stop, template_kwargs(body), parallel,
@@ -231,10 +224,6 @@ def stop_reason(result: ChatResult) -> str:
 def usage_json(result: ChatResult) -> dict:
     return {"input_tokens": len(result.prompt_ids), "output_tokens": len(result.completion_ids),
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-
-
-def forge_json(result: ChatResult) -> dict:
-    return {"session_id": result.session_id, "call_index": result.call_index, "tito": result.tito}
 
 
 def tool_use_block(call: Any) -> dict:

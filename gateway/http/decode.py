@@ -42,15 +42,20 @@ def check_model(body: Any, served: frozenset[str] | None) -> None:
         raise ModelNotServed(name)
 
 
-def prepare_call(raw: bytes | bytearray, served: frozenset[str] | None, vocab_size: int, limits: PromptLimits,
-                 wire: str = "chat.completions") -> tuple[ChatCall, Any]:
-    """A model call's body in the format ``wire`` names, checked into its call and options, and refused as too long
-    when its message text alone cannot fit."""
+def _call_body(raw: bytes | bytearray, served: frozenset[str] | None) -> dict:
+    """A model call's body: JSON, an object, naming a model that is served (or none)."""
     body = decode_json(raw)
     check_model(body, served)
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    call, options = WIRE_FORMATS[wire].parse(body, vocab_size, limits.context_length)
+    return body
+
+
+def prepare_call(raw: bytes | bytearray, served: frozenset[str] | None, vocab_size: int, limits: PromptLimits,
+                 wire: str = "chat.completions") -> tuple[ChatCall, Any]:
+    """A model call's body in the format ``wire`` names, checked into its call and options, and refused as too long
+    when its message text alone cannot fit."""
+    call, options = WIRE_FORMATS[wire].parse(_call_body(raw, served), vocab_size, limits.context_length)
     limits.check_size(call)
     return call, options
 
@@ -58,10 +63,7 @@ def prepare_call(raw: bytes | bytearray, served: frozenset[str] | None, vocab_si
 def prepare_count(raw: bytes | bytearray, served: frozenset[str] | None, vocab_size: int, limits: PromptLimits
                   ) -> ChatCall:
     """The call of an Anthropic ``count_tokens`` body (a Messages request without ``max_tokens``)."""
-    body = decode_json(raw)
-    check_model(body, served)
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    call, _options = parse_messages_request(body, vocab_size, limits.context_length, needs_max_tokens=False)
+    call, _options = parse_messages_request(_call_body(raw, served), vocab_size, limits.context_length,
+                                            needs_max_tokens=False)
     limits.check_size(call)
     return call

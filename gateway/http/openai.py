@@ -11,7 +11,7 @@ from typing import Any
 from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest
 from forge.gateway.forced_calls import check_tool_choice
-from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat
+from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat, forge_json
 from forge.gateway.messages import (
     ChatCall,
     chat_message,
@@ -149,15 +149,28 @@ def parse_tools(body: dict) -> list[dict] | None:
     return checked
 
 
-def refuse_unsupported(body: dict) -> None:
-    """A 400 naming the first field the gateway does not implement (a null counts as absent)."""
+def refuse_unsupported(body: dict, supported: frozenset[str] = SUPPORTED, ignored: frozenset[str] = IGNORED,
+                       why_not: dict[str, str] = WHY_NOT, neutral: dict[str, Any] = NEUTRAL) -> None:
+    """A 400 naming the first field of ``body`` that is neither ``supported`` nor ``ignored`` (nor at its
+    ``neutral`` value), with the reason ``why_not`` gives; a null counts as absent. The defaults are chat
+    completions'; every wire format checks its body with its own sets."""
     for name, value in body.items():
-        if name in SUPPORTED or name in IGNORED or value is None:
+        if name in supported or name in ignored or value is None:
             continue
-        if name in NEUTRAL and value == NEUTRAL[name] and not isinstance(value, bool):
+        if name in neutral and value == neutral[name] and not isinstance(value, bool):
             continue
-        reason = WHY_NOT.get(name)
+        reason = why_not.get(name)
         raise BadRequest(f"{name} is not supported" + (f": {reason}" if reason else " by this gateway"), name)
+
+
+def parse_stop(body: dict) -> list[str]:
+    """``stop``: a string or a list of strings, checked."""
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if not isinstance(stop, str | list):
+        raise BadRequest("stop must be a string or a list of strings", "stop")
+    return check_stop([stop] if isinstance(stop, str) else stop)
 
 
 def parse_sampling(body: dict, vocab_size: int, context_length: int | None = None) -> common_pb2.SamplingParams:
@@ -236,13 +249,6 @@ def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = 
                          "constrained decoding); only 'text'", "response_format")
     tools = parse_tools(body)
     mode, function = check_tool_choice(body.get("tool_choice"), tools)
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    elif not isinstance(stop, list):
-        raise BadRequest("stop must be a string or a list of strings", "stop")
     modalities = field_value(body, "modalities", "list", ["text"])
     if modalities != ["text"]:
         raise BadRequest(f"modalities must be [\"text\"] (got {modalities!r}): the model writes text only",
@@ -253,7 +259,7 @@ def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = 
                           logprobs=field_value(body, "logprobs", "bool", False),
                           return_token_ids=field_value(body, "return_token_ids", "bool", False), n=n)
     call = ChatCall(messages, tools, bool(tools) and mode != "none", parse_sampling(body, vocab_size, context_length),
-                    check_stop(stop), template_kwargs(body), field_value(body, "parallel_tool_calls", "bool", True),
+                    parse_stop(body), template_kwargs(body), field_value(body, "parallel_tool_calls", "bool", True),
                     mode == "required", function)
     return call, options
 
@@ -295,10 +301,6 @@ def message_json(result: ChatResult) -> dict:
     if parsed.tool_calls:
         message["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
     return message
-
-
-def forge_json(result: ChatResult) -> dict:
-    return {"session_id": result.session_id, "call_index": result.call_index, "tito": result.tito}
 
 
 def usage_of(results: list[ChatResult]) -> dict:

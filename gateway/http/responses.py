@@ -22,9 +22,16 @@ from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest, GatewayError, NotFound
 from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.http.conversations import Conversations, StoredResponse
-from forge.gateway.http.openai import field_value, message_json, parse_sampling, template_kwargs
-from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat
-from forge.gateway.messages import ChatCall, chat_message, check_stop, tool_function
+from forge.gateway.http.openai import (
+    field_value,
+    message_json,
+    parse_sampling,
+    parse_stop,
+    refuse_unsupported,
+    template_kwargs,
+)
+from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat, forge_json
+from forge.gateway.messages import ChatCall, chat_message, tool_function
 from forge.gateway.parsing import ToolCall
 from forge.v1 import common_pb2
 
@@ -272,13 +279,6 @@ def parse_settings(body: dict) -> dict:
     return template_kwargs({"chat_template_kwargs": body.get("chat_template_kwargs"), "reasoning_effort": effort})
 
 
-def refuse_unsupported(body: dict) -> None:
-    for name, value in body.items():
-        if name not in SUPPORTED and name not in IGNORED and value is not None:
-            reason = WHY_NOT.get(name)
-            raise BadRequest(f"{name} is not supported" + (f": {reason}" if reason else " by this gateway"), name)
-
-
 def parse_limits(body: dict, vocab_size: int, context_length: int | None) -> common_pb2.SamplingParams:
     limit = field_value(body, "max_output_tokens", "int")
     if limit is not None and (limit < 1 or (context_length is not None and limit >= context_length)):
@@ -289,20 +289,11 @@ def parse_limits(body: dict, vocab_size: int, context_length: int | None) -> com
                            "max_tokens": limit}, vocab_size, context_length)
 
 
-def parse_stop(body: dict) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if not isinstance(stop, str | list):
-        raise BadRequest("stop must be a string or a list of strings", "stop")
-    return check_stop([stop] if isinstance(stop, str) else stop)
-
-
 def parse_responses_request(body: Any, vocab_size: int, context_length: int | None = None
                             ) -> tuple[ChatCall, ResponsesOptions]:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    refuse_unsupported(body)
+    refuse_unsupported(body, SUPPORTED, IGNORED, WHY_NOT, {})
     field_value(body, "model", "str")
     instructions = field_value(body, "instructions", "str")
     if "input" not in body or body["input"] is None:
@@ -404,8 +395,7 @@ def final_response(result: ChatResult, answering: Answering, options: ResponsesO
     return response_json(answering, options, "incomplete" if cut else "completed",
                          incomplete_details={"reason": "max_output_tokens"} if cut else None,
                          output=output_items(result, ids), usage=usage_json(result),
-                         forge={"session_id": result.session_id, "call_index": result.call_index,
-                                "tito": result.tito})
+                         forge=forge_json(result))
 
 
 class ResponseEvents(StreamWriter):

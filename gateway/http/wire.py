@@ -39,6 +39,11 @@ class Answering:
     model_name: str
 
 
+def forge_json(result: ChatResult) -> dict:
+    """Forge's own object in every format's answer: the session, the call's index and how its prompt was built."""
+    return {"session_id": result.session_id, "call_index": result.call_index, "tito": result.tito}
+
+
 class StreamWriter(abc.ABC):
     """The events of one streamed answer."""
 
