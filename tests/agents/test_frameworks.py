@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from forge.app.rollout.blackbox import AgentCommand, BlackBoxRunner
-from forge.assets import TINY_DIR
 from forge.pool import PoolReader
 
 from conftest import REPO, script
@@ -36,18 +35,15 @@ def agents_python() -> str:
     return str(Path(os.environ["FORGE_AGENTS_PYTHON"]).absolute())
 
 PROGRAMS = Path(__file__).parent / "programs"
-CONTEXT = 16384
 TASK = {"task_id": "owner-bo", "domain": "agent",
         "messages": [{"role": "user", "content": "Who owns Bo? Use the lookup tool."}]}
 
 
 def long_context_tiny(folder: Path) -> Path:
-    """The pre-trained tiny checkpoint with room for the frameworks' prompts (what the smolagents example's
-    long_context.py writes)."""
-    shutil.copytree(TINY_DIR, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["max_position_embeddings"] = CONTEXT
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    """The pre-trained tiny checkpoint with room for the frameworks' prompts, written by the smolagents example's
+    own script."""
+    subprocess.run([sys.executable, str(REPO / "examples" / "smolagents" / "long_context.py"), str(folder)],
+                   check=True, capture_output=True, timeout=120)
     return folder
 
 
