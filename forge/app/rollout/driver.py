@@ -129,7 +129,12 @@ class RolloutDriver:
             await asyncio.gather(*(abandon(stub, start.result().session.session_id, reason) for start in starts
                                    if not start.cancelled() and start.exception() is None))
             raise
-        await asyncio.gather(*(self._play(stub, plan, started) for started in sessions))
+        # return_exceptions: a cancelled gather waits for every session to be closed, not only the first one
+        played = await asyncio.gather(*(self._play(stub, plan, started) for started in sessions),
+                                      return_exceptions=True)
+        failure = next((p for p in played if isinstance(p, BaseException)), None)
+        if failure is not None:
+            raise failure
 
     async def _play(self, stub, plan: Plan, started: gateway_pb2.StartSessionResponse) -> None:
         session = session_of(started, self.config.http_base, self.config.api_key)
