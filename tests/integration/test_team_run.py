@@ -267,7 +267,7 @@ def test_forge_rollout_plays_the_teams_tasks_against_a_running_gateway(tmp_path)
     with PoolReader(tmp_path / "pool") as pool:
         sessions = [pool.get_session(s).session for e in pool.entries(start=0, limit=10_000) for s in e.members]
     closed = [s for s in sessions if s.status != pool_pb2.SESSION_STATUS_OPEN]
-    assert closed == sessions, "every session the rollout started is closed when it stops"
+    assert closed == sessions, "every session the rollout started is closed when it stops:\n" + result.stderr[-4000:]
     assert len(closed) >= 8 and all(s.task_id.startswith("colors-") for s in sessions)
     assert any(s.status == pool_pb2.SESSION_STATUS_COMPLETED and "correct" in s.outcome_rewards for s in closed)
     assert any("exited with code 3" in s.failure_reason for s in closed)
