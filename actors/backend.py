@@ -247,6 +247,9 @@ class RequestLimits:
         bad_stops = [t for t in params.stop_token_ids if not 0 <= t < vocab]
         if bad_stops:
             raise InvalidRequest(f"stop token ids outside the vocabulary: {bad_stops[:5]}")
+        bad_bias = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if bad_bias:
+            raise InvalidRequest(f"logit_bias token ids outside the vocabulary [0, {vocab}): {bad_bias[:5]}")
         if len(prompt) >= self.kv_capacity:
             raise InvalidRequest(f"the prompt has {len(prompt)} tokens; this actor's KV cache holds {self.kv_capacity}")
         room = min(self.max_positions, self.kv_capacity) - len(prompt)

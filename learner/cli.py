@@ -153,6 +153,7 @@ def learner(config: LearnerConfig) -> None:
     from forge.learner.metrics import MetricsWriter, summary
     from forge.learner.parallel import check_shared_run_dir, full_state_dict, init_distributed, shard_model
     from forge.learner.trainer import Trainer
+    from forge.model.grammar import Grammars
 
     distributed = init_distributed(config.device, timeout_s=config.collective_timeout_s)
     check_shared_run_dir(config.run_dir, distributed)
@@ -162,6 +163,7 @@ def learner(config: LearnerConfig) -> None:
     restored = checkpointer.latest() if config.resume else None
     policy, source_dir = _initial_model(config.model, restored.model_dir if restored else None, seed)
     checkpointer.tokenizer_dir = source_dir
+    grammars = Grammars(source_dir, policy.config.vocab_size, tuple(policy.config.eos_token_ids))
     policy = shard_model(policy.to(distributed.device), distributed)
     pool = _open_pool(config) if distributed.is_main else None
     publisher = metrics = server = prometheus = None
@@ -173,7 +175,7 @@ def learner(config: LearnerConfig) -> None:
         metrics = MetricsWriter(config.run_dir / "metrics.jsonl")
     trainer = Trainer(policy, distributed, config=config.trainer, loss=config.loss, rewards=config.reward,
                       window=config.window, pool=pool, checkpointer=checkpointer, publisher=publisher,
-                      metrics=metrics)
+                      metrics=metrics, grammars=grammars)
     if restored is not None:
         trainer.restore()
 

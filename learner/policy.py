@@ -34,7 +34,7 @@ def policy_forward(model: CausalLM, batch: MicroBatch, mtp_top_k: int = 0, routi
     hidden = model(batch.input_ids, routing=routing)
     picked = hidden[batch.rows, batch.positions]
     logits = model.logits(picked)
-    logprobs = batched_sampling_logprobs(logits, batch.temperature, batch.top_k, batch.top_p, banned=batch.banned)
+    logprobs = batched_sampling_logprobs(logits, batch.temperature, batch.top_k, batch.top_p, edits=batch.edits)
     token_logprobs = logprobs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
     mtp_kl = None
     if mtp_top_k > 0 and len(model.mtp):

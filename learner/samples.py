@@ -3,6 +3,7 @@ sampling parameters), and their packing into padded micro-batches under a token 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -12,7 +13,12 @@ from torch import Tensor
 
 from forge import expert_routing
 from forge.learner.rewards import SessionRewards
+from forge.model.grammar import Grammars
+from forge.model.logit_edits import LogitEdits, call_edits
+from forge.rpc.sampling import sampling_from_proto
 from forge.v1 import pool_pb2
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,18 +35,12 @@ class Sample:
     position: int                   # queue entry the call belongs to
     session_id: str
     call_index: int
-    min_tokens: int = 0             # the first min_tokens completion tokens were drawn without ``banned``
-    banned: tuple[int, ...] = ()    # the call's stop ids and the model's end-of-sequence ids
+    edits: LogitEdits | None = None     # the actor's edits of each completion token's logits, by token index
     routing: np.ndarray | None = None   # a model with experts: the actor's routing of tokens[:-1] (see expert_routing)
 
     @property
     def num_completion(self) -> int:
         return len(self.tokens) - self.prompt_len
-
-    @property
-    def num_banned(self) -> int:
-        """Completion tokens (the first ones) drawn with ``banned`` left out of the distribution."""
-        return min(self.min_tokens, self.num_completion) if self.banned else 0
 
 
 def sampling_of(call: pool_pb2.CallRecord) -> tuple[float, int, float]:
@@ -50,18 +50,19 @@ def sampling_of(call: pool_pb2.CallRecord) -> tuple[float, int, float]:
     return temperature, params.top_k, params.top_p or 1.0
 
 
-def banned_of(call: pool_pb2.CallRecord, eos_token_ids: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
-    """(min_tokens, the ids it kept out of the first tokens' distribution) of a call, as the actor applied them:
-    its stop ids and the end-of-sequence ids, ignore_eos or not (as vLLM does)."""
-    params = call.sampling
-    if params.min_tokens <= 0:
-        return 0, ()
-    return params.min_tokens, tuple(sorted(set(params.stop_token_ids) | set(eos_token_ids)))
+def edits_of(call: pool_pb2.CallRecord, eos_token_ids: tuple[int, ...], grammars: Grammars | None = None
+             ) -> LogitEdits | None:
+    """The edits the actor made to the logits of each completion token of ``call`` (min_tokens, its grammar replayed
+    over the completion, logit_bias, penalties), rebuilt from the recorded call; ValueError if they cannot be."""
+    edits = call_edits(sampling_from_proto(call.sampling), call.prompt_ids, eos_token_ids, grammars)
+    return None if edits is None else LogitEdits.of_rows(edits.rows(call.completion_ids))
 
 
 def build_samples(entries: list[pool_pb2.QueueEntry], rewards: list[SessionRewards],
-                  eos_token_ids: tuple[int, ...] = ()) -> list[Sample]:
-    """One sample per recorded call; ``eos_token_ids`` are the model's (what ``min_tokens`` kept out too)."""
+                  eos_token_ids: tuple[int, ...] = (), grammars: Grammars | None = None) -> list[Sample]:
+    """One sample per recorded call; ``eos_token_ids`` are the model's (what ``min_tokens`` kept out too),
+    ``grammars`` compile the structured-output calls' grammars. A call whose edits cannot be rebuilt (a grammar its
+    completion does not follow) is left out, with a warning."""
     by_session = {r.session_id: r for r in rewards}
     samples = []
     for entry in entries:
@@ -70,15 +71,20 @@ def build_samples(entries: list[pool_pb2.QueueEntry], rewards: list[SessionRewar
             for call in sorted(item.calls, key=lambda c: c.index):
                 if not call.completion_ids:
                     continue
+                try:
+                    edits = edits_of(call, eos_token_ids, grammars)
+                except ValueError as exc:
+                    log.warning("call %d of session %s is left out: its sampling cannot be replayed (%s)",
+                                call.index, call.session_id, exc)
+                    continue
                 temperature, top_k, top_p = sampling_of(call)
-                min_tokens, banned = banned_of(call, eos_token_ids)
                 samples.append(Sample(
                     tokens=[*call.prompt_ids, *call.completion_ids], prompt_len=len(call.prompt_ids),
                     old_logprobs=list(call.logprobs), versions=list(call.weight_versions),
                     advantage=reward.advantages[call.index] if call.index < len(reward.advantages) else 0.0,
                     temperature=temperature, top_k=top_k, top_p=top_p, domain=item.session.domain,
                     position=entry.position, session_id=item.session.session_id, call_index=call.index,
-                    min_tokens=min_tokens, banned=banned,
+                    edits=edits,
                     routing=expert_routing.decode(call.routed_experts) if call.HasField("routed_experts") else None))
     return samples
 
@@ -98,7 +104,7 @@ class MicroBatch:
     top_p: Tensor               # [N]
     sample_index: Tensor        # [N] index of the sample within this micro-batch
     samples: list[Sample]
-    banned: tuple[Tensor, Tensor] | None = None     # (term, token id) pairs left out of the term's distribution
+    edits: LogitEdits | None = None     # edits of the terms' logits (rows: terms)
     valid: Tensor | None = None     # [B * L] which of the flattened positions are tokens (not padding)
     routing: Tensor | None = None   # [layers, B * L, top_k] recorded expert ids of each position (-1: none)
 
@@ -111,12 +117,10 @@ def make_micro_batch(samples: list[Sample], device: torch.device | str = "cpu") 
     width = max(len(s.tokens) for s in samples)
     ids = torch.zeros(len(samples), width, dtype=torch.long)
     rows, positions, targets, old, adv, temp, top_k, top_p, index = ([] for _ in range(9))
-    banned_terms: list[int] = []
-    banned_ids: list[int] = []
+    edits = []
     for row, sample in enumerate(samples):
-        for term in range(len(targets), len(targets) + sample.num_banned):
-            banned_terms += [term] * len(sample.banned)
-            banned_ids += sample.banned
+        if sample.edits is not None:
+            edits.append(sample.edits.shifted(len(targets)))
         ids[row, :len(sample.tokens)] = torch.tensor(sample.tokens)
         count = sample.num_completion
         rows += [row] * count
@@ -138,7 +142,7 @@ def make_micro_batch(samples: list[Sample], device: torch.device | str = "cpu") 
                       tensor(targets, torch.long), tensor(old, torch.float32), tensor(adv, torch.float32),
                       tensor(temp, torch.float32), tensor(top_k, torch.long), tensor(top_p, torch.float32),
                       tensor(index, torch.long), samples,
-                      (tensor(banned_terms, torch.long), tensor(banned_ids, torch.long)) if banned_terms else None,
+                      LogitEdits.concat(edits),
                       valid.to(device), padded_routing(samples, width, device))
 
 

@@ -34,6 +34,7 @@ from forge.learner.tree import (
     stem_forward,
     tree_policy_forward,
 )
+from forge.model.grammar import Grammars
 from forge.model.qwen3 import CausalLM
 from forge.pool import Batch, PoolSource, WindowConfig, WindowedFifo
 from forge.settings import Settings, setting
@@ -86,8 +87,10 @@ class Trainer:
     def __init__(self, model: CausalLM, distributed: Distributed, config: TrainerConfig, loss: LossConfig,
                  rewards: RewardConfig, window: WindowConfig, pool: PoolSource | None,
                  checkpointer: Checkpointer | None = None, publisher: Any = None,
-                 metrics: MetricsWriter | None = None) -> None:
+                 metrics: MetricsWriter | None = None, grammars: Grammars | None = None) -> None:
+        """``grammars`` replay the structured-output calls' grammars (None: such calls are left out)."""
         self.model = model
+        self.grammars = grammars
         self.dist = distributed
         self.config = config
         self.loss = loss
@@ -160,7 +163,7 @@ class Trainer:
         started = time.perf_counter()
         rewards = batch_rewards(batch.entries, self.rewards)
         samples, staleness = self._select(build_samples(batch.entries, rewards,
-                                                        tuple(self.model.config.eos_token_ids)))
+                                                        tuple(self.model.config.eos_token_ids), self.grammars))
         total_tokens = max(1.0, float(sum(s.num_completion for s in samples)))
         total_samples = max(1.0, float(len(samples)))
         total_mtp = max(1.0, float(sum(s.num_completion - (s.prompt_len == 1) for s in samples)))

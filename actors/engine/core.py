@@ -142,13 +142,14 @@ class EngineCore:
         return spec
 
     def build(self) -> None:
-        from forge.actors.engine.policy import load_policy
+        from forge.actors.engine.policy import grammars_of, load_policy
 
         spec = self.spec
         threads = reserve_cpu_threads(spec.config.threads)     # before any torch work (see reserve_cpu_threads)
         model, model_id = load_policy(spec.model, spec.device, spec.dtype)
         config = spec.config if spec.config.model_id != "model" else replace(spec.config, model_id=model_id)
-        engine = TorchEngine(model, replace(config, threads=threads), initial_version=spec.initial_version)
+        engine = TorchEngine(model, replace(config, threads=threads), initial_version=spec.initial_version,
+                             grammars=grammars_of(spec.model, model))
         outbox = _Outbox(self.send, lambda: engine.weight_version)
         engine.stream_factory = outbox.stream
         engine.after_pass = outbox.flush

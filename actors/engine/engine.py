@@ -35,6 +35,8 @@ from forge.actors.engine.runner import ModelRunner, PreparedWeights, Sampled, Wo
 from forge.actors.engine.scheduler import Scheduler, SchedulerConfig
 from forge.actors.engine.sequence import Sequence, Status
 from forge.kvhash import kv_salt
+from forge.model.grammar import Grammars
+from forge.model.logit_edits import call_edits
 from forge.model.qwen3 import CausalLM
 
 if TYPE_CHECKING:
@@ -63,8 +65,11 @@ class TorchEngine(Backend):
     name = "torch"
     hands_over = True
 
-    def __init__(self, model: CausalLM, config: EngineConfig | None = None, initial_version: int = 0) -> None:
+    def __init__(self, model: CausalLM, config: EngineConfig | None = None, initial_version: int = 0,
+                 grammars: Grammars | None = None) -> None:
+        """``grammars`` compile structured-output requests (None: such requests are refused)."""
         self.config = config = config or EngineConfig()
+        self.grammars = grammars
         self.model = model.eval()
         self.model.requires_grad_(False)
         mc = model.config
@@ -226,15 +231,20 @@ class TorchEngine(Backend):
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
         request_id = request.request_id or uuid.uuid4().hex
         prompt = list(request.prompt_ids)
-        banned = tuple(sorted(set(params.stop_token_ids) | set(self._limits.eos_token_ids))) \
-            if params.min_tokens else ()
+        try:
+            edits = call_edits(params, prompt, self._limits.eos_token_ids, self.grammars)
+        except ValueError as exc:          # a grammar that does not compile, or no tokenizer to compile it
+            raise InvalidRequest(str(exc)) from None
         if request.prefill_only and (self.connector is None or not self.connector.hands_over):
             raise InvalidRequest("prefill_only needs an L3 cache to hand the prompt's KV blocks over (--l3-cache)")
         seq = Sequence(request_id, prompt, len(prompt), params, self.stream_factory(request_id),
                        1 if request.prefill_only else max_tokens, stops, seed=seed,
-                       stream_interval=request.stream_interval, banned_ids=banned, prefill_only=request.prefill_only,
+                       stream_interval=request.stream_interval, edits=edits, prefill_only=request.prefill_only,
                        room=max_tokens)
         given = request.continuation
+        if given is not None and edits is not None and edits.matcher is not None \
+                and not edits.matcher.allows(given.token_ids[0]):
+            raise InvalidRequest(f"the continuation's first token {given.token_ids[0]} does not follow the grammar")
         if given is not None:
             seq.forced = (given.token_ids[0], given.logprobs[0])
             seq.handover_version = given.weight_version

@@ -8,7 +8,7 @@ from dataclasses import replace
 from forge.actors.backend import BackendFactory, Serving, StartContext
 from forge.actors.config import ActorConfig
 from forge.actors.engine.l3 import kv_connector
-from forge.actors.engine.policy import load_policy, model_id_of
+from forge.actors.engine.policy import grammars_of, load_policy, model_id_of
 
 
 class TorchFactory(BackendFactory):
@@ -27,7 +27,8 @@ class TorchFactory(BackendFactory):
         from forge.actors.engine.engine import TorchEngine
 
         policy, model_id = load_policy(config.model, context.device, config.dtype)
-        engine = TorchEngine(policy, engine_config, initial_version=context.initial_version)
+        engine = TorchEngine(policy, engine_config, initial_version=context.initial_version,
+                             grammars=grammars_of(config.model, policy))
         connector = kv_connector(engine, config.l3_cache, config.l3_fetch, config.l3_api_key)
         return Serving(engine, model_id, (connector.events, connector.describe))
 

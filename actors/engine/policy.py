@@ -3,6 +3,8 @@ serves under and the loaded policy. Shared by the actor's factory, the engine co
 
 from __future__ import annotations
 
+from forge.model.grammar import Grammars
+
 
 def model_id_of(model: str) -> str:
     """The id ``model`` serves under (KV salts, stats); raises ModelNotFound (a ValueError) when it names no
@@ -19,3 +21,11 @@ def load_policy(model: str, device: str, dtype: str):
 
     policy, ref = load_model(model, dtype=dtype, device=device)
     return policy, ref.model_id
+
+
+def grammars_of(model: str, policy) -> Grammars:
+    """Structured-output grammars compiled against the tokenizer of ``model`` (the loaded ``policy``)."""
+    from forge.builtin import resolve_model
+
+    config = policy.config
+    return Grammars(resolve_model(model).directory, config.vocab_size, tuple(config.eos_token_ids))

@@ -26,6 +26,7 @@ from forge.actors.engine.graph import CompiledDecode
 from forge.actors.engine.packed_linear import Pack, pack_linears
 from forge.actors.engine.paged_attention import PagedAttention, PagedKVCache, StepLayout
 from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft, Sequence, uniforms
+from forge.model.logit_edits import LogitEdits
 from forge.model.moe import Routing
 from forge.model.qwen3 import CausalLM
 from forge.model.sampling import batched_sampling_logprobs, top_logprobs
@@ -168,7 +169,7 @@ class ModelRunner:
             # Increasing and distinct: as many as the rows means every row, in order.
             picked_rows = flat if len(logit_rows) == flat.shape[0] else flat[self._tensor(logit_rows)]
             logprobs = self._sampling_logprobs(model.logits(picked_rows), [s.params for s, _ in row_seqs],
-                                               self._banned(row_seqs))
+                                               self._edits(row_seqs))
             plain, drafted, cursor = [], [], 0
             for b in owners:
                 (plain if drafts[b] is None else drafted).append((b, cursor))
@@ -198,8 +199,7 @@ class ModelRunner:
             self._mtp_pass(work, results, flat, width)
         return results
 
-    def _sampling_logprobs(self, logits: Tensor, params: list, banned: tuple[Tensor, Tensor] | None = None
-                           ) -> Tensor:
+    def _sampling_logprobs(self, logits: Tensor, params: list, edits: LogitEdits | None = None) -> Tensor:
         device, vocab = logits.device, logits.shape[-1]
         truncates = (any(0 < p.top_k < vocab for p in params), any(p.top_p < 1.0 for p in params))
         return batched_sampling_logprobs(
@@ -208,18 +208,20 @@ class ModelRunner:
             torch.tensor([p.top_k for p in params], device=device),
             torch.tensor([p.top_p for p in params], device=device),
             truncates,
-            banned,
+            edits,
         )
 
-    def _banned(self, row_seqs: list[tuple[Sequence, int]]) -> tuple[Tensor, Tensor] | None:
-        """The (row, token id) pairs ``min_tokens`` bans: a sequence's stop and end-of-sequence ids in the rows of
-        its first ``min_tokens`` outputs (``ahead`` outputs after the ones it has)."""
-        rows, ids = [], []
+    @staticmethod
+    def _edits(row_seqs: list[tuple[Sequence, int]]) -> LogitEdits | None:
+        """The edits of each row's logits (see ``forge.model.logit_edits``): a row samples the output ``ahead``
+        outputs after the ones its sequence has."""
+        rows = []
         for row, (seq, ahead) in enumerate(row_seqs):
-            if seq.num_output + ahead < seq.params.min_tokens:
-                rows += [row] * len(seq.banned_ids)
-                ids += seq.banned_ids
-        return (self._tensor(rows), self._tensor(ids)) if rows else None
+            edits = seq.current_edits()
+            edit = edits.row(ahead) if edits is not None else None
+            if edit is not None:
+                rows.append((row, edit))
+        return LogitEdits.of_rows(rows)
 
     @staticmethod
     def _tops(logprobs: Tensor, seqs: list[Sequence]) -> list[TopTokens] | None:
@@ -287,7 +289,8 @@ class ModelRunner:
             rows.append(_Row(seq.block_table, [i + 1 for i in positions], positions, item.write_from))
             hidden_index.append([b * width + i - item.start for i in positions])
             next_ids.append([known[i + 1] for i in positions])
-            drafting.append(b if result is not None else None)
+            # Penalties and grammars depend on every token before: a draft's would need the one before it accepted.
+            drafting.append(b if result is not None and not seq.params.penalised else None)
         if not rows:
             return
         mtp_width = max(len(r.slots) for r in rows)

@@ -11,6 +11,7 @@ import torch
 
 from forge.actors.backend import RequestStream, TokenChunk
 from forge.kvhash import block_hash
+from forge.model.logit_edits import CompletionEdits
 from forge.model.sampling import SamplingParams
 
 
@@ -55,7 +56,7 @@ class Sequence:
     admitted: float | None = None
     first_token: float | None = None
     preemptions: int = 0
-    banned_ids: tuple[int, ...] = ()    # kept out of the first params.min_tokens tokens: stop ids and end of sequence
+    edits: CompletionEdits | None = None  # min_tokens, grammar, logit_bias, penalties (see forge.model.logit_edits)
     prefill_only: bool = False          # finish after the first token, once the prompt's blocks are in L3
     room: int = 0                       # prefill_only: the tokens the request may have in all, its first included
     handover_version: int | None = None  # a continuation: the weight version that sampled its first token
@@ -71,6 +72,14 @@ class Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt:]
+
+    def current_edits(self) -> CompletionEdits | None:
+        """The sequence's edits, caught up with the tokens it has (a continuation's given first token too)."""
+        edits = self.edits
+        if edits is not None:
+            for token in self.token_ids[self.num_prompt + edits.taken:]:
+                edits.consume(token)
+        return edits
 
     def hashes(self, salt: bytes, block_size: int, blocks: int) -> list[bytes]:
         """The sequence's own list (not to be modified) of its full blocks' chained hashes (``forge.kvhash``) under

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -28,6 +29,9 @@ class SamplingError(ValueError):
 MIN_TEMPERATURE = 0.01
 MAX_TEMPERATURE = 100.0
 MAX_TOP_LOGPROBS = 20           # OpenAI's bound on top_logprobs
+MAX_PENALTY = 2.0               # OpenAI's (and vLLM's) bound on frequency and presence penalties
+MAX_REPETITION_PENALTY = 2.0    # vLLM's bound on the repetition penalty
+MAX_LOGIT_BIAS = 100.0          # OpenAI's bound on a logit bias
 # Temperatures travel as protobuf float32: 0.01 arrives as 0.0099999998, which must still be accepted.
 _MIN_TEMPERATURE_F32 = struct.unpack("f", struct.pack("f", MIN_TEMPERATURE))[0]
 
@@ -51,6 +55,11 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0                 # stop ids are banned from the first min_tokens tokens
     top_logprobs: int = 0               # report the N most likely tokens of each sampled distribution
+    logit_bias: tuple[tuple[int, float], ...] = ()    # (token id, added to its logit), by token id
+    frequency_penalty: float = 0.0      # minus this times the token's count in the completion so far
+    presence_penalty: float = 0.0       # minus this once the token is in the completion so far
+    repetition_penalty: float = 1.0     # tokens of the prompt or the completion: logit / p if > 0, else logit * p
+    json_schema: str | None = None      # structured output: a JSON schema (JSON text) the completion must match
 
     def __post_init__(self) -> None:
         problem = temperature_problem(self.temperature)
@@ -70,10 +79,32 @@ class SamplingParams:
             raise SamplingError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise SamplingError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise SamplingError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value:g}")
+        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise SamplingError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], "
+                                f"got {self.repetition_penalty:g}")
+        if self.json_schema is not None and self.ignore_eos:
+            raise SamplingError("ignore_eos cannot be combined with a grammar: the output ends where it is complete")
+        ids = [token for token, _ in self.logit_bias]
+        if ids != sorted(set(ids)):
+            raise SamplingError("logit_bias must list each token id once, in increasing order")
+        for token, bias in self.logit_bias:
+            if token < 0 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise SamplingError(f"logit_bias must map token ids >= 0 to values in [-{MAX_LOGIT_BIAS:g}, "
+                                    f"{MAX_LOGIT_BIAS:g}], got {token}: {bias:g}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether a token's distribution depends on the tokens before it (penalties or a grammar)."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
+                    or self.json_schema is not None)
 
 
 def sampling_logprobs(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -105,15 +136,6 @@ def sample(logprobs: Tensor, greedy: bool, generator: torch.Generator | None = N
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def ban_tokens(logits: Tensor, banned: tuple[Tensor, Tensor] | None) -> Tensor:
-    """``logits`` [N, V] with -inf at the (row, token id) pairs of ``banned`` (two [M] tensors), a copy when any."""
-    if banned is None or not banned[0].numel():
-        return logits
-    rows, ids = banned
-    return logits.index_put((rows.to(logits.device), ids.to(logits.device)),
-                            torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
-
-
 def top_logprobs(logprobs: Tensor, k: int) -> tuple[list[list[int]], list[list[float]]]:
     """The ``k`` most likely token ids of each row of ``logprobs`` [N, V] with their log-probabilities, most likely
     first; tokens outside the distribution's support (-inf) are left out."""
@@ -126,14 +148,22 @@ def top_logprobs(logprobs: Tensor, k: int) -> tuple[list[list[int]], list[list[f
     return out_ids, out_values
 
 
+class Edits(Protocol):
+    """Edits of a batch's logits before temperature and truncation (``forge.model.logit_edits.LogitEdits``)."""
+
+    def apply(self, logits: Tensor) -> Tensor: ...
+
+
 def batched_sampling_logprobs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
                               truncates: tuple[bool, bool] | None = None,
-                              banned: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                              edits: Edits | None = None) -> Tensor:
     """``sampling_logprobs`` with per-row parameters ([N] tensors; temperature 0 = greedy, top_k 0 = off).
     ``truncates`` — whether any row has top-k on, whether any has top-p < 1 — spares a device sync per call when the
-    caller knows it on the host (a True that could be False only costs a sort). ``banned`` (row, token id) pairs are
-    left out of their rows' distributions (``min_tokens``), before temperature and truncation."""
-    logits = ban_tokens(logits.float(), banned)
+    caller knows it on the host (a True that could be False only costs a sort). ``edits`` (min_tokens, a grammar,
+    logit_bias, penalties: see ``forge.model.logit_edits``) come before temperature and truncation."""
+    logits = logits.float()
+    if edits is not None:
+        logits = edits.apply(logits)
     scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(logits)
     logits = logits / scale.unsqueeze(-1)
     vocab = logits.shape[-1]

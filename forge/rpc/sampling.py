@@ -3,7 +3,8 @@ actors read them and their clients (the gateway, the rollout drivers) write them
 
 from __future__ import annotations
 
-from forge.model.sampling import SamplingParams
+from forge.model.grammar import ANY_OBJECT
+from forge.model.sampling import SamplingError, SamplingParams
 from forge.v1 import common_pb2
 
 
@@ -19,7 +20,22 @@ def sampling_from_proto(message: common_pb2.SamplingParams) -> SamplingParams:
         ignore_eos=message.ignore_eos,
         min_tokens=message.min_tokens,
         top_logprobs=message.top_logprobs,
+        logit_bias=tuple(sorted(message.logit_bias.items())),
+        frequency_penalty=message.frequency_penalty,
+        presence_penalty=message.presence_penalty,
+        repetition_penalty=message.repetition_penalty or 1.0,
+        json_schema=json_schema_of(message.grammar) if message.HasField("grammar") else None,
     )
+
+
+def json_schema_of(grammar: common_pb2.Grammar) -> str:
+    """The JSON schema a grammar stands for: ``json_object`` is the schema of any object."""
+    kind = grammar.WhichOneof("kind")
+    if kind == "json_schema":
+        return grammar.json_schema
+    if kind == "json_object" and grammar.json_object:
+        return ANY_OBJECT
+    raise SamplingError("a grammar needs json_schema or json_object")
 
 
 def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
@@ -29,4 +45,11 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
                                         top_logprobs=params.top_logprobs)
     if params.seed is not None:
         message.seed = params.seed
+    message.logit_bias.update(dict(params.logit_bias))
+    message.frequency_penalty = params.frequency_penalty
+    message.presence_penalty = params.presence_penalty
+    if params.repetition_penalty != 1.0:
+        message.repetition_penalty = params.repetition_penalty
+    if params.json_schema is not None:
+        message.grammar.json_schema = params.json_schema
     return message

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
@@ -30,35 +29,23 @@ from forge.learner.losses import mtp_topk_kl
 from forge.learner.policy import PolicyOutput
 from forge.learner.tree.packing import TreeBatch, mtp_edges
 from forge.learner.tree.stem import StemState
+from forge.model.logit_edits import LogitEdits
 from forge.model.qwen3 import CausalLM
 from forge.model.sampling import batched_sampling_logprobs
 
 
 def _read(model: CausalLM, hidden: Tensor, draft: Tensor | None, select: Tensor | None, temperature: Tensor,
           top_k: Tensor, top_p: Tensor, rows: Tensor, targets: Tensor, mtp_top_k: int,
-          truncates: tuple[bool, bool] | None = None, banned: tuple[Tensor, Tensor] | None = None
-          ) -> tuple[Tensor, Tensor]:
+          truncates: tuple[bool, bool] | None = None, edits: LogitEdits | None = None) -> tuple[Tensor, Tensor]:
     """Log-probs of ``targets`` read from sampling rows ``rows`` of the nodes ``hidden``, and the draft's KL at each
     node (empty without ``draft``)."""
     logits = model.logits(hidden)
     sampled = logits if select is None else logits[select]
-    logprobs = batched_sampling_logprobs(sampled, temperature, top_k, top_p, truncates, banned)
+    logprobs = batched_sampling_logprobs(sampled, temperature, top_k, top_p, truncates, edits)
     token_logprobs = logprobs[rows, targets]
     if draft is None:
         return token_logprobs, logits.new_zeros(0)
     return token_logprobs, mtp_topk_kl(logits, model.mtp_logits(draft, detach_head=True), mtp_top_k)
-
-
-def _banned(batch: TreeBatch, lo: int, hi: int) -> tuple[Tensor, Tensor] | None:
-    """The banned (row, token id) pairs of sampling rows [lo, hi), rows counted from ``lo``."""
-    if batch.banned_rows is None:
-        return None
-    first, last = np.searchsorted(batch.banned_rows, (lo, hi))
-    if first == last:
-        return None
-    device = batch.targets.device
-    return (torch.from_numpy(batch.banned_rows[first:last] - lo).to(device),
-            torch.from_numpy(batch.banned_ids[first:last]).to(device))
 
 
 def _all_slots(batch: TreeBatch, computed: Tensor, stem: Tensor | None) -> Tensor:
@@ -110,7 +97,8 @@ def tree_policy_forward(model: CausalLM, batch: TreeBatch, mtp_top_k: int = 0, i
         arguments = (model, hidden[nodes[lo:hi]], None if draft is None else draft[nodes[lo:hi]],
                      None if identity else batch.sampling_rows[r_lo:r_hi] - lo, batch.row_temperature[r_lo:r_hi],
                      batch.row_top_k[r_lo:r_hi], batch.row_top_p[r_lo:r_hi], sorted_rows[t_lo:t_hi] - r_lo,
-                     sorted_targets[t_lo:t_hi], mtp_top_k, batch.truncates, _banned(batch, r_lo, r_hi))
+                     sorted_targets[t_lo:t_hi], mtp_top_k, batch.truncates,
+                     None if batch.edits is None else batch.edits.select(r_lo, r_hi))
         if len(bounds) > 2 and torch.is_grad_enabled():
             token_logprobs, kl = checkpoint(_read, *arguments, use_reentrant=False)
         else:

@@ -25,6 +25,7 @@ from torch import Tensor
 from forge.learner.samples import Sample
 from forge.learner.tree.attention import BorrowedKeys, TreeAttention
 from forge.learner.tree.trie import Trie, build_trie
+from forge.model.logit_edits import LogitEdits
 
 
 @dataclass
@@ -93,8 +94,7 @@ class TreeBatch:
     num_sample_tokens: int      # tokens of the samples, each counted once per sample
     borrowed: Borrowed | None = None   # slots taken from the step's stem (None: every slot is computed)
     routing: Tensor | None = None      # [layers, T, top_k] recorded expert ids of the computed nodes (-1: none)
-    banned_rows: np.ndarray | None = None   # host: (sampling row, token id) pairs left out of the row's
-    banned_ids: np.ndarray | None = None    # distribution (min_tokens), sorted by row; None when none
+    edits: LogitEdits | None = None     # host: edits of the sampling rows' logits (see forge.model.logit_edits)
 
     @property
     def num_tokens(self) -> int:
@@ -227,8 +227,10 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
     local_end = _local(nodes, trie.end[nodes])
     members = [int(i) for i in trie.order[first:last]]
     batch_samples = [samples[i] for i in members]
-    # A term's setting: its sampling parameters and the ids min_tokens kept out of its distribution (if any).
-    settings: dict[tuple[float, int, float, tuple[int, ...]], int] = {}
+    # A term's setting: its sampling parameters, and its sample when the actor edited its logits (those rows are its
+    # own: no other sample's term shares them).
+    settings: dict[tuple[float, int, float, int], int] = {}
+    edited: list[tuple[int, LogitEdits]] = []       # (first term, the sample's edits by term)
     term_nodes, term_setting, targets, old, adv, index = ([] for _ in range(6))
     for row, i in enumerate(members):
         sample = samples[i]
@@ -237,13 +239,12 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
             continue
         if len(sample.old_logprobs) != count:
             raise ValueError(f"sample {i} has {len(sample.old_logprobs)} behaviour log-probs for {count} tokens")
-        setting = settings.setdefault((sample.temperature, sample.top_k, sample.top_p, ()), len(settings))
+        owner = -1 if sample.edits is None else i
+        setting = settings.setdefault((sample.temperature, sample.top_k, sample.top_p, owner), len(settings))
+        if sample.edits is not None:
+            edited.append((len(targets), sample.edits))
         term_nodes.append(trie.paths[i][sample.prompt_len - 1: len(sample.tokens) - 1])
-        setting_of_terms = np.full(count, setting, dtype=np.int64)
-        if sample.num_banned:
-            setting_of_terms[:sample.num_banned] = settings.setdefault(
-                (sample.temperature, sample.top_k, sample.top_p, sample.banned), len(settings))
-        term_setting.append(setting_of_terms)
+        term_setting.append(np.full(count, setting, dtype=np.int64))
         targets += sample.tokens[sample.prompt_len:]
         old += sample.old_logprobs
         adv += [sample.advantage] * count
@@ -258,10 +259,8 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
     sampling_rows = keys // max(1, len(settings))
     table = np.asarray([key[:3] for key in settings], dtype=np.float64).reshape(-1, 3)
     row_setting = table[keys % max(1, len(settings))]
-    banned_of_setting = [key[3] for key in settings]
-    banned_pairs = [(row, token) for row, setting in enumerate((keys % max(1, len(settings))).tolist())
-                    for token in banned_of_setting[setting]]
-    banned = np.asarray(banned_pairs, dtype=np.int64).reshape(-1, 2)
+    # An edited sample's terms each have a row of their own, in term order: its edits move from terms to rows.
+    edits = LogitEdits.concat(e.renumbered(term_sampling_row[first:]) for first, e in edited)
     term_params = table[term_setting_a]
     depth = trie.depth[nodes]
 
@@ -282,7 +281,7 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
         row_first=_offsets(sampling_rows, logit_nodes.size), term_first=_offsets(term_sampling_row, keys.size),
         truncates=(bool((row_setting[:, 1] > 0).any()), bool((row_setting[:, 2] < 1.0).any())), samples=batch_samples,
         num_sample_tokens=sum(len(s.tokens) for s in batch_samples), borrowed=borrowed,
-        banned_rows=banned[:, 0] if banned.size else None, banned_ids=banned[:, 1] if banned.size else None,
+        edits=edits,
         routing=node_routing(trie, nodes[computed], device))
 
 

@@ -5,12 +5,16 @@ that moves the policy the right way, tree and sample-by-sample steps alike, and 
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 
 import pytest
 import torch
 
+from forge.actors.config import EngineConfig
+from forge.actors.engine.engine import TorchEngine
+from forge.builtin import TINY_DIR, tiny_config, tiny_tokenizer
 from forge.learner.checkpoint import Checkpointer
 from forge.learner.losses import LossConfig
 from forge.learner.parallel import Distributed
@@ -19,12 +23,15 @@ from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import build_samples, make_micro_batch
 from forge.learner.trainer import Trainer, TrainerConfig
 from forge.model import CausalLM
+from forge.model.grammar import Grammars
+from forge.model.logit_edits import CompletionEdits
 from forge.model.sampling import SamplingParams
 from forge.pool import Pool
 from forge.pool.window import WindowConfig
 
 from helpers.gradients import capture_gradients
 from helpers.learner_runs import CONFIG, engine_of, fill_from, make_model
+from helpers.random_model import copy_of
 from helpers.rollouts import fill_pool
 
 
@@ -38,7 +45,16 @@ from helpers.rollouts import fill_pool
                                     SamplingParams(temperature=1.0, top_k=12, max_tokens=10, min_tokens=10, seed=5,
                                                    stop_token_ids=tuple(range(0, 64, 3))),
                                     SamplingParams(temperature=0, max_tokens=10, min_tokens=10, ignore_eos=True,
-                                                   stop_token_ids=tuple(range(1, 64, 2)))])
+                                                   stop_token_ids=tuple(range(1, 64, 2))),
+                                    SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True, seed=6,
+                                                   logit_bias=((3, 5.0), (7, -100.0), (11, 2.5))),
+                                    SamplingParams(temperature=0.8, top_p=0.9, max_tokens=10, ignore_eos=True, seed=7,
+                                                   frequency_penalty=1.5, presence_penalty=0.5),
+                                    SamplingParams(temperature=1.0, top_k=20, max_tokens=10, ignore_eos=True, seed=8,
+                                                   repetition_penalty=1.8),
+                                    SamplingParams(temperature=0, max_tokens=10, ignore_eos=True,
+                                                   repetition_penalty=0.7, frequency_penalty=-0.5,
+                                                   presence_penalty=2.0, logit_bias=((5, 3.0),))])
 def test_learner_logprobs_equal_the_actors_records(tmp_path, speculative, params):
     model = make_model()
     engine = engine_of(model, speculative=speculative)
@@ -54,9 +70,9 @@ def test_learner_logprobs_equal_the_actors_records(tmp_path, speculative, params
     batch = make_micro_batch(samples)
     learner = recompute_logprobs(model.eval(), batch)
     torch.testing.assert_close(learner, batch.old_logprobs, atol=2e-5, rtol=0)
-    if params.min_tokens:       # min_tokens kept the stop ids out: without them the learner would disagree
-        assert all(s.num_banned == 10 for s in samples) and batch.banned is not None
-        unbanned = recompute_logprobs(model.eval(), dataclasses.replace(batch, banned=None))
+    if CompletionEdits.needed(params):      # the actor edited the logits: without the edits the learner disagrees
+        assert all(s.edits is not None for s in samples) and batch.edits is not None
+        unbanned = recompute_logprobs(model.eval(), dataclasses.replace(batch, edits=None))
         assert not torch.allclose(unbanned, batch.old_logprobs, atol=1e-3)
 
 
@@ -180,3 +196,36 @@ def test_learning_rate_warms_up_from_the_step_count(tmp_path):
     assert rates == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
     with pytest.raises(ValueError):
         TrainerConfig(warmup_steps=-1)
+
+
+def test_structured_output_is_replayed_by_the_learner(tmp_path):
+    """A grammar-constrained call (the built-in tokenizer's vocabulary, a small random model): every finished
+    completion is a document of the schema, and the learner, replaying the grammar, recomputes the recorded
+    log-probs; without the grammar's masks it would not."""
+    config = dataclasses.replace(CONFIG, vocab_size=tiny_config().vocab_size, eos_token_id=tiny_config().eos_token_id)
+    model = make_model(3, config)
+    grammars = Grammars(TINY_DIR, config.vocab_size, tuple(config.eos_token_ids))
+    schema = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 22, 333]}},
+                         "required": ["ok", "n"], "additionalProperties": False})
+    engine = TorchEngine(copy_of(model), EngineConfig(kv_cache_bytes=4 * 2**20, block_size=8), grammars=grammars)
+    pool = Pool(tmp_path / "pool")
+    try:
+        fill_pool(pool, engine, groups=2, group_size=2, calls=2, vocab=1000,
+                  params=SamplingParams(temperature=1.0, max_tokens=40, seed=4, json_schema=schema))
+        entries = list(pool.fetch(10, include_calls=True).entries)
+    finally:
+        engine.close()
+        pool.close()
+    finished = [call for e in entries for s in e.sessions for call in s.calls if call.finish_reason == 1]
+    assert finished, "some completions reached the end of their document"
+    for call in finished:
+        document = json.loads(tiny_tokenizer().decode(list(call.completion_ids[:-1])))
+        assert set(document) == {"ok", "n"} and document["n"] in (1, 22, 333)
+    samples = build_samples(entries, batch_rewards(entries, RewardConfig()), config.eos_token_ids, grammars)
+    assert len(samples) == 8 and all(s.edits is not None for s in samples)
+    batch = make_micro_batch(samples)
+    torch.testing.assert_close(recompute_logprobs(model.eval(), batch), batch.old_logprobs, atol=2e-5, rtol=0)
+    unmasked = recompute_logprobs(model.eval(), dataclasses.replace(batch, edits=None))
+    assert not torch.allclose(unmasked, batch.old_logprobs, atol=1e-3)
+    assert build_samples(entries, batch_rewards(entries, RewardConfig()), config.eos_token_ids) == [], \
+        "without the tokenizer's grammars the calls are left out, not trained on unmasked"

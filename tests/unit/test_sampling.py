@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from forge.model.generate import generate
+from forge.model.logit_edits import LogitEdits, RowEdit
 from forge.model.sampling import (
     MAX_TEMPERATURE,
     MIN_TEMPERATURE,
@@ -130,9 +132,9 @@ def test_batched_logprobs_with_host_flags_equal_the_device_check():
 
 def test_banned_tokens_leave_their_rows_distribution_before_truncation():
     logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05], [0.5, 0.2, 0.15, 0.1, 0.05]]))
-    banned = (torch.tensor([0, 0]), torch.tensor([0, 3]))
+    banned = LogitEdits.of_rows([(0, RowEdit(banned=np.array([0, 3])))])
     probs = batched_sampling_logprobs(logits, torch.tensor([1.0, 1.0]), torch.tensor([2, 2]), torch.tensor([1.0, 1.0]),
-                                      banned=banned).exp()
+                                      edits=banned).exp()
     # Row 0 without tokens 0 and 3: top-2 of what is left is {1, 2}; row 1 untouched: {0, 1}.
     torch.testing.assert_close(probs[0], torch.tensor([0, 0.2, 0.15, 0, 0]) / 0.35)
     torch.testing.assert_close(probs[1], torch.tensor([5 / 7, 2 / 7, 0, 0, 0]))

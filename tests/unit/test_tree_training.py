@@ -159,12 +159,15 @@ def test_real_rollouts_from_the_pool(tmp_path, model):
         fill_pool(pool, engine, groups=1, group_size=2, calls=2, max_tokens=6, vocab=VOCAB, seed=2,     # min_tokens
                   params=SamplingParams(temperature=0.9, top_k=12, max_tokens=6, min_tokens=4,
                                         stop_token_ids=tuple(range(0, VOCAB, 4))))
+        fill_pool(pool, engine, groups=1, group_size=2, calls=2, max_tokens=6, vocab=VOCAB, seed=3,     # penalties
+                  params=SamplingParams(temperature=0.9, max_tokens=6, ignore_eos=True, frequency_penalty=1.0,
+                                        presence_penalty=0.5, repetition_penalty=1.5, logit_bias=((2, 4.0),)))
         entries = list(pool.fetch(10, include_calls=True).entries)
     finally:
         engine.close()
         pool.close()
     samples = build_samples(entries, batch_rewards(entries, RewardConfig(normalize="group")), CONFIG.eos_token_ids)
-    assert len(samples) == 3 * 3 * 3 + 2 * 2 + 2 * 2 and sum(s.num_banned > 0 for s in samples) == 4
+    assert len(samples) == 3 * 3 * 3 + 2 * 2 + 2 * 2 + 2 * 2 and sum(s.edits is not None for s in samples) == 8
     assert build_trie([s.tokens for s in samples]).compression > 2.0
     rng = random.Random(4)
     for kind in ("cispo", "grpo"):

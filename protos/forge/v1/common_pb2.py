@@ -24,37 +24,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66orge/v1/common.proto\x12\x08\x66orge.v1\"\xde\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x12\n\nmin_tokens\x18\x08 \x01(\x05\x12\x14\n\x0ctop_logprobs\x18\t \x01(\x05\x42\x0e\n\x0c_temperatureB\x07\n\x05_seed\"2\n\x0bTopLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"P\n\rExpertRouting\x12\x0e\n\x06layers\x18\x01 \x01(\x05\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x13\n\x0bnum_experts\x18\x03 \x01(\x05\x12\x0b\n\x03ids\x18\x04 \x01(\x0c\"_\n\x06Timing\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x11\n\tprefill_s\x18\x02 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\x12\x0e\n\x06tool_s\x18\x05 \x01(\x01\"\xa7\x02\n\x0b\x44\x65viceStats\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x17\n\x0futilization_pct\x18\x03 \x01(\x01\x12\x1e\n\x16memory_utilization_pct\x18\x04 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x06 \x01(\x04\x12\x0f\n\x07power_w\x18\x07 \x01(\x01\x12\x15\n\rpower_limit_w\x18\x08 \x01(\x01\x12\x15\n\rtemperature_c\x18\t \x01(\x01\x12\x14\n\x0csm_clock_mhz\x18\n \x01(\x01\x12\x18\n\x10memory_clock_mhz\x18\x0b \x01(\x01\x12\x1c\n\x14process_memory_bytes\x18\x0c \x01(\x04\"\xb8\x01\n\tHostStats\x12\x0f\n\x07\x63pu_pct\x18\x01 \x01(\x01\x12\x11\n\tcpu_count\x18\x02 \x01(\x05\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11process_rss_bytes\x18\x05 \x01(\x04\x12\x15\n\rgpu_available\x18\x06 \x01(\x08\x12\x1e\n\x16gpu_unavailable_reason\x18\x07 \x01(\t\"\x0e\n\x0cStatsRequest\"\xf5\x02\n\x0bStatsReport\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x10\n\x08uptime_s\x18\x04 \x01(\x01\x12\x11\n\ttimestamp\x18\x05 \x01(\x01\x12\x31\n\x06gauges\x18\x06 \x03(\x0b\x32!.forge.v1.StatsReport.GaugesEntry\x12\x31\n\x06labels\x18\x07 \x03(\x0b\x32!.forge.v1.StatsReport.LabelsEntry\x12&\n\x07\x64\x65vices\x18\x08 \x03(\x0b\x32\x15.forge.v1.DeviceStats\x12!\n\x04host\x18\t \x01(\x0b\x32\x13.forge.v1.HostStats\x1a-\n\x0bGaugesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66orge/v1/common.proto\x12\x08\x66orge.v1\"\xc2\x03\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x12\n\nmin_tokens\x18\x08 \x01(\x05\x12\x14\n\x0ctop_logprobs\x18\t \x01(\x05\x12;\n\nlogit_bias\x18\n \x03(\x0b\x32\'.forge.v1.SamplingParams.LogitBiasEntry\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x18\n\x10presence_penalty\x18\x0c \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\r \x01(\x02\x12\"\n\x07grammar\x18\x0e \x01(\x0b\x32\x11.forge.v1.Grammar\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x07\n\x05_seed\"?\n\x07Grammar\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x42\x06\n\x04kind\"2\n\x0bTopLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"P\n\rExpertRouting\x12\x0e\n\x06layers\x18\x01 \x01(\x05\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x13\n\x0bnum_experts\x18\x03 \x01(\x05\x12\x0b\n\x03ids\x18\x04 \x01(\x0c\"_\n\x06Timing\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x11\n\tprefill_s\x18\x02 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\x12\x0e\n\x06tool_s\x18\x05 \x01(\x01\"\xa7\x02\n\x0b\x44\x65viceStats\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x17\n\x0futilization_pct\x18\x03 \x01(\x01\x12\x1e\n\x16memory_utilization_pct\x18\x04 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x06 \x01(\x04\x12\x0f\n\x07power_w\x18\x07 \x01(\x01\x12\x15\n\rpower_limit_w\x18\x08 \x01(\x01\x12\x15\n\rtemperature_c\x18\t \x01(\x01\x12\x14\n\x0csm_clock_mhz\x18\n \x01(\x01\x12\x18\n\x10memory_clock_mhz\x18\x0b \x01(\x01\x12\x1c\n\x14process_memory_bytes\x18\x0c \x01(\x04\"\xb8\x01\n\tHostStats\x12\x0f\n\x07\x63pu_pct\x18\x01 \x01(\x01\x12\x11\n\tcpu_count\x18\x02 \x01(\x05\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11process_rss_bytes\x18\x05 \x01(\x04\x12\x15\n\rgpu_available\x18\x06 \x01(\x08\x12\x1e\n\x16gpu_unavailable_reason\x18\x07 \x01(\t\"\x0e\n\x0cStatsRequest\"\xf5\x02\n\x0bStatsReport\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x10\n\x08uptime_s\x18\x04 \x01(\x01\x12\x11\n\ttimestamp\x18\x05 \x01(\x01\x12\x31\n\x06gauges\x18\x06 \x03(\x0b\x32!.forge.v1.StatsReport.GaugesEntry\x12\x31\n\x06labels\x18\x07 \x03(\x0b\x32!.forge.v1.StatsReport.LabelsEntry\x12&\n\x07\x64\x65vices\x18\x08 \x03(\x0b\x32\x15.forge.v1.DeviceStats\x12!\n\x04host\x18\t \x01(\x0b\x32\x13.forge.v1.HostStats\x1a-\n\x0bGaugesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'forge.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_STATSREPORT_GAUGESENTRY']._loaded_options = None
   _globals['_STATSREPORT_GAUGESENTRY']._serialized_options = b'8\001'
   _globals['_STATSREPORT_LABELSENTRY']._loaded_options = None
   _globals['_STATSREPORT_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1369
-  _globals['_FINISHREASON']._serialized_end=1514
+  _globals['_FINISHREASON']._serialized_start=1662
+  _globals['_FINISHREASON']._serialized_end=1807
   _globals['_SAMPLINGPARAMS']._serialized_start=36
-  _globals['_SAMPLINGPARAMS']._serialized_end=258
-  _globals['_TOPLOGPROBS']._serialized_start=260
-  _globals['_TOPLOGPROBS']._serialized_end=310
-  _globals['_EXPERTROUTING']._serialized_start=312
-  _globals['_EXPERTROUTING']._serialized_end=392
-  _globals['_TIMING']._serialized_start=394
-  _globals['_TIMING']._serialized_end=489
-  _globals['_DEVICESTATS']._serialized_start=492
-  _globals['_DEVICESTATS']._serialized_end=787
-  _globals['_HOSTSTATS']._serialized_start=790
-  _globals['_HOSTSTATS']._serialized_end=974
-  _globals['_STATSREQUEST']._serialized_start=976
-  _globals['_STATSREQUEST']._serialized_end=990
-  _globals['_STATSREPORT']._serialized_start=993
-  _globals['_STATSREPORT']._serialized_end=1366
-  _globals['_STATSREPORT_GAUGESENTRY']._serialized_start=1274
-  _globals['_STATSREPORT_GAUGESENTRY']._serialized_end=1319
-  _globals['_STATSREPORT_LABELSENTRY']._serialized_start=1321
-  _globals['_STATSREPORT_LABELSENTRY']._serialized_end=1366
+  _globals['_SAMPLINGPARAMS']._serialized_end=486
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=413
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=461
+  _globals['_GRAMMAR']._serialized_start=488
+  _globals['_GRAMMAR']._serialized_end=551
+  _globals['_TOPLOGPROBS']._serialized_start=553
+  _globals['_TOPLOGPROBS']._serialized_end=603
+  _globals['_EXPERTROUTING']._serialized_start=605
+  _globals['_EXPERTROUTING']._serialized_end=685
+  _globals['_TIMING']._serialized_start=687
+  _globals['_TIMING']._serialized_end=782
+  _globals['_DEVICESTATS']._serialized_start=785
+  _globals['_DEVICESTATS']._serialized_end=1080
+  _globals['_HOSTSTATS']._serialized_start=1083
+  _globals['_HOSTSTATS']._serialized_end=1267
+  _globals['_STATSREQUEST']._serialized_start=1269
+  _globals['_STATSREQUEST']._serialized_end=1283
+  _globals['_STATSREPORT']._serialized_start=1286
+  _globals['_STATSREPORT']._serialized_end=1659
+  _globals['_STATSREPORT_GAUGESENTRY']._serialized_start=1567
+  _globals['_STATSREPORT_GAUGESENTRY']._serialized_end=1612
+  _globals['_STATSREPORT_LABELSENTRY']._serialized_start=1614
+  _globals['_STATSREPORT_LABELSENTRY']._serialized_end=1659
 # @@protoc_insertion_point(module_scope)
