@@ -137,9 +137,12 @@ class TrtllmBackend(Backend):
         from tensorrt_llm import SamplingParams as TrtSamplingParams
 
         params = request.params
-        for name in ("min_tokens", "top_logprobs"):
+        for name in ("min_tokens", "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty",
+                     "json_schema"):
             if getattr(params, name):
                 raise InvalidRequest(f"{name} is not supported by the TensorRT-LLM backend")
+        if params.repetition_penalty != 1.0:
+            raise InvalidRequest("repetition_penalty is not supported by the TensorRT-LLM backend")
         if params.max_tokens is None:
             params = SamplingParams(**{**params.__dict__, "max_tokens": self.max_context - len(prompt)})
         kwargs = sampling_kwargs(params, self.eos_token_ids)

@@ -1,13 +1,13 @@
 """Structured output: the grammar a completion must match, and which tokens may come next under it.
 
 A grammar is a JSON schema (``{"type": "object"}`` for "any JSON object"), compiled by llguidance, the grammar
-engine behind vLLM's ``guidance`` structured-output backend. Whitespace is fixed (``{"a": 1, "b": 2}``: vLLM's
-``disable_any_whitespace``), so that a policy cannot wander into endless whitespace that the grammar would allow.
+engine behind vLLM's ``guidance`` structured-output backend. Whitespace is fixed (compact, ``{"a":1,"b":2}``, as
+vLLM's ``disable_any_whitespace``), so that a policy cannot wander into endless whitespace the grammar would allow.
 The torch engine masks each token's logits with it; the vLLM backend asks vLLM for the same grammar on the same
 backend with the same options; the learner replays it over the recorded completion to mask its logits
-identically. All three compile through ``json_grammar``, so they agree token by token. llguidance rather than xgrammar or outlines-core: one small
-wheel without a torch or CUDA dependency, masks computed on the host (what both the engine and the learner need),
-and the backend vLLM's CPU build ships.
+identically. All three compile through ``json_grammar``, so they agree token by token. llguidance rather than
+xgrammar or outlines-core: one small wheel without a torch or CUDA dependency, masks computed on the host (what
+both the engine and the learner need), and the backend vLLM's CPU build ships.
 """
 
 from __future__ import annotations
