@@ -138,7 +138,7 @@ class TrtllmBackend(Backend):
 
         params = request.params
         for name in ("min_tokens", "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty",
-                     "json_schema"):
+                     "grammar"):
             if getattr(params, name):
                 raise InvalidRequest(f"{name} is not supported by the TensorRT-LLM backend")
         if params.repetition_penalty != 1.0:

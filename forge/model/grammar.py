@@ -1,11 +1,12 @@
 """Structured output: the grammar a completion must match, and which tokens may come next under it.
 
-A grammar is a JSON schema (``{"type": "object"}`` for "any JSON object"), compiled by llguidance, the grammar
-engine behind vLLM's ``guidance`` structured-output backend. Whitespace is fixed (compact, ``{"a":1,"b":2}``, as
-vLLM's ``disable_any_whitespace``), so that a policy cannot wander into endless whitespace the grammar would allow.
-The torch engine masks each token's logits with it; the vLLM backend asks vLLM for the same grammar on the same
-backend with the same options; the learner replays it over the recorded completion to mask its logits
-identically. All three compile through ``json_grammar``, so they agree token by token. llguidance rather than
+A grammar is a JSON schema (``{"type": "object"}`` for "any JSON object") or a grammar in llguidance's Lark
+dialect (a strict tool call's arguments between the template's fixed text), compiled by llguidance, the grammar
+engine behind vLLM's ``guidance`` structured-output backend. JSON is laid out as ``json.dumps`` writes it (one
+space after ``:`` and ``,``): no free whitespace a policy could wander into, and the layout chat templates render.
+The torch engine masks each token's logits with it; the vLLM backend hands vLLM the same Lark text for its
+guidance backend; the learner replays it over the recorded completion to mask its logits identically. All three
+compile ``Grammar.lark()``, so they agree token by token. llguidance rather than
 xgrammar or outlines-core: one small wheel without a torch or CUDA dependency, masks computed on the host (what
 both the engine and the learner need), and the backend vLLM's CPU build ships.
 """
@@ -15,47 +16,67 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 ANY_OBJECT = '{"type": "object"}'
-MAX_SCHEMA_BYTES = 64 * 1024
+MAX_GRAMMAR_BYTES = 64 * 1024
 _CACHED_GRAMMARS = 64
+# JSON as json.dumps writes it (and chat templates' tojson): one space after ':' and ',', none elsewhere.
+JSON_LAYOUT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 
 
 class GrammarError(ValueError):
     """A grammar that cannot be compiled, or a token it does not allow."""
 
 
-def json_grammar(json_schema: str) -> str:
-    """The llguidance grammar of a JSON schema (JSON text), as every part of Forge compiles it."""
-    import llguidance
+@dataclass(frozen=True)
+class Grammar:
+    """What a completion must match: a JSON schema (JSON text), or a grammar in llguidance's Lark dialect (which
+    may embed JSON schemas as ``%json {...}`` and special tokens as ``<[id]>``)."""
 
-    if len(json_schema.encode()) > MAX_SCHEMA_BYTES:
-        raise GrammarError(f"the JSON schema is larger than {MAX_SCHEMA_BYTES // 1024} KiB")
+    kind: Literal["json_schema", "lark"]
+    text: str
+
+    def lark(self) -> str:
+        """The grammar as Lark text: what the engine, the learner and vLLM compile alike."""
+        if len(self.text.encode()) > MAX_GRAMMAR_BYTES:
+            raise GrammarError(f"the {self.kind.replace('_', ' ')} is larger than {MAX_GRAMMAR_BYTES // 1024} KiB")
+        if self.kind == "lark":
+            return self.text
+        return "start: " + json_lark(self.text)
+
+    def problem(self) -> str | None:
+        """Why the grammar cannot constrain a completion, or None (checked without a tokenizer)."""
+        import llguidance
+
+        try:
+            compiled = llguidance.LLMatcher.grammar_from_lark(self.lark())
+        except (GrammarError, ValueError) as exc:
+            return str(exc)
+        error = llguidance.LLMatcher.validate_grammar(compiled)
+        return f"the {self.kind.replace('_', ' ')} cannot be compiled: {error}" if error else None
+
+
+def json_lark(json_schema: str) -> str:
+    """A Lark expression matching the JSON documents of ``json_schema`` (JSON text), laid out as ``JSON_LAYOUT``."""
     try:
         schema = json.loads(json_schema)
     except ValueError as exc:
         raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
-    if not isinstance(schema, dict | bool):
-        raise GrammarError("a JSON schema must be an object (or true/false)")
-    try:
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
-    except (ValueError, TypeError) as exc:
-        raise GrammarError(f"the JSON schema cannot be compiled: {exc}") from None
+    if schema is True:
+        schema = {}
+    if not isinstance(schema, dict):
+        raise GrammarError("a JSON schema must be an object (or true)")
+    return "%json " + json.dumps({**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_LAYOUT}})
 
 
 def schema_problem(json_schema: str) -> str | None:
     """Why ``json_schema`` cannot constrain a completion, or None (checked without a tokenizer)."""
-    import llguidance
-
-    try:
-        grammar = json_grammar(json_schema)
-    except GrammarError as exc:
-        return str(exc)
-    error = llguidance.LLMatcher.validate_grammar(grammar)
-    return f"the JSON schema cannot be compiled: {error}" if error else None
+    return Grammar("json_schema", json_schema).problem()
 
 
 class Matcher:
@@ -104,20 +125,21 @@ class Grammars:
         self._compiled: OrderedDict[str, object] = OrderedDict()
         self._lock = threading.Lock()
 
-    def matcher(self, json_schema: str) -> Matcher:
-        """A fresh matcher of ``json_schema`` at the start of a completion; GrammarError if it cannot compile."""
+    def matcher(self, grammar: Grammar) -> Matcher:
+        """A fresh matcher of ``grammar`` at the start of a completion; GrammarError if it cannot compile."""
+        lark = grammar.lark()
         with self._lock:
-            compiled = self._compiled.get(json_schema)
+            compiled = self._compiled.get(lark)
             if compiled is None:
-                compiled = self._compile(json_schema)
-                self._compiled[json_schema] = compiled
+                compiled = self._compile(lark)
+                self._compiled[lark] = compiled
                 if len(self._compiled) > _CACHED_GRAMMARS:
                     self._compiled.popitem(last=False)
             else:
-                self._compiled.move_to_end(json_schema)
+                self._compiled.move_to_end(lark)
             return Matcher(compiled.deep_copy(), self.vocab_size, self.eos_token_ids)
 
-    def _compile(self, json_schema: str):
+    def _compile(self, lark: str):
         import llguidance
 
         if self._tokenizer is None:
@@ -126,9 +148,12 @@ class Grammars:
                 raise GrammarError(f"structured output needs the model's tokenizer.json, not found in {self.directory}")
             self._tokenizer = llguidance.LLTokenizer(path.read_text(encoding="utf-8"), n_vocab=self.vocab_size,
                                                      eos_token=list(self.eos_token_ids))
-        matcher = llguidance.LLMatcher(self._tokenizer, json_grammar(json_schema), log_level=0)
+        try:
+            matcher = llguidance.LLMatcher(self._tokenizer, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+        except ValueError as exc:
+            raise GrammarError(f"the grammar cannot be compiled: {exc}") from None
         if matcher.is_error():
-            raise GrammarError(f"the JSON schema cannot be compiled: {matcher.get_error()}")
+            raise GrammarError(f"the grammar cannot be compiled: {matcher.get_error()}")
         return matcher
 
 
@@ -141,4 +166,5 @@ def unpack_bitmask(bits, vocab_size: int):
     return allowed.reshape(bits.shape[0], -1)[:, :vocab_size].bool()
 
 
-__all__ = ["ANY_OBJECT", "GrammarError", "Grammars", "Matcher", "json_grammar", "schema_problem", "unpack_bitmask"]
+__all__ = ["ANY_OBJECT", "JSON_LAYOUT", "Grammar", "GrammarError", "Grammars", "Matcher", "json_lark", "schema_problem",
+           "unpack_bitmask"]

@@ -116,10 +116,10 @@ def call_edits(params: SamplingParams, prompt_ids: Sequence[int], eos_token_ids:
     if not CompletionEdits.needed(params):
         return None
     matcher = None
-    if params.json_schema is not None:
+    if params.grammar is not None:
         if grammars is None:
             raise ValueError("structured output needs the model's tokenizer to compile its grammar")
-        matcher = grammars.matcher(params.json_schema)
+        matcher = grammars.matcher(params.grammar)
     return CompletionEdits(params, prompt_ids, (*params.stop_token_ids, *eos_token_ids), matcher)
 
 

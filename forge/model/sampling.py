@@ -19,6 +19,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from forge.model.grammar import Grammar
+
 
 class SamplingError(ValueError):
     """Sampling parameters out of range."""
@@ -59,7 +61,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0      # minus this times the token's count in the completion so far
     presence_penalty: float = 0.0       # minus this once the token is in the completion so far
     repetition_penalty: float = 1.0     # tokens of the prompt or the completion: logit / p if > 0, else logit * p
-    json_schema: str | None = None      # structured output: a JSON schema (JSON text) the completion must match
+    grammar: Grammar | None = None      # structured output: what the completion must match
 
     def __post_init__(self) -> None:
         problem = temperature_problem(self.temperature)
@@ -86,7 +88,7 @@ class SamplingParams:
         if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
             raise SamplingError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], "
                                 f"got {self.repetition_penalty:g}")
-        if self.json_schema is not None and self.ignore_eos:
+        if self.grammar is not None and self.ignore_eos:
             raise SamplingError("ignore_eos cannot be combined with a grammar: the output ends where it is complete")
         ids = [token for token, _ in self.logit_bias]
         if ids != sorted(set(ids)):
@@ -104,7 +106,7 @@ class SamplingParams:
     def penalised(self) -> bool:
         """Whether a token's distribution depends on the tokens before it (penalties or a grammar)."""
         return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
-                    or self.json_schema is not None)
+                    or self.grammar is not None)
 
 
 def sampling_logprobs(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:

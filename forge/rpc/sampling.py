@@ -3,7 +3,7 @@ actors read them and their clients (the gateway, the rollout drivers) write them
 
 from __future__ import annotations
 
-from forge.model.grammar import ANY_OBJECT
+from forge.model.grammar import ANY_OBJECT, Grammar
 from forge.model.sampling import SamplingError, SamplingParams
 from forge.v1 import common_pb2
 
@@ -24,18 +24,20 @@ def sampling_from_proto(message: common_pb2.SamplingParams) -> SamplingParams:
         frequency_penalty=message.frequency_penalty,
         presence_penalty=message.presence_penalty,
         repetition_penalty=message.repetition_penalty or 1.0,
-        json_schema=json_schema_of(message.grammar) if message.HasField("grammar") else None,
+        grammar=grammar_of(message.grammar) if message.HasField("grammar") else None,
     )
 
 
-def json_schema_of(grammar: common_pb2.Grammar) -> str:
-    """The JSON schema a grammar stands for: ``json_object`` is the schema of any object."""
-    kind = grammar.WhichOneof("kind")
+def grammar_of(message: common_pb2.Grammar) -> Grammar:
+    """A grammar off the wire: ``json_object`` is the JSON schema of any object."""
+    kind = message.WhichOneof("kind")
     if kind == "json_schema":
-        return grammar.json_schema
-    if kind == "json_object" and grammar.json_object:
-        return ANY_OBJECT
-    raise SamplingError("a grammar needs json_schema or json_object")
+        return Grammar("json_schema", message.json_schema)
+    if kind == "json_object" and message.json_object:
+        return Grammar("json_schema", ANY_OBJECT)
+    if kind == "lark":
+        return Grammar("lark", message.lark)
+    raise SamplingError("a grammar needs json_schema, json_object or lark")
 
 
 def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
@@ -50,6 +52,6 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
     message.presence_penalty = params.presence_penalty
     if params.repetition_penalty != 1.0:
         message.repetition_penalty = params.repetition_penalty
-    if params.json_schema is not None:
-        message.grammar.json_schema = params.json_schema
+    if params.grammar is not None:
+        setattr(message.grammar, params.grammar.kind, params.grammar.text)
     return message

@@ -23,7 +23,7 @@ from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import build_samples, make_micro_batch
 from forge.learner.trainer import Trainer, TrainerConfig
 from forge.model import CausalLM
-from forge.model.grammar import Grammars
+from forge.model.grammar import Grammar, Grammars
 from forge.model.logit_edits import CompletionEdits
 from forge.model.sampling import SamplingParams
 from forge.pool import Pool
@@ -211,7 +211,7 @@ def test_structured_output_is_replayed_by_the_learner(tmp_path):
     pool = Pool(tmp_path / "pool")
     try:
         fill_pool(pool, engine, groups=2, group_size=2, calls=2, vocab=1000,
-                  params=SamplingParams(temperature=1.0, max_tokens=40, seed=4, json_schema=schema))
+                  params=SamplingParams(temperature=1.0, max_tokens=40, seed=4, grammar=Grammar("json_schema", schema)))
         entries = list(pool.fetch(10, include_calls=True).entries)
     finally:
         engine.close()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from forge.builtin import TINY_DIR, tiny_config, tiny_tokenizer
-from forge.model.grammar import GrammarError, Grammars, schema_problem
+from forge.model.grammar import Grammar, GrammarError, Grammars, json_lark, schema_problem
 from forge.model.logit_edits import CompletionEdits, LogitEdits, RowEdit, call_edits
 from forge.model.sampling import SamplingError, SamplingParams
 
@@ -98,7 +98,7 @@ def test_a_calls_edits_follow_its_completion():
 def test_penalty_bounds_are_checked():
     for bad in ({"frequency_penalty": 2.5}, {"presence_penalty": -3}, {"repetition_penalty": 0.0},
                 {"repetition_penalty": 2.5}, {"logit_bias": ((3, 101.0),)}, {"logit_bias": ((4, 1.0), (3, 1.0))},
-                {"json_schema": '{"type": "object"}', "ignore_eos": True}):
+                {"grammar": Grammar("json_schema", '{"type": "object"}'), "ignore_eos": True}):
         with pytest.raises(SamplingError):
             SamplingParams(**bad)
 
@@ -116,7 +116,7 @@ SCHEMA = json.dumps({"type": "object", "properties": {"colour": {"enum": ["red",
 @pytest.mark.parametrize("seed", range(4))
 def test_a_random_walk_under_the_grammar_ends_in_a_document_of_the_schema(seed):
     config = tiny_config()
-    edits = call_edits(SamplingParams(json_schema=SCHEMA), [1, 2], config.eos_token_ids, tiny_grammars())
+    edits = call_edits(SamplingParams(grammar=Grammar("json_schema", SCHEMA)), [1, 2], config.eos_token_ids, tiny_grammars())
     generator = torch.Generator().manual_seed(seed)
     tokens = []
     while len(tokens) < 200:
@@ -132,7 +132,7 @@ def test_a_random_walk_under_the_grammar_ends_in_a_document_of_the_schema(seed):
 
 
 def test_a_token_the_grammar_refuses_is_an_error():
-    matcher = tiny_grammars().matcher('{"type": "object"}')
+    matcher = tiny_grammars().matcher(Grammar("json_schema", '{"type": "object"}'))
     opening = tiny_tokenizer().backend.encode("{").ids[0]
     letter = tiny_tokenizer().backend.encode("x").ids[0]
     assert matcher.allows(opening) and not matcher.allows(letter)
@@ -146,4 +146,24 @@ def test_bad_schemas_are_explained():
     assert "nonsense" in schema_problem('{"type": "nonsense"}')
     assert schema_problem(SCHEMA) is None
     with pytest.raises(ValueError, match="tokenizer"):
-        call_edits(SamplingParams(json_schema=SCHEMA), [1], (0,), None)
+        call_edits(SamplingParams(grammar=Grammar("json_schema", SCHEMA)), [1], (0,), None)
+
+
+def test_a_lark_grammar_holds_a_schema_between_fixed_text_and_special_tokens():
+    """A strict tool call's shape: the arguments' schema, then the template's closing text and special token."""
+    tokenizer, closing = tiny_tokenizer(), tiny_tokenizer().backend.token_to_id("</tool_call>")
+    schema = '{"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}'
+    grammar = Grammar("lark", f'start: {json_lark(schema)} "}}" <[{closing}]>')
+    assert grammar.problem() is None
+    matcher = tiny_grammars().matcher(grammar)
+    for token in [*tokenizer.backend.encode('{"key": "Bo"}}').ids, closing]:
+        assert matcher.allows(token)
+        matcher.consume(token)
+    assert matcher.allows(tiny_config().eos_token_ids[0])
+    compact = tiny_grammars().matcher(grammar)
+    for token in tokenizer.backend.encode('{"key":"Bo"}').ids:
+        if not compact.allows(token):
+            break
+        compact.consume(token)
+    else:
+        raise AssertionError("compact JSON was allowed: JSON is laid out as json.dumps writes it")
