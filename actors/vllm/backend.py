@@ -1,12 +1,20 @@
 """The vLLM backend: vLLM's ``AsyncLLM`` (its engine core in a process of its own) behind the ``Backend``
 interface, so that ``forge-actor --backend vllm`` serves the same Actor service as the embedded torch engine.
 
-Generation maps one-to-one: token ids in (``TokensPrompt``, no tokenizer in vLLM), token ids out, streamed as
-deltas, each with the log-probability it was sampled under (``logprobs_mode="processed_logprobs"``: temperature,
-top-k and top-p applied, as the learner recomputes it) and the weight version that produced it; ``min_tokens`` is
-vLLM's own (stop and end-of-sequence ids masked before temperature and truncation, as the torch engine does) and
-``top_logprobs`` come from the same processed log-probs. End of sequence is
-given to vLLM as stop token ids, so it stops exactly where the torch engine does.
+Generation maps one-to-one: token ids in (``TokensPrompt``), token ids out (``detokenize=False``), streamed as
+deltas, each with the log-probability it was sampled under and the weight version that produced it. End of sequence
+is given to vLLM as stop token ids, so it stops exactly where the torch engine does.
+
+The log-probabilities are vLLM's ``processed_logprobs``: those of the distribution the token was drawn from, after
+every edit of the logits, in the order ``forge.model.logit_edits`` describes and the learner replays: the grammar's
+mask and ``min_tokens`` (stop and end-of-sequence ids banned), ``logit_bias``, the repetition penalty (over prompt
+and output tokens), the frequency and presence penalties (over output tokens); then temperature, top-k and top-p.
+``top_logprobs`` come from the same processed log-probs. Structured output (``json_schema``) is vLLM's ``guidance``
+backend with ``disable_any_whitespace``: the llguidance grammar ``forge.model.grammar`` compiles, so vLLM masks
+exactly as the torch engine and the learner do. It needs vLLM's tokenizer, which is loaded from the checkpoint's
+``tokenizer.json`` where it gives the same masks as Forge's grammars (a fast tokenizer, no larger than the model's
+vocabulary, whose end-of-sequence id is the model's only one: llguidance lets a complete document end with the
+tokenizer's end of sequence alone); elsewhere vLLM runs without a tokenizer and structured output is refused.
 
 Weight versions load between steps, never during one: the scheduler is paused (``pause_generation``, requests in
 flight kept or aborted per ``on_weight_swap``, the prefix cache and running requests' KV cleared, so that KV of an
@@ -110,12 +118,42 @@ def sampling_kwargs(params, max_tokens: int, stops: frozenset[int]) -> dict[str,
     # from the first min_tokens tokens, as the torch engine does.
     kwargs: dict[str, Any] = {"max_tokens": max_tokens, "logprobs": params.top_logprobs, "detokenize": False,
                               "stop_token_ids": sorted(stops), "ignore_eos": True, "seed": params.seed,
-                              "min_tokens": params.min_tokens}
+                              "min_tokens": params.min_tokens, "logit_bias": dict(params.logit_bias) or None,
+                              "frequency_penalty": params.frequency_penalty,
+                              "presence_penalty": params.presence_penalty,
+                              "repetition_penalty": params.repetition_penalty}
+    if params.json_schema is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        kwargs["structured_outputs"] = StructuredOutputsParams(json=params.json_schema)
     if params.greedy:
         kwargs.update(temperature=0.0)
     else:
         kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0)
     return kwargs
+
+
+def structured_output_problem(directory: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) -> str | None:
+    """Why vLLM's ``guidance`` backend, with the tokenizer vLLM loads from ``directory``, would not mask structured
+    output as ``forge.model.grammar.Grammars`` does for this model (tokenizer.json, ``vocab_size``, every id of
+    ``eos_token_ids`` ending a complete document), or None when it would."""
+    if not (directory / "tokenizer.json").is_file():
+        return f"{directory} has no tokenizer.json"
+    from vllm.tokenizers import get_tokenizer
+    from vllm.v1.structured_output.backend_guidance import GuidanceBackend
+
+    try:
+        tokenizer = get_tokenizer(str(directory))
+    except Exception as exc:          # any failure to load it means: no tokenizer
+        return f"vLLM cannot load the tokenizer of {directory}: {exc}"
+    if not GuidanceBackend.is_tokenizer_supported(tokenizer):
+        return "vLLM's guidance backend takes fast (tokenizer.json) tokenizers only"
+    if len(tokenizer) > vocab_size:
+        return f"the tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary of {vocab_size}"
+    if set(eos_token_ids) != {tokenizer.eos_token_id}:
+        return (f"the model's end-of-sequence ids are {list(eos_token_ids)}, but vLLM's grammars end a document with "
+                f"the tokenizer's ({tokenizer.eos_token_id}) alone")
+    return None
 
 
 def chunk_of(completion: Any, version: int, top_logprobs: int = 0) -> TokenChunk:
@@ -230,6 +268,11 @@ class VllmBackend(Backend):
         self.routing = (model_config.sparse_layers, model_config.num_experts) if (
             model_config.is_moe and device.startswith("cuda")) else None
         self.served_dir, self.weight_shapes = serving_checkpoint(ref.directory, self._dir / "checkpoint")
+        # structured output needs vLLM's tokenizer: loaded only where its grammars mask as ours do
+        self.structured_problem = structured_output_problem(self.served_dir, model_config.vocab_size,
+                                                            tuple(model_config.eos_token_ids))
+        if self.structured_problem is not None:
+            log.info("vLLM runs without a tokenizer; structured output is refused: %s", self.structured_problem)
         self._version = initial_version
         self._accepted_version = initial_version
         self._figures = _Figures()
@@ -284,12 +327,19 @@ class VllmBackend(Backend):
             log.info("vLLM's CPU attention takes blocks of a multiple of %d tokens: blocks of %d",
                      CPU_BLOCK_MULTIPLE, block_size)
         kwargs: dict[str, Any] = dict(
-            model=str(self.served_dir), skip_tokenizer_init=True, dtype=dtype, seed=config.seed,
+            model=str(self.served_dir), skip_tokenizer_init=self.structured_problem is not None, dtype=dtype,
+            seed=config.seed,
             max_model_len=max_len, block_size=block_size, kv_cache_memory_bytes=config.kv_cache_bytes,
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             enable_prefix_caching=config.prefix_caching, logprobs_mode="processed_logprobs",
             enforce_eager=not config.compile_decode, disable_log_stats=True,
             worker_extension_cls="forge.actors.vllm.worker.ForgeWorkerExtension")
+        if self.structured_problem is None:
+            from vllm.config import StructuredOutputsConfig
+
+            # llguidance, without whitespace between JSON tokens: the grammar forge.model.grammar compiles
+            kwargs["structured_outputs_config"] = StructuredOutputsConfig(backend="guidance",
+                                                                          disable_any_whitespace=True)
         if kv_events_endpoint is not None:
             from vllm.config import KVEventsConfig
 
@@ -324,6 +374,15 @@ class VllmBackend(Backend):
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         max_tokens, stops = self.limits.check(request)
+        schema = request.params.json_schema
+        if schema is not None:
+            if self.structured_problem is not None:
+                raise InvalidRequest(f"this vLLM actor serves no structured output: {self.structured_problem}")
+            from forge.model.grammar import schema_problem
+
+            problem = schema_problem(schema)
+            if problem is not None:
+                raise InvalidRequest(problem)
         request_id = request.request_id or uuid.uuid4().hex
         with self._lock:
             if self._closed:
