@@ -1,25 +1,31 @@
 """The vLLM backend against the torch engine, transformers and the learner's recomputation, on the same checkpoints:
-greedy tokens, sampled tokens' log-probabilities, weight versions (swapped in process and streamed from a real
-learner process) and KV events in Forge's hash chain. Needs vLLM (``make test-vllm``)."""
+greedy tokens, sampled tokens' log-probabilities (with temperature, truncation and every edit of the logits: min_tokens,
+logit_bias, penalties, structured output), weight versions (swapped in process and streamed from a real learner
+process) and KV events in Forge's hash chain. Needs vLLM (``make test-vllm``)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
 import torch
 
-from forge.actors.backend import GenerationRequest
+from forge.actors.backend import GenerationRequest, InvalidRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
 from forge.builtin import load_model, resolve_model
 from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM
+from forge.model.grammar import Grammars
+from forge.model.logit_edits import LogitEdits, call_edits
 from forge.model.random_checkpoint import write_qwen3
-from forge.model.sampling import SamplingParams, sampling_logprobs
+from forge.model.sampling import SamplingParams, batched_sampling_logprobs, sampling_logprobs
+from forge.tokenizer.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 from helpers.processes import start_actor, wait_gone
@@ -142,12 +148,32 @@ def test_end_of_sequence_and_stop_ids_end_a_request_with_the_stop_token(tiny):
 
 
 def learner_logprobs(model: CausalLM, prompt: list[int], tokens: list[int], params: SamplingParams,
-                     banned: list[int]) -> torch.Tensor:
-    """The distribution [len(tokens), V] the learner recomputes, ``banned`` left out of the first min_tokens."""
+                     grammars: Grammars | None = None, edited: bool = True) -> torch.Tensor:
+    """The distribution [len(tokens), V] the learner recomputes for ``tokens`` sampled after ``prompt``: the call's
+    edits (min_tokens, grammar, logit_bias, penalties) rebuilt from its parameters, prompt and completion by the
+    learner's own code (``call_edits``, ``LogitEdits``), then temperature, top-k and top-p
+    (``batched_sampling_logprobs``). ``edited=False``: the same without the edits."""
     with torch.no_grad():
-        logits = model.logits(model(torch.tensor([prompt + tokens])))[0, len(prompt) - 1:-1].clone()
-    logits[:params.min_tokens, banned] = float("-inf")
-    return sampling_logprobs(logits, params.temperature, params.top_k, params.top_p)
+        logits = model.logits(model(torch.tensor([prompt + tokens])))[0, len(prompt) - 1:-1]
+    edits = call_edits(params, prompt, model.config.eos_token_ids, grammars) if edited else None
+    rows = len(tokens)
+    return batched_sampling_logprobs(logits, torch.full((rows,), float(params.temperature)),
+                                     torch.full((rows,), params.top_k), torch.full((rows,), float(params.top_p)),
+                                     edits=None if edits is None else LogitEdits.of_rows(edits.rows(tokens)))
+
+
+def seeded(params: SamplingParams, index: int) -> SamplingParams:
+    """``params`` with a seed of its own for the ``index``-th call (greedy calls unchanged)."""
+    return params if params.seed is None else replace(params, seed=params.seed + 100 * index)
+
+
+def run_seeded(backend, prompts, params: SamplingParams) -> list[tuple[list[int], list[float], list[int]]]:
+    """``run`` with a seed of its own for each prompt, so that the calls sample differently."""
+    return [run(backend, [prompt], seeded(params, i))[0] for i, prompt in enumerate(prompts)]
+
+
+def picked(distribution: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    return distribution.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
 
 def test_min_tokens_bans_the_stop_ids_as_the_torch_engine_and_the_learner_do(tiny):
@@ -163,13 +189,124 @@ def test_min_tokens_bans_the_stop_ids_as_the_torch_engine_and_the_learner_do(tin
                                           min_tokens=6, ignore_eos=True)):
                 (tokens, logprobs, _), = run(backend, [prompt], params)
                 assert len(tokens) >= 6 and not set(tokens[:6]) & set(stops)
-                expected = learner_logprobs(model, prompt, tokens, params, [*stops, *model.config.eos_token_ids])
-                picked = expected.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
-                torch.testing.assert_close(torch.tensor(logprobs), picked, atol=1e-4, rtol=0)
+                expected = picked(learner_logprobs(model, prompt, tokens, params), tokens)
+                torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-5, rtol=0)
                 if params.greedy:
                     assert tokens == run(engine, [prompt], params)[0][0]
     finally:
         engine.close()
+
+
+BIAS = ((7, 2.5), (40, -3.0), (300, 4.0), (512, 1.5), (901, 3.0))
+EDITED = {
+    "logit_bias": SamplingParams(temperature=1.0, seed=21, max_tokens=16, ignore_eos=True, logit_bias=BIAS),
+    "logit_bias/greedy": SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logit_bias=BIAS),
+    "frequency+presence": SamplingParams(temperature=0.8, top_k=40, seed=22, max_tokens=24, ignore_eos=True,
+                                         frequency_penalty=1.5, presence_penalty=0.7),
+    "frequency+presence/greedy": SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=0.6,
+                                                presence_penalty=-0.4),
+    "repetition": SamplingParams(temperature=1.0, top_p=0.9, seed=23, max_tokens=24, ignore_eos=True,
+                                 repetition_penalty=1.8),
+    "repetition/greedy": SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=0.5),
+    "all": SamplingParams(temperature=0.9, top_k=50, top_p=0.95, seed=24, max_tokens=24, ignore_eos=True,
+                          min_tokens=4, stop_token_ids=(7,), logit_bias=BIAS, repetition_penalty=1.5,
+                          frequency_penalty=0.9, presence_penalty=0.4),
+}
+
+
+@pytest.mark.parametrize("params", list(EDITED.values()), ids=list(EDITED))
+def test_logit_bias_and_penalties_are_in_the_recorded_logprobs_as_the_learner_replays_them(tiny, params):
+    """vLLM's processed log-probs include logit_bias, the repetition penalty (prompt and output tokens) and the
+    frequency and presence penalties (output tokens), in the order the learner rebuilds them; greedy, it picks the
+    tokens the torch engine picks with the same edits. Without the edits the recomputation differs."""
+    backend, directory = tiny
+    model = CausalLM.from_pretrained(directory).eval()
+    ours = run_seeded(backend, PROMPTS[:6], params)
+    gap = 0.0
+    for prompt, (tokens, logprobs, _) in zip(PROMPTS[:6], ours, strict=True):
+        expected = picked(learner_logprobs(model, prompt, tokens, params), tokens)
+        assert torch.isfinite(expected).all(), "a sampled token outside the distribution the learner recomputes"
+        torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-5, rtol=0)
+        unedited = picked(learner_logprobs(model, prompt, tokens, params, edited=False), tokens)
+        gap = max(gap, float((torch.tensor(logprobs) - unedited).abs().max()))
+    assert gap > 1e-2, f"the edits move no recorded log-prob (by {gap:.2g} at most): nothing is tested"
+    if params.greedy:
+        engine = torch_engine(directory)
+        try:
+            assert [o[0] for o in ours] == [t[0] for t in run(engine, PROMPTS[:6], params)]
+        finally:
+            engine.close()
+
+
+COLOURS = ("red", "green", "blue")
+SCHEMA = json.dumps({"type": "object", "properties": {"colour": {"enum": list(COLOURS)}, "ok": {"type": "boolean"}},
+                     "required": ["colour", "ok"], "additionalProperties": False})
+STRUCTURED = {
+    "greedy": SamplingParams(temperature=0, max_tokens=48, json_schema=SCHEMA),
+    "sampled": SamplingParams(temperature=1.0, seed=31, max_tokens=48, json_schema=SCHEMA),
+    "sampled+edits": SamplingParams(temperature=0.7, top_k=20, seed=32, max_tokens=48, json_schema=SCHEMA,
+                                    logit_bias=BIAS, repetition_penalty=1.3, frequency_penalty=0.5,
+                                    presence_penalty=0.5),
+}
+
+
+@pytest.mark.parametrize("params", list(STRUCTURED.values()), ids=list(STRUCTURED))
+def test_structured_output_masks_as_the_learners_grammar_replay(tiny, params):
+    """A JSON schema is masked by vLLM's guidance backend as Forge's grammar masks it: the completions are documents
+    of the schema ended by the end of sequence, their recorded log-probs equal the learner's recomputation with the
+    grammar replayed over them (and differ without it), and greedy, they are the torch engine's."""
+    backend, directory = tiny
+    model = CausalLM.from_pretrained(directory).eval()
+    config = model.config
+    grammars = Grammars(directory, config.vocab_size, tuple(config.eos_token_ids))
+    tokenizer = Tokenizer.from_dir(directory)
+    prompts = PROMPTS[:8]
+    calls = [(p, seeded(params, i)) for i, p in enumerate(prompts)]
+    outputs = [list(backend.submit(GenerationRequest("", p, call))) for p, call in calls]
+    completions, documents = [], []
+    gap = 0.0
+    for (prompt, call), chunks in zip(calls, outputs, strict=True):
+        tokens = [t for c in chunks for t in c.token_ids]
+        logprobs = torch.tensor([x for c in chunks for x in c.logprobs])
+        completions.append(tokens)
+        assert chunks[-1].finish_reason == "stop" and tokens[-1] in config.eos_token_ids, tokenizer.decode(tokens)
+        document = json.loads(tokenizer.decode(tokens[:-1]))
+        assert set(document) == {"colour", "ok"} and document["colour"] in COLOURS
+        assert isinstance(document["ok"], bool)
+        documents.append(document)
+        expected = picked(learner_logprobs(model, prompt, tokens, call, grammars), tokens)
+        torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
+        unedited = picked(learner_logprobs(model, prompt, tokens, call, edited=False), tokens)
+        gap = max(gap, float((logprobs - unedited).abs().max()))
+    assert gap > 1.0, f"the grammar moves no recorded log-prob (by {gap:.2g} at most): nothing is tested"
+    if not params.greedy:
+        assert len({d["colour"] for d in documents}) > 1, f"every sampled document chose the same: {documents}"
+    else:
+        engine = TorchEngine(load_model(directory)[0], EngineConfig(kv_cache_bytes=KV), grammars=grammars)
+        try:
+            assert completions == [t[0] for t in run(engine, prompts, params)]
+        finally:
+            engine.close()
+
+
+def test_a_schema_that_cannot_compile_is_an_invalid_request(tiny):
+    backend, _ = tiny
+    with pytest.raises(InvalidRequest, match="JSON schema"):
+        backend.submit(GenerationRequest("", PROMPTS[0], SamplingParams(max_tokens=4, json_schema='{"type": 7}')))
+
+
+def test_structured_output_is_served_only_where_vllms_grammars_mask_as_forges(tmp_path):
+    """vLLM loads the checkpoint's tokenizer (and serves structured output) only where its guidance backend masks as
+    Forge's grammars do: the tiny model; not a checkpoint without tokenizer.json, nor one whose end-of-sequence id is
+    not the tokenizer's (llguidance would end a document with the tokenizer's alone)."""
+    from forge.actors.vllm.backend import structured_output_problem
+
+    tiny = random_tiny(tmp_path)
+    assert structured_output_problem(tiny, 1024, (1017,)) is None
+    assert "end-of-sequence" in structured_output_problem(tiny, 1024, (1017, 1015))
+    assert "more than the model's vocabulary" in structured_output_problem(tiny, 1000, (1017,))
+    (tmp_path / "bare").mkdir()
+    assert "tokenizer.json" in structured_output_problem(tmp_path / "bare", 1024, (1017,))
 
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, top_logprobs=5),
@@ -185,7 +322,7 @@ def test_top_logprobs_equal_the_torch_engines_and_the_learners(tiny, params):
             tokens = [t for c in ours for t in c.token_ids]
             tops = [top for c in ours for top in c.top_logprobs]
             assert len(tops) == len(tokens) == 10
-            expected = learner_logprobs(model, prompt, tokens, params, [])
+            expected = learner_logprobs(model, prompt, tokens, params)
             for i, (ids, values) in enumerate(tops):
                 want = torch.topk(expected[i], params.top_logprobs)
                 support = int(torch.isfinite(want.values).sum())
