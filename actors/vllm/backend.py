@@ -9,9 +9,9 @@ The log-probabilities are vLLM's ``processed_logprobs``: those of the distributi
 every edit of the logits, in the order ``forge.model.logit_edits`` describes and the learner replays: the grammar's
 mask and ``min_tokens`` (stop and end-of-sequence ids banned), ``logit_bias``, the repetition penalty (over prompt
 and output tokens), the frequency and presence penalties (over output tokens); then temperature, top-k and top-p.
-``top_logprobs`` come from the same processed log-probs. Structured output (``json_schema``) is vLLM's ``guidance``
-backend with ``disable_any_whitespace``: the llguidance grammar ``forge.model.grammar`` compiles, so vLLM masks
-exactly as the torch engine and the learner do. It needs vLLM's tokenizer, which is loaded from the checkpoint's
+``top_logprobs`` come from the same processed log-probs. Structured output goes to vLLM's ``guidance`` backend as
+the Lark text ``forge.model.grammar.Grammar.lark()`` gives (JSON layout included), the grammar the torch engine and
+the learner compile, so vLLM masks exactly as they do. It needs vLLM's tokenizer, which is loaded from the checkpoint's
 ``tokenizer.json`` where it gives the same masks as Forge's grammars (a fast tokenizer, no larger than the model's
 vocabulary, whose end-of-sequence id is the model's only one: llguidance lets a complete document end with the
 tokenizer's end of sequence alone); elsewhere vLLM runs without a tokenizer and structured output is refused.
@@ -122,10 +122,10 @@ def sampling_kwargs(params, max_tokens: int, stops: frozenset[int]) -> dict[str,
                               "frequency_penalty": params.frequency_penalty,
                               "presence_penalty": params.presence_penalty,
                               "repetition_penalty": params.repetition_penalty}
-    if params.json_schema is not None:
+    if params.grammar is not None:
         from vllm.sampling_params import StructuredOutputsParams
 
-        kwargs["structured_outputs"] = StructuredOutputsParams(json=params.json_schema)
+        kwargs["structured_outputs"] = StructuredOutputsParams(grammar=params.grammar.lark())
     if params.greedy:
         kwargs.update(temperature=0.0)
     else:
@@ -337,9 +337,8 @@ class VllmBackend(Backend):
         if self.structured_problem is None:
             from vllm.config import StructuredOutputsConfig
 
-            # llguidance, without whitespace between JSON tokens: the grammar forge.model.grammar compiles
-            kwargs["structured_outputs_config"] = StructuredOutputsConfig(backend="guidance",
-                                                                          disable_any_whitespace=True)
+            # llguidance, the engine forge.model.grammar compiles with (the JSON layout travels in the grammar)
+            kwargs["structured_outputs_config"] = StructuredOutputsConfig(backend="guidance")
         if kv_events_endpoint is not None:
             from vllm.config import KVEventsConfig
 
@@ -374,13 +373,11 @@ class VllmBackend(Backend):
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         max_tokens, stops = self.limits.check(request)
-        schema = request.params.json_schema
-        if schema is not None:
+        grammar = request.params.grammar
+        if grammar is not None:
             if self.structured_problem is not None:
                 raise InvalidRequest(f"this vLLM actor serves no structured output: {self.structured_problem}")
-            from forge.model.grammar import schema_problem
-
-            problem = schema_problem(schema)
+            problem = grammar.problem()
             if problem is not None:
                 raise InvalidRequest(problem)
         request_id = request.request_id or uuid.uuid4().hex

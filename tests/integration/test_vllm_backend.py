@@ -21,7 +21,7 @@ from forge.actors.engine.engine import TorchEngine
 from forge.builtin import load_model, resolve_model
 from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM
-from forge.model.grammar import Grammars
+from forge.model.grammar import Grammar, Grammars
 from forge.model.logit_edits import LogitEdits, call_edits
 from forge.model.random_checkpoint import write_qwen3
 from forge.model.sampling import SamplingParams, batched_sampling_logprobs, sampling_logprobs
@@ -242,9 +242,10 @@ COLOURS = ("red", "green", "blue")
 SCHEMA = json.dumps({"type": "object", "properties": {"colour": {"enum": list(COLOURS)}, "ok": {"type": "boolean"}},
                      "required": ["colour", "ok"], "additionalProperties": False})
 STRUCTURED = {
-    "greedy": SamplingParams(temperature=0, max_tokens=48, json_schema=SCHEMA),
-    "sampled": SamplingParams(temperature=1.0, seed=31, max_tokens=48, json_schema=SCHEMA),
-    "sampled+edits": SamplingParams(temperature=0.7, top_k=20, seed=32, max_tokens=48, json_schema=SCHEMA,
+    "greedy": SamplingParams(temperature=0, max_tokens=48, grammar=Grammar("json_schema", SCHEMA)),
+    "sampled": SamplingParams(temperature=1.0, seed=31, max_tokens=48, grammar=Grammar("json_schema", SCHEMA)),
+    "sampled+edits": SamplingParams(temperature=0.7, top_k=20, seed=32, max_tokens=48,
+                                    grammar=Grammar("json_schema", SCHEMA),
                                     logit_bias=BIAS, repetition_penalty=1.3, frequency_penalty=0.5,
                                     presence_penalty=0.5),
 }
@@ -292,7 +293,8 @@ def test_structured_output_masks_as_the_learners_grammar_replay(tiny, params):
 def test_a_schema_that_cannot_compile_is_an_invalid_request(tiny):
     backend, _ = tiny
     with pytest.raises(InvalidRequest, match="JSON schema"):
-        backend.submit(GenerationRequest("", PROMPTS[0], SamplingParams(max_tokens=4, json_schema='{"type": 7}')))
+        backend.submit(GenerationRequest("", PROMPTS[0],
+                                         SamplingParams(max_tokens=4, grammar=Grammar("json_schema", '{"type": 7}'))))
 
 
 def test_structured_output_is_served_only_where_vllms_grammars_mask_as_forges(tmp_path):
