@@ -8,7 +8,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from forge import expert_routing
@@ -24,6 +24,15 @@ from forge.gateway.parsing import CompletionParser, ParsedCompletion
 from forge.gateway.routing import RouteRequest
 from forge.gateway.sessions import SessionRegistry, SessionState
 from forge.gateway.tito import FALLBACK, FRESH, PARTIAL, SPLICE
+from forge.gateway.tool_grammar import (
+    LarkText,
+    call_layout,
+    forced_call_lark,
+    is_strict,
+    reply_or_call_lark,
+    reply_schema,
+)
+from forge.model.grammar import json_lark
 from forge.pool import InvalidRequestError, check_call
 from forge.tokenizer import ChatTemplateError, RenderLimitExceeded
 from forge.v1 import actor_pb2, common_pb2, pool_pb2
@@ -126,6 +135,7 @@ class CallRunner:
         self.parser = parser
         self.metrics = metrics
         self.work = work or OffLoop()
+        self._lark_text: LarkText | None = None
 
     def check_size(self, call: ChatCall) -> None:
         """Refuse, before any rendering, a call whose message text alone cannot fit the context."""
@@ -136,11 +146,31 @@ class CallRunner:
         refused as too long as soon as its text cannot fit the context, before it is tokenised."""
         self.check_size(call)
         text = self._render(call, call.messages, add_generation_prompt=True)
-        if not call.force_tool_call:
-            return Prompt(text)
-        opener = tool_call_opener(functools.partial(self._render, call), call.messages, text, call.forced_function,
-                                  call.tools)
+        render = functools.partial(self._render, call)
+        opener = tool_call_opener(render, call.messages, text, call.forced_function, call.tools) \
+            if call.force_tool_call else ""
+        self._constrain_tool_calls(call, render, text)
         return Prompt(text + opener, opener)
+
+    def _constrain_tool_calls(self, call: ChatCall, render: Callable[..., str], prompt: str) -> None:
+        """Give the call the grammar its tools need (``forge.gateway.tool_grammar``): a forced call to a strict
+        function follows its schema, and a reply held to a response format may still be a tool call."""
+        forced = call.force_tool_call
+        if not call.parse_tools or not (call.sampling.HasField("grammar") or forced):
+            return
+        if forced and not any(is_strict(tool) for tool in call.tools or ()):
+            return
+        layout = call_layout(render, call.messages, prompt, call.tools or [], self.model.end_texts)
+        if self._lark_text is None:
+            added = self.tokenizer.backend.get_added_tokens_decoder()
+            self._lark_text = LarkText({token.content: token_id for token_id, token in added.items()})
+        if forced:
+            lark = forced_call_lark(layout, call.tools or [], call.forced_function, self._lark_text)
+        else:
+            lark = reply_or_call_lark(json_lark(reply_schema(call.sampling.grammar)), layout, call.tools or [],
+                                      self._lark_text)
+        if lark is not None:
+            call.sampling.grammar.lark = lark
 
     def _render(self, call: ChatCall, messages: list[dict], add_generation_prompt: bool) -> str:
         try:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from forge.gateway.errors import BadRequest
 from forge.gateway.forced_calls import check_tool_choice
-from forge.model.sampling import MAX_TOP_LOGPROBS, temperature_problem
+from forge.model.grammar import Grammar
+from forge.model.sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS, repetition_problem, temperature_problem
 from forge.tokenizer.tokenizer import NAMED_SPECIAL_TOKENS
 from forge.v1 import common_pb2, gateway_pb2
 
@@ -24,6 +25,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 # Variables the gateway itself gives the chat template: chat_template_kwargs may not replace them.
 TEMPLATE_OWN = frozenset({"messages", "tools", "documents", "add_generation_prompt", *NAMED_SPECIAL_TOKENS})
+PENALTIES = ("frequency_penalty", "presence_penalty")
 
 
 @dataclass
@@ -140,10 +142,11 @@ def tool_function(where: str, function: dict) -> dict:
     return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
 
 
-def check_sampling(sampling: common_pb2.SamplingParams, vocab_size: int, context_length: int | None = None
-                   ) -> common_pb2.SamplingParams:
+def check_sampling(sampling: common_pb2.SamplingParams, vocab_size: int, context_length: int | None = None,
+                   grammar_param: str = "grammar") -> common_pb2.SamplingParams:
     """A checked copy with every default made explicit (temperature 1, top_p 1), as recorded in the pool. With
-    ``context_length``, max_tokens and min_tokens must leave room for a prompt."""
+    ``context_length``, max_tokens and min_tokens must leave room for a prompt. A grammar's problems name
+    ``grammar_param``, the field of the request it came from."""
     checked = common_pb2.SamplingParams()
     checked.CopyFrom(sampling)
     temperature = sampling.temperature if sampling.HasField("temperature") else 1.0
@@ -175,7 +178,76 @@ def check_sampling(sampling: common_pb2.SamplingParams, vocab_size: int, context
     if sampling.HasField("seed") and sampling.seed >= MAX_SEED:
         raise BadRequest(f"seed must be in [0, 2**63), got {sampling.seed}", "seed")
     check_token_ids(list(sampling.stop_token_ids), vocab_size, "stop_token_ids")
+    check_logit_edits(sampling, vocab_size, grammar_param)
     return checked
+
+
+def penalty_problem(name: str, value: float) -> str | None:
+    """Why ``value`` cannot be the frequency or presence penalty ``name``, or None."""
+    if -MAX_PENALTY <= value <= MAX_PENALTY:
+        return None
+    return f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value:.8g}"
+
+
+def logit_bias_problem(token: int, bias: float, vocab_size: int) -> str | None:
+    """Why token ``token`` cannot have the logit bias ``bias``, or None."""
+    if not 0 <= token < vocab_size:
+        return f"logit_bias: token id {token} is outside the vocabulary [0, {vocab_size})"
+    if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+        return f"logit_bias: the bias of token {token} must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias:.8g}"
+    return None
+
+
+def grammar_problem(grammar: common_pb2.Grammar) -> str | None:
+    """Why ``grammar`` cannot constrain a completion, or None; it is compiled to find out."""
+    kind = grammar.WhichOneof("kind")
+    if kind == "json_object" and grammar.json_object:
+        return None
+    if kind not in ("json_schema", "lark"):
+        return "a grammar needs json_schema, json_object or lark"
+    try:
+        return Grammar(kind, getattr(grammar, kind)).problem()
+    except RecursionError:
+        return "the grammar is nested too deeply"
+
+
+def check_logit_edits(sampling: common_pb2.SamplingParams, vocab_size: int, grammar_param: str = "grammar") -> None:
+    """The penalties, logit_bias and grammar of ``sampling`` checked; a grammar's problems name ``grammar_param``,
+    the field it came in."""
+    for name in PENALTIES:
+        problem = penalty_problem(name, getattr(sampling, name))
+        if problem:
+            raise BadRequest(problem, name)
+    if sampling.repetition_penalty:                  # 0: unset, no penalty
+        problem = repetition_problem(sampling.repetition_penalty)
+        if problem:
+            raise BadRequest(problem, "repetition_penalty")
+    for token, bias in sorted(sampling.logit_bias.items()):
+        problem = logit_bias_problem(token, bias, vocab_size)
+        if problem:
+            raise BadRequest(problem, "logit_bias")
+    if not sampling.HasField("grammar"):
+        return
+    problem = grammar_problem(sampling.grammar)
+    if problem:
+        raise BadRequest(f"{grammar_param}: {problem}", grammar_param)
+    if sampling.ignore_eos:
+        raise BadRequest(f"ignore_eos cannot be combined with {grammar_param}: the output ends once it is complete",
+                         "ignore_eos")
+    if sampling.min_tokens:
+        raise BadRequest(f"min_tokens cannot be combined with {grammar_param}: once the output is complete only the "
+                         "end of sequence may follow, which min_tokens would ban", "min_tokens")
+
+
+def check_grammar_with_tools(sampling: common_pb2.SamplingParams, tools: list[dict] | None, mode: str,
+                             grammar_param: str) -> None:
+    """Refuse a response format (sent as ``grammar_param``) with a forced tool call: the call's arguments follow
+    the tool's parameters and cannot also be the reply's document. (With ``tool_choice`` auto the reply is either,
+    see ``forge.gateway.tool_grammar``.)"""
+    if sampling.HasField("grammar") and tools and mode == "required":
+        raise BadRequest(f"{grammar_param} cannot be combined with a forced tool call (tool_choice 'required' or a "
+                         f"named function): the call's arguments follow the tool's parameters and cannot also follow "
+                         f"{grammar_param}", grammar_param)
 
 
 def check_stop(stop: list[str], param: str = "stop") -> list[str]:
@@ -238,6 +310,7 @@ def chat_call_from_proto(request: gateway_pb2.ChatRequest, vocab_size: int, cont
         except ValueError as exc:
             raise BadRequest(f"chat_template_kwargs_json is not JSON: {exc}", "chat_template_kwargs") from exc
     parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
-    return ChatCall(messages, tools or None, bool(tools) and mode != "none",
-                    check_sampling(request.sampling, vocab_size, context_length), check_stop(list(request.stop)),
+    sampling = check_sampling(request.sampling, vocab_size, context_length)
+    check_grammar_with_tools(sampling, tools, mode, "grammar")
+    return ChatCall(messages, tools or None, bool(tools) and mode != "none", sampling, check_stop(list(request.stop)),
                     check_template_kwargs(template_kwargs), parallel, mode == "required", function)

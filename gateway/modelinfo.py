@@ -34,6 +34,7 @@ class ModelInfo:
     context_length: int
     model_id: str
     chars_per_token: int | None = None      # the most characters one token covers (None: no sound bound)
+    eos_token_ids: tuple[int, ...] = ()     # the model's end-of-sequence ids (config.json)
 
     @classmethod
     def load(cls, model: str) -> ModelInfo:
@@ -48,7 +49,9 @@ class ModelInfo:
         context = config.get("max_position_embeddings") or tokenizer.config.get("model_max_length")
         if not isinstance(context, int) or context <= 1:
             raise ValueError(f"{path}: no context length (max_position_embeddings in config.json)")
-        return cls(tokenizer, context, ref.model_id, chars_per_token(tokenizer))
+        eos = config.get("eos_token_id")
+        eos_ids = (eos,) if isinstance(eos, int) else tuple(i for i in eos or () if isinstance(i, int))
+        return cls(tokenizer, context, ref.model_id, chars_per_token(tokenizer), eos_ids)
 
     @property
     def limits(self) -> PromptLimits:
@@ -62,6 +65,13 @@ class ModelInfo:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
+
+    @property
+    def end_texts(self) -> tuple[str, ...]:
+        """The texts of the end-of-sequence tokens (the model's, and the tokenizer's own): where a turn ends."""
+        ids = [*self.eos_token_ids, *([self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None
+                                      else [])]
+        return tuple(dict.fromkeys(self.tokenizer.decode([i]) for i in ids if 0 <= i < self.vocab_size))
 
     def token_bytes(self, token_id: int) -> bytes:
         return _token_bytes(self.tokenizer, token_id)

@@ -169,7 +169,8 @@ class Gateway:
         """Token-level generation in an existing session, recorded as a call: the actor's chunks, the last with
         the call's index."""
         session = _required(session_id)
-        checked = check_sampling(sampling, self.model.vocab_size, self.model.context_length)
+        checked = await self.work.run(sampling.ByteSize(), check_sampling, sampling, self.model.vocab_size,
+                                      self.model.context_length)
         state = await self.sessions.resolve(session)
         return CallStream(state.session_id, self.runner.generate(state, prompt_ids, checked))
 

@@ -33,9 +33,20 @@ MAX_TEMPERATURE = 100.0
 MAX_TOP_LOGPROBS = 20           # OpenAI's bound on top_logprobs
 MAX_PENALTY = 2.0               # OpenAI's (and vLLM's) bound on frequency and presence penalties
 MAX_REPETITION_PENALTY = 2.0    # vLLM's bound on the repetition penalty
+# Positive logits are divided by the repetition penalty: far below 1 they overflow float32, as with MIN_TEMPERATURE.
+MIN_REPETITION_PENALTY = 0.01
 MAX_LOGIT_BIAS = 100.0          # OpenAI's bound on a logit bias
 # Temperatures travel as protobuf float32: 0.01 arrives as 0.0099999998, which must still be accepted.
 _MIN_TEMPERATURE_F32 = struct.unpack("f", struct.pack("f", MIN_TEMPERATURE))[0]
+_MIN_REPETITION_PENALTY_F32 = struct.unpack("f", struct.pack("f", MIN_REPETITION_PENALTY))[0]
+
+
+def repetition_problem(value: float) -> str | None:
+    """Why ``value`` cannot be the repetition penalty, or None."""
+    if _MIN_REPETITION_PENALTY_F32 <= value <= MAX_REPETITION_PENALTY:
+        return None
+    return (f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}] (1 is no "
+            f"penalty), got {value:.8g}")
 
 
 def temperature_problem(temperature: float) -> str | None:
@@ -85,11 +96,12 @@ class SamplingParams:
             value = getattr(self, name)
             if not -MAX_PENALTY <= value <= MAX_PENALTY:
                 raise SamplingError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value:g}")
-        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
-            raise SamplingError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], "
-                                f"got {self.repetition_penalty:g}")
-        if self.grammar is not None and self.ignore_eos:
-            raise SamplingError("ignore_eos cannot be combined with a grammar: the output ends where it is complete")
+        problem = repetition_problem(self.repetition_penalty)
+        if problem:
+            raise SamplingError(problem)
+        if self.grammar is not None and (self.ignore_eos or self.min_tokens):
+            raise SamplingError("ignore_eos and min_tokens cannot be combined with a grammar: once the output is "
+                                "complete only the end of sequence may follow")
         ids = [token for token, _ in self.logit_bias]
         if ids != sorted(set(ids)):
             raise SamplingError("logit_bias must list each token id once, in increasing order")

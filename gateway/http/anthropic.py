@@ -18,9 +18,9 @@ from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest, GatewayError
 from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.http.conversations import Conversations
-from forge.gateway.http.openai import field_value, parse_sampling, refuse_unsupported
+from forge.gateway.http.openai import field_value, parse_sampling, refuse_unsupported, schema_grammar
 from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat, forge_json
-from forge.gateway.messages import ChatCall, chat_message, check_stop, tool_function
+from forge.gateway.messages import ChatCall, chat_message, check_grammar_with_tools, check_stop, tool_function
 from forge.v1 import common_pb2
 
 SUPPORTED = frozenset({"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
@@ -183,14 +183,23 @@ def template_kwargs(body: dict) -> dict:
         if thinking["type"] in ("enabled", "disabled"):
             kwargs["enable_thinking"] = thinking["type"] == "enabled"
     output = field_value(body, "output_config", "dict", {})
-    if output.get("format") is not None:
-        raise BadRequest("output_config.format (structured output) is not supported: no constrained decoding",
-                         "output_config.format")
     if output.get("effort") is not None:
         if not isinstance(output["effort"], str):
             raise BadRequest("output_config.effort must be a string", "output_config.effort")
         kwargs["reasoning_effort"] = output["effort"]
     return kwargs
+
+
+def output_format_grammar(body: dict) -> common_pb2.Grammar | None:
+    """The grammar ``output_config.format`` asks for: the schema of ``{"type": "json_schema", "schema": ...}``."""
+    form = field_value(body, "output_config", "dict", {}).get("format")
+    if form is None:
+        return None
+    if not isinstance(form, dict) or form.get("type") != "json_schema":
+        kind = form.get("type") if isinstance(form, dict) else form
+        raise BadRequest(f"output_config.format must be {{'type': 'json_schema', 'schema': {{...}}}} (got {kind!r})",
+                         "output_config.format")
+    return schema_grammar(form.get("schema"), "output_config.format", "output_config.format.schema")
 
 
 def parse_messages_request(body: dict, vocab_size: int, context_length: int | None, needs_max_tokens: bool = True
@@ -204,7 +213,8 @@ def parse_messages_request(body: dict, vocab_size: int, context_length: int | No
     mode, function, parallel = parse_tool_choice(body, tools)
     stop = check_stop(field_value(body, "stop_sequences", "list", []), "stop_sequences")
     sampling = parse_sampling({name: body.get(name) for name in ("temperature", "top_p", "top_k", "max_tokens")},
-                              vocab_size, context_length)
+                              vocab_size, context_length, output_format_grammar(body), "output_config.format")
+    check_grammar_with_tools(sampling, tools, mode, "output_config.format")
     call = ChatCall(messages, tools, bool(tools) and mode != "none", sampling, stop, template_kwargs(body), parallel,
                     mode == "required", function)
     return call, MessagesOptions(field_value(body, "stream", "bool", False), "msg_" + uuid.uuid4().hex)

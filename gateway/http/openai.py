@@ -3,6 +3,8 @@ field named in the error), and the response objects (``chat.completion``, ``chat
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -13,14 +15,19 @@ from forge.gateway.errors import BadRequest
 from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat, forge_json
 from forge.gateway.messages import (
+    PENALTIES,
     ChatCall,
     chat_message,
+    check_grammar_with_tools,
     check_int32,
     check_sampling,
     check_stop,
     check_template_kwargs,
     check_token_ids,
     finite_number,
+    logit_bias_problem,
+    penalty_problem,
+    repetition_problem,
     tool_function,
 )
 from forge.gateway.modelinfo import ModelInfo
@@ -32,22 +39,26 @@ SUPPORTED = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
     "stop_token_ids", "ignore_eos", "min_tokens", "n", "stream", "stream_options", "logprobs", "top_logprobs",
     "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "response_format", "return_token_ids",
-    "reasoning_effort", "modalities"})
+    "reasoning_effort", "modalities", "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty"})
 # Fields the gateway accepts and ignores, as vLLM does: they ask OpenAI's service for storage, billing, caching or
 # moderation, and change nothing that is sampled.
 IGNORED = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
                      "verbosity"})
 MAX_SAMPLES = 128                  # n: answers to one prompt
 # Fields accepted at the value that changes nothing (or null), refused at any other.
-NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0, "logit_bias": {}}
+NEUTRAL = {"min_p": 0}
 RECORDED = "sampling must stay what the learner recomputes the log-probabilities under"
+STRUCTURED = ("structured output is asked for with response_format ({'type': 'json_schema', 'json_schema': "
+              "{'name': ..., 'schema': ...}} or {'type': 'json_object'}); no other grammar is compiled")
 WHY_NOT = {
     **dict.fromkeys(NEUTRAL, RECORDED),
     **dict.fromkeys(("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-                     "guided_whitespace_pattern", "structured_outputs", "logits_processors", "bad_words",
-                     "allowed_token_ids"), RECORDED + " (no constrained decoding)"),
+                     "guided_whitespace_pattern", "structured_outputs"), STRUCTURED),
+    **dict.fromkeys(("logits_processors", "bad_words", "allowed_token_ids"), RECORDED),
     **dict.fromkeys(("best_of", "use_beam_search", "length_penalty"), "one sample per request, no beam search"),
 }
+# A logit_bias key: a token id in decimal, without sign or leading zeros (so that no two keys name one token).
+TOKEN_ID = re.compile(r"0|[1-9][0-9]{0,9}")
 
 
 @dataclass
@@ -173,7 +184,87 @@ def parse_stop(body: dict) -> list[str]:
     return check_stop([stop] if isinstance(stop, str) else stop)
 
 
-def parse_sampling(body: dict, vocab_size: int, context_length: int | None = None) -> common_pb2.SamplingParams:
+def schema_grammar(schema: Any, param: str, where: str) -> common_pb2.Grammar:
+    """The grammar of a JSON schema sent at ``where``, errors naming ``param`` (it is compiled by
+    ``check_sampling``)."""
+    if not isinstance(schema, dict):
+        raise BadRequest(f"{where} is required: the JSON schema (an object) the output must match", param)
+    try:
+        return common_pb2.Grammar(json_schema=json.dumps(schema))
+    except RecursionError:
+        raise BadRequest(f"{where}: the JSON schema is nested too deeply", param) from None
+
+
+def json_object_grammar() -> common_pb2.Grammar:
+    return common_pb2.Grammar(json_object=True)
+
+
+def named_schema_grammar(spec: dict, param: str, where: str) -> common_pb2.Grammar:
+    """The grammar of OpenAI's named JSON schema (``name``, ``description``, ``schema``, ``strict``) at ``where``;
+    ``strict`` changes nothing: the schema is always followed."""
+    for name, kinds, what in (("name", str, "a string"), ("description", str, "a string"),
+                              ("strict", bool, "a boolean")):
+        if not isinstance(spec.get(name), kinds | None):
+            raise BadRequest(f"{where}.{name} must be {what}", param)
+    return schema_grammar(spec.get("schema"), param, f"{where}.schema")
+
+
+def response_format_grammar(body: dict) -> common_pb2.Grammar | None:
+    """The grammar ``response_format`` asks for: None for text (the default), any JSON object for
+    ``json_object``, the schema of ``json_schema``."""
+    form = field_value(body, "response_format", "dict")
+    kind = "text" if form is None else form.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_object_grammar()
+    if kind != "json_schema":
+        raise BadRequest(f"response_format type {kind!r} is not supported: 'text', 'json_object' or 'json_schema'",
+                         "response_format")
+    spec = form.get("json_schema")
+    if not isinstance(spec, dict):
+        raise BadRequest("response_format.json_schema is required with type 'json_schema': {'name': ..., "
+                         "'schema': {...}}", "response_format")
+    return named_schema_grammar(spec, "response_format", "response_format.json_schema")
+
+
+def parse_logit_bias(body: dict, vocab_size: int) -> dict[int, float]:
+    """``logit_bias``: token ids (decimal strings, as OpenAI's clients send them) to biases in [-100, 100]."""
+    biases = {}
+    for key, value in field_value(body, "logit_bias", "dict", {}).items():
+        if not TOKEN_ID.fullmatch(key):
+            raise BadRequest(f"logit_bias: {key!r} is not a token id in [0, {vocab_size})", "logit_bias")
+        if not finite_number(value):
+            raise BadRequest(f"logit_bias: the bias of token {key} must be a number, got {value!r}", "logit_bias")
+        problem = logit_bias_problem(int(key), value, vocab_size)
+        if problem:
+            raise BadRequest(problem, "logit_bias")
+        biases[int(key)] = float(value)
+    return biases
+
+
+def parse_penalties(body: dict, sampling: common_pb2.SamplingParams) -> None:
+    """The frequency, presence and repetition penalties into ``sampling``, checked as sent (before their float32
+    rounding); a repetition penalty of 1 is none, and is left unset."""
+    for name in PENALTIES:
+        value = field_value(body, name, "number", 0)
+        problem = penalty_problem(name, value)
+        if problem:
+            raise BadRequest(problem, name)
+        setattr(sampling, name, value)
+    repetition = field_value(body, "repetition_penalty", "number", 1)
+    problem = repetition_problem(repetition)
+    if problem:
+        raise BadRequest(problem, "repetition_penalty")
+    if repetition != 1:
+        sampling.repetition_penalty = repetition
+
+
+def parse_sampling(body: dict, vocab_size: int, context_length: int | None = None,
+                   grammar: common_pb2.Grammar | None = None, grammar_param: str = "grammar"
+                   ) -> common_pb2.SamplingParams:
+    """The sampling parameters of ``body`` (OpenAI's and vLLM's names), with ``grammar`` (sent as
+    ``grammar_param``), checked."""
     sampling = common_pb2.SamplingParams()
     temperature = field_value(body, "temperature", "number")
     if temperature is not None:
@@ -220,7 +311,11 @@ def parse_sampling(body: dict, vocab_size: int, context_length: int | None = Non
     if not 0 <= top_logprobs < 2**31:
         raise BadRequest(f"top_logprobs must be >= 0, got {top_logprobs}", "top_logprobs")
     sampling.top_logprobs = top_logprobs
-    return check_sampling(sampling, vocab_size, context_length)
+    parse_penalties(body, sampling)
+    sampling.logit_bias.update(parse_logit_bias(body, vocab_size))
+    if grammar is not None:
+        sampling.grammar.CopyFrom(grammar)
+    return check_sampling(sampling, vocab_size, context_length, grammar_param)
 
 
 def template_kwargs(body: dict) -> dict:
@@ -243,10 +338,7 @@ def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = 
     n = field_value(body, "n", "int", 1)
     if not 1 <= n <= MAX_SAMPLES:
         raise BadRequest(f"n must be in [1, {MAX_SAMPLES}], got {n}", "n")
-    response_format = field_value(body, "response_format", "dict")
-    if response_format and response_format.get("type", "text") != "text":
-        raise BadRequest(f"response_format {response_format.get('type')!r} is not supported: {RECORDED} (no "
-                         "constrained decoding); only 'text'", "response_format")
+    grammar = response_format_grammar(body)
     tools = parse_tools(body)
     mode, function = check_tool_choice(body.get("tool_choice"), tools)
     modalities = field_value(body, "modalities", "list", ["text"])
@@ -258,9 +350,10 @@ def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = 
                           include_usage=bool(stream_options.get("include_usage")),
                           logprobs=field_value(body, "logprobs", "bool", False),
                           return_token_ids=field_value(body, "return_token_ids", "bool", False), n=n)
-    call = ChatCall(messages, tools, bool(tools) and mode != "none", parse_sampling(body, vocab_size, context_length),
-                    parse_stop(body), template_kwargs(body), field_value(body, "parallel_tool_calls", "bool", True),
-                    mode == "required", function)
+    sampling = parse_sampling(body, vocab_size, context_length, grammar, "response_format")
+    check_grammar_with_tools(sampling, tools, mode, "response_format")
+    call = ChatCall(messages, tools, bool(tools) and mode != "none", sampling, parse_stop(body), template_kwargs(body),
+                    field_value(body, "parallel_tool_calls", "bool", True), mode == "required", function)
     return call, options
 
 

@@ -24,14 +24,16 @@ from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.http.conversations import Conversations, StoredResponse
 from forge.gateway.http.openai import (
     field_value,
+    json_object_grammar,
     message_json,
+    named_schema_grammar,
     parse_sampling,
     parse_stop,
     refuse_unsupported,
     template_kwargs,
 )
 from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat, forge_json
-from forge.gateway.messages import ChatCall, chat_message, tool_function
+from forge.gateway.messages import ChatCall, chat_message, check_grammar_with_tools, tool_function
 from forge.gateway.parsing import ToolCall
 from forge.v1 import common_pb2
 
@@ -59,6 +61,8 @@ HOSTED_TOOL = ("OpenAI's hosted tool {kind!r} is not supported: the gateway runs
                "({{'type': 'function', 'name': ..., 'parameters': ...}}) and run it in the agent")
 ITEM_PREFIXES = {"reasoning": "rs_", "message": "msg_", "call": "fc_"}
 TOOL_CHOICE_FORMS = "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}"
+TEXT_FORMATS = ("text.format must be {'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', 'name': "
+                "..., 'schema': {...}}")
 
 
 @dataclass
@@ -221,7 +225,7 @@ def parse_tools(body: dict) -> tuple[list[dict] | None, list[dict]]:
             if not isinstance(tool.get(name), kinds | None):
                 raise BadRequest(f"{where}.{name} must be {what}", f"{where}.{name}")
         function = {name: tool.get(name) for name in ("name", "description", "parameters")}
-        checked.append(tool_function(where, function))
+        checked.append(tool_function(where, {**function, "strict": tool.get("strict")}))
         echoed.append({"type": "function", **function, "strict": tool.get("strict")})
     return checked, echoed
 
@@ -255,13 +259,7 @@ def parse_settings(body: dict) -> dict:
     effort = reasoning.get("effort")
     if effort is not None and not isinstance(effort, str):
         raise BadRequest("reasoning.effort must be a string", "reasoning.effort")
-    text = field_value(body, "text", "dict", {})
-    _keys(text, ("format", "verbosity"), "text")
-    form = text.get("format")
-    if form is not None and (not isinstance(form, dict) or form.get("type") != "text"):
-        kind = form.get("type") if isinstance(form, dict) else form
-        raise BadRequest(f"text.format {kind!r} is not supported: structured output needs constrained decoding, "
-                         "which would change what the learner recomputes; only {'type': 'text'}", "text.format")
+    _keys(field_value(body, "text", "dict", {}), ("format", "verbosity"), "text")
     for j, name in enumerate(field_value(body, "include", "list", [])):
         if not isinstance(name, str):
             raise BadRequest(f"include[{j}] must be a string", f"include[{j}]")
@@ -279,6 +277,22 @@ def parse_settings(body: dict) -> dict:
     return template_kwargs({"chat_template_kwargs": body.get("chat_template_kwargs"), "reasoning_effort": effort})
 
 
+def text_format_grammar(body: dict) -> common_pb2.Grammar | None:
+    """The grammar ``text.format`` asks for: None for text (the default), any JSON object for ``json_object``, the
+    schema of ``json_schema``."""
+    form = field_value(body, "text", "dict", {}).get("format")
+    if form is None:
+        return None
+    kind = form.get("type") if isinstance(form, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_object_grammar()
+    if kind != "json_schema":
+        raise BadRequest(f"{TEXT_FORMATS} (got {kind if isinstance(form, dict) else form!r})", "text.format")
+    return named_schema_grammar(form, "text.format", "text.format")
+
+
 def parse_limits(body: dict, vocab_size: int, context_length: int | None) -> common_pb2.SamplingParams:
     limit = field_value(body, "max_output_tokens", "int")
     if limit is not None and (limit < 1 or (context_length is not None and limit >= context_length)):
@@ -286,7 +300,7 @@ def parse_limits(body: dict, vocab_size: int, context_length: int | None) -> com
                          f"prompt included), got {limit}", "max_output_tokens",
                          None if limit < 1 else "context_length_exceeded")
     return parse_sampling({**{name: body.get(name) for name in ("temperature", "top_p", "top_k", "seed")},
-                           "max_tokens": limit}, vocab_size, context_length)
+                           "max_tokens": limit}, vocab_size, context_length, text_format_grammar(body), "text.format")
 
 
 def parse_responses_request(body: Any, vocab_size: int, context_length: int | None = None
@@ -307,6 +321,7 @@ def parse_responses_request(body: Any, vocab_size: int, context_length: int | No
     previous = field_value(body, "previous_response_id", "str")
     kwargs = parse_settings(body)
     sampling = parse_limits(body, vocab_size, context_length)
+    check_grammar_with_tools(sampling, tools, mode, "text.format")
     call = ChatCall(messages, tools, bool(tools) and mode != "none", sampling, parse_stop(body), kwargs, parallel,
                     mode == "required", function)
     echo = {"instructions": instructions, "tools": echoed_tools, "tool_choice": body.get("tool_choice") or "auto",

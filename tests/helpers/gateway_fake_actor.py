@@ -1,5 +1,6 @@
 """A scripted Actor service: it fails before its first token, or after it, or answers every prompt with the same
-token ids (e.g. a tool call, which a random-weight model never samples), with a log-probability of choice."""
+token ids (e.g. a tool call, which a random-weight model never samples), with a log-probability of choice. It keeps
+each request's prompt, stream interval and sampling parameters."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
         self.calls = 0
         self.prompts: list[list[int]] = []
         self.stream_intervals: list[int] = []
+        self.samplings: list[common_pb2.SamplingParams] = []
 
     def Generate(self, request, context):
         self.calls += 1
         self.prompts.append(list(request.prompt_ids))
         self.stream_intervals.append(request.stream_interval)
+        self.samplings.append(request.sampling)
         if self.mode == "script":
             for start in range(0, len(self.script), 3):
                 ids = self.script[start:start + 3]

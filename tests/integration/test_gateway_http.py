@@ -479,11 +479,11 @@ def test_chat_template_kwargs_reach_the_template(stack):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("repetition_penalty", 1.2), ("min_p", 0.1), ("presence_penalty", 0.5), ("frequency_penalty", -1),
-    ("logit_bias", {"5": 10}), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
-    ("guided_choice", ["a", "b"]), ("guided_grammar", "root ::= 'a'"), ("structured_outputs", {"json": {}}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-    ("response_format", {"type": "json_object"}), ("best_of", 2), ("use_beam_search", True),
+    ("repetition_penalty", 2.5), ("min_p", 0.1), ("presence_penalty", 2.5), ("frequency_penalty", -3),
+    ("logit_bias", {"5": 101}), ("logit_bias", {"1024": 1}), ("guided_json", {"type": "object"}),
+    ("guided_regex", "a+"), ("guided_choice", ["a", "b"]), ("guided_grammar", "root ::= 'a'"),
+    ("structured_outputs", {"json": {}}), ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+    ("response_format", {"type": "regex"}), ("best_of", 2), ("use_beam_search", True),
     ("prompt_logprobs", 1), ("echo", True), ("skip_special_tokens", False), ("add_generation_prompt", False),
     ("chat_template", "{{ messages }}"), ("functions", []), ("no_such_field", 1),
     ("max_tokens", 10**6), ("max_completion_tokens", 2048), ("min_tokens", 9), ("top_logprobs", 21),

@@ -95,7 +95,9 @@ def test_tool_use_is_answered_and_its_result_splices_back(tmp_path):
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
     ({"tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
     ({"thinking": {"type": "sometimes"}}, "thinking"),
-    ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format"),
+    ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {}}}, "tools": TOOLS,
+      "tool_choice": {"type": "any"}}, "output_config.format"),
     ({"mcp_servers": [{"url": "http://x"}]}, "mcp_servers"),
 ])
 def test_bad_requests_get_anthropic_errors(stack, change, param):

@@ -133,6 +133,12 @@ ODD_MESSAGES = st.one_of(st.tuples(MESSAGES, ODD_MESSAGE, st.integers(0, 3)).map
 VALID_TOOL = st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
     {"name": st.sampled_from(["lookup", "search"]),
      "parameters": st.just({"type": "object", "properties": {"key": {"type": "string"}}})})})
+RESPONSE_FORMAT = st.one_of(ODD_VALUE, st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "json_object", "json_schema", "regex"])},
+    optional={"json_schema": st.one_of(ODD_VALUE, st.fixed_dictionaries(
+        {"name": TEXT}, optional={"schema": st.one_of(SCHEMA, st.just({"type": "object"})), "strict": SCALAR}))}))
+LOGIT_BIAS = st.one_of(ODD_VALUE, st.dictionaries(st.one_of(st.integers(-2, 1100).map(str), ODD_TEXT), ODD_NUMBER,
+                                                  max_size=3))
 # max_tokens: 1-2 or invalid, never large or absent (a valid call would then generate to the context length)
 CHAT = Fields(
     valid={"messages": MESSAGES, "max_tokens": st.integers(1, 2), "model": st.just("forge-tiny"),
@@ -153,7 +159,8 @@ CHAT = Fields(
                                 "name": "lookup", "parameters": schema}}])),
          "tool_choice": st.one_of(st.sampled_from(["required", {"type": "function"}]), ODD_VALUE),
          "n": ODD_INT, "stream": SCALAR, "logprobs": SCALAR, "presence_penalty": ODD_NUMBER, "ignore_eos": SCALAR,
-         "response_format": ODD_VALUE, "logit_bias": ODD_VALUE, "stream_options": ODD_VALUE},
+         "frequency_penalty": ODD_NUMBER, "repetition_penalty": ODD_NUMBER, "response_format": RESPONSE_FORMAT,
+         "logit_bias": LOGIT_BIAS, "stream_options": ODD_VALUE},
     required=("messages", "max_tokens"))
 ODD_HEADER = st.one_of(st.binary(max_size=12).filter(lambda b: b"\r" not in b and b"\n" not in b and b"\0" not in b),
                        st.sampled_from([b"", b"caf\xc3\xa9", b"\xff\xfe", b"\xed\xa0\x80", b"\xc2\xb2", b"99999999999"]))
@@ -260,12 +267,18 @@ def test_http_session_requests_never_fail_the_gateway_and_refusals_leave_the_poo
 PROTO_TEXT = st.one_of(TEXT, st.sampled_from(["", "\x00", "<|im_start|>user", "1 " * 2100]))
 INT32 = st.one_of(st.integers(-3, 5), st.integers(-(2**31), 2**31 - 1), st.sampled_from([2**31 - 1, -(2**31)]))
 FLOAT = st.one_of(st.floats(width=32), st.sampled_from([0.0, 0.01, 1.0, 100.0, 1e-39, float("nan"), float("inf")]))
+SCHEMA_JSON = st.one_of(st.just('{"type": "object"}'), st.just("[1]"), st.just("not json"), st.just("null"),
+                        st.one_of(st.integers(1, 3000), st.just(100000)).map(nested_json), PROTO_TEXT)
+GRAMMAR = st.one_of(st.builds(common_pb2.Grammar, json_schema=SCHEMA_JSON),
+                    st.builds(common_pb2.Grammar, json_object=st.booleans()), st.just(common_pb2.Grammar()))
 SAMPLING = Fields(
     valid={"temperature": st.sampled_from([0.0, 0.01, 0.7, 1.0, 100.0]), "top_p": st.sampled_from([0.0, 0.5, 1.0]),
            "top_k": st.integers(0, 50), "seed": st.integers(0, 2**63 - 1), "max_tokens": st.integers(1, 2),
            "stop_token_ids": st.lists(st.integers(0, 1023), max_size=2), "ignore_eos": st.booleans()},
     odd={"temperature": FLOAT, "top_p": FLOAT, "top_k": INT32, "seed": st.integers(2**63, 2**64 - 1),
-         "max_tokens": st.integers(-(2**31), -1), "stop_token_ids": st.lists(INT32, min_size=1, max_size=3)},
+         "max_tokens": st.integers(-(2**31), -1), "stop_token_ids": st.lists(INT32, min_size=1, max_size=3),
+         "logit_bias": st.dictionaries(INT32, FLOAT, min_size=1, max_size=3), "frequency_penalty": FLOAT,
+         "presence_penalty": FLOAT, "repetition_penalty": FLOAT, "grammar": GRAMMAR},
     required=("max_tokens",))
 PROTO_MESSAGE = st.builds(
     gateway_pb2.ChatMessage, role=st.one_of(st.sampled_from(["system", "developer", "user", "assistant", "tool"]),
@@ -276,8 +289,6 @@ PROTO_MESSAGE = st.builds(
 PROTO_MESSAGES = st.lists(st.builds(gateway_pb2.ChatMessage, role=st.sampled_from(["system", "developer", "user"]),
                                     content=PLAIN_TEXT), max_size=2).map(
     lambda head: [*head, gateway_pb2.ChatMessage(role="user", content="hi")])
-SCHEMA_JSON = st.one_of(st.just('{"type": "object"}'), st.just("[1]"), st.just("not json"), st.just("null"),
-                        st.one_of(st.integers(1, 3000), st.just(100000)).map(nested_json), PROTO_TEXT)
 PROTO_TOOL = st.builds(gateway_pb2.Tool, name=st.one_of(st.just("lookup"), PROTO_TEXT), description=PROTO_TEXT,
                        parameters_json=SCHEMA_JSON)
 def sampling(odd: str | None = None) -> st.SearchStrategy[common_pb2.SamplingParams]:

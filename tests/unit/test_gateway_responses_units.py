@@ -4,6 +4,7 @@ of events as the ``openai`` client's own accumulator reads it into the same resp
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
@@ -59,7 +60,7 @@ def test_items_of_one_assistant_turn_merge_into_the_message_the_model_wrote():
             {"id": "call_3", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]},
         {"role": "assistant", "content": "Done."}]
     assert call.tools == [{"type": "function", "function": {k: TOOLS[0][k] for k in ("name", "description",
-                                                                                      "parameters")}}]
+                                                                                      "parameters", "strict")}}]
     assert call.parse_tools and not call.force_tool_call and options.has_instructions
     assert options.response_id.startswith("resp_") and pickle.loads(pickle.dumps(options)) == options
 
@@ -82,6 +83,16 @@ def test_settings_reach_the_call():
     assert parse(input="hi", tool_choice="auto", tools=[])[0].tools is None
 
 
+def test_text_format_becomes_the_calls_grammar():
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    call = parse(input="hi", text={"format": {"type": "json_schema", "name": "place", "schema": schema,
+                                              "strict": True}})[0]
+    assert call.sampling.grammar == common_pb2.Grammar(json_schema=json.dumps(schema))
+    call = parse(input="hi", text={"format": {"type": "json_object"}}, tools=TOOLS, tool_choice="none")[0]
+    assert call.sampling.grammar == common_pb2.Grammar(json_object=True)
+    assert not parse(input="hi", text={"format": {"type": "text"}})[0].sampling.HasField("grammar")
+
+
 @pytest.mark.parametrize("change, param", [
     ({"input": None}, "input"),
     ({"input": []}, "input"),
@@ -102,8 +113,13 @@ def test_settings_reach_the_call():
     ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
     ({"tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"tool_choice": "always"}, "tool_choice"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": "{}"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": 3, "schema": {}}}}, "text.format"),
+    ({"text": {"format": {"type": "json_object"}}, "tool_choice": "required"}, "text.format"),
+    ({"text": {"format": {"type": "grammar"}}, "tools": None}, "text.format"),
+    ({"text": {"format": "text"}}, "text.format"),
     ({"reasoning": {"effort": 3}}, "reasoning.effort"),
     ({"truncation": "auto"}, "truncation"),
     ({"background": True}, "background"),

@@ -307,15 +307,37 @@ def test_openai_request_is_checked_into_a_chat_call():
     ({"tool_choice": "required"}, "tool_choice"),              # without tools
     ({"tool_choice": {"type": "function", "function": {"name": "add"}}}, "tool_choice"),
     ({"tool_choice": "any"}, "tool_choice"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -2.0000001}, "frequency_penalty"),
+    ({"frequency_penalty": True}, "frequency_penalty"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
     ({"min_tokens": -1}, "min_tokens"),
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
-    ({"repetition_penalty": 1.1}, "repetition_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"repetition_penalty": 2.01}, "repetition_penalty"),
+    ({"repetition_penalty": 1e-50}, "repetition_penalty"),
+    ({"repetition_penalty": 0.005}, "repetition_penalty"),
+    ({"logit_bias": {"1024": 1}}, "logit_bias"),
+    ({"logit_bias": {"05": 1}}, "logit_bias"),
+    ({"logit_bias": {" 5": 1}}, "logit_bias"),
+    ({"logit_bias": {"\u0665": 1}}, "logit_bias"),          # an Arabic-Indic five: int() takes it, OpenAI not
+    ({"logit_bias": {"9" * 5000: 1}}, "logit_bias"),
+    ({"logit_bias": {"5": -100.5}}, "logit_bias"),
+    ({"logit_bias": {"5": 10**400}}, "logit_bias"),
+    ({"logit_bias": {"5": None}}, "logit_bias"),
+    ({"logit_bias": "5"}, "logit_bias"),
     ({"min_p": 0.05}, "min_p"),
     ({"guided_json": {"type": "object"}}, "guided_json"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nope"}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}},
+     "response_format"),
+    ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
+    ({"response_format": {"type": "json_object"}, "tools": TOOLS, "tool_choice": "required"}, "response_format"),
+    ({"response_format": "json_object"}, "response_format"),
     ({"no_such_field": 1}, "no_such_field"),
     ({"chat_template_kwargs": []}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
@@ -345,6 +367,40 @@ def test_openai_extensions_reach_the_chat_call():
         with pytest.raises(BadRequest) as err:
             parse_chat_request({"messages": body["messages"], name: 2048}, 1024, context_length=2048)
         assert (err.value.param, err.value.code) == (name, "context_length_exceeded")
+
+
+def test_logit_bias_penalties_and_response_format_reach_the_sampling_parameters():
+    body = {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"0": -100, "1023": 100, "7": 0.5},
+            "frequency_penalty": -2, "presence_penalty": 2, "repetition_penalty": 0.25,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"},
+                                                                       "strict": True, "description": "an x"}}}
+    sampling = parse_chat_request(body, 1024)[0].sampling
+    assert dict(sampling.logit_bias) == {0: -100.0, 1023: 100.0, 7: 0.5}
+    assert (sampling.frequency_penalty, sampling.presence_penalty, sampling.repetition_penalty) == (-2, 2, 0.25)
+    assert sampling.grammar == common_pb2.Grammar(json_schema=json.dumps({"type": "object"}))
+    anything = {"messages": body["messages"], "response_format": {"type": "json_object"}, "repetition_penalty": 1,
+                "tools": TOOLS, "tool_choice": "none"}
+    sampling = parse_chat_request(anything, 1024)[0].sampling
+    assert sampling.grammar == common_pb2.Grammar(json_object=True) and sampling.repetition_penalty == 0
+    for text in ({"type": "text"}, {}, None):
+        assert not parse_chat_request({"messages": body["messages"], "response_format": text},
+                                      1024)[0].sampling.HasField("grammar")
+
+
+def test_a_schema_nested_too_deeply_for_python_is_a_bad_request():
+    schema = {}
+    for _ in range(5000):
+        schema = {"properties": {"a": schema}}
+    with pytest.raises(BadRequest) as err:
+        parse_chat_request({"messages": [{"role": "user", "content": "hi"}], "response_format": {
+            "type": "json_schema", "json_schema": {"name": "deep", "schema": schema}}}, 1024)
+    assert err.value.param == "response_format" and "nested too deeply" in err.value.message
+    deep = '{"properties": {"a": ' * 600 + "{}" + "}}" * 600
+    with pytest.raises(BadRequest) as err:
+        chat_call_from_proto(gateway_pb2.ChatRequest(
+            messages=[gateway_pb2.ChatMessage(role="user", content="hi")],
+            sampling=common_pb2.SamplingParams(grammar=common_pb2.Grammar(json_schema=deep))), 1024)
+    assert err.value.param == "grammar"
 
 
 def test_fields_that_change_nothing_are_accepted_and_ignored():
@@ -437,3 +493,49 @@ def test_proto_chat_request_is_checked():
                 gateway_pb2.ChatRequest(messages=request.messages, tool_choice="required")):
         with pytest.raises(BadRequest):
             chat_call_from_proto(bad, 1024)
+
+
+def test_proto_sampling_edits_and_grammars_are_checked_as_over_http():
+    """The same values pass and fail over gRPC as over HTTP, with the same messages."""
+    messages = [gateway_pb2.ChatMessage(role="user", content="hi")]
+    good = common_pb2.SamplingParams(logit_bias={0: -100, 1023: 100}, frequency_penalty=-2, presence_penalty=2,
+                                     repetition_penalty=2, grammar=common_pb2.Grammar(json_schema='{"type": "object"}'))
+    checked = chat_call_from_proto(gateway_pb2.ChatRequest(messages=messages, sampling=good), 1024).sampling
+    assert (checked.logit_bias, checked.repetition_penalty, checked.grammar) == (good.logit_bias, 2, good.grammar)
+    lowest = common_pb2.SamplingParams(repetition_penalty=0.01)      # arrives as float32 0.0099999998
+    assert chat_call_from_proto(gateway_pb2.ChatRequest(messages=messages, sampling=lowest), 1024)
+    for change, param, body in (
+            ({"logit_bias": {1024: 1}}, "logit_bias", {"logit_bias": {"1024": 1}}),
+            ({"logit_bias": {5: 101}}, "logit_bias", {"logit_bias": {"5": 101}}),
+            ({"frequency_penalty": 3}, "frequency_penalty", {"frequency_penalty": 3}),
+            ({"presence_penalty": -3}, "presence_penalty", {"presence_penalty": -3}),
+            ({"repetition_penalty": 4}, "repetition_penalty", {"repetition_penalty": 4}),
+            ({"repetition_penalty": 2**-8}, "repetition_penalty", {"repetition_penalty": 2**-8}),
+            ({"grammar": common_pb2.Grammar(json_object=True), "ignore_eos": True}, "ignore_eos",
+             {"response_format": {"type": "json_object"}, "ignore_eos": True}),
+            ({"grammar": common_pb2.Grammar(json_object=True), "min_tokens": 3}, "min_tokens",
+             {"response_format": {"type": "json_object"}, "min_tokens": 3})):
+        with pytest.raises(BadRequest) as over_grpc:
+            chat_call_from_proto(gateway_pb2.ChatRequest(messages=messages,
+                                                         sampling=common_pb2.SamplingParams(**change)), 1024)
+        with pytest.raises(BadRequest) as over_http:
+            parse_chat_request({"messages": [{"role": "user", "content": "hi"}], **body}, 1024)
+        assert over_grpc.value.param == over_http.value.param == param
+        assert over_grpc.value.message.replace("response_format", "grammar") == over_http.value.message.replace(
+            "response_format", "grammar")
+    for grammar in (common_pb2.Grammar(), common_pb2.Grammar(json_object=False), common_pb2.Grammar(lark="start: x"),
+                    common_pb2.Grammar(json_schema="[]"), common_pb2.Grammar(json_schema="")):
+        with pytest.raises(BadRequest) as err:
+            chat_call_from_proto(gateway_pb2.ChatRequest(messages=messages,
+                                                         sampling=common_pb2.SamplingParams(grammar=grammar)), 1024)
+        assert err.value.param == "grammar"
+    tools = [gateway_pb2.Tool(name="add")]
+    for choice in ("required", "add"):
+        with pytest.raises(BadRequest, match="grammar cannot be combined"):
+            chat_call_from_proto(gateway_pb2.ChatRequest(messages=messages, tools=tools, tool_choice=choice,
+                                                         sampling=good), 1024)
+    for choice in ("none", "", "auto"):         # auto: the document or a call (see forge.gateway.tool_grammar)
+        assert chat_call_from_proto(gateway_pb2.ChatRequest(messages=messages, tools=tools, tool_choice=choice,
+                                                            sampling=good), 1024).sampling.HasField("grammar")
+    lark = common_pb2.SamplingParams(grammar=common_pb2.Grammar(lark='start: "yes" | "no"'))
+    assert chat_call_from_proto(gateway_pb2.ChatRequest(messages=messages, sampling=lark), 1024).sampling.grammar.lark
