@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from forge.app.rollout.driver import STOPPED, DriverConfig, RolloutDriver
+from forge.app.rollout.driver import STOPPED, Backoff, DriverConfig, RolloutDriver
 from forge.app.rollout.workload import Outcome, Plan, Workload
 from forge.v1 import gateway_pb2, pool_pb2
 
@@ -74,3 +74,51 @@ def test_a_stopped_group_waits_until_every_session_is_closed():
         assert gateway.ended == {"s0": STOPPED, "s1": STOPPED}
 
     asyncio.run(scenario())
+
+
+class FailsButOnce(Workload):
+    """Every session fails (a broken agent program) except those of group ``good``."""
+
+    domains = ("d",)
+
+    def __init__(self, good: int) -> None:
+        self.good = good
+        self.groups = 0
+
+    def next_plan(self) -> Plan:
+        self.groups += 1
+        return Plan(f"t{self.groups}", "d", self.groups, blackbox=False)
+
+    async def play(self, stub, plan, session) -> Outcome:
+        if plan.task == self.good:
+            return Outcome("d", rewards={"ok": 1.0})
+        return Outcome("d", failed="agent exited with code 1: boom")
+
+
+def test_groups_whose_sessions_all_fail_are_paced_and_the_driver_says_why(caplog):
+    """Back-off counted in groups, not seconds: the pause doubles per failed group, a good group resets it, and
+    each longer pause is told once with the latest reason."""
+    async def scenario() -> list[float]:
+        driver = RolloutDriver(DriverConfig("unused", group_size=2, groups_in_flight=1), FailsButOnce(good=4))
+        stop, waits = asyncio.Event(), []
+
+        async def wait(_stop, seconds: float) -> None:
+            waits.append(seconds)
+            if len(waits) == 6:
+                stop.set()
+
+        driver._wait = wait
+        await driver.drive(RecordingGateway(), stop)
+        return waits
+
+    with caplog.at_level("WARNING", logger="forge.app.rollout.driver"):
+        waits = asyncio.run(scenario())
+    assert waits == [0.5, 1.0, 2.0, 0.5, 1.0, 2.0]      # group 4 succeeded: no wait after it, and a fresh start
+    told = [r.getMessage() for r in caplog.records if "every session" in r.getMessage()]
+    assert len(told) == 6 and all("boom" in message for message in told)
+    capped, told_at = Backoff(), []
+    for group in range(12):
+        capped.record(all_failed=True)
+        if capped.news():
+            told_at.append(group)
+    assert capped.delay == capped.max_s and told_at == [0, 1, 2, 3, 4, 5, 6], "a pause at its cap is told once"

@@ -1,11 +1,13 @@
 """The rollout driver: issues a workload's tasks in groups of G through the gateway, plays every session with the
 workload's agent, and closes each session with its rewards (or its failure), keeping a few groups in flight and
-pausing while the learner has enough waiting. Every session it starts is closed on every exit path: one still in
-play when the driver stops, or one whose group could not start in full, is closed as failed with the reason."""
+pausing while the learner has enough waiting, and backing off (saying why) while every session fails. Every session
+it starts is closed on every exit path: one still in play when the driver stops, or one whose group could not start
+in full, is closed as failed with the reason."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections import defaultdict, deque
@@ -29,6 +31,32 @@ class DriverConfig:
     group_size: int = 4
     groups_in_flight: int = 4
     max_queued_groups: int = 0                 # pause issuing while more groups wait for the learner (0 = no limit)
+
+
+@dataclass
+class Backoff:
+    """While group after group has every session failed (a broken agent program, a gateway refusing every call),
+    the driver waits before the next group: ``first_s``, doubling per failed group up to ``max_s``; a group with a
+    session that did not fail resets it."""
+
+    first_s: float = 0.5
+    max_s: float = 30.0
+    failed_groups: int = 0
+    _told: float = 0.0
+
+    def record(self, all_failed: bool) -> None:
+        self.failed_groups = self.failed_groups + 1 if all_failed else 0
+        if not all_failed:
+            self._told = 0.0
+
+    @property
+    def delay(self) -> float:
+        return min(self.max_s, self.first_s * 2 ** (self.failed_groups - 1)) if self.failed_groups else 0.0
+
+    def news(self) -> bool:
+        """Whether the delay grew since it was last told (each doubling is said once)."""
+        told, self._told = self._told, self.delay
+        return self.delay > told
 
 
 class RolloutStats:
@@ -92,30 +120,50 @@ class RolloutDriver:
         self.queued_groups = queued_groups
         self._group = 0
         self._run_tag = secrets.token_hex(4)    # group ids stay unique when a run directory (and pool) is reused
+        self.backoff = Backoff()
 
     async def run(self, stop: asyncio.Event) -> None:
         async with aio_channel(self.config.gateway, self.config.api_key) as channel:
-            stub = gateway_pb2_grpc.GatewayStub(channel)
-            running: set[asyncio.Task] = set()
-            while not stop.is_set():
-                while len(running) < self.config.groups_in_flight and not self._throttled():
-                    running.add(asyncio.create_task(self._run_group(stub, self.workload.next_plan())))
-                if not running:
-                    await asyncio.sleep(0.2)
-                    continue
-                done, running = await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
-                for finished in done:
-                    if finished.exception() is not None:
-                        log.warning("a rollout group failed: %s", finished.exception())
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
+            await self.drive(gateway_pb2_grpc.GatewayStub(channel), stop)
+
+    async def drive(self, stub, stop: asyncio.Event) -> None:
+        """Roll groups out through ``stub`` (the gateway's asyncio stub) until ``stop`` is set."""
+        running: set[asyncio.Task] = set()
+        while not stop.is_set():
+            while len(running) < self.config.groups_in_flight and not self._throttled():
+                running.add(asyncio.create_task(self._run_group(stub, self.workload.next_plan())))
+            if not running:
+                await asyncio.sleep(0.2)
+                continue
+            done, running = await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                if finished.exception() is not None:
+                    log.warning("a rollout group failed: %s", finished.exception())
+                self.backoff.record(finished.exception() is None and all(o.failed for o in finished.result()))
+            if self.backoff.delay:
+                await self._pause(stop)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+    async def _pause(self, stop: asyncio.Event) -> None:
+        """Wait out the back-off (or until stopped), saying why once per doubling."""
+        delay = self.backoff.delay
+        if self.backoff.news():
+            log.warning("every session of the last %d groups failed (the latest: %s); waiting %.1f s before the next",
+                        self.backoff.failed_groups, self.stats.failures[-1] if self.stats.failures else "?", delay)
+        await self._wait(stop, delay)
+
+    @staticmethod
+    async def _wait(stop: asyncio.Event, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
 
     def _throttled(self) -> bool:
         limit = self.config.max_queued_groups
         return bool(limit and self.queued_groups and self.queued_groups() >= limit)
 
-    async def _run_group(self, stub, plan: Plan) -> None:
+    async def _run_group(self, stub, plan: Plan) -> list[Outcome]:
         self._group += 1
         group_id = f"{plan.task_id}-{self._run_tag}-g{self._group}"
         request = start_request(plan, group_id, self.config.group_size)
@@ -135,8 +183,9 @@ class RolloutDriver:
         failure = next((p for p in played if isinstance(p, BaseException)), None)
         if failure is not None:
             raise failure
+        return played
 
-    async def _play(self, stub, plan: Plan, started: gateway_pb2.StartSessionResponse) -> None:
+    async def _play(self, stub, plan: Plan, started: gateway_pb2.StartSessionResponse) -> Outcome:
         session = session_of(started, self.config.http_base, self.config.api_key)
         try:
             outcome = await self.workload.play(stub, plan, session)
@@ -148,3 +197,4 @@ class RolloutDriver:
         self.stats.add(outcome)
         if self.on_outcome:
             self.on_outcome(outcome)
+        return outcome
