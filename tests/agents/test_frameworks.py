@@ -83,6 +83,8 @@ def test_the_framework_runs_unchanged_and_every_call_is_recorded_exactly(served,
     assert failures(gateway) == before, f"a call of {program} was refused: {run.stderr_tail}"
     calls = list(reader.get_session(session_id).calls)
     assert calls and all(call.completion_ids for call in calls)
+    if program.endswith("_structured"):     # their output type became a grammar (a response format or strict tool)
+        assert all(call.sampling.HasField("grammar") for call in calls), [c.sampling for c in calls]
     learner, recorded = learner_and_recorded(checkpoint, calls)
     # float32 over the frameworks' long prompts: the tolerance of the learner's own agreement test
     torch.testing.assert_close(learner, recorded, atol=2e-5, rtol=0)
