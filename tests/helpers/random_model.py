@@ -5,6 +5,7 @@ splits) the trained model would not meet."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -57,8 +58,15 @@ def copy_of(model: CausalLM) -> CausalLM:
     return copy
 
 
-def random_tiny(directory: Path, seed: int = 0) -> Path:
-    return write_tiny_checkpoint(directory / "random-tiny", seed)
+def random_tiny(directory: Path, seed: int = 0, context: int | None = None) -> Path:
+    """The tiny architecture with random weights; ``context`` raises its positions (RoPE unchanged), so that a
+    stream may run far longer than a client takes to act on it."""
+    path = write_tiny_checkpoint(directory / "random-tiny", seed)
+    if context is not None:
+        config = json.loads((path / "config.json").read_text())
+        config["max_position_embeddings"] = context
+        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return path
 
 
 def random_tiny_moe(directory: Path, seed: int = 0, router_scale: float = 10.0) -> Path:

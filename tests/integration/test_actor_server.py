@@ -18,6 +18,8 @@ from helpers.random_model import random_tiny
 from helpers.waiting import wait_for
 
 # The same cases against each backend: the torch engine in its own process and in the server's, and vLLM.
+# The model's context is long (LONG positions), so that a long stream outlasts any client on a loaded machine.
+LONG = 32768
 BACKENDS = [pytest.param(("--engine-process",), id="torch-process"), pytest.param(("--in-process",), id="torch"),
             pytest.param(("--backend", "vllm"), id="vllm", marks=[pytest.mark.vllm, pytest.mark.slow])]
 
@@ -29,7 +31,8 @@ def backend_of(args: tuple[str, ...]) -> str:
 @pytest.fixture(scope="module", params=BACKENDS)
 def actor(tmp_path_factory, request):
     directory = tmp_path_factory.mktemp("actor")
-    service = start_actor(directory, "--model", str(random_tiny(directory)), *request.param, timeout_s=900)
+    service = start_actor(directory, "--model", str(random_tiny(directory, context=LONG)), "--kv-cache-mb", "128",
+                          *request.param, timeout_s=900)
     service.backend = backend_of(request.param)
     yield service
     assert service.stop() == 0
@@ -93,7 +96,7 @@ def test_concurrent_streams_are_isolated(actor):
 @pytest.mark.parametrize("prompt, sampling, message", [
     ([], {}, "empty"),
     ([1, 99999], {}, "outside the vocabulary"),
-    (list(range(1000)) * 3, {}, "context"),
+    (list(range(1000)) * (LONG // 1000 + 1), {}, "context"),
     ([1], {"temperature": -1.0}, "temperature"),
     ([1], {"top_p": 2.0}, "top_p"),
     ([1], {"top_k": -3}, "top_k"),
@@ -111,7 +114,7 @@ def test_cancelled_streams_and_abort_free_their_kv_blocks(actor):
     with grpc.insecure_channel(actor.address) as channel:
         stub = actor_pb2_grpc.ActorStub(channel)
         stream = stub.Generate(actor_pb2.GenerateRequest(
-            prompt_ids=list(range(40)), sampling=common_pb2.SamplingParams(max_tokens=1500, ignore_eos=True)))
+            prompt_ids=list(range(40)), sampling=common_pb2.SamplingParams(max_tokens=LONG // 2, ignore_eos=True)))
         next(stream)
         stream.cancel()
         # A fast engine on a slow machine may finish the request before the abort arrives: then it is not found,
@@ -120,7 +123,7 @@ def test_cancelled_streams_and_abort_free_their_kv_blocks(actor):
             request_id = f"to-abort-{attempt}"
             aborted = stub.Generate(actor_pb2.GenerateRequest(
                 request_id=request_id, prompt_ids=list(range(40)),
-                sampling=common_pb2.SamplingParams(max_tokens=2000, ignore_eos=True)))
+                sampling=common_pb2.SamplingParams(max_tokens=LONG - 100, ignore_eos=True)))
             next(aborted)
             if stub.Abort(actor_pb2.AbortRequest(request_id=request_id)).found:
                 break
@@ -191,8 +194,9 @@ def test_a_full_queue_answers_resource_exhausted(tmp_path, backend):
     """With room for one request, a second gets RESOURCE_EXHAUSTED while the first runs. A fast engine on a slow
     machine may finish the first before the second arrives, which then rightly runs: the attempt is repeated, and
     the test fails when no attempt sees the refusal."""
-    service = start_actor(tmp_path, "--max-batch", "1", "--max-waiting", "0", *backend, timeout_s=900)
-    longest = 2000                                   # the tiny model's context is 2,048 tokens
+    service = start_actor(tmp_path, "--max-batch", "1", "--max-waiting", "0", "--kv-cache-mb", "128", "--model",
+                          str(random_tiny(tmp_path, context=LONG)), *backend, timeout_s=900)
+    longest = LONG - 100
     try:
         with grpc.insecure_channel(service.address) as channel:
             stub = actor_pb2_grpc.ActorStub(channel)
