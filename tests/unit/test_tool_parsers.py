@@ -248,3 +248,29 @@ def test_auto_falls_back_to_the_model_type_then_hermes():
                                                                  "config.json has model_type 'deepseek_v3'")
     assert pick_tool_parser(None, "gpt2")[0] == "hermes"
     assert pick_tool_parser(None, None)[0] == "hermes"
+
+
+def test_the_setting_offers_every_parser_and_defaults_to_auto():
+    from dataclasses import fields
+
+    from forge.gateway.config import GatewayConfig
+    from forge.settings import SETTING
+
+    field = next(f for f in fields(GatewayConfig) if f.name == "tool_parser")
+    assert field.default == "auto"
+    assert set(field.metadata[SETTING].choices) == {"auto", "none", *TOOL_PARSERS}
+
+
+def test_the_gateway_logs_the_parser_auto_picks(caplog):
+    from types import SimpleNamespace
+
+    from forge.gateway.service import Gateway
+
+    template = (TEMPLATES / "qwen3_coder.jinja").read_text()
+    model = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=template), model_type="qwen3_moe")
+    with caplog.at_level("INFO", logger="forge.gateway.service"):
+        assert Gateway._tool_parser(SimpleNamespace(config=SimpleNamespace(tool_parser="auto"), model=model)) == \
+            "qwen3_coder"
+    assert "tool-call parser: qwen3_coder (the chat template writes <tool_call> and <function=)" in caplog.text
+    assert Gateway._tool_parser(SimpleNamespace(config=SimpleNamespace(tool_parser="mistral"), model=model)) == \
+        "mistral"
