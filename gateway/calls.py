@@ -233,7 +233,7 @@ class CallRunner:
                     shown = ChatDelta(visible, reasoning, content)
                     yield delta
             text_out = assembler.final()
-            parsed = self.parser.parse(prompt.opener + text_out, call.parse_tools)
+            parsed = self.parser.parse(prompt.opener + text_out, call.parse_tools, call.tools)
             if not call.parallel_tool_calls:
                 del parsed.tool_calls[1:]
             stopped = assembler.stop_hit is not None

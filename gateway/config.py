@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forge.builtin import resolve_model
+from forge.gateway.parsers import TOOL_PARSERS
 from forge.gateway.routing import DEFAULT_ROUTER, router_class
 from forge.rpc.client import check_address, check_addresses
 from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
@@ -86,7 +87,9 @@ class GatewayConfig(Settings):
                                               help="Seconds between looks for idle sessions [default: a quarter of "
                                                    "--session-timeout, at most 30].")
     max_body_bytes: int = setting(16 * 1024 * 1024, min=1024, help="Largest HTTP request body accepted (larger: 413).")
-    tool_parser: str = setting("hermes", choices=("hermes", "none"), help="Tool-call syntax parsed out of completions.")
+    tool_parser: str = setting("auto", choices=("auto", *TOOL_PARSERS, "none"),
+                               help="Tool-call syntax parsed out of completions: a model family's, or auto (read from "
+                                    "the chat template, else config.json's model_type; hermes if neither says).")
     reasoning_parser: str = setting("think", choices=("think", "none"),
                                     help="Reasoning syntax parsed out of completions (<think>...</think>).")
     fail_sessions_on_call_error: bool = setting(True, help="EndSession records a session as failed if one of its "

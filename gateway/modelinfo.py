@@ -35,6 +35,7 @@ class ModelInfo:
     model_id: str
     chars_per_token: int | None = None      # the most characters one token covers (None: no sound bound)
     eos_token_ids: tuple[int, ...] = ()     # the model's end-of-sequence ids (config.json)
+    model_type: str | None = None           # config.json's model_type (llama, qwen3_moe, ...)
 
     @classmethod
     def load(cls, model: str) -> ModelInfo:
@@ -51,7 +52,9 @@ class ModelInfo:
             raise ValueError(f"{path}: no context length (max_position_embeddings in config.json)")
         eos = config.get("eos_token_id")
         eos_ids = (eos,) if isinstance(eos, int) else tuple(i for i in eos or () if isinstance(i, int))
-        return cls(tokenizer, context, ref.model_id, chars_per_token(tokenizer), eos_ids)
+        model_type = config.get("model_type")
+        return cls(tokenizer, context, ref.model_id, chars_per_token(tokenizer), eos_ids,
+                   model_type if isinstance(model_type, str) else None)
 
     @property
     def limits(self) -> PromptLimits:

@@ -1,7 +1,7 @@
 """Completion text to an assistant message: reasoning (``<think>…</think>``), content and tool calls.
 
-Parsers sit behind two small interfaces so other syntaxes can be added (register them in ``TOOL_PARSERS`` /
-``REASONING_PARSERS``). Each has a final ``parse`` and a streaming ``visible`` that returns only what is certain to
+Parsers sit behind two small interfaces so other syntaxes can be added: tool-call syntaxes, one per model family, in
+``forge.gateway.parsers`` (``TOOL_PARSERS``), reasoning syntaxes here (``REASONING_PARSERS``). Each has a final ``parse`` and a streaming ``visible`` that returns only what is certain to
 stay, so streamed deltas always add up to the final message. The parse keeps the model's own text wherever the
 chat template renders it back (tool-call arguments are the raw JSON the model wrote), so the message a client sends
 back renders to exactly the sampled text and its ids can be spliced (token-in-token-out).
@@ -9,21 +9,23 @@ back renders to exactly the sampled text and its ids can be spliced (token-in-to
 
 from __future__ import annotations
 
-import json
-import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from forge.gateway.parsers import (
+    TOOL_PARSERS,
+    HermesToolParser,
+    ToolCall,
+    ToolCallParser,
+    held_prefix,
+    new_call_id,
+    pick_tool_parser,
+)
+from forge.gateway.parsers.base import Tools
 
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str          # a JSON object, as text
-
-    def to_openai(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+__all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "CompletionParser", "HermesToolParser", "ParsedCompletion",
+           "ReasoningParser", "ThinkReasoningParser", "ToolCall", "ToolCallParser", "held_prefix", "new_call_id",
+           "pick_tool_parser"]
 
 
 @dataclass
@@ -31,24 +33,6 @@ class ParsedCompletion:
     content: str
     reasoning: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
-
-
-def held_prefix(text: str, marker: str) -> int:
-    """Length of the longest end of ``text`` that is a proper beginning of ``marker``."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
-
-
-class ToolCallParser(Protocol):
-    name: str
-
-    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        """(content, tool calls) of a complete text; no calls (and the text as content) if it has none."""
-
-    def visible(self, text: str) -> str:
-        """The beginning of the content that is certain whatever follows ``text``."""
 
 
 class ReasoningParser(Protocol):
@@ -59,70 +43,6 @@ class ReasoningParser(Protocol):
 
     def visible(self, text: str) -> tuple[str, str]:
         """(reasoning, rest) certain so far."""
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-class HermesToolParser:
-    """Hermes / Qwen syntax: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, one block per call."""
-
-    name = "hermes"
-    open_tag, close_tag = "<tool_call>", "</tool_call>"
-    _block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        first = text.find(self.open_tag)
-        if first < 0:
-            return text, []
-        calls = []
-        for match in self._block.finditer(text):
-            call = self._call(match.group(1))
-            if call is None:
-                return text, []
-            calls.append(call)
-        if text.count(self.open_tag) != len(calls):    # an unterminated block (e.g. cut by max_tokens)
-            return text, []
-        return text[:first], calls
-
-    def visible(self, text: str) -> str:
-        first = text.find(self.open_tag)
-        if first >= 0:
-            return text[:first]
-        return text[:len(text) - held_prefix(text, self.open_tag)]
-
-    @staticmethod
-    def _call(body: str) -> ToolCall | None:
-        try:
-            value = json.loads(body)
-        except ValueError:
-            return None
-        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-            return None
-        arguments = value.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                return None
-        if not isinstance(arguments, dict):
-            return None
-        raw = _raw_arguments(body, value["name"])
-        return ToolCall(new_call_id(), value["name"], raw if raw is not None else json.dumps(arguments,
-                                                                                                ensure_ascii=False))
-
-
-def _raw_arguments(body: str, name: str) -> str | None:
-    """The arguments exactly as written, when the block has the template's own layout (so it renders back)."""
-    head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
-    if not (body.startswith(head) and body.endswith("}")):
-        return None
-    raw = body[len(head):-1]
-    try:
-        return raw if isinstance(json.loads(raw), dict) else None
-    except ValueError:
-        return None
 
 
 class ThinkReasoningParser:
@@ -157,7 +77,6 @@ class ThinkReasoningParser:
         return inner[:end], rest[1:] if rest.startswith("\n") else rest
 
 
-TOOL_PARSERS: dict[str, type] = {"hermes": HermesToolParser}
 REASONING_PARSERS: dict[str, type] = {"think": ThinkReasoningParser}
 
 
@@ -169,10 +88,11 @@ class CompletionParser:
         self.reasoning: ReasoningParser | None = (None if reasoning_parser == "none"
                                                   else REASONING_PARSERS[reasoning_parser]())
 
-    def parse(self, text: str, parse_tools: bool) -> ParsedCompletion:
+    def parse(self, text: str, parse_tools: bool, tools: Tools | None = None) -> ParsedCompletion:
+        """``tools`` (the request's) type the arguments of syntaxes that write them as bare text."""
         reasoning, rest = self.reasoning.parse(text) if self.reasoning else (None, text)
         if parse_tools and self.tools:
-            content, calls = self.tools.parse(rest)
+            content, calls = self.tools.parse(rest, tools)
             return ParsedCompletion(content, reasoning, calls)
         return ParsedCompletion(rest, reasoning)
 

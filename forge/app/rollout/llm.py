@@ -84,7 +84,7 @@ class LocalChat:
         end = self.tokenizer.special_tokens.get("eos_token")
         if end and text.endswith(end):
             text = text[:-len(end)]
-        parsed = self.parser.parse(text, parse_tools=bool(tools))
+        parsed = self.parser.parse(text, parse_tools=bool(tools), tools=tools)
         calls = [c.to_openai() for c in parsed.tool_calls]
         return Reply(parsed.content, calls, finish, -1, len(tokens),
                      malformed_tool_call=not calls and "<tool_call>" in parsed.content)

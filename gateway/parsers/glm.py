@@ -1,0 +1,53 @@
+"""GLM-4.5 / 4.6: ``<tool_call>f\\n<arg_key>k</arg_key>\\n<arg_value>v</arg_value>\\n...</tool_call>``. Values are
+bare text, typed by the tool's JSON schema (a string stays as written)."""
+
+from __future__ import annotations
+
+import re
+
+from forge.gateway.parsers.base import (
+    ToolCall,
+    ToolCallParser,
+    Tools,
+    new_call_id,
+    parameter_schemas,
+    split_blocks,
+    typed_arguments,
+)
+
+_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+
+class Glm45ToolParser(ToolCallParser):
+    name = "glm45"
+    start = "<tool_call>"
+
+    def parse(self, text: str, tools: Tools | None = None) -> tuple[str, list[ToolCall]]:
+        split = split_blocks(text, self.start, "</tool_call>")
+        if split is None:
+            return text, []
+        content, blocks = split
+        calls = []
+        for block in blocks:
+            call = _call(block, tools)
+            if call is None:
+                return text, []
+            calls.append(call)
+        return (content, calls) if calls else (text, [])
+
+
+def _call(block: str, tools: Tools | None) -> ToolCall | None:
+    head, _, _ = block.partition("<arg_key>")
+    name = head.strip()
+    if not name or "<" in name or "\n" in name:
+        return None
+    body = block[len(head):]
+    pairs, at = [], 0
+    for pair in _PAIR.finditer(body):
+        if body[at:pair.start()].strip():
+            return None
+        pairs.append((pair.group(1).strip(), pair.group(2)))
+        at = pair.end()
+    if body[at:].strip():
+        return None
+    return ToolCall(new_call_id(), name, typed_arguments(pairs, parameter_schemas(tools, name)))
