@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,33 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, Mapping):
         return value.get("content")
     return value if isinstance(value, str) else None
+
+
+def reads_string_arguments(template: str) -> bool:
+    """Whether a chat template renders a tool call's arguments given as text (it tests ``is string`` or ``is
+    mapping``): then they are handed over as the client sent them, and render back exactly."""
+    return bool(re.search(r"arguments\s+is\s+(not\s+)?(string|mapping)", template))
+
+
+def with_object_arguments(message: dict) -> dict:
+    """``message`` with its tool calls' JSON-object arguments decoded, for templates that read them as an object
+    (``|items``, ``|tojson``), as vLLM and transformers hand them over."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return message
+    decoded = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            try:
+                value = json.loads(arguments)
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                call = {**call, "function": {**function, "arguments": value}}
+        decoded.append(call)
+    return {**message, "tool_calls": decoded}
 
 
 class Tokenizer:
@@ -120,8 +148,11 @@ class Tokenizer:
         ``max_chars``, rendering stops with ``RenderLimitExceeded`` as soon as the text grows longer."""
         if not messages:
             raise ChatTemplateError("cannot render an empty conversation")
+        template = self.template_for(tools)
         cleaned = [{k: v for k, v in dict(m).items() if v is not None} for m in messages]
-        return render_chat(self.template_for(tools), cleaned, tools=tools,
+        if not reads_string_arguments(template):
+            cleaned = [with_object_arguments(m) for m in cleaned]
+        return render_chat(template, cleaned, tools=tools,
                            add_generation_prompt=add_generation_prompt, max_chars=max_chars,
                            **{**self.special_tokens, **variables})
 

@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from forge.assets import TINY_DIR
 from forge.gateway.parsers import TOOL_PARSERS, ToolCallParser, pick_tool_parser
-from forge.tokenizer.chat_template import render_chat
+from forge.tokenizer import Tokenizer
+from forge.tokenizer.tokenizer import reads_string_arguments
 
 TEMPLATES = Path(__file__).parent.parent / "assets" / "templates"
 TOOLS = [
@@ -181,12 +183,17 @@ def test_model_written_ids_are_kept_where_templates_write_them_back():
 
 
 def assistant_message(parser: ToolCallParser, text: str) -> dict:
-    """The assistant message the gateway returns for ``text``, as a client sends it back; these templates read a
-    call's arguments as an object (as vLLM and transformers hand them over)."""
+    """The assistant message the gateway returns for ``text``, as a client sends it back (arguments as text: these
+    templates read them as an object, and the tokenizer hands them over decoded, as vLLM and transformers do)."""
     content, calls = parser.parse(text, TOOLS)
-    message = {"role": "assistant", "content": content or None, "tool_calls": [
-        {**c.to_openai(), "function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in calls]}
+    message = {"role": "assistant", "content": content or None, "tool_calls": [c.to_openai() for c in calls]}
     return {k: v for k, v in message.items() if v is not None}
+
+
+def family_tokenizer(template: str) -> Tokenizer:
+    """The built-in tokenizer with a family's chat template (rendering is what is under test, not encoding)."""
+    return Tokenizer(Tokenizer.from_dir(TINY_DIR).backend, {"bos_token": "<s>", "eos_token": "</s>"},
+                     (TEMPLATES / template).read_text())
 
 
 # The Qwen3-Coder template writes a value with Jinja's ``string`` (Python's True, None): the model's true and null
@@ -207,13 +214,13 @@ SPLICES = [  # (template, parser, sampled text, what the template writes after i
 
 @pytest.mark.parametrize(("template", "name", "text", "after"), SPLICES)
 def test_parsed_message_renders_back_to_the_sampled_text(template, name, text, after):
-    source = (TEMPLATES / template).read_text()
-    variables = {"bos_token": "<s>", "eos_token": "</s>", "date_string": "26 Jul 2024"}
+    tokenizer = family_tokenizer(template)
     user = [{"role": "user", "content": "Add 1 and 2.5, and take a note."}]
-    prompt = render_chat(source, user, TOOLS, add_generation_prompt=True, **variables)
+    prompt = tokenizer.render_chat(user, TOOLS, add_generation_prompt=True, date_string="26 Jul 2024")
     message = assistant_message(TOOL_PARSERS[name](), text)
-    assert message.get("tool_calls")
-    full = render_chat(source, [*user, message], TOOLS, **variables)
+    assert message.get("tool_calls") and all(isinstance(c["function"]["arguments"], str)
+                                             for c in message["tool_calls"])
+    full = tokenizer.render_chat([*user, message], TOOLS, date_string="26 Jul 2024")
     assert full.endswith(text + after)
     if name != "mistral":       # this template moves its system prompt into the last user message
         assert full == prompt + text + after
@@ -274,3 +281,17 @@ def test_the_gateway_logs_the_parser_auto_picks(caplog):
     assert "tool-call parser: qwen3_coder (the chat template writes <tool_call> and <function=)" in caplog.text
     assert Gateway._tool_parser(SimpleNamespace(config=SimpleNamespace(tool_parser="mistral"), model=model)) == \
         "mistral"
+
+
+def test_arguments_stay_text_for_templates_that_read_text_and_are_decoded_for_the_others():
+    """The built-in template tests ``is string`` (the client's text renders back as sent); the families' templates
+    here do not, and get objects."""
+    assert reads_string_arguments(Tokenizer.from_dir(TINY_DIR).template_for())
+    assert not any(reads_string_arguments((TEMPLATES / t).read_text())
+                   for t in ("qwen3_coder.jinja", "llama3.1_json.jinja"))
+    spaced = {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                   "function": {"name": "add", "arguments": '{"a":1}'}}]}
+    user = {"role": "user", "content": "hi"}
+    assert '"arguments": {"a":1}' in Tokenizer.from_dir(TINY_DIR).render_chat([user, spaced], TOOLS)
+    assert '"parameters": {"a": 1}' in family_tokenizer("llama3.1_json.jinja").render_chat(
+        [user, spaced], TOOLS, date_string="26 Jul 2024")
