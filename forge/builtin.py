@@ -112,15 +112,46 @@ def resolve_model(reference: str | Path | ModelRef) -> ModelRef:
 
 
 def check_model_type(reference: str | Path, config_file: Path) -> None:
-    """ModelNotFound unless ``config_file`` is JSON naming a supported model_type: found before anything loads."""
+    """ModelNotFound unless ``config_file`` is JSON naming a model_type: found before anything loads (whether a
+    component can run that family is its own check: ``is_native``, ``trainable_model``)."""
+    if not isinstance(read_model_type(reference, config_file), str):
+        raise ModelNotFound(reference, "its config.json names no model_type")
+
+
+def read_model_type(reference: str | Path, config_file: Path) -> object:
     try:
         data = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelNotFound(reference, f"cannot read its config.json: {exc}") from exc
-    model_type = data.get("model_type") if isinstance(data, dict) else None
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelNotFound(reference, f"model_type {model_type!r} in its config.json is not supported (supported: "
-                                       f"{', '.join(SUPPORTED_MODEL_TYPES)})")
+    return data.get("model_type") if isinstance(data, dict) else None
+
+
+def model_type(reference: str | Path | ModelRef) -> str:
+    """The model_type of the model ``reference`` names (ModelNotFound for a bad reference)."""
+    ref = resolve_model(reference)
+    return str(read_model_type(ref.reference, ref.directory / "config.json"))
+
+
+def is_native(reference: str | Path | ModelRef) -> bool:
+    """Whether Forge implements the family itself (``forge.model``: the torch engine, MTP, experts, tree attention);
+    the others train through transformers."""
+    return model_type(reference) in SUPPORTED_MODEL_TYPES
+
+
+def trainable_model(reference: str) -> ModelRef:
+    """``resolve_model``, and ModelNotFound unless the checkpoint has weights and Forge or transformers implements
+    its family (a setting's check)."""
+    ref = resolve_model(reference)
+    kind = model_type(ref)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        from transformers import CONFIG_MAPPING
+
+        if kind not in CONFIG_MAPPING:
+            raise ModelNotFound(reference, f"model_type {kind!r} in its config.json is implemented neither by Forge "
+                                           f"({', '.join(SUPPORTED_MODEL_TYPES)}) nor by the installed transformers")
+    if not ref.builtin and not ref.has_weights:
+        raise ModelNotFound(reference, "it holds no weights (*.safetensors)")
+    return ref
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -129,9 +160,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 def checkpoint_dtype(reference: str | Path | ModelRef) -> str:
     """The dtype a checkpoint's config.json names, float32 where it names none of ``DTYPES``: what ``--dtype auto``
     serves."""
-    from forge.model import ModelConfig
-
-    named = ModelConfig.from_file(resolve_model(reference).directory).torch_dtype
+    data = json.loads((resolve_model(reference).directory / "config.json").read_text(encoding="utf-8"))
+    named = data.get("torch_dtype") or data.get("dtype")
     return named if named in DTYPES else "float32"
 
 
@@ -139,11 +169,13 @@ def load_model(reference: str | Path | ModelRef, *, dtype: torch.dtype | str = "
                seed: int = 0) -> tuple[CausalLM, ModelRef]:
     """The model ``reference`` names with its weights, on ``device`` in ``dtype`` (a torch dtype, its name, or
     ``auto``: the checkpoint's own, see ``checkpoint_dtype``).
-    The built-in model without shipped weights is a fresh init from ``seed`` (with a warning). Raises
-    ModelNotFound for a bad reference, ValueError (CheckpointError, ModelConfigError) for a bad checkpoint."""
+    The built-in model without shipped weights is a fresh init from ``seed`` (with a warning). A family Forge does
+    not implement loads through transformers (``forge.model.transformers_policy``). Raises ModelNotFound for a bad
+    reference, ValueError (CheckpointError, ModelConfigError) for a bad checkpoint."""
     import torch
 
     from forge.model import CausalLM
+    from forge.model.transformers_policy import TransformersCausalLM
 
     ref = resolve_model(reference)
     if dtype == "auto":
@@ -153,6 +185,8 @@ def load_model(reference: str | Path | ModelRef, *, dtype: torch.dtype | str = "
         log.warning("the built-in %s model has no trained weights in this installation: using a fresh init",
                     ref.builtin_name)
         return builtin_model(ref.builtin_name or "tiny", seed).to(device=device, dtype=torch_dtype), ref
+    if not is_native(ref):
+        return TransformersCausalLM.from_pretrained(ref.directory, dtype=torch_dtype, device=device), ref
     return CausalLM.from_pretrained(ref.directory, dtype=torch_dtype, device=device), ref
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forge.builtin import resolve_model
+from forge.builtin import trainable_model
 from forge.learner.losses import LossConfig
 from forge.learner.rewards import RewardConfig
 from forge.learner.trainer import TrainerConfig
@@ -27,7 +27,7 @@ from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_END
 
 @dataclass(frozen=True, kw_only=True)
 class LearnerConfig(Settings):
-    model: str = setting("tiny", validate=resolve_model, help="Initial policy: a checkpoint directory (HF layout), 'tiny' or 'tiny-moe'. Ignored when "
+    model: str = setting("tiny", validate=trainable_model, help="Initial policy: a checkpoint directory (HF layout: any family Forge or transformers implements), 'tiny' or 'tiny-moe'. Ignored when "
                                       "resuming.")
     pool_path: Path | None = setting(None, flag="pool", path="dir",
                                      help="Local pool directory (LMDB), opened in this process; it must hold a pool "

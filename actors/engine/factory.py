@@ -14,6 +14,14 @@ from forge.actors.engine.policy import grammars_of, load_policy, model_id_of
 class TorchFactory(BackendFactory):
     name = "torch"
 
+    def check(self, config: ActorConfig) -> None:
+        from forge.builtin import is_native, model_type
+        from forge.model import SUPPORTED_MODEL_TYPES
+
+        if not is_native(config.model):
+            raise ValueError(f"the torch engine serves {' and '.join(SUPPORTED_MODEL_TYPES)} checkpoints; "
+                             f"{config.model} is {model_type(config.model)!r}: serve it with --backend vllm")
+
     def threads(self, config: ActorConfig) -> int:
         from forge.actors.engine.engine import reserve_cpu_threads
 

@@ -1,0 +1,122 @@
+"""Any Hugging Face causal LM as the learner's policy: a model transformers implements (Llama, Qwen2, Mistral,
+Gemma, Phi, OLMo, GLM, SmolLM, ...) behind the interface of Forge's own ``CausalLM`` (hidden states from token ids,
+logits from hidden states, a config with what the learner reads), so the learner trains families Forge does not
+implement itself.
+
+The module holds the family's decoder as ``model`` and, unless tied to the embeddings, its ``lm_head``: parameter
+names are the checkpoint's own, so the learner's checkpoints load in transformers and vLLM, and its weight versions
+reach a vLLM actor by name. Logits are the family's: its output head, then whatever its ``*ForCausalLM`` does after
+it (Gemma's final soft-capping, Cohere's and Granite's logit scales). The family's attention runs as transformers
+runs it (eager, so that float32 is exact on CPU); Forge's tree attention does not reach inside it, so the learner
+trains such a policy sample by sample.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class TransformersConfig:
+    """What the learner reads of a policy's config, for a transformers model (no experts replayed, no MTP)."""
+
+    hf: Any                             # the family's transformers config
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def model_type(self) -> str:
+        return self.hf.model_type
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.vocab_size
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return self.hf.num_hidden_layers
+
+    sparse_layers: tuple[int, ...] = ()
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    num_nextn_predict_layers: int = 0
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        return self.hf.to_dict()
+
+
+def eos_ids_of(hf_config: Any) -> tuple[int, ...]:
+    eos = getattr(hf_config, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return (eos,) if isinstance(eos, int) else tuple(eos)
+
+
+class TransformersCausalLM(nn.Module):
+    supports_tree = False           # its attention is transformers': the learner trains it sample by sample
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        super().__init__()
+        self.model = hf_model.get_decoder()
+        head = hf_model.get_output_embeddings()
+        self.tied = head.weight is self.model.get_input_embeddings().weight
+        if not self.tied:
+            self.lm_head = head
+        hf_config = hf_model.config
+        self.config = TransformersConfig(hf_config, eos_ids_of(hf_config))
+        self.mtp = nn.ModuleList()          # no multi-token-prediction draft to co-train
+        self._softcap = getattr(hf_config, "final_logit_softcapping", None)
+        self._scale = getattr(hf_config, "logit_scale", None)            # Cohere multiplies
+        self._divide = getattr(hf_config, "logits_scaling", None)        # Granite divides
+
+    @property
+    def output_weight(self) -> Tensor:
+        return self.model.get_input_embeddings().weight if self.tied else self.lm_head.weight
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, attention: Any = None,
+                routing: Any = None) -> Tensor:
+        """Hidden states [B, L, H] of ``input_ids`` [B, L] (right-padded rows: causal attention keeps padding out
+        of every real position). Forge's own attention backends (tree, paged) do not apply."""
+        if attention is not None:
+            raise ValueError(f"a {self.config.model_type} policy runs transformers' attention: train it sample by "
+                             "sample (no tree)")
+        if routing is not None:
+            raise ValueError("a transformers policy has no experts to route")
+        return self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        logits = nn.functional.linear(hidden, self.output_weight)
+        if self._scale is not None:
+            logits = logits * self._scale
+        if self._divide is not None:
+            logits = logits / self._divide
+        if self._softcap is not None:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        from forge.model.checkpoint import save_state_dict
+
+        return save_state_dict(self.config, self.state_dict(), path)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32,
+                        device: str = "cpu") -> TransformersCausalLM:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="eager")
+        return cls(model).to(device)
+
+
+def model_type_of(directory: str | Path) -> str | None:
+    """The ``model_type`` a checkpoint's config.json names (None when it names none)."""
+    data = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    return data.get("model_type") if isinstance(data, dict) else None
+
+
+__all__ = ["TransformersCausalLM", "TransformersConfig", "model_type_of"]

@@ -1,0 +1,183 @@
+"""Families Forge does not implement train through transformers: a random-weight checkpoint of each, written by
+transformers, loads as the learner's policy; its log-probs are transformers' own (fp32, within 1e-5), a CISPO step's
+gradients are those of the same loss computed with plain transformers and autograd, its checkpoints load back in
+transformers, the trainer trains it sample by sample, and the torch engine refuses it naming --backend vllm."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import transformers
+
+from forge.actors.config import ActorConfig
+from forge.actors.engine.factory import TorchFactory
+from forge.builtin import ModelNotFound, is_native, load_model, trainable_model
+from forge.learner.checkpoint import Checkpointer
+from forge.learner.losses import LossConfig, policy_loss
+from forge.learner.parallel import Distributed
+from forge.learner.policy import policy_forward, recompute_logprobs
+from forge.learner.rewards import RewardConfig
+from forge.learner.samples import Sample, make_micro_batch
+from forge.learner.trainer import Trainer, TrainerConfig
+from forge.model.transformers_policy import TransformersCausalLM
+from forge.pool import Pool
+from forge.pool.window import WindowConfig
+from forge.v1 import common_pb2, pool_pb2
+
+VOCAB = 96
+COMMON = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+          "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+# (config class, what the family needs or what exercises its quirks: windows, soft-capping, partial RoPE)
+FAMILIES = {
+    "llama": (transformers.LlamaConfig, {}),
+    "qwen2": (transformers.Qwen2Config, {}),
+    "mistral": (transformers.MistralConfig, {"sliding_window": 4}),
+    "gemma2": (transformers.Gemma2Config, {"head_dim": 8, "sliding_window": 4, "final_logit_softcapping": 30.0,
+                                           "attn_logit_softcapping": 50.0, "query_pre_attn_scalar": 8}),
+    "gemma3_text": (transformers.Gemma3TextConfig, {"head_dim": 8, "sliding_window": 4, "query_pre_attn_scalar": 8}),
+    "phi3": (transformers.Phi3Config, {}),
+    "olmo2": (transformers.Olmo2Config, {}),
+    "glm4": (transformers.Glm4Config, {"head_dim": 8}),
+    "smollm3": (transformers.SmolLM3Config, {}),
+}
+
+
+def write_family(directory, family: str, seed: int = 0):
+    config_class, extra = FAMILIES[family]
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config_class(**{**COMMON, **extra}),
+                                                          attn_implementation="eager")
+    model.save_pretrained(directory)
+    return directory, model.eval()
+
+
+def samples_of(seed: int, count: int = 4) -> list[Sample]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(3, 9))]
+        completion = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(2, 7))]
+        out.append(Sample(tokens=prompt + completion, prompt_len=len(prompt), old_logprobs=[-4.5] * len(completion),
+                          versions=[0] * len(completion), advantage=rng.uniform(-1, 1), temperature=0.8, top_k=0,
+                          top_p=1.0, domain="d", position=0, session_id=f"s{i}", call_index=0))
+    return out
+
+
+def reference_logprobs(model, samples: list[Sample]) -> torch.Tensor:
+    """Each completion token's log-prob at temperature 0.8, from transformers' own forward, sample by sample."""
+    out = []
+    for sample in samples:
+        logits = model(torch.tensor([sample.tokens])).logits[0].float() / 0.8
+        positions = torch.arange(sample.prompt_len - 1, len(sample.tokens) - 1)
+        targets = torch.tensor(sample.tokens[sample.prompt_len:])
+        out.append(logits.log_softmax(-1)[positions, targets])
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_learner_computes_transformers_log_probs_and_gradients(tmp_path, family):
+    directory, reference = write_family(tmp_path / family, family)
+    assert not is_native(directory)
+    policy, _ref = load_model(directory)
+    assert isinstance(policy, TransformersCausalLM)
+    samples = samples_of(hash(family) % 1000)
+    batch = make_micro_batch(samples)
+    torch.testing.assert_close(recompute_logprobs(policy.eval(), batch), reference_logprobs(reference, samples),
+                               atol=1e-5, rtol=0)
+
+    config = LossConfig(kind="cispo", eps_high=0.2)
+    total = float(batch.num_tokens)
+    ours = policy_forward(policy.train(), batch).logprobs
+    policy_loss(config, ours, batch.old_logprobs, batch.advantages, torch.ones_like(ours), batch.sample_index,
+                total, len(samples)).backward()
+    theirs = reference_logprobs(reference.train(), samples)
+    policy_loss(config, theirs, batch.old_logprobs, batch.advantages, torch.ones_like(theirs), batch.sample_index,
+                total, len(samples)).backward()
+    by_name = dict(reference.named_parameters())
+    for name, parameter in policy.named_parameters():
+        assert parameter.grad is not None, name
+        torch.testing.assert_close(parameter.grad, by_name[name].grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])      # an untied head, and a head tied to the embeddings
+def test_checkpoints_load_back_in_transformers(tmp_path, family):
+    directory, _reference = write_family(tmp_path / family, family)
+    policy, _ref = load_model(directory)
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))      # a trained policy differs from the start
+    saved = policy.save_pretrained(tmp_path / "saved")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved, attn_implementation="eager").eval()
+    ids = torch.tensor([[5, 9, 17, 33, 40, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, policy.eval().logits(policy(ids)), atol=1e-5, rtol=0)
+    assert sorted(reloaded.state_dict()) == sorted({**policy.state_dict(), **(
+        {"lm_head.weight": None} if policy.tied else {})})
+
+
+def test_the_trainer_trains_such_a_policy_sample_by_sample(tmp_path, caplog):
+    directory, _reference = write_family(tmp_path / "llama", "llama")
+    policy, _ref = load_model(directory)
+    with caplog.at_level("WARNING", logger="forge.learner.trainer"):
+        trainer = Trainer(policy, Distributed(), TrainerConfig(tree=True), LossConfig(), RewardConfig(),
+                          WindowConfig(), pool=None)
+    assert not trainer.config.tree and "sample by sample" in caplog.text
+
+
+def test_the_torch_engine_refuses_other_families_naming_vllm(tmp_path):
+    directory, _reference = write_family(tmp_path / "mistral", "mistral")
+    with pytest.raises(ValueError, match="'mistral': serve it with --backend vllm"):
+        TorchFactory().check(ActorConfig(model=str(directory)))
+    TorchFactory().check(ActorConfig(model="tiny"))
+
+
+def test_a_family_nothing_implements_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "not_a_family"}')
+    with pytest.raises(ModelNotFound, match="implemented neither by Forge"):
+        trainable_model(str(tmp_path))
+
+
+def fill_on_policy(pool: Pool, policy: TransformersCausalLM, groups: int) -> None:
+    """Groups of two one-call sessions whose completions (random tokens) carry the policy's own log-probs."""
+    rng = random.Random(7)
+    for group in range(groups):
+        for member in range(2):
+            session = pool.open_session(task_id=f"t{group}", group_id=f"g{group}", group_size=2).session_id
+            sample = samples_of(rng.randrange(10_000), count=1)[0]
+            sample.temperature = 1.0
+            with torch.no_grad():
+                logprobs = recompute_logprobs(policy.eval(), make_micro_batch([sample])).tolist()
+            completion = sample.tokens[sample.prompt_len:]
+            pool.append_call(pool_pb2.CallRecord(
+                session_id=session, index=0, prompt_ids=sample.tokens[:sample.prompt_len], completion_ids=completion,
+                logprobs=logprobs, weight_versions=[0] * len(completion), finish_reason=1,
+                sampling=common_pb2.SamplingParams(temperature=1.0)))
+            pool.close_session(session_id=session, outcome_rewards={"r": float(member)})
+
+
+def test_the_trainer_steps_checkpoints_and_resumes_such_a_policy(tmp_path):
+    directory, _reference = write_family(tmp_path / "qwen2", "qwen2")
+    policy, _ref = load_model(directory)
+    pool = Pool(tmp_path / "pool")
+    fill_on_policy(pool, policy, groups=4)
+    checkpoints = Checkpointer(tmp_path / "run" / "checkpoints", tokenizer_dir=directory)
+    trainer = Trainer(policy, Distributed(), TrainerConfig(lr=1e-2, checkpoint_every=1), LossConfig(),
+                      RewardConfig(), WindowConfig(window=2, batch_groups=2, max_wait_s=0.5), pool,
+                      checkpointer=checkpoints)
+    before = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
+    records = [trainer.step() for _ in range(2)]
+    assert [r["positions"] for r in records] == [[0, 1], [2, 3]] and records[0]["version"] == 1
+    assert any(not torch.equal(before[name], tensor) for name, tensor in policy.state_dict().items())
+    restored = checkpoints.latest()
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(restored.model_dir, attn_implementation="eager")
+    ids = torch.tensor([[5, 9, 17, 33, 40, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded.eval()(ids).logits, policy.eval().logits(policy(ids)), atol=1e-5,
+                                   rtol=0)
+    resumed = Trainer(load_model(restored.model_dir)[0], Distributed(), TrainerConfig(lr=1e-2), LossConfig(),
+                      RewardConfig(), WindowConfig(window=2, batch_groups=2), pool, checkpointer=checkpoints)
+    assert resumed.restore() and resumed.state.step == 2
+    pool.close()
