@@ -258,12 +258,10 @@ class VllmBackend(Backend):
             import vllm  # noqa: F401
         except ImportError as exc:
             raise RuntimeError(VLLM_INSTALL_HINT) from exc
-        from forge.model import ModelConfig
-
         self.config = config
         self.model_id = ref.model_id
         self._dir = Path(tempfile.mkdtemp(prefix="forge-vllm-", dir=_fast_tmp()))    # mode 0700
-        model_config = ModelConfig.from_file(ref.directory)
+        model_config = served_model(ref.directory)
         # vLLM returns routed experts from its GPU model runner only; elsewhere the record carries none
         self.routing = (model_config.sparse_layers, model_config.num_experts) if (
             model_config.is_moe and device.startswith("cuda")) else None
@@ -575,6 +573,45 @@ class VllmBackend(Backend):
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the backend reads of the model it serves, whatever its family."""
+
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_position_embeddings: int
+    num_hidden_layers: int
+    num_key_value_heads: int
+    head_dim: int
+    sparse_layers: tuple[int, ...] = ()
+    num_experts: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.sparse_layers)
+
+
+def served_model(directory: Path) -> ServedModel:
+    """The facts of the checkpoint in ``directory``: Forge's own config for the families it implements, else the
+    family's transformers config (its text part)."""
+    from forge.builtin import is_native
+
+    if is_native(directory):
+        from forge.model import ModelConfig
+
+        c = ModelConfig.from_file(directory)
+        return ServedModel(c.vocab_size, tuple(c.eos_token_ids), c.max_position_embeddings, c.num_hidden_layers,
+                           c.num_key_value_heads, c.head_dim, tuple(c.sparse_layers), c.num_experts)
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(directory).get_text_config()
+    eos = c.eos_token_id
+    heads = c.num_attention_heads
+    return ServedModel(c.vocab_size, (eos,) if isinstance(eos, int) else tuple(eos or ()), c.max_position_embeddings,
+                       c.num_hidden_layers, getattr(c, "num_key_value_heads", None) or heads,
+                       getattr(c, "head_dim", None) or c.hidden_size // heads)
 
 
 def kv_token_capacity(model_config: Any, dtype: str, config: EngineConfig) -> int:

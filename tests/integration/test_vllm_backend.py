@@ -28,6 +28,7 @@ from forge.model.sampling import SamplingParams, batched_sampling_logprobs, samp
 from forge.tokenizer.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
+from helpers.families import SERVABLE, write_family
 from helpers.processes import start_actor, wait_gone
 from helpers.random_model import random_tiny, random_tiny_moe
 from helpers.waiting import wait_for
@@ -518,3 +519,37 @@ def test_on_a_gpu_vllm_records_the_experts_it_routed_through(tmp_path):
         agree += int((record.ids == want).all(axis=(1, 2)).sum())
         total += len(tokens) - 1
     assert agree >= 0.95 * total, f"{agree} of {total} positions routed as the model routes them"
+
+
+def assert_learner_agrees(backend, policy, params: SamplingParams, prompts: list[list[int]]) -> list[int]:
+    """The backend's samples of ``prompts`` carry the log-probs the learner's ``policy`` gives them; their versions."""
+    versions = []
+    for prompt, (tokens, logprobs, stamped) in zip(prompts, run(backend, prompts, params), strict=True):
+        with torch.no_grad():
+            logits = policy.logits(policy(torch.tensor([prompt + tokens])))[0, len(prompt) - 1:-1]
+        expected = sampling_logprobs(logits, params.temperature).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=0)
+        versions += stamped
+    return versions
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_other_families_are_served_as_the_learner_computes_them_before_and_after_an_update(tmp_path, family):
+    """A random Llama or Mistral written by transformers: vLLM's log-probs are the learner's transformers policy's,
+    and a weight version from that policy's parameters (their checkpoint names) makes them the new policy's."""
+    from forge.actors.vllm.backend import VllmBackend
+
+    directory, _ = write_family(tmp_path / family, family, shape=SERVABLE, sliding_window=None)
+    policy = load_model(directory)[0].eval()
+    prompts = [[(5 * i + 3 * j) % 250 + 3 for j in range(4 + i)] for i in range(4)]
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=10, ignore_eos=True)
+    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=1))
+    try:
+        assert set(assert_learner_agrees(backend, policy, params, prompts)) == {0}
+        with torch.no_grad():
+            for i, parameter in enumerate(policy.parameters()):
+                parameter.mul_(1.0 + 0.2 * (i % 3))
+        backend.load_weights(1, {name: tensor.clone() for name, tensor in policy.state_dict().items()})
+        assert set(assert_learner_agrees(backend, policy, params, prompts)) == {1}
+    finally:
+        backend.close()

@@ -26,32 +26,9 @@ from forge.pool import Pool
 from forge.pool.window import WindowConfig
 from forge.v1 import common_pb2, pool_pb2
 
-VOCAB = 96
-COMMON = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
-          "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-# (config class, what the family needs or what exercises its quirks: windows, soft-capping, partial RoPE)
-FAMILIES = {
-    "llama": (transformers.LlamaConfig, {}),
-    "qwen2": (transformers.Qwen2Config, {}),
-    "mistral": (transformers.MistralConfig, {"sliding_window": 4}),
-    "gemma2": (transformers.Gemma2Config, {"head_dim": 8, "sliding_window": 4, "final_logit_softcapping": 30.0,
-                                           "attn_logit_softcapping": 50.0, "query_pre_attn_scalar": 8}),
-    "gemma3_text": (transformers.Gemma3TextConfig, {"head_dim": 8, "sliding_window": 4, "query_pre_attn_scalar": 8}),
-    "phi3": (transformers.Phi3Config, {}),
-    "olmo2": (transformers.Olmo2Config, {}),
-    "glm4": (transformers.Glm4Config, {"head_dim": 8}),
-    "smollm3": (transformers.SmolLM3Config, {}),
-}
+from helpers.families import FAMILIES, SMALL, write_family
 
-
-def write_family(directory, family: str, seed: int = 0):
-    config_class, extra = FAMILIES[family]
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config_class(**{**COMMON, **extra}),
-                                                          attn_implementation="eager")
-    model.save_pretrained(directory)
-    return directory, model.eval()
+VOCAB = SMALL["vocab_size"]
 
 
 def samples_of(seed: int, count: int = 4) -> list[Sample]:
