@@ -3,10 +3,15 @@ that keep each family's quirks (sliding windows, soft-capping, tied heads, parti
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import torch
 import transformers
+
+from forge.learner.policy import recompute_logprobs
+from forge.learner.samples import Sample, make_micro_batch
+from forge.v1 import common_pb2, pool_pb2
 
 SMALL = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
@@ -35,3 +40,23 @@ def write_family(directory: Path, family: str, seed: int = 0, shape: dict | None
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     model.save_pretrained(directory)
     return directory, model.eval()
+
+
+def fill_on_policy(pool, policy, groups: int, vocab: int, group_size: int = 2, seed: int = 7) -> None:
+    """Groups of one-call sessions with random prompts and completions that carry ``policy``'s own log-probs at
+    temperature 1 (what an actor serving it would have recorded), rewarded 0, 1, ... within each group."""
+    rng = random.Random(seed)
+    for group in range(groups):
+        for member in range(group_size):
+            session = pool.open_session(task_id=f"t{group}", group_id=f"g{group}", group_size=group_size).session_id
+            prompt = [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 9))]
+            completion = [rng.randrange(3, vocab) for _ in range(rng.randrange(2, 7))]
+            sample = Sample(tokens=prompt + completion, prompt_len=len(prompt), old_logprobs=[0.0] * len(completion),
+                            versions=[0] * len(completion), advantage=0.0, temperature=1.0, top_k=0, top_p=1.0,
+                            domain="d", position=0, session_id=session, call_index=0)
+            logprobs = recompute_logprobs(policy.eval(), make_micro_batch([sample])).tolist()
+            pool.append_call(pool_pb2.CallRecord(
+                session_id=session, index=0, prompt_ids=prompt, completion_ids=completion, logprobs=logprobs,
+                weight_versions=[0] * len(completion), finish_reason=1,
+                sampling=common_pb2.SamplingParams(temperature=1.0)))
+            pool.close_session(session_id=session, outcome_rewards={"r": float(member)})

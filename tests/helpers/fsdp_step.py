@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 from gradients import capture_gradients
 
+from forge.builtin import load_model
 from forge.learner.losses import LossConfig
 from forge.learner.parallel import full_state_dict, init_distributed, shard_model
 from forge.learner.rewards import RewardConfig
 from forge.learner.trainer import Trainer, TrainerConfig
-from forge.model import CausalLM
 from forge.pool import Pool
 from forge.pool.window import WindowConfig
 
@@ -21,7 +21,7 @@ from forge.pool.window import WindowConfig
 def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int) -> None:
     distributed = init_distributed("cpu")
     torch.manual_seed(0)
-    model = shard_model(CausalLM.from_pretrained(model_dir), distributed)
+    model = shard_model(load_model(model_dir)[0], distributed)     # Forge's own family, or transformers'
     pool = Pool(pool_dir) if distributed.is_main else None
     trainer = Trainer(model, distributed, TrainerConfig(lr=1e-3, micro_batch_tokens=micro_batch_tokens),
                       LossConfig(mtp_weight=0.5, mtp_top_k=8), RewardConfig(), WindowConfig(window=16,
@@ -32,7 +32,7 @@ def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int) -> No
     state = full_state_dict(model, distributed)
     if distributed.is_main:
         torch.save({"state": state, "grads": grads, "loss": record["loss"], "tokens": record["tokens"],
-                    "stem_tokens": record["stem_tokens"]}, out)
+                    "stem_tokens": record.get("stem_tokens", 0)}, out)
         pool.close()
     distributed.close()
 

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from forge.builtin import load_model
 from forge.learner.checkpoint import Checkpointer
 from forge.pool import Pool
 
 from conftest import HELPERS, script
+from helpers.families import SMALL, fill_on_policy, write_family
 from helpers.learner_runs import CONFIG, MOE_CONFIG, fill_from, lineage, make_model, write_model_and_pool
 from helpers.waiting import wait_for
 
@@ -28,6 +30,24 @@ def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path, config):
     model.save_pretrained(model_dir)
     with Pool(tmp_path / "pool") as pool:
         fill_from(pool, model, groups=4, group_size=3, calls=2, max_tokens=9)
+    one, two = one_and_two_processes(tmp_path, model_dir)
+    assert one["tokens"] == two["tokens"] == 4 * 3 * 2 * 9
+    assert one["stem_tokens"] > 0 and two["stem_tokens"] > 0      # the trees of a step share a stem on each rank
+    assert_same_step(one, two, model.state_dict())
+
+
+def test_fsdp2_two_processes_equal_one_for_a_family_trained_through_transformers(tmp_path):
+    """A Llama (transformers' code, sharded per decoder layer, trained sample by sample) steps alike on 1 and 2."""
+    model_dir, reference = write_family(tmp_path / "model", "llama", seed=5)
+    with Pool(tmp_path / "pool") as pool:
+        fill_on_policy(pool, load_model(model_dir)[0], groups=4, vocab=SMALL["vocab_size"], group_size=3)
+    one, two = one_and_two_processes(tmp_path, model_dir)
+    assert one["tokens"] == two["tokens"] > 0 and one["stem_tokens"] == two["stem_tokens"] == 0
+    assert_same_step(one, two, reference.state_dict())
+
+
+def one_and_two_processes(tmp_path: Path, model_dir: Path) -> tuple[dict, dict]:
+    """What one training step on a copy of ``tmp_path/pool`` saved (``helpers/fsdp_step.py``), on 1 and 2 ranks."""
     results = {}
     for nproc in (1, 2):
         copy = tmp_path / f"pool-{nproc}"
@@ -38,14 +58,14 @@ def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path, config):
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         results[nproc] = torch.load(out)
-    one, two = results[1], results[2]
-    assert one["tokens"] == two["tokens"] == 4 * 3 * 2 * 9
-    assert one["stem_tokens"] > 0 and two["stem_tokens"] > 0      # the trees of a step share a stem on each rank
+    return results[1], results[2]
+
+
+def assert_same_step(one: dict, two: dict, before: dict) -> None:
     assert one["loss"] == pytest.approx(two["loss"], abs=1e-5)
     assert one["grads"].keys() == two["grads"].keys() and len(one["grads"]) > 10
     for name, grad in one["grads"].items():       # gradients, which Adam's scale-free first update would hide
         torch.testing.assert_close(two["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=name)
-    before = model.state_dict()
     changed = 0
     for name, tensor in one["state"].items():     # Adam's first update: ±lr except for gradients near zero
         torch.testing.assert_close(two["state"][name], tensor, atol=5e-5, rtol=1e-5)

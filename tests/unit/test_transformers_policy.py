@@ -24,9 +24,8 @@ from forge.learner.trainer import Trainer, TrainerConfig
 from forge.model.transformers_policy import TransformersCausalLM
 from forge.pool import Pool
 from forge.pool.window import WindowConfig
-from forge.v1 import common_pb2, pool_pb2
 
-from helpers.families import FAMILIES, SMALL, write_family
+from helpers.families import FAMILIES, SMALL, fill_on_policy, write_family
 
 VOCAB = SMALL["vocab_size"]
 
@@ -117,29 +116,11 @@ def test_a_family_nothing_implements_is_refused(tmp_path):
         trainable_model(str(tmp_path))
 
 
-def fill_on_policy(pool: Pool, policy: TransformersCausalLM, groups: int) -> None:
-    """Groups of two one-call sessions whose completions (random tokens) carry the policy's own log-probs."""
-    rng = random.Random(7)
-    for group in range(groups):
-        for member in range(2):
-            session = pool.open_session(task_id=f"t{group}", group_id=f"g{group}", group_size=2).session_id
-            sample = samples_of(rng.randrange(10_000), count=1)[0]
-            sample.temperature = 1.0
-            with torch.no_grad():
-                logprobs = recompute_logprobs(policy.eval(), make_micro_batch([sample])).tolist()
-            completion = sample.tokens[sample.prompt_len:]
-            pool.append_call(pool_pb2.CallRecord(
-                session_id=session, index=0, prompt_ids=sample.tokens[:sample.prompt_len], completion_ids=completion,
-                logprobs=logprobs, weight_versions=[0] * len(completion), finish_reason=1,
-                sampling=common_pb2.SamplingParams(temperature=1.0)))
-            pool.close_session(session_id=session, outcome_rewards={"r": float(member)})
-
-
 def test_the_trainer_steps_checkpoints_and_resumes_such_a_policy(tmp_path):
     directory, _reference = write_family(tmp_path / "qwen2", "qwen2")
     policy, _ref = load_model(directory)
     pool = Pool(tmp_path / "pool")
-    fill_on_policy(pool, policy, groups=4)
+    fill_on_policy(pool, policy, groups=4, vocab=VOCAB)
     checkpoints = Checkpointer(tmp_path / "run" / "checkpoints", tokenizer_dir=directory)
     trainer = Trainer(policy, Distributed(), TrainerConfig(lr=1e-2, checkpoint_every=1), LossConfig(),
                       RewardConfig(), WindowConfig(window=2, batch_groups=2, max_wait_s=0.5), pool,
