@@ -7,8 +7,8 @@ The module holds the family's decoder as ``model`` and, unless tied to the embed
 names are the checkpoint's own, so the learner's checkpoints load in transformers and vLLM, and its weight versions
 reach a vLLM actor by name. Logits are the family's: its output head, then whatever its ``*ForCausalLM`` does after
 it (Gemma's final soft-capping, Cohere's and Granite's logit scales). The family's attention runs as transformers
-runs it (eager, so that float32 is exact on CPU); Forge's tree attention does not reach inside it, so the learner
-trains such a policy sample by sample.
+runs it (PyTorch's SDPA where the family has it, else eager); Forge's tree attention does not reach inside it, so
+the learner trains such a policy sample by sample.
 """
 
 from __future__ import annotations
@@ -109,7 +109,10 @@ class TransformersCausalLM(nn.Module):
                         device: str = "cpu") -> TransformersCausalLM:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="eager")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+        except ValueError:          # a family without an SDPA path (Gemma 2's soft-capped attention)
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="eager")
         return cls(model).to(device)
 
 
