@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from forge.app.model_check import check_command
 from forge.builtin import ModelRef, resolve_model
 from forge.cli.common import CONTEXT_SETTINGS
 from forge.cli.options import settings_command
@@ -164,5 +165,5 @@ def eval_command(config: EvalConfig) -> None:
         click.echo(f"{domain:10s} {score:.3f}  ({config.size} tasks, {reading})")
 
 
-for _command in (info, init, generate_command, eval_command):
+for _command in (info, init, generate_command, eval_command, check_command):
     model_group.add_command(_command)

@@ -1,0 +1,60 @@
+"""``forge model check``: the built-in model and a family trained through transformers pass (exit 0, one JSON object
+with ok and the log-prob gap); a family nothing implements is refused in one line (exit 1); a training path that
+computes other log-probs than transformers fails the check."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import torch
+
+from forge.app.model_check import CheckConfig, _logprob_gap
+from forge.assets import TINY_DIR
+from forge.builtin import load_model, resolve_model
+
+from conftest import script
+from helpers.families import write_family
+
+
+def check(model: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([script("forge"), "model", "check", model, *extra], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_the_built_in_model_and_a_transformers_family_pass(tmp_path):
+    native = check("tiny", "--json")
+    assert native.returncode == 0, native.stderr[-2000:]
+    report = json.loads(native.stdout)
+    assert report["ok"] and report["training_path"] == "forge" and report["tree_max_abs_diff"] < 1e-4
+    assert report["logprob_max_abs_diff"] < 1e-4 and report["tool_parser"].startswith("hermes")
+
+    directory, _model = write_family(tmp_path / "llama", "llama")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(TINY_DIR / name, directory / name)
+    family = check(str(directory), "--json")
+    assert family.returncode == 0, family.stderr[-2000:]
+    report = json.loads(family.stdout)
+    assert report["ok"] and report["training_path"] == "transformers" and report["tree_max_abs_diff"] is None
+    assert report["logprob_max_abs_diff"] <= 1e-5 and report["model_type"] == "llama"
+    assert not any("torch" in backend for backend in report["backends"])
+    text = check(str(directory))
+    assert text.returncode == 0 and text.stdout.splitlines()[-1] == "ok"
+
+
+def test_a_family_nothing_implements_is_refused_in_one_line(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "not_a_family"}')
+    result = check(str(tmp_path))
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert result.returncode == 1 and len(errors) == 1 and "implemented neither by Forge" in errors[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_training_path_that_differs_from_transformers_is_caught(tmp_path):
+    directory, _model = write_family(tmp_path / "qwen2", "qwen2")
+    policy, ref = load_model(directory)
+    assert _logprob_gap(resolve_model(directory), policy.eval(), CheckConfig(model=str(directory))) <= 1e-5
+    with torch.no_grad():
+        policy.model.norm.weight.mul_(1.5)          # a norm read wrongly, as a port could
+    assert _logprob_gap(ref, policy, CheckConfig(model=str(directory))) > 1e-2
