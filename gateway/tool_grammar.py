@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from forge.gateway.errors import BadRequest
-from forge.gateway.forced_calls import PROBE_ARGUMENTS, tool_names
+from forge.gateway.forced_calls import PROBE_ARGUMENTS, probe_turn, tool_names
 from forge.model.grammar import ANY_OBJECT, json_lark
 from forge.v1 import common_pb2
 
@@ -40,14 +40,11 @@ def call_layout(render: Callable[..., str], messages: list[dict], prompt: str, t
     """The template's layout of a tool call after ``messages`` (``prompt``: them rendered with the generation
     prompt); ``end_texts`` are the end-of-sequence tokens' texts, where the turn's text stops."""
     name = tool_names(tools)[0]
-    probe = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_probe", "type": "function", "function": {"name": name, "arguments": PROBE_ARGUMENTS}}]}
-    whole = render([*messages, probe], add_generation_prompt=False)
+    turn = probe_turn(render, messages, prompt, name)
     unreadable = BadRequest("strict tool calls and response_format with tools are not supported with this model's "
                             "chat template: its tool-call layout could not be read", "tools")
-    if not whole.startswith(prompt):
+    if turn is None:
         raise unreadable
-    turn = whole[len(prompt):]
     arguments = turn.find(PROBE_ARGUMENTS)
     quoted = json.dumps(name, ensure_ascii=False)
     at, quoted_name = turn.rfind(quoted, 0, max(arguments, 0)), True

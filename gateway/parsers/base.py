@@ -61,6 +61,30 @@ class ToolCallParser(ABC):
         return text[:len(text) - held_prefix(text, self.start)]
 
 
+class BlockToolParser(ToolCallParser):
+    """A syntax whose calls come in ``start…end`` blocks: the content is what comes before the first block, and a
+    block that holds no well-formed call makes the whole text content."""
+
+    end: ClassVar[str]
+
+    def parse(self, text: str, tools: Tools | None = None) -> tuple[str, list[ToolCall]]:
+        split = split_blocks(text, self.start, self.end)
+        if split is None:
+            return text, []
+        content, blocks = split
+        calls: list[ToolCall] = []
+        for block in blocks:
+            found = self.block_calls(block, tools)
+            if not found:
+                return text, []
+            calls += found
+        return (content, calls) if calls else (text, [])
+
+    @abstractmethod
+    def block_calls(self, block: str, tools: Tools | None) -> list[ToolCall]:
+        """The calls one block holds (none: it is malformed)."""
+
+
 def split_blocks(text: str, open_tag: str, close_tag: str) -> tuple[str, list[str]] | None:
     """(content, the inner text of each ``open_tag…close_tag`` block) of ``text``: the content is what comes before
     the first block, text between and after blocks is dropped; None when a block is unfinished."""

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from forge.gateway.parsers.base import ToolCall, ToolCallParser, Tools, name_and_arguments, new_call_id, split_blocks
+from forge.gateway.parsers.base import BlockToolParser, ToolCall, Tools, name_and_arguments, new_call_id
 
 
-class HermesToolParser(ToolCallParser):
+class HermesToolParser(BlockToolParser):
     name = "hermes"
     start = "<tool_call>"
+    end = "</tool_call>"
 
-    def parse(self, text: str, tools: Tools | None = None) -> tuple[str, list[ToolCall]]:
-        split = split_blocks(text, self.start, "</tool_call>")
-        if split is None:
-            return text, []
-        content, blocks = split
-        calls = []
-        for block in blocks:
-            call = name_and_arguments(block)
-            if call is None:
-                return text, []
-            calls.append(ToolCall(new_call_id(), *call))
-        return (content, calls) if calls else (text, [])
+    def block_calls(self, block: str, tools: Tools | None) -> list[ToolCall]:
+        call = name_and_arguments(block)
+        return [] if call is None else [ToolCall(new_call_id(), *call)]

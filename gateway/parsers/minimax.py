@@ -6,12 +6,11 @@ from __future__ import annotations
 import re
 
 from forge.gateway.parsers.base import (
+    BlockToolParser,
     ToolCall,
-    ToolCallParser,
     Tools,
     new_call_id,
     parameter_schemas,
-    split_blocks,
     typed_arguments,
 )
 
@@ -19,22 +18,13 @@ _INVOKE = re.compile(r'<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
 _PARAMETER = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
 
 
-class MiniMaxM2ToolParser(ToolCallParser):
+class MiniMaxM2ToolParser(BlockToolParser):
     name = "minimax_m2"
     start = "<minimax:tool_call>"
+    end = "</minimax:tool_call>"
 
-    def parse(self, text: str, tools: Tools | None = None) -> tuple[str, list[ToolCall]]:
-        split = split_blocks(text, self.start, "</minimax:tool_call>")
-        if split is None:
-            return text, []
-        content, blocks = split
-        calls = []
-        for block in blocks:
-            more = _invokes(block, tools)
-            if not more:
-                return text, []
-            calls += more
-        return content, calls
+    def block_calls(self, block: str, tools: Tools | None) -> list[ToolCall]:
+        return _invokes(block, tools)
 
 
 def _invokes(block: str, tools: Tools | None) -> list[ToolCall]:

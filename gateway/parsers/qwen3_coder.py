@@ -6,12 +6,11 @@ from __future__ import annotations
 import re
 
 from forge.gateway.parsers.base import (
+    BlockToolParser,
     ToolCall,
-    ToolCallParser,
     Tools,
     new_call_id,
     parameter_schemas,
-    split_blocks,
     typed_arguments,
 )
 
@@ -19,22 +18,14 @@ _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 
 
-class Qwen3CoderToolParser(ToolCallParser):
+class Qwen3CoderToolParser(BlockToolParser):
     name = "qwen3_coder"
     start = "<tool_call>"
+    end = "</tool_call>"
 
-    def parse(self, text: str, tools: Tools | None = None) -> tuple[str, list[ToolCall]]:
-        split = split_blocks(text, self.start, "</tool_call>")
-        if split is None:
-            return text, []
-        content, blocks = split
-        calls = []
-        for block in blocks:
-            call = _call(block, tools)
-            if call is None:
-                return text, []
-            calls.append(call)
-        return (content, calls) if calls else (text, [])
+    def block_calls(self, block: str, tools: Tools | None) -> list[ToolCall]:
+        call = _call(block, tools)
+        return [] if call is None else [call]
 
 
 def _call(block: str, tools: Tools | None) -> ToolCall | None:
