@@ -23,10 +23,38 @@ class AttentionBackend(ABC):
     @abstractmethod
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor: ...
 
+    def attend_windowed(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None = None,
+                        softcap: float | None = None) -> Tensor:
+        """``attend`` where each query sees only keys less than ``window`` positions back, and scores are
+        soft-capped at ``softcap`` (None: no limit). Backends that cannot refuse both."""
+        if window is None and softcap is None:
+            return self.attend(layer, q, k, v, scale)
+        raise ValueError(f"{type(self).__name__} has no sliding-window or soft-capped attention")
+
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None = None, causal: bool = False) -> Tensor:
     gqa = q.shape[1] != k.shape[1]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
+
+
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor,
+                     softcap: float | None = None) -> Tensor:
+    """Attention under a bool ``mask`` ([Q, K] or broadcastable to [B, H, Q, K]); with ``softcap``, the scores are
+    soft-capped before the mask, as the families that cap them compute it (scores in full, softmax in float32)."""
+    if softcap is None:
+        return _sdpa(q, k, v, scale, mask=mask)
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.tanh(torch.matmul(q, k.transpose(-2, -1)) * scale / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(q.dtype), v)
+
+
+def window_mask(query_positions: Tensor, key_positions: Tensor, window: int | None) -> Tensor | None:
+    """[Q, K] bool: key within ``window`` positions of the query (None without a window)."""
+    if window is None:
+        return None
+    return query_positions.unsqueeze(-1) - key_positions.unsqueeze(0) < window
 
 
 class CausalAttention(AttentionBackend):
@@ -34,6 +62,16 @@ class CausalAttention(AttentionBackend):
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         return _sdpa(q, k, v, scale, causal=q.shape[2] > 1)
+
+    def attend_windowed(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None = None,
+                        softcap: float | None = None) -> Tensor:
+        if window is None and softcap is None:
+            return self.attend(layer, q, k, v, scale)
+        positions = torch.arange(q.shape[2], device=q.device)
+        mask = positions.unsqueeze(-1) >= positions.unsqueeze(0)
+        if window is not None:
+            mask &= window_mask(positions, positions, window)
+        return masked_attention(q, k, v, scale, mask, softcap)
 
 
 class MaskedAttention(AttentionBackend):

@@ -12,6 +12,11 @@ itself (``forge.learner.tree.mask``). It picks one of four exact implementations
 A tree that borrows slots from the step's stem computes queries for its own slots only (``queries``) and takes the
 borrowed slots' keys and values from the stem's (``BorrowedKeys``); a stem's pass keeps each layer's keys and values
 (``record``) for the trees to borrow.
+
+Windowed and soft-capped layers (``attend_windowed``: Mistral, Gemma, Phi-3 through transformers) take the slots'
+depths: a key is seen when it is an ancestor-or-self less than the window's positions above the query. They run
+flex on CUDA (the window in the mask, the cap as a score modifier) and dense attention elsewhere (one [T, T] mask per
+window, built once per tree).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from torch import Tensor
 
 from forge.learner.tree import flex, gather, segments
 from forge.learner.tree.mask import allowed
-from forge.model.attention import AttentionBackend
+from forge.model.attention import AttentionBackend, masked_attention, window_mask
 
 IMPLS = ("auto", "flex", "segments", "gather", "dense")
 
@@ -59,12 +64,13 @@ class TreeAttention(AttentionBackend):
     """Ancestor-or-self attention over one packed tree (a batch of one row). ``end`` [L] gives each slot's subtree
     end in pre-order; ``key_ok`` [L] (optional) marks the slots other tokens may attend to; ``queries`` (optional,
     increasing) are the slots the queries belong to, when not all (the rest are borrowed through ``borrow``).
-    ``record`` keeps each layer's keys and values in ``recorded``. The plan (masks, runs) is built on the first
-    layer and shared by the others."""
+    ``record`` keeps each layer's keys and values in ``recorded``. ``depth`` [L] (each slot's position) is what
+    windowed layers measure their window in. The plan (masks, runs) is built on the first layer and shared by the
+    others."""
 
     def __init__(self, end: Tensor, key_ok: Tensor | None = None, impl: str = "auto", block_size: int = 256,
                  dense_below: int = 512, compile_flex: bool = True, queries: Tensor | None = None,
-                 borrow: BorrowedKeys | None = None, record: bool = False) -> None:
+                 borrow: BorrowedKeys | None = None, record: bool = False, depth: Tensor | None = None) -> None:
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
         if (queries is None) != (borrow is None):
@@ -77,7 +83,9 @@ class TreeAttention(AttentionBackend):
         self.block_size = block_size
         self.compile_flex = compile_flex
         self.recorded: dict[int, tuple[Tensor, Tensor]] | None = {} if record else None
+        self.depth = None if depth is None else depth.long()
         self.plan = None
+        self.windowed_plans: dict[int | None, object] = {}      # per window, for windowed or soft-capped layers
 
     @property
     def length(self) -> int:
@@ -92,13 +100,43 @@ class TreeAttention(AttentionBackend):
         nodes = torch.arange(self.length, device=self.end.device)
         return allowed(nodes if self.queries is None else self.queries, nodes, self.end, self.key_ok)
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    def _all_keys(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Every slot's keys and values (recorded for a stem, borrowed ones completed)."""
         if q.shape[0] != 1 or q.shape[2] != self.num_queries:
             raise ValueError(f"tree attention takes one row of {self.num_queries} queries, got q {tuple(q.shape)}")
         if self.recorded is not None:
             self.recorded[layer] = (k, v)
         if self.borrow is not None:
             k, v = self.borrow.complete(layer, k, v)
+        return k, v
+
+    def attend_windowed(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None = None,
+                        softcap: float | None = None) -> Tensor:
+        if window is None and softcap is None:
+            return self.attend(layer, q, k, v, scale)
+        if window is not None and self.depth is None:
+            raise ValueError("a tree's windowed layer needs its slots' depths: build TreeAttention with depth=")
+        k, v = self._all_keys(layer, q, k, v)
+        if self.num_queries == 0:
+            return q.new_zeros(q.shape)
+        plan = self.windowed_plans.get(window)
+        if self.impl == "flex":
+            if plan is None:
+                plan = flex.block_mask(self.end, self.key_ok, self.queries, self.depth, window)
+            out = flex.attend_flex(plan, q, k, v, scale, self.compile_flex, self.queries, softcap)
+        else:
+            if plan is None:
+                plan = self.dense_mask()
+                if window is not None:
+                    assert self.depth is not None
+                    query_depth = self.depth if self.queries is None else self.depth[self.queries]
+                    plan &= window_mask(query_depth, self.depth, window)
+            out = masked_attention(q, k, v, scale, plan, softcap)
+        self.windowed_plans[window] = plan
+        return out
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+        k, v = self._all_keys(layer, q, k, v)
         if self.num_queries == 0:
             return q.new_zeros(q.shape)
         if self.impl == "dense":

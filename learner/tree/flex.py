@@ -6,7 +6,10 @@ before the first query and every key's subtree reaching past the last). In torch
 backward on CPU; the compiled kernel runs forward on CPU too, which is how the tests check the block structure.
 
 With ``queries`` (the other slots borrowed from the step's stem), the kernel runs over every slot, the borrowed
-slots' queries zero and seen by themselves only (one diagonal block of work each), and returns the query rows."""
+slots' queries zero and seen by themselves only (one diagonal block of work each), and returns the query rows.
+
+A sliding window (keys less than ``window`` depths above the query) joins the mask, every visible block then
+evaluated under it; a soft cap on the scores is a score modifier."""
 
 from __future__ import annotations
 
@@ -59,10 +62,11 @@ def padded_length(length: int) -> int:
     return FLEX_BLOCK << max(0, blocks - 1).bit_length()
 
 
-def block_mask(end: Tensor, key_ok: Tensor | None, queries: Tensor | None = None):
+def block_mask(end: Tensor, key_ok: Tensor | None, queries: Tensor | None = None, depth: Tensor | None = None,
+               window: int | None = None):
     """The BlockMask of a tree, padded to ``padded_length`` tokens (padding: roots seen by themselves). ``key_ok``
     and the query slots are always tensors, so the main and MTP attention share one compiled kernel per padded
-    length."""
+    length. With ``window``, keys at least ``window`` depths above the query (``depth`` per slot) are hidden."""
     from torch.nn.attention.flex_attention import BlockMask
 
     length = end.numel()
@@ -81,20 +85,38 @@ def block_mask(end: Tensor, key_ok: Tensor | None, queries: Tensor | None = None
     def mask_mod(b, h, q_idx, kv_idx):
         return (kv_idx <= q_idx) & (q_idx < end[kv_idx]) & ((key_ok[kv_idx] & query_ok[q_idx]) | (kv_idx == q_idx))
 
+    if window is not None:
+        if depth is None:
+            raise ValueError("a windowed tree mask needs the slots' depths")
+        depths = torch.cat([depth.long(), torch.zeros(padded - length, dtype=torch.long, device=end.device)])
+        tree_mod = mask_mod
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return tree_mod(b, h, q_idx, kv_idx) & (depths[q_idx] - depths[kv_idx] < window)
+
+        partial, full = partial | full, torch.zeros_like(full)
+
     counts, indices = _indices(partial)
     full_counts, full_indices = _indices(full)
     return BlockMask.from_kv_blocks(counts, indices, full_counts, full_indices, BLOCK_SIZE=FLEX_BLOCK,
                                     mask_mod=mask_mod, seq_lengths=(padded, padded))
 
 
+def _softcapped(cap: float):
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return torch.tanh(score / cap) * cap
+
+    return score_mod
+
+
 def attend_flex(mask, q: Tensor, k: Tensor, v: Tensor, scale: float, compile: bool = True,
-                queries: Tensor | None = None) -> Tensor:
+                queries: Tensor | None = None, softcap: float | None = None) -> Tensor:
     global _compiled
     from torch.nn.attention.flex_attention import flex_attention
 
     if queries is not None:
         full = q.new_zeros(q.shape[0], q.shape[1], k.shape[2], q.shape[3])
-        return attend_flex(mask, full.index_copy(2, queries, q), k, v, scale, compile)[:, :, queries]
+        return attend_flex(mask, full.index_copy(2, queries, q), k, v, scale, compile, softcap=softcap)[:, :, queries]
     length = q.shape[2]
     padded = mask.seq_lengths[0]
     if padded > length:
@@ -103,5 +125,6 @@ def attend_flex(mask, q: Tensor, k: Tensor, v: Tensor, scale: float, compile: bo
     if compile and _compiled is None:
         _compiled = torch.compile(flex_attention, dynamic=False)
     attend = _compiled if compile else flex_attention
-    out = attend(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    out = attend(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+                 score_mod=None if softcap is None else _softcapped(softcap))
     return out[:, :, :length]

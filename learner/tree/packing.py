@@ -56,10 +56,11 @@ class Stem:
         return int(self.input_ids.shape[1])
 
     def attention(self, impl: str = "auto", block_size: int = 256) -> TreeAttention:
-        return TreeAttention(self.end, impl=impl, block_size=block_size, record=True)
+        return TreeAttention(self.end, impl=impl, block_size=block_size, record=True, depth=self.position_ids[0])
 
     def mtp_attention(self, impl: str = "auto", block_size: int = 256) -> TreeAttention:
-        return TreeAttention(self.end, key_ok=self.position_ids[0] > 0, impl=impl, block_size=block_size, record=True)
+        return TreeAttention(self.end, key_ok=self.position_ids[0] > 0, impl=impl, block_size=block_size, record=True,
+                             depth=self.position_ids[0])
 
 
 @dataclass
@@ -108,13 +109,14 @@ class TreeBatch:
     def attention(self, impl: str = "auto", block_size: int = 256,
                   stem_keys: dict[int, tuple[Tensor, Tensor]] | None = None) -> TreeAttention:
         """The main model's attention: ancestors and self (borrowed slots' keys from ``stem_keys``)."""
-        return TreeAttention(self.end, impl=impl, block_size=block_size, **self._borrowing(stem_keys))
+        return TreeAttention(self.end, impl=impl, block_size=block_size, depth=self.depth,
+                             **self._borrowing(stem_keys))
 
     def mtp_attention(self, impl: str = "auto", block_size: int = 256,
                       stem_keys: dict[int, tuple[Tensor, Tensor]] | None = None) -> TreeAttention:
         """The MTP layer's attention over edges (parent → node, stored at the node): the edges on the node's root
         path, so root slots (no edge) are seen by nobody but themselves."""
-        return TreeAttention(self.end, key_ok=self.depth > 0, impl=impl, block_size=block_size,
+        return TreeAttention(self.end, key_ok=self.depth > 0, impl=impl, block_size=block_size, depth=self.depth,
                              **self._borrowing(stem_keys))
 
     def _borrowing(self, stem_keys: dict[int, tuple[Tensor, Tensor]] | None) -> dict:

@@ -350,3 +350,52 @@ def test_borrowed_slots_attend_as_if_computed(seed, mtp):
     pairs = torch.zeros(size, size, dtype=torch.bool)
     pairs[computed] = mask[computed]
     assert_block_structure(flex.block_mask(end, key_ok, computed), pairs)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize(("window", "softcap"), [(5, None), (None, 20.0), (3, 5.0)])
+def test_windowed_tree_attention_equals_each_path_alone(seed, window, softcap):
+    """A sliding window counts depths, not slots: every node of a tree attends as the last token of its own root
+    path does alone, under the same window and soft cap (Mistral's and Gemma's layers in a prefix tree)."""
+    from forge.model.attention import CausalAttention
+
+    rng = random.Random(seed)
+    parents = session_tree(rng, 90) if seed % 2 else random_tree(rng, 90, chain=0.7)
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+    generator = torch.Generator().manual_seed(seed)
+    size = len(parents)
+    q = torch.randn(1, 4, size, 8, generator=generator, requires_grad=True)
+    k = torch.randn(1, 2, size, 8, generator=generator, requires_grad=True)
+    v = torch.randn(1, 2, size, 8, generator=generator, requires_grad=True)
+    rows = []
+    for node in range(size):
+        path = [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path = torch.tensor(path[::-1])
+        alone = CausalAttention().attend_windowed(0, q[:, :, path], k[:, :, path], v[:, :, path], 0.3, window,
+                                                  softcap)
+        rows.append(alone[:, :, -1:])
+    expected = torch.cat(rows, dim=2)
+    weights = torch.randn(expected.shape, generator=generator)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    end, depth = tree_end(parents), torch.tensor(depths)
+    for impl in ("dense", "segments"):
+        out = TreeAttention(end, impl=impl, depth=depth).attend_windowed(0, q, k, v, 0.3, window, softcap)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+        for grad, ref in zip(torch.autograd.grad((out * weights).sum(), (q, k, v)), expected_grads, strict=True):
+            torch.testing.assert_close(grad, ref, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():     # no flex backward on CPU: eager flex checks the mask_mod and the score modifier
+        flexed = TreeAttention(end, impl="flex", compile_flex=False, depth=depth)
+        torch.testing.assert_close(flexed.attend_windowed(0, q, k, v, 0.3, window, softcap), expected, atol=1e-5,
+                                   rtol=0)
+
+
+def test_a_windowed_tree_layer_needs_depths():
+    end = tree_end([-1, 0, 1])
+    q = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="depths"):
+        TreeAttention(end, impl="dense").attend_windowed(0, q, q, q, 1.0, window=2)
