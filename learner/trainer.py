@@ -4,7 +4,6 @@ publish the new weight version, and checkpoint together with the pool cursor."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import statistics
 import time
@@ -93,10 +92,6 @@ class Trainer:
         self.model = model
         self.grammars = grammars
         self.dist = distributed
-        if config.tree and not getattr(model, "supports_tree", True):
-            log.warning("a %s policy runs transformers' attention, which prefix-tree merging cannot reach: training "
-                        "sample by sample (--no-tree)", model.config.model_type)
-            config = dataclasses.replace(config, tree=False)
         self.config = config
         self.loss = loss
         self.rewards = rewards

@@ -6,20 +6,26 @@ implement itself.
 The module holds the family's decoder as ``model`` and, unless tied to the embeddings, its ``lm_head``: parameter
 names are the checkpoint's own, so the learner's checkpoints load in transformers and vLLM, and its weight versions
 reach a vLLM actor by name. Logits are the family's: its output head, then whatever its ``*ForCausalLM`` does after
-it (Gemma's final soft-capping, Cohere's and Granite's logit scales). The family's attention runs as transformers
-runs it (PyTorch's SDPA where the family has it, else eager); Forge's tree attention does not reach inside it, so
-the learner trains such a policy sample by sample.
+it (Gemma's final soft-capping, Cohere's and Granite's logit scales). Attention is Forge's, registered with
+transformers (``forge.model.transformers_attention``): the family computes its queries, keys and values, and the
+backend passed to ``forward`` attends, so the learner's prefix trees and stem work for every family, sliding windows
+and soft-capped scores included. The policy trains without dropout, as the actors sample.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from forge.model.transformers_attention import register
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,9 +63,17 @@ def eos_ids_of(hf_config: Any) -> tuple[int, ...]:
     return (eos,) if isinstance(eos, int) else tuple(eos)
 
 
-class TransformersCausalLM(nn.Module):
-    supports_tree = False           # its attention is transformers': the learner trains it sample by sample
+def without_dropout(hf_config: Any) -> list[str]:
+    """Set every dropout probability of a transformers config to 0; the names of those that were not."""
+    changed = []
+    for name, value in vars(hf_config).items():
+        if (name.endswith("dropout") or name.endswith("pdrop")) and isinstance(value, float) and value > 0:
+            setattr(hf_config, name, 0.0)
+            changed.append(name)
+    return changed
 
+
+class TransformersCausalLM(nn.Module):
     def __init__(self, hf_model: nn.Module) -> None:
         super().__init__()
         self.model = hf_model.get_decoder()
@@ -80,14 +94,12 @@ class TransformersCausalLM(nn.Module):
 
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, attention: Any = None,
                 routing: Any = None) -> Tensor:
-        """Hidden states [B, L, H] of ``input_ids`` [B, L] (right-padded rows: causal attention keeps padding out
-        of every real position). Forge's own attention backends (tree, paged) do not apply."""
-        if attention is not None:
-            raise ValueError(f"a {self.config.model_type} policy runs transformers' attention: train it sample by "
-                             "sample (no tree)")
+        """Hidden states [B, L, H] of ``input_ids`` [B, L] under ``attention`` (an ``AttentionBackend``; None:
+        causal, right-padded rows keeping padding out of every real position)."""
         if routing is not None:
             raise ValueError("a transformers policy has no experts to route")
-        return self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        return self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                          forge_backend=attention).last_hidden_state
 
     def logits(self, hidden: Tensor) -> Tensor:
         logits = nn.functional.linear(hidden, self.output_weight)
@@ -107,12 +119,13 @@ class TransformersCausalLM(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32,
                         device: str = "cpu") -> TransformersCausalLM:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
-        except ValueError:          # a family without an SDPA path (Gemma 2's soft-capped attention)
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="eager")
+        hf_config = AutoConfig.from_pretrained(str(path))
+        if changed := without_dropout(hf_config):
+            log.info("training without dropout, as the actors sample (was on: %s)", ", ".join(changed))
+        model = AutoModelForCausalLM.from_pretrained(str(path), config=hf_config, dtype=dtype,
+                                                     attn_implementation=register())
         return cls(model).to(device)
 
 

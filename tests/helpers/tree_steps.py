@@ -107,7 +107,8 @@ def run(model: CausalLM, samples: list[Sample], config: LossConfig, masks: dict[
         mask = torch.cat([masks[id(s)] for s in batch.samples]).to(device)
         loss = policy_loss(config, out.logprobs, batch.old_logprobs, batch.advantages, mask, batch.sample_index,
                            total_tokens, total_samples)
-        loss = loss + config.mtp_weight * out.mtp_kl.sum() / total_mtp
+        if out.mtp_kl is not None:          # a model with an MTP draft
+            loss = loss + config.mtp_weight * out.mtp_kl.sum() / total_mtp
         loss.backward()
         total += float(loss.detach())
     if stem is not None:

@@ -8,14 +8,16 @@ import json
 import shutil
 import subprocess
 
+import pytest
 import torch
+from click.testing import CliRunner
 
-from forge.app.model_check import CheckConfig, _logprob_gap
+from forge.app.model_check import CheckConfig, _logprob_gap, check_command
 from forge.assets import TINY_DIR
 from forge.builtin import load_model, resolve_model
 
 from conftest import script
-from helpers.families import write_family
+from helpers.families import FAMILIES, write_family
 
 
 def check(model: str, *extra: str) -> subprocess.CompletedProcess:
@@ -30,17 +32,32 @@ def test_the_built_in_model_and_a_transformers_family_pass(tmp_path):
     assert report["ok"] and report["training_path"] == "forge" and report["tree_max_abs_diff"] < 1e-4
     assert report["logprob_max_abs_diff"] < 1e-4 and report["tool_parser"].startswith("hermes")
 
-    directory, _model = write_family(tmp_path / "llama", "llama")
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(TINY_DIR / name, directory / name)
+    directory = with_tiny_tokenizer(write_family(tmp_path / "llama", "llama")[0])
     family = check(str(directory), "--json")
     assert family.returncode == 0, family.stderr[-2000:]
     report = json.loads(family.stdout)
-    assert report["ok"] and report["training_path"] == "transformers" and report["tree_max_abs_diff"] is None
+    assert report["ok"] and report["training_path"] == "transformers" and report["tree_max_abs_diff"] < 1e-5
     assert report["logprob_max_abs_diff"] <= 1e-5 and report["model_type"] == "llama"
     assert not any("torch" in backend for backend in report["backends"])
     text = check(str(directory))
     assert text.returncode == 0 and text.stdout.splitlines()[-1] == "ok"
+
+
+def with_tiny_tokenizer(directory):
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(TINY_DIR / name, directory / name)
+    return directory
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_passes(tmp_path, family):
+    """The command's own code in this process (one process per family would spend its time importing)."""
+    directory = with_tiny_tokenizer(write_family(tmp_path / family, family)[0])
+    result = CliRunner().invoke(check_command, [str(directory), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["model_type"] == FAMILIES[family][0].model_type
+    assert report["logprob_max_abs_diff"] <= 1e-5 and report["tree_max_abs_diff"] <= 1e-5
 
 
 def test_a_family_nothing_implements_is_refused_in_one_line(tmp_path):

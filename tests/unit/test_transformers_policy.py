@@ -1,7 +1,7 @@
 """Families Forge does not implement train through transformers: a random-weight checkpoint of each, written by
 transformers, loads as the learner's policy; its log-probs are transformers' own (fp32, within 1e-5), a CISPO step's
 gradients are those of the same loss computed with plain transformers and autograd, its checkpoints load back in
-transformers, the trainer trains it sample by sample, and the torch engine refuses it naming --backend vllm."""
+transformers, a prefix-tree step equals the same step sample by sample, and the torch engine refuses it naming --backend vllm."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from forge.pool import Pool
 from forge.pool.window import WindowConfig
 
 from helpers.families import FAMILIES, SMALL, fill_on_policy, write_family
+from helpers.tree_steps import assert_same_step, make_sample, random_masks
 
 VOCAB = SMALL["vocab_size"]
 
@@ -94,13 +95,43 @@ def test_checkpoints_load_back_in_transformers(tmp_path, family):
         {"lm_head.weight": None} if policy.tied else {})})
 
 
-def test_the_trainer_trains_such_a_policy_sample_by_sample(tmp_path, caplog):
-    directory, _reference = write_family(tmp_path / "llama", "llama")
+def agent_samples(rng: random.Random, system_len: int = 10) -> list[Sample]:
+    """Sessions sharing a system prompt: groups of rollouts, several calls each, some rewriting their context, some
+    trained twice; long enough that the families' sliding windows (4 positions) cut into every path."""
+    def tokens(count: int) -> list[int]:
+        return [rng.randrange(3, VOCAB) for _ in range(count)]
+
+    system, samples = tokens(system_len), []
+    for group in range(2):
+        task = system + tokens(rng.randrange(1, 4))
+        for rollout in range(3):
+            context = list(task)
+            for call in range(rng.randrange(1, 4)):
+                if call and rng.random() < 0.3:
+                    context = context[:system_len] + tokens(2) + context[-2:]
+                completion = tokens(rng.randrange(1, 6))
+                setting = rng.choice(((1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 0, 1.0)))
+                samples.append(make_sample(rng, context + completion, len(context), f"g{group}r{rollout}", call,
+                                           setting))
+                if rng.random() < 0.2:
+                    samples.append(make_sample(rng, context + completion, len(context), setting=setting))
+                context += completion + tokens(rng.randrange(0, 3))
+    return samples
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_tree_step_equals_the_same_step_sample_by_sample(tmp_path, family):
+    """Prefix trees and the step's stem reach every family through transformers' attention interface, windows
+    and soft caps included: loss and gradients of a tree step are those of the step trained sample by sample."""
+    directory, _reference = write_family(tmp_path / family, family)
     policy, _ref = load_model(directory)
-    with caplog.at_level("WARNING", logger="forge.learner.trainer"):
-        trainer = Trainer(policy, Distributed(), TrainerConfig(tree=True), LossConfig(), RewardConfig(),
-                          WindowConfig(), pool=None)
-    assert not trainer.config.tree and "sample by sample" in caplog.text
+    rng = random.Random(sum(map(ord, family)))
+    samples = agent_samples(rng)
+    masks = random_masks(rng, samples)
+    impls = ("dense", "segments") if family in ("gemma2", "llama") else ("dense",)
+    for impl in impls:
+        assert_same_step(policy.train(), samples, LossConfig(kind="cispo", eps_high=0.2), masks, budget=40,
+                         impl=impl)
 
 
 def test_the_torch_engine_refuses_other_families_naming_vllm(tmp_path):
@@ -139,3 +170,16 @@ def test_the_trainer_steps_checkpoints_and_resumes_such_a_policy(tmp_path):
                       RewardConfig(), WindowConfig(window=2, batch_groups=2), pool, checkpointer=checkpoints)
     assert resumed.restore() and resumed.state.step == 2
     pool.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "mistral", "llama"])
+def test_a_tree_step_on_cuda_equals_sample_by_sample(tmp_path, family):
+    """The GPU path: compiled flex attention with the window in its mask and the soft cap as a score modifier
+    (head size 32, which the compiled kernels take)."""
+    directory, _reference = write_family(tmp_path / family, family, head_dim=32)
+    policy, _ref = load_model(directory, device="cuda")
+    rng = random.Random(sum(map(ord, family)))
+    samples = agent_samples(rng)
+    assert_same_step(policy.train(), samples, LossConfig(kind="cispo", eps_high=0.2), random_masks(rng, samples),
+                     budget=40, impl="flex")
