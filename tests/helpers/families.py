@@ -42,6 +42,15 @@ def write_family(directory: Path, family: str, seed: int = 0, shape: dict | None
     return directory, model.eval()
 
 
+def with_tiny_tokenizer(directory: Path) -> Path:
+    """``directory`` with the built-in model's tokenizer and chat template beside its weights (ids below 1024)."""
+    from forge.assets import TINY_DIR
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (directory / name).write_bytes((TINY_DIR / name).read_bytes())
+    return directory
+
+
 def fill_on_policy(pool, policy, groups: int, vocab: int, group_size: int = 2, seed: int = 7) -> None:
     """Groups of one-call sessions with random prompts and completions that carry ``policy``'s own log-probs at
     temperature 1 (what an actor serving it would have recorded), rewarded 0, 1, ... within each group."""

@@ -54,7 +54,9 @@ def bare_checkpoint(directory, model_type: str = "llama"):
 
 
 @pytest.mark.parametrize("command, model_type, says", [
-    (["forge-actor", "--port", "0"], "llama", "is 'llama': serve it with --backend vllm"),
+    (["forge-actor", "--port", "0", "--backend", "torch"], "llama", "is 'llama': serve it with --backend vllm"),
+    (["forge-actor", "--port", "0"], "llama", "--backend auto picked vllm (the embedded engine does not implement "
+                                              "llama): vLLM is not installed"),
     (["forge-learner", "--pool", "{tmp}/pool", "--create-pool"], "llama", "it holds no weights"),
     (["forge-learner", "--pool", "{tmp}/pool", "--create-pool"], "not_a_family", "implemented neither by Forge"),
     (["forge-gateway", "--actor", "127.0.0.1:1", "--pool", "{tmp}/pool"], "llama", "no tokenizer.json"),

@@ -31,6 +31,8 @@ from forge.rpc import connect
 from forge.v1 import actor_pb2_grpc, cache_pb2_grpc, common_pb2, pool_pb2
 from forge.weights.curve import load_key_pair
 
+from helpers.families import SERVABLE, with_tiny_tokenizer, write_family
+
 STEPS = 30
 
 pytestmark = [pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")),
@@ -213,14 +215,23 @@ def test_forge_up_on_the_moe_model_trains_with_replayed_routing(tmp_path):
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("model", ["tiny", "tiny-moe"])
+@pytest.mark.parametrize("model", ["tiny", "tiny-moe", "llama"])
 def test_forge_up_on_vllm_actors_trains(tmp_path, model):
     """The main job with vLLM actors, stopped by learner steps: the learner trains on what they sample, and its
     versions reach them (later calls are stamped with them). With experts, vLLM on CPU records no routing: the
-    learner routes every token itself and says so."""
-    config = UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path=model), minutes=20.0, steps=6,
-                      eval_size=8, eval_samples=1).with_services(actor={"backend": "vllm"})
-    result = asyncio.run(run(config, Console(record=True, width=120)))
+    learner routes every token itself and says so. A family Forge does not implement (llama) is served on vLLM
+    without asking (--backend auto), trained through transformers, and forge up says which backend it picked."""
+    if model == "llama":
+        path = str(with_tiny_tokenizer(write_family(tmp_path / "llama", "llama", shape=SERVABLE, vocab_size=1024)[0]))
+        config = UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path=path), minutes=20.0, steps=6,
+                          eval_size=8, eval_samples=1)
+    else:
+        config = UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path=model), minutes=20.0, steps=6,
+                          eval_size=8, eval_samples=1).with_services(actor={"backend": "vllm"})
+    console = Console(record=True, width=120)
+    result = asyncio.run(run(config, console))
+    if model == "llama":
+        assert "actors: vllm (the embedded engine does not implement llama)" in console.export_text()
     records = [json.loads(line) for line in (config.run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
     assert len({r["step"] for r in records}) >= 6 and result["learner"].get("version", 0) >= 6
     if model == "tiny-moe":

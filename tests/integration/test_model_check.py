@@ -5,7 +5,6 @@ computes other log-probs than transformers fails the check."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
@@ -13,11 +12,10 @@ import torch
 from click.testing import CliRunner
 
 from forge.app.model_check import CheckConfig, _logprob_gap, check_command
-from forge.assets import TINY_DIR
 from forge.builtin import load_model, resolve_model
 
 from conftest import script
-from helpers.families import FAMILIES, write_family
+from helpers.families import FAMILIES, with_tiny_tokenizer, write_family
 
 
 def check(model: str, *extra: str) -> subprocess.CompletedProcess:
@@ -41,12 +39,6 @@ def test_the_built_in_model_and_a_transformers_family_pass(tmp_path):
     assert not any("torch" in backend for backend in report["backends"])
     text = check(str(directory))
     assert text.returncode == 0 and text.stdout.splitlines()[-1] == "ok"
-
-
-def with_tiny_tokenizer(directory):
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(TINY_DIR / name, directory / name)
-    return directory
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -72,7 +72,11 @@ class RunFile:
 
     @property
     def backend(self) -> str:
-        return str(self.options("actor").get("backend", "torch"))
+        """The actors' backend, ``auto`` settled for the run's model."""
+        from forge.actors.config import pick_backend
+
+        actor = self.options("actor")
+        return pick_backend(str(actor.get("backend", "auto")), self.model or str(actor.get("model", "tiny")))[0]
 
     @property
     def rollout(self) -> bool:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forge.actors.config import pick_backend
 from forge.actors.factory import factory_for
 from forge.app.api_keys import KeyFiles
 from forge.app.command_line import changed, key_file_words, key_variables, option_words, secrets_of
@@ -94,7 +95,13 @@ class Plan:
 
     @property
     def backend(self) -> str:
-        return self.overrides["actor"].values.get("backend", "torch")
+        """The actors' backend, ``auto`` settled for the run's model."""
+        return self.backend_and_why[0]
+
+    @property
+    def backend_and_why(self) -> tuple[str, str]:
+        values = self.overrides["actor"].values
+        return pick_backend(values.get("backend", "auto"), values.get("model", "tiny"))
 
     @property
     def cache_on(self) -> bool:
@@ -176,7 +183,9 @@ class Plan:
         for instance in found:
             if instance.service.kind == "actor":        # what its backend cannot do (vLLM not installed, ...)
                 try:
-                    factory_for(instance.settings.backend).check(instance.settings)
+                    backend, why = pick_backend(instance.settings.backend, instance.settings.model)
+                    factory_for(backend).check(instance.settings)
                 except ValueError as exc:
-                    raise SettingsError(f"{instance.name}: --backend {instance.settings.backend}: {exc}") from None
+                    picked = f"auto picked {backend} ({why})" if instance.settings.backend == "auto" else backend
+                    raise SettingsError(f"{instance.name}: --backend {picked}: {exc}") from None
         return found

@@ -39,6 +39,7 @@ class System:
         self.services: list[ServiceProcess] = []
         self.instances: dict[str, Instance] = {}
         self.keys: KeyFiles | None = None
+        self.backend = ("", "")             # the actors' backend and why it was picked, once planned
 
     def key(self, kind: str) -> str | None:
         """The API key of the services of ``kind`` (gateway, actor, cache), None for an unkeyed run or kind."""
@@ -52,6 +53,7 @@ class System:
             else None
         plan = Plan(c, self.keys, curve)
         plan.check(self.eval_gateway)
+        self.backend = plan.backend_and_why
         return plan
 
     def start(self) -> None:
