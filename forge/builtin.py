@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUILTIN_MODELS",
+    "IMPLS",
     "TINY_DIR",
     "TINY_MOE_DIR",
     "TINY_MOE_NAME",
@@ -34,6 +35,7 @@ __all__ = [
     "ModelNotFound",
     "ModelRef",
     "builtin_model",
+    "check_impl",
     "checkpoint_dtype",
     "is_builtin",
     "load_model",
@@ -138,6 +140,23 @@ def is_native(reference: str | Path | ModelRef) -> bool:
     return model_type(reference) in SUPPORTED_MODEL_TYPES
 
 
+IMPLS = ("auto", "native", "transformers")      # which implementation trains a model: see check_impl
+
+
+def check_impl(reference: str | Path | ModelRef, impl: str) -> None:
+    """ValueError unless ``impl`` can load the model: ``native`` is Forge's own (qwen3, qwen3_moe: the torch engine,
+    MTP, experts), ``transformers`` any family transformers implements, ``auto`` native where it exists."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, not {impl!r}")
+    if impl == "native" and not is_native(reference):
+        raise ValueError(f"Forge has no native implementation of {model_type(reference)!r} (it implements "
+                         f"{', '.join(SUPPORTED_MODEL_TYPES)}): use impl auto or transformers")
+    ref = resolve_model(reference)
+    if impl == "transformers" and ref.builtin and not ref.has_weights:
+        raise ValueError(f"the built-in {ref.builtin_name} model has no checkpoint in this installation for "
+                         "transformers to load: use impl auto or native")
+
+
 def trainable_model(reference: str) -> ModelRef:
     """``resolve_model``, and ModelNotFound unless the checkpoint has weights and Forge or transformers implements
     its family (a setting's check)."""
@@ -166,18 +185,20 @@ def checkpoint_dtype(reference: str | Path | ModelRef) -> str:
 
 
 def load_model(reference: str | Path | ModelRef, *, dtype: torch.dtype | str = "float32", device: str = "cpu",
-               seed: int = 0) -> tuple[CausalLM, ModelRef]:
+               seed: int = 0, impl: str = "auto") -> tuple[CausalLM, ModelRef]:
     """The model ``reference`` names with its weights, on ``device`` in ``dtype`` (a torch dtype, its name, or
     ``auto``: the checkpoint's own, see ``checkpoint_dtype``).
     The built-in model without shipped weights is a fresh init from ``seed`` (with a warning). A family Forge does
-    not implement loads through transformers (``forge.model.transformers_policy``). Raises ModelNotFound for a bad
-    reference, ValueError (CheckpointError, ModelConfigError) for a bad checkpoint."""
+    not implement loads through transformers (``forge.model.transformers_policy``), as any family does with
+    ``impl="transformers"`` (see ``check_impl``). Raises ModelNotFound for a bad reference, ValueError
+    (CheckpointError, ModelConfigError) for a bad checkpoint or an impl that cannot load it."""
     import torch
 
     from forge.model import CausalLM
     from forge.model.transformers_policy import TransformersCausalLM
 
     ref = resolve_model(reference)
+    check_impl(ref, impl)
     if dtype == "auto":
         dtype = checkpoint_dtype(reference)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -185,7 +206,7 @@ def load_model(reference: str | Path | ModelRef, *, dtype: torch.dtype | str = "
         log.warning("the built-in %s model has no trained weights in this installation: using a fresh init",
                     ref.builtin_name)
         return builtin_model(ref.builtin_name or "tiny", seed).to(device=device, dtype=torch_dtype), ref
-    if not is_native(ref):
+    if impl == "transformers" or not is_native(ref):
         return TransformersCausalLM.from_pretrained(ref.directory, dtype=torch_dtype, device=device), ref
     return CausalLM.from_pretrained(ref.directory, dtype=torch_dtype, device=device), ref
 

@@ -58,11 +58,11 @@ def _open_pool(config: LearnerConfig):
     return Pool(config.pool_path)
 
 
-def _initial_model(model: str, resume_dir: Path | None, seed: int):
+def _initial_model(model: str, resume_dir: Path | None, seed: int, impl: str):
     """(policy, directory its tokenizer comes from): the checkpoint resumed from, else the initial policy."""
     from forge.builtin import load_model
 
-    policy, ref = load_model(resume_dir if resume_dir is not None else model, seed=seed)
+    policy, ref = load_model(resume_dir if resume_dir is not None else model, seed=seed, impl=impl)
     return policy, ref.directory
 
 
@@ -161,7 +161,8 @@ def learner(config: LearnerConfig) -> None:
     torch.manual_seed(seed)
     checkpointer = Checkpointer(config.run_dir / "checkpoints", keep=config.keep_checkpoints)
     restored = checkpointer.latest() if config.resume else None
-    policy, source_dir = _initial_model(config.model, restored.model_dir if restored else None, seed)
+    policy, source_dir = _initial_model(config.model, restored.model_dir if restored else None, seed,
+                                        config.model_impl)
     checkpointer.tokenizer_dir = source_dir
     grammars = Grammars(source_dir, policy.config.vocab_size, tuple(policy.config.eos_token_ids))
     policy = shard_model(policy.to(distributed.device), distributed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forge.builtin import trainable_model
+from forge.builtin import IMPLS, check_impl, trainable_model
 from forge.learner.losses import LossConfig
 from forge.learner.rewards import RewardConfig
 from forge.learner.trainer import TrainerConfig
@@ -29,6 +29,10 @@ from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_END
 class LearnerConfig(Settings):
     model: str = setting("tiny", validate=trainable_model, help="Initial policy: a checkpoint directory (HF layout: any family Forge or transformers implements), 'tiny' or 'tiny-moe'. Ignored when "
                                       "resuming.")
+    model_impl: str = setting("auto", choices=IMPLS,
+                              help="What trains the model: Forge's own implementation (native: qwen3, qwen3_moe, "
+                                   "with MTP and experts), transformers' (any family), or auto: native where it "
+                                   "exists.")
     pool_path: Path | None = setting(None, flag="pool", path="dir",
                                      help="Local pool directory (LMDB), opened in this process; it must hold a pool "
                                           "unless --create-pool.")
@@ -78,6 +82,10 @@ class LearnerConfig(Settings):
         check_metrics_port(self.port, self.metrics_port)
         if (self.pool_path is None) == (self.pool_address is None):
             raise SettingsError("give exactly one of --pool and --pool-address")
+        try:
+            check_impl(self.model, self.model_impl)
+        except ValueError as exc:
+            raise SettingsError(f"--model-impl {self.model_impl}: {exc}") from None
         if self.nnodes > 1 and self.rdzv_endpoint is None:
             raise SettingsError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's rendezvous address)")
         if self.node_rank >= self.nnodes:

@@ -222,7 +222,8 @@ def test_forge_up_on_vllm_actors_trains(tmp_path, model):
     learner routes every token itself and says so. A family Forge does not implement (llama) is served on vLLM
     without asking (--backend auto), trained through transformers, and forge up says which backend it picked."""
     if model == "llama":
-        path = str(with_tiny_tokenizer(write_family(tmp_path / "llama", "llama", shape=SERVABLE, vocab_size=1024)[0]))
+        path = str(with_tiny_tokenizer(write_family(tmp_path / "llama", "llama", shape=SERVABLE, vocab_size=1024,
+                                                       max_position_embeddings=4096)[0]))
         config = UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path=path), minutes=20.0, steps=6,
                           eval_size=8, eval_samples=1)
     else:

@@ -341,3 +341,13 @@ def test_the_learner_probe_asks_rank_0_only(monkeypatch):
         server.stop(0)
     monkeypatch.setenv("FORGE_POD_NAME", "learner-0")
     assert probe.main(["--rank0-only", "--timeout", "0.5", "127.0.0.1:1"]) == 1
+
+
+def test_the_model_tables_impl_reaches_the_learner_not_the_servers(tmp_path):
+    result, out = deploy(tmp_path, "slurm", text=TEAM.replace('path = "tiny"', 'path = "tiny"\nimpl = "transformers"'))
+    assert result.exit_code == 0, result.output
+    starts = slurm_starts(next(out.glob("*.sbatch")).read_text())
+    with_impl = {name for name, words in starts if "--model-impl" in words}
+    assert {name.split("-")[0] for name in with_impl} == {"learner", "rollout"}, with_impl
+    learner = next(words for name, words in starts if name.startswith("learner"))
+    assert learner[learner.index("--model-impl") + 1] == "transformers"

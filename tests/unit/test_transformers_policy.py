@@ -183,3 +183,34 @@ def test_a_tree_step_on_cuda_equals_sample_by_sample(tmp_path, family):
     samples = agent_samples(rng)
     assert_same_step(policy.train(), samples, LossConfig(kind="cispo", eps_high=0.2), random_masks(rng, samples),
                      budget=40, impl="flex")
+
+
+def test_impl_transformers_trains_a_native_family_through_transformers_with_the_same_log_probs(tmp_path):
+    from forge.builtin import write_builtin_checkpoint
+    from forge.model import CausalLM
+
+    directory = write_builtin_checkpoint(tmp_path / "tiny", "tiny")
+    native, _ = load_model(directory, impl="native")
+    through_transformers, _ = load_model(directory, impl="transformers")
+    assert isinstance(native, CausalLM) and isinstance(through_transformers, TransformersCausalLM)
+    assert isinstance(load_model(directory)[0], CausalLM)           # auto: native where it exists
+    samples = samples_of(3)
+    for sample in samples:
+        sample.tokens[:] = [t * 7 for t in sample.tokens]          # any ids of the larger vocabulary
+    batch = make_micro_batch(samples)
+    torch.testing.assert_close(recompute_logprobs(through_transformers.eval(), batch),
+                               recompute_logprobs(native.eval(), batch), atol=1e-5, rtol=0)
+
+
+def test_impl_native_is_refused_for_a_family_forge_does_not_implement_before_loading(tmp_path):
+    from forge.app.rollout.config import ModelChoice
+    from forge.app.up.config import UpConfig
+    from forge.app.up.plan import Plan
+    from forge.learner.config import LearnerConfig
+    from forge.settings import SettingsError
+
+    directory, _reference = write_family(tmp_path / "llama", "llama")
+    with pytest.raises(SettingsError, match="--model-impl native: Forge has no native implementation of 'llama'"):
+        LearnerConfig(model=str(directory), pool_path=tmp_path, model_impl="native")
+    plan = Plan(UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path=str(directory), impl="transformers")))
+    assert plan.overrides["learner"].values["model_impl"] == "transformers"

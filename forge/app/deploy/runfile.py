@@ -71,6 +71,13 @@ class RunFile:
         return self._fields(ModelChoice, "model").get("model")
 
     @property
+    def model_impl(self) -> str | None:
+        """``[model] impl`` (None: not given)."""
+        from forge.app.rollout.config import ModelChoice
+
+        return self._fields(ModelChoice, "model").get("model_impl")
+
+    @property
     def backend(self) -> str:
         """The actors' backend, ``auto`` settled for the run's model."""
         from forge.actors.config import pick_backend

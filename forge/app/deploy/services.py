@@ -102,9 +102,10 @@ def _command(run: RunFile, kind: str, name: str, run_file: str, values: Mapping[
     """``values`` with ``--model`` from ``[model]`` where the service's own table does not name one (as forge up
     does)."""
     spec = service(kind)
-    model = run.model if "model" in {e.name for e in _entries(spec)} else None
-    if model is not None and "model" not in run.options(kind):
-        values = {**values, "model": model}
+    fields = {e.name for e in _entries(spec)}
+    for field, value in (("model", run.model), ("model_impl", run.model_impl)):
+        if value is not None and field in fields and field not in run.options(kind):
+            values = {**values, field: value}
     return Command(name, spec, run_file, values, tuple((keys if keys is not None else spec.keys).items()))
 
 

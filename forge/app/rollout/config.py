@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from forge.builtin import resolve_model
+from forge.builtin import IMPLS, resolve_model
 from forge.model.sampling import SamplingParams
 from forge.settings import Settings, SettingsError, log_level_setting, setting
 
@@ -16,6 +16,9 @@ class ModelChoice(Settings):
     """The run file's ``[model]`` table: the policy every service of the run serves or trains."""
 
     path: str = setting("tiny", flag="model", validate=resolve_model, help="'tiny', 'tiny-moe' or a checkpoint directory.")
+    impl: str = setting("auto", flag="model-impl", choices=IMPLS,
+                        help="What the learner trains it with: Forge's own implementation (native), transformers', "
+                             "or auto: native where Forge implements the family.")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -89,6 +89,8 @@ class Plan:
         names = {e.name for e in entries(settings_class)}
         if "model" in names:
             table["model"] = self.config.model.path
+        if "model_impl" in names:
+            table["model_impl"] = self.config.model.impl
         if "seed" in names:
             table["seed"] = self.config.seed
         return Overrides.of(settings_class, table, "forge up")
