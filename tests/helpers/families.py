@@ -51,14 +51,17 @@ def with_tiny_tokenizer(directory: Path) -> Path:
     return directory
 
 
-def fill_on_policy(pool, policy, groups: int, vocab: int, group_size: int = 2, seed: int = 7) -> None:
-    """Groups of one-call sessions with random prompts and completions that carry ``policy``'s own log-probs at
-    temperature 1 (what an actor serving it would have recorded), rewarded 0, 1, ... within each group."""
+def fill_on_policy(pool, policy, groups: int, vocab: int, group_size: int = 2, seed: int = 7,
+                   system_len: int = 0) -> None:
+    """Groups of one-call sessions with random prompts (after a shared system prompt of ``system_len`` tokens) and
+    completions that carry ``policy``'s own log-probs at temperature 1 (what an actor serving it would have
+    recorded), rewarded 0, 1, ... within each group."""
     rng = random.Random(seed)
+    system = [rng.randrange(3, vocab) for _ in range(system_len)]
     for group in range(groups):
         for member in range(group_size):
             session = pool.open_session(task_id=f"t{group}", group_id=f"g{group}", group_size=group_size).session_id
-            prompt = [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 9))]
+            prompt = system + [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 9))]
             completion = [rng.randrange(3, vocab) for _ in range(rng.randrange(2, 7))]
             sample = Sample(tokens=prompt + completion, prompt_len=len(prompt), old_logprobs=[0.0] * len(completion),
                             versions=[0] * len(completion), advantage=0.0, temperature=1.0, top_k=0, top_p=1.0,
