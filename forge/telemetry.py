@@ -6,6 +6,7 @@ figures only; nothing here raises because a machine lacks a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -70,6 +71,30 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process descended from it, from /proc (just ``root`` where there is none): a service's GPU
+    memory may be held by a process it started (an actor's engine process, vLLM's engine core)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return {root}
+    for pid in entries:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):       # gone meanwhile
+            continue
+        children.setdefault(parent, []).append(pid)
+    found, pending = {root}, [root]
+    while pending:
+        for child in children.get(pending.pop(), ()):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
+    return found
+
+
 class _Nvml:
     def __init__(self) -> None:
         self.reason = ""
@@ -92,7 +117,7 @@ class _Nvml:
         if nvml is None:
             return []
         out = []
-        pid = os.getpid()
+        own = process_tree(os.getpid())
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             stats = common_pb2.DeviceStats(index=index, name=_text(nvml.nvmlDeviceGetName(handle)))
@@ -101,12 +126,9 @@ class _Nvml:
                     reader(nvml, handle, stats)
                 except Exception:  # a figure the device does not support stays 0
                     continue
-            try:
-                for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    if proc.pid == pid and proc.usedGpuMemory:
-                        stats.process_memory_bytes = proc.usedGpuMemory
-            except Exception:
-                pass
+            with contextlib.suppress(Exception):        # a device that cannot list its processes
+                stats.process_memory_bytes = sum(proc.usedGpuMemory or 0 for proc in
+                                                 nvml.nvmlDeviceGetComputeRunningProcesses(handle) if proc.pid in own)
             out.append(stats)
         return out
 

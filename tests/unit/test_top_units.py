@@ -213,6 +213,36 @@ def test_gpu_processes_and_their_table(monkeypatch):
     assert telemetry.gpu_processes() == []
 
 
+def test_a_services_gpu_memory_includes_the_processes_it_started():
+    """An actor's GPU memory is its engine process's: the report counts the reporting process's descendants (a real
+    child and grandchild here) and no one else's."""
+    import subprocess
+    import sys
+
+    grandchild = "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.read()'], " \
+                 "stdin=subprocess.PIPE); print(p.pid, flush=True); sys.stdin.read(); p.stdin.close(); p.wait()"
+    child = subprocess.Popen([sys.executable, "-c", grandchild], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        engine = int(child.stdout.readline())
+        assert telemetry.process_tree(os.getpid()) >= {os.getpid(), child.pid, engine}
+        assert 1 not in telemetry.process_tree(os.getpid())
+
+        class Listing(_FakeNvml):
+            def nvmlDeviceGetName(self, handle: int) -> str:
+                return "NVIDIA H200"
+
+            def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list:
+                return [self.Proc(engine, 3 * 2**30), self.Proc(1, 2**30), self.Proc(child.pid, None)]
+
+        sampler = object.__new__(telemetry._Nvml)        # NVML's library is what is stood in for, not the sampler
+        sampler.module, sampler.reason = Listing(), ""
+        assert [d.process_memory_bytes for d in sampler.devices()] == [3 * 2**30, 3 * 2**30]
+    finally:
+        child.stdin.close()
+        child.wait(60)
+
+
 def test_history_series_and_rates():
     state = ServiceState(Target("l", "127.0.0.1:1", "learner"), history=deque(maxlen=4))
     for t, (step, loss, consumed) in enumerate([(0, 0.9, 0), (1, 0.5, 0), (1, 0.5, 2), (2, 0.4, 4), (3, 0.3, 10)]):
