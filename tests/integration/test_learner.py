@@ -17,7 +17,7 @@ from forge.learner.checkpoint import Checkpointer
 from forge.pool import Pool
 
 from conftest import HELPERS, script
-from helpers.families import SMALL, fill_on_policy, write_family
+from helpers.families import FAMILIES, SMALL, fill_on_policy, write_family
 from helpers.learner_runs import CONFIG, MOE_CONFIG, fill_from, lineage, make_model, write_model_and_pool
 from helpers.waiting import wait_for
 
@@ -36,10 +36,11 @@ def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path, config):
     assert_same_step(one, two, model.state_dict())
 
 
-def test_fsdp2_two_processes_equal_one_for_a_family_trained_through_transformers(tmp_path):
-    """A Gemma 2 (transformers' code with sliding windows and soft caps, sharded per decoder layer, trained in
-    packed trees that share a stem) steps alike on 1 and 2."""
-    model_dir, reference = write_family(tmp_path / "model", "gemma2", seed=5)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_fsdp2_two_processes_equal_one_for_a_family_trained_through_transformers(tmp_path, family):
+    """Each family (transformers' code, windows and soft caps included, sharded per decoder layer, trained in packed
+    trees that share a stem) steps alike on 1 and 2."""
+    model_dir, reference = write_family(tmp_path / "model", family, seed=5)
     with Pool(tmp_path / "pool") as pool:
         fill_on_policy(pool, load_model(model_dir)[0], groups=4, vocab=SMALL["vocab_size"], group_size=3,
                        system_len=12)

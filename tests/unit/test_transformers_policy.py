@@ -79,7 +79,7 @@ def test_the_learner_computes_transformers_log_probs_and_gradients(tmp_path, fam
         torch.testing.assert_close(parameter.grad, by_name[name].grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2"])      # an untied head, and a head tied to the embeddings
+@pytest.mark.parametrize("family", sorted(FAMILIES))        # untied heads, and heads tied to the embeddings
 def test_checkpoints_load_back_in_transformers(tmp_path, family):
     directory, _reference = write_family(tmp_path / family, family)
     policy, _ref = load_model(directory)
