@@ -70,10 +70,17 @@ class Completion:
 @dataclass(frozen=True)
 class Prompt:
     """What the model continues: the rendered chat, ending with ``opener``, the forced beginning of the answer
-    (a forced tool call's, or empty), which is parsed together with what is sampled after it."""
+    (a forced tool call's, or empty). ``lead`` is the opening tag of a reasoning block the rendered chat left open
+    for the answer to continue (templates that start the model's thinking, see ``forge.gateway.reasoning``), or
+    empty. Both are parsed together with what is sampled after them (``answer_start``)."""
 
     text: str
     opener: str = ""
+    lead: str = ""
+
+    @property
+    def answer_start(self) -> str:
+        return self.lead + self.opener
 
 
 @dataclass
@@ -150,7 +157,7 @@ class CallRunner:
         opener = tool_call_opener(render, call.messages, text, call.forced_function, call.tools) \
             if call.force_tool_call else ""
         self._constrain_tool_calls(call, render, text)
-        return Prompt(text + opener, opener)
+        return Prompt(text + opener, opener, self.parser.opened_reasoning(text))
 
     def _constrain_tool_calls(self, call: ChatCall, render: Callable[..., str], prompt: str) -> None:
         """Give the call the grammar its tools need (``forge.gateway.tool_grammar``): a forced call to a strict
@@ -226,14 +233,14 @@ class CallRunner:
                     if not stream:
                         continue
                     visible = assembler.visible()
-                    reasoning, content = self.parser.visible(prompt.opener + visible, call.parse_tools)
+                    reasoning, content = self.parser.visible(prompt.answer_start + visible, call.parse_tools)
                     delta = ChatDelta(_grow(shown.text, visible, "text"), _grow(shown.reasoning, reasoning, "reasoning"),
                                       _grow(shown.content, content, "content"), ids, list(chunk.logprobs),
                                       list(chunk.weight_versions), list(chunk.top_logprobs))
                     shown = ChatDelta(visible, reasoning, content)
                     yield delta
             text_out = assembler.final()
-            parsed = self.parser.parse(prompt.opener + text_out, call.parse_tools, call.tools)
+            parsed = self.parser.parse(prompt.answer_start + text_out, call.parse_tools, call.tools)
             if not call.parallel_tool_calls:
                 del parsed.tool_calls[1:]
             stopped = assembler.stop_hit is not None

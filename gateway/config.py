@@ -7,6 +7,7 @@ from pathlib import Path
 
 from forge.builtin import resolve_model
 from forge.gateway.parsers import TOOL_PARSERS
+from forge.gateway.reasoning import REASONING_PARSERS
 from forge.gateway.routing import DEFAULT_ROUTER, router_class
 from forge.rpc.client import check_address, check_addresses
 from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
@@ -90,8 +91,10 @@ class GatewayConfig(Settings):
     tool_parser: str = setting("auto", choices=("auto", *TOOL_PARSERS, "none"),
                                help="Tool-call syntax parsed out of completions: a model family's, or auto (read from "
                                     "the chat template, else config.json's model_type; hermes if neither says).")
-    reasoning_parser: str = setting("think", choices=("think", "none"),
-                                    help="Reasoning syntax parsed out of completions (<think>...</think>).")
+    reasoning_parser: str = setting("auto", choices=("auto", *REASONING_PARSERS, "none"),
+                                    help="Reasoning syntax parsed out of completions: think (<think>...</think>), "
+                                         "mistral ([THINK]...[/THINK]), or auto (the tags the chat template "
+                                         "writes; none if it writes neither).")
     fail_sessions_on_call_error: bool = setting(True, help="EndSession records a session as failed if one of its "
                                                            "calls failed mid-stream.")
     health_interval_s: float = setting(2.0, flag="health-interval", min=0.05,

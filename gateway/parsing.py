@@ -1,7 +1,8 @@
 """Completion text to an assistant message: reasoning (``<think>…</think>``), content and tool calls.
 
 Parsers sit behind two small interfaces so other syntaxes can be added: tool-call syntaxes, one per model family, in
-``forge.gateway.parsers`` (``TOOL_PARSERS``), reasoning syntaxes here (``REASONING_PARSERS``). Each has a final ``parse`` and a streaming ``visible`` that returns only what is certain to
+``forge.gateway.parsers`` (``TOOL_PARSERS``), reasoning syntaxes in ``forge.gateway.reasoning``
+(``REASONING_PARSERS``). Each has a final ``parse`` and a streaming ``visible`` that returns only what is certain to
 stay, so streamed deltas always add up to the final message. The parse keeps the model's own text wherever the
 chat template renders it back (tool-call arguments are the raw JSON the model wrote), so the message a client sends
 back renders to exactly the sampled text and its ids can be spliced (token-in-token-out).
@@ -10,7 +11,6 @@ back renders to exactly the sampled text and its ids can be spliced (token-in-to
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from forge.gateway.parsers import (
     TOOL_PARSERS,
@@ -22,9 +22,10 @@ from forge.gateway.parsers import (
     pick_tool_parser,
 )
 from forge.gateway.parsers.base import Tools
+from forge.gateway.reasoning import REASONING_PARSERS, TaggedReasoningParser, ThinkReasoningParser
 
 __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "CompletionParser", "HermesToolParser", "ParsedCompletion",
-           "ReasoningParser", "ThinkReasoningParser", "ToolCall", "ToolCallParser", "held_prefix", "new_call_id",
+           "TaggedReasoningParser", "ThinkReasoningParser", "ToolCall", "ToolCallParser", "held_prefix", "new_call_id",
            "pick_tool_parser"]
 
 
@@ -35,58 +36,18 @@ class ParsedCompletion:
     tool_calls: list[ToolCall] = field(default_factory=list)
 
 
-class ReasoningParser(Protocol):
-    name: str
-
-    def parse(self, text: str) -> tuple[str | None, str]:
-        """(reasoning or None, the rest) of a complete text."""
-
-    def visible(self, text: str) -> tuple[str, str]:
-        """(reasoning, rest) certain so far."""
-
-
-class ThinkReasoningParser:
-    """``<think>reasoning</think>\\ncontent`` at the start of the completion (one newline after the tag is the
-    template's separator)."""
-
-    name = "think"
-    open_tag, close_tag = "<think>", "</think>"
-
-    def parse(self, text: str) -> tuple[str | None, str]:
-        if not text.startswith(self.open_tag):
-            return None, text
-        inner = text[len(self.open_tag):]
-        end = inner.find(self.close_tag)
-        if end < 0:
-            return inner, ""
-        rest = inner[end + len(self.close_tag):]
-        return inner[:end], rest[1:] if rest.startswith("\n") else rest
-
-    def visible(self, text: str) -> tuple[str, str]:
-        if len(text) < len(self.open_tag) and self.open_tag.startswith(text):
-            return "", ""
-        if not text.startswith(self.open_tag):
-            return "", text
-        inner = text[len(self.open_tag):]
-        end = inner.find(self.close_tag)
-        if end < 0:
-            return inner[:len(inner) - held_prefix(inner, self.close_tag)], ""
-        rest = inner[end + len(self.close_tag):]
-        if not rest:
-            return inner[:end], ""
-        return inner[:end], rest[1:] if rest.startswith("\n") else rest
-
-
-REASONING_PARSERS: dict[str, type] = {"think": ThinkReasoningParser}
-
-
 class CompletionParser:
     """Reasoning first, then tool calls in the rest; either may be absent ('none')."""
 
     def __init__(self, tool_parser: str = "hermes", reasoning_parser: str = "think") -> None:
         self.tools: ToolCallParser | None = None if tool_parser == "none" else TOOL_PARSERS[tool_parser]()
-        self.reasoning: ReasoningParser | None = (None if reasoning_parser == "none"
-                                                  else REASONING_PARSERS[reasoning_parser]())
+        self.reasoning: TaggedReasoningParser | None = (None if reasoning_parser == "none"
+                                                        else REASONING_PARSERS[reasoning_parser]())
+
+    def opened_reasoning(self, prompt: str) -> str:
+        """The opening tag of a reasoning block ``prompt`` leaves open for the completion ('' if none): parse it
+        together with the completion."""
+        return self.reasoning.opened_by(prompt) if self.reasoning else ""
 
     def parse(self, text: str, parse_tools: bool, tools: Tools | None = None) -> ParsedCompletion:
         """``tools`` (the request's) type the arguments of syntaxes that write them as bare text."""

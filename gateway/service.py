@@ -27,6 +27,7 @@ from forge.gateway.metrics import Metrics
 from forge.gateway.modelinfo import ModelInfo
 from forge.gateway.off_loop import OffLoop
 from forge.gateway.parsing import CompletionParser, pick_tool_parser
+from forge.gateway.reasoning import pick_reasoning_parser
 from forge.gateway.sessions import SessionRegistry
 from forge.telemetry import stats_report
 from forge.v1 import actor_pb2, common_pb2, pool_pb2
@@ -74,7 +75,7 @@ class Gateway:
         self.sessions = SessionRegistry(self.pool, self.keys, self.metrics, config.tito_max_calls,
                                         config.fail_sessions_on_call_error)
         self.sessions.on_forget.append(self.actors.router.forget)
-        self.parser = CompletionParser(self._tool_parser(), config.reasoning_parser)
+        self.parser = CompletionParser(self._tool_parser(), self._reasoning_parser())
         self.work = OffLoop()
         self.runner = CallRunner(model, self.actors, self.sessions, self.parser, self.metrics, self.work)
         self.http_url = ""          # set once the HTTP server is bound, e.g. http://127.0.0.1:8000
@@ -109,6 +110,14 @@ class Gateway:
             return self.config.tool_parser
         name, why = pick_tool_parser(self.model.tokenizer.chat_template, self.model.model_type)
         log.info("tool-call parser: %s (%s)", name, why)
+        return name
+
+    def _reasoning_parser(self) -> str:
+        """The configured reasoning parser, or with ``auto`` the one the model's chat template calls for."""
+        if self.config.reasoning_parser != "auto":
+            return self.config.reasoning_parser
+        name, why = pick_reasoning_parser(self.model.tokenizer.chat_template)
+        log.info("reasoning parser: %s (%s)", name, why)
         return name
 
     def base_url(self, session_id: str | None = None) -> str:

@@ -82,6 +82,7 @@ def _template(ref: ModelRef) -> tuple[str | None, str, str]:
     """(why the chat template cannot serve tool calls, or None; the tool parser and why; the reasoning parser)."""
     from forge.builtin import load_tokenizer
     from forge.gateway.parsers import pick_tool_parser
+    from forge.gateway.reasoning import pick_reasoning_parser
 
     try:
         tokenizer = load_tokenizer(ref)
@@ -89,9 +90,8 @@ def _template(ref: ModelRef) -> tuple[str | None, str, str]:
     except ValueError as exc:           # no tokenizer.json, no template, or one that does not render tools
         return str(exc), "none", "none"
     parser, why = pick_tool_parser(tokenizer.chat_template, model_type(ref))
-    template = tokenizer.template_for(PROBE_TOOLS)
-    reasoning = "think" if "<think>" in template else "none"
-    return None, f"{parser} ({why})", reasoning
+    reasoning, reasoning_why = pick_reasoning_parser(tokenizer.chat_template)
+    return None, f"{parser} ({why})", f"{reasoning} ({reasoning_why})"
 
 
 def _backends(ref: ModelRef) -> list[str]:

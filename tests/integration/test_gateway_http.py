@@ -286,6 +286,44 @@ SCRIPTED = ('<think>Bo is in the table.</think>\nLet me look.'
             '<tool_call>{"name": "lookup", "arguments": {"key": "Bo"}}</tool_call>')
 
 
+# A thinking model's template (Qwen3's 2507 thinking models, DeepSeek-R1-0528): the generation prompt opens the
+# reasoning block, unless thinking is switched off (then it opens and closes an empty one).
+OPENS_THINKING = "{%- if add_generation_prompt -%}{%- if enable_thinking is defined and not enable_thinking -%}" \
+                 "<think>\n\n</think>\n\n{%- else -%}<think>\n{%- endif -%}{%- endif -%}"
+
+
+def test_reasoning_a_template_opened_is_split_off_when_the_model_only_closes_it(tmp_path):
+    """The completion carries only the closing tag; the gateway reads the open block off its rendered prompt, so
+    the client gets the reasoning apart from the answer, streaming or not (and all of it as the answer when the
+    template closed the block itself)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_bytes((TINY_DIR / name).read_bytes())
+    (model / "chat_template.jinja").write_text((TINY_DIR / "chat_template.jinja").read_text() + OPENS_THINKING)
+    server, _servicer = serve_fake_actor("script", sampled_ids(TOK, "Bo is in the table.</think>\nLet me look."))
+    gateway = start_gateway(tmp_path, [server.address], tmp_path / "pool", "--model", str(model))
+    try:
+        assert "reasoning parser: think (the chat template writes <think>)" in gateway.log()
+        client = openai.OpenAI(base_url=f"{gateway.http}/v1", api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "Where is Bo?"}]
+        message = client.chat.completions.create(model="forge-tiny", messages=messages).choices[0].message
+        assert (message.model_extra["reasoning_content"], message.content) == ("Bo is in the table.", "Let me look.")
+        reasoning = content = ""
+        for chunk in client.chat.completions.create(model="forge-tiny", messages=messages, stream=True):
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        assert (reasoning, content) == ("Bo is in the table.", "Let me look.")
+        plain = client.chat.completions.create(model="forge-tiny", messages=messages, extra_body={
+            "chat_template_kwargs": {"enable_thinking": False}}).choices[0].message
+        assert plain.content == "Bo is in the table.</think>\nLet me look."
+        assert not plain.model_extra.get("reasoning_content")
+    finally:
+        gateway.stop()
+        server.stop(0)
+
+
 def test_tool_calls_and_reasoning_reach_the_openai_client_and_splice_back(tmp_path):
     """A scripted actor samples a tool call with reasoning (split into non-canonical tokens, as a sampler may):
     the client gets them parsed, streaming or not, and the assistant message it sends back splices exactly."""

@@ -539,3 +539,48 @@ def test_proto_sampling_edits_and_grammars_are_checked_as_over_http():
                                                             sampling=good), 1024).sampling.HasField("grammar")
     lark = common_pb2.SamplingParams(grammar=common_pb2.Grammar(lark='start: "yes" | "no"'))
     assert chat_call_from_proto(gateway_pb2.ChatRequest(messages=messages, sampling=lark), 1024).sampling.grammar.lark
+
+
+@pytest.mark.parametrize("name", ["think", "mistral"])
+@pytest.mark.parametrize("opened_by_prompt", [False, True])
+def test_reasoning_parsers_stream_what_they_parse_at_every_split(name, opened_by_prompt):
+    from forge.gateway.reasoning import REASONING_PARSERS
+
+    parser = REASONING_PARSERS[name]()
+    lead = parser.open_tag if opened_by_prompt else ""
+    for body in ("plan it</C>\nThe answer.", "plan</C>", "unfinished pla", "</C>\nonly an answer"):
+        text = (("" if opened_by_prompt else parser.open_tag) + body).replace("</C>", parser.close_tag)
+        final = parser.parse(lead + text)
+        for cut in range(len(text) + 1):
+            reasoning, rest = parser.visible(lead + text[:cut])
+            assert (final[0] or "").startswith(reasoning) and final[1].startswith(rest), (cut, reasoning, rest)
+        assert parser.visible(lead + text) == (final[0] or "", final[1])
+    assert parser.parse(parser.open_tag + "a" + parser.close_tag + "\nb") == ("a", "b")
+    assert parser.parse("just an answer") == (None, "just an answer")
+
+
+def test_a_prompt_that_leaves_its_reasoning_block_open_is_told_apart():
+    from forge.gateway.reasoning import MistralReasoningParser
+
+    think = ThinkReasoningParser()
+    assert think.opened_by("<|im_start|>assistant\n<think>\n") == "<think>"
+    assert think.opened_by("<|im_start|>assistant\n<think>") == "<think>"
+    assert think.opened_by("<|im_start|>assistant\n<think>\n\n</think>\n\n") == ""       # thinking switched off
+    assert think.opened_by("<think>old</think>\nanswer<|im_end|>\n<|im_start|>assistant\n") == ""
+    assert MistralReasoningParser().opened_by("[INST]hi[/INST][THINK]") == "[THINK]"
+    parser = CompletionParser("hermes", "think")
+    assert parser.parse("<think>" + "why</think>\nok", parse_tools=True).reasoning == "why"
+    assert CompletionParser("hermes", "none").opened_reasoning("<think>\n") == ""
+
+
+@pytest.mark.parametrize(("template", "name"), [
+    ("{{ '<think>' + reasoning + '</think>' }}", "think"),
+    ("{{ '[THINK]' + reasoning + '[/THINK]' }} (not <think>)", "mistral"),
+    ("{{ messages[0].content }}", "none"),
+])
+def test_auto_reads_the_reasoning_tags_the_template_writes(template, name):
+    from forge.gateway.reasoning import pick_reasoning_parser
+
+    assert pick_reasoning_parser(template)[0] == name
+    assert pick_reasoning_parser({"default": "plain", "tool_use": template})[0] == name
+    assert pick_reasoning_parser(TOK.chat_template)[0] == "think"         # the built-in model's (Qwen3's)
