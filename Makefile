@@ -29,6 +29,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(EDITABLE) $(BIN)/python -m pip install -q -e ".[dev]"
+	tools/install_bwrap.sh $(BIN)
 	touch $@
 
 ## The main job on the embedded default (whole system on CPU, built-in tiny model).

@@ -12,6 +12,7 @@ from forge.app.deploy.cli import deploy
 from forge.app.keys import keys_group
 from forge.app.model_commands import model_group
 from forge.app.rollout.cli import rollout
+from forge.app.sandbox_cli import sandbox_group
 from forge.app.top.cli import plot, top
 from forge.app.up.cli import up
 from forge.cache.cli import cache
@@ -35,7 +36,7 @@ def forge() -> None:
 
 
 for command in (up, rollout, learner, actor, gateway, cache, top, plot, model_group, pool_group, config_group,
-                keys_group, deploy):
+                keys_group, deploy, sandbox_group):
     forge.add_command(command)
 
 

@@ -1,0 +1,157 @@
+"""One session's sandbox: a private writable tree (its workspace, seeded from a task's files) in which commands run
+isolated (``forge.sandbox.bwrap``) and limited: CPU seconds, address space, file size and processes per sandbox,
+and a wall-clock timeout after which the command and everything it started are killed.
+
+Limits are resource limits set before bwrap starts (by util-linux's ``prlimit``, which then runs it) and inherited
+by everything under it. The process limit counts per user: run as root, each sandbox's commands run as a user of
+their own (``uid``, from the pool), so one sandbox's fork bomb meets its own limit and nobody else's; run as another
+user, the limit is that user's current process count plus ``max_processes``, which concurrent sandboxes share.
+
+A sandbox is also a directory a black-box agent can be handed (``FORGE_SANDBOX``): ``sandbox.json`` there holds
+what ``Sandbox.attach`` needs to run further commands in it (``forge sandbox exec DIR -- COMMAND``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from forge.sandbox.bwrap import WORKSPACE, bwrap_argv, find_bwrap
+from forge.sandbox.config import SandboxConfig
+
+DESCRIPTION = "sandbox.json"
+PATH = "/usr/local/bin:/usr/bin:/bin"
+BWRAP_PROCESSES = 2         # bwrap itself and the namespace's init
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    returncode: int             # the command's status (128 + N: killed by signal N, as a shell says); negative: the
+                                # sandbox was killed (its timeout)
+    stdout: str
+    stderr: str
+    timed_out: bool
+    seconds: float
+    truncated: bool = False     # an output stream was longer than the sandbox keeps
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+class SandboxError(RuntimeError):
+    """A sandbox cannot be made or used (bwrap missing, a bad directory)."""
+
+
+def _user_processes(uid: int) -> int:
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                count += os.stat(f"/proc/{name}").st_uid == uid
+            except OSError:
+                continue
+    return count
+
+
+class Sandbox:
+    """Commands run in ``directory/workspace`` (``/workspace`` inside). ``uid``: the user they run as (root only;
+    None: this process's). Use ``Sandbox.create`` for a new one, ``Sandbox.attach`` for one made elsewhere."""
+
+    def __init__(self, directory: Path, config: SandboxConfig, uid: int | None = None) -> None:
+        self.directory = Path(directory)
+        self.config = config
+        self.uid = uid
+        self.bwrap = find_bwrap()
+        self.prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
+
+    @property
+    def workspace(self) -> Path:
+        return self.directory / "workspace"
+
+    @classmethod
+    def create(cls, directory: Path, config: SandboxConfig, uid: int | None = None,
+               seed: Path | None = None) -> Sandbox:
+        """A sandbox in ``directory`` (made, or emptied), its workspace a copy of ``seed`` when given."""
+        sandbox = cls(directory, config, uid)
+        sandbox.reset(seed)
+        return sandbox
+
+    @classmethod
+    def attach(cls, directory: str | Path) -> Sandbox:
+        """The sandbox whose directory ``directory`` is (see ``describe``)."""
+        directory = Path(directory)
+        try:
+            data = json.loads((directory / DESCRIPTION).read_text())
+            config = SandboxConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["config"].items()})
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SandboxError(f"{directory} is not a sandbox: {exc}") from None
+        return cls(directory, config, data.get("uid"))
+
+    def reset(self, seed: Path | None = None) -> None:
+        """An empty workspace (a copy of ``seed``), owned by the sandbox's user, and its description written."""
+        shutil.rmtree(self.workspace, ignore_errors=True)
+        if seed is not None:
+            shutil.copytree(seed, self.workspace, symlinks=True)
+        else:
+            self.workspace.mkdir(parents=True)
+        if self.uid is not None:
+            for root, dirs, files in os.walk(self.workspace):
+                for name in (root, *(os.path.join(root, n) for n in (*dirs, *files))):
+                    os.lchown(name, self.uid, self.uid)
+        (self.directory / DESCRIPTION).write_text(json.dumps(
+            {"uid": self.uid, "config": {k: list(v) if isinstance(v, tuple) else v
+                                         for k, v in asdict(self.config).items()}}))
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def limits(self) -> list[str]:
+        """``prlimit`` and its limits, to run before bwrap (as the sandbox's user)."""
+        config = self.config
+        processes = config.max_processes + BWRAP_PROCESSES
+        if self.uid is None:
+            processes += _user_processes(os.getuid())
+        limits = {"cpu": config.cpu_seconds, "as": config.memory_bytes, "fsize": config.max_file_bytes,
+                  "nproc": processes, "core": 0}
+        return [self.prlimit, *(f"--{name}={value}:{value}" for name, value in limits.items()), "--"]
+
+    def argv(self, command: Sequence[str] | str, env: Mapping[str, str] | None = None,
+             cwd: str = WORKSPACE) -> list[str]:
+        """The full command line (a string runs under ``sh -c``)."""
+        words = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        environment = {"PATH": PATH, "HOME": WORKSPACE, "TMPDIR": "/tmp", "LANG": "C.UTF-8", **(env or {})}
+        return [*self.limits(), *bwrap_argv(self.bwrap, self.workspace, self.config.read_only, environment, cwd,
+                                            self.uid), *words]
+
+    def run(self, command: Sequence[str] | str, *, stdin: str | bytes | None = None,
+            env: Mapping[str, str] | None = None, cwd: str = WORKSPACE, timeout_s: float | None = None) -> ExecResult:
+        """Run ``command`` to its end (or its timeout) and return its status and output."""
+        if not self.workspace.is_dir():
+            raise SandboxError(f"{self.directory} has no workspace (closed?)")
+        timeout = self.config.timeout_s if timeout_s is None else min(timeout_s, self.config.timeout_s)
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        started = time.monotonic()
+        process = subprocess.Popen(self.argv(command, env, cwd), stdin=subprocess.PIPE if data is not None
+                                   else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   start_new_session=True)
+        timed_out = False
+        try:
+            out, err = process.communicate(data, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(process.pid, signal.SIGKILL)          # bwrap's death takes the namespace's init, and all in it
+            out, err = process.communicate()
+        keep = self.config.max_output_bytes
+        return ExecResult(process.returncode, out[:keep].decode(errors="replace"), err[:keep].decode(errors="replace"),
+                          timed_out, time.monotonic() - started, len(out) > keep or len(err) > keep)
+
+
+__all__ = ["DESCRIPTION", "ExecResult", "Sandbox", "SandboxError"]
