@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -27,7 +28,7 @@ from forge.sandbox.bwrap import WORKSPACE, bwrap_argv, find_bwrap
 from forge.sandbox.config import SandboxConfig
 
 DESCRIPTION = "sandbox.json"
-PATH = "/usr/local/bin:/usr/bin:/bin"
+PATH = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"      # `python`: the Python Forge runs in
 BWRAP_PROCESSES = 2         # bwrap itself and the namespace's init
 
 

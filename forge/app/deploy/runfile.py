@@ -17,7 +17,7 @@ from forge.settings import SettingsError, build
 
 # The run file's tables: the service that reads each, and the top-level tables forge rollout reads as its groups.
 SERVICE_TABLES = tuple(SERVICES)
-SHARED_TABLES = ("model", "tasks", "agent")
+SHARED_TABLES = ("model", "tasks", "agent", "sandbox")
 
 
 class RunFileError(click.UsageError):

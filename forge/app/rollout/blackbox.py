@@ -3,7 +3,9 @@
 The program is any executable that reads the OpenAI or the Anthropic client's variables: it gets
 ``OPENAI_BASE_URL`` (the session's base URL) and ``OPENAI_API_KEY`` (the session's key), ``ANTHROPIC_BASE_URL`` (the
 session's root, where the Messages API is) and ``ANTHROPIC_API_KEY`` (the same key), plus ``FORGE_SESSION_ID`` and
-``FORGE_TASK_FILE`` (a JSON file with the task), and the task's first user message on standard input. Its standard
+``FORGE_TASK_FILE`` (a JSON file with the task), ``FORGE_SANDBOX`` (its session's sandbox, when the run gives
+sessions one: ``forge sandbox exec -- COMMAND`` runs a command there), and the task's first user message on
+standard input. Its standard
 output is its reply; it must exit 0. Every variable of the parent that starts with ``FORGE_``, ``OPENAI_`` or
 ``ANTHROPIC_`` is withheld, since those may hold the deployment's secrets. The program runs in a process group of its own, so that on a timeout, a cancellation or its
 exit nothing it started is left running. POSIX only (process groups). See docs/agents.md.
@@ -115,17 +117,20 @@ class BlackBoxRunner:
         self.command = command
         self._slots = asyncio.Semaphore(command.concurrency)
 
-    async def run(self, task: dict[str, Any], *, base_url: str, api_key: str, session_id: str) -> AgentRun:
+    async def run(self, task: dict[str, Any], *, base_url: str, api_key: str, session_id: str,
+                  sandbox: Path | None = None) -> AgentRun:
         """Run the program for one session; raise AgentFailed if it fails. The task dict is handed to the program
         as it is (leave out what it must not see, such as the verified answer)."""
         async with self._slots:
             try:
-                return await self._run(task, base_url=base_url, api_key=api_key, session_id=session_id)
+                return await self._run(task, base_url=base_url, api_key=api_key, session_id=session_id,
+                                       sandbox=sandbox)
             except AgentFailed as failed:
                 log.warning("black-box agent failed in session %s: %s", session_id, failed.reason)
                 raise
 
-    async def _run(self, task: dict[str, Any], *, base_url: str, api_key: str, session_id: str) -> AgentRun:
+    async def _run(self, task: dict[str, Any], *, base_url: str, api_key: str, session_id: str,
+                   sandbox: Path | None) -> AgentRun:
         command = self.command
         folder = tempfile.mkdtemp(prefix="forge-agent-")      # mode 0700
         try:
@@ -134,7 +139,7 @@ class BlackBoxRunner:
             env = {name: value for name, value in os.environ.items() if not name.startswith(WITHHELD_PREFIXES)}
             env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key, ANTHROPIC_BASE_URL=base_url.removesuffix("/v1"),
                        ANTHROPIC_API_KEY=api_key, FORGE_SESSION_ID=session_id, FORGE_TASK_FILE=str(task_file),
-                       PATH=agent_path())
+                       PATH=agent_path(), **({"FORGE_SANDBOX": str(sandbox)} if sandbox is not None else {}))
             loop = asyncio.get_running_loop()
             output = _Output(STDOUT_LIMIT_BYTES, command.stderr_tail_bytes)
             started = time.monotonic()

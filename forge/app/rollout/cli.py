@@ -19,7 +19,7 @@ from forge.cli.options import RUN_FILE, settings_command
 log = logging.getLogger("forge.app.rollout")
 
 
-@settings_command("rollout", RolloutConfig, shared_tables=("model", "tasks", "agent"))
+@settings_command("rollout", RolloutConfig, shared_tables=("model", "tasks", "agent", "sandbox"))
 def rollout(config: RolloutConfig) -> None:
     """Roll out the team's tasks ([tasks], [agent] of the run file) through the gateway at --gateway: G sessions
     per task, each played by the agent and closed with the verifier's rewards, recorded in the gateway's pool for
@@ -28,7 +28,7 @@ def rollout(config: RolloutConfig) -> None:
     run_file = click.get_current_context().meta.get(RUN_FILE)
     try:
         team = Team.load(config.tasks, config.agent, Path(run_file).resolve().parent if run_file else Path.cwd(),
-                         config.seed)
+                         config.seed, config.sandbox)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     stats = asyncio.run(_roll_out(config, team))

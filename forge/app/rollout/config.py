@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from forge.builtin import IMPLS, resolve_model
 from forge.model.sampling import SamplingParams
+from forge.sandbox.config import SandboxConfig
 from forge.settings import Settings, SettingsError, log_level_setting, setting
 
 
@@ -107,6 +108,7 @@ class RolloutConfig(Settings):
     model: ModelChoice = field(default_factory=ModelChoice)
     tasks: TasksConfig = field(default_factory=TasksConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def check(self) -> None:
         if not self.gateway:

@@ -11,6 +11,7 @@ from typing import Any
 
 from forge.app.rollout.config import AgentConfig, TasksConfig
 from forge.model.sampling import SamplingParams
+from forge.sandbox.config import SandboxConfig
 
 
 @dataclass
@@ -21,10 +22,14 @@ class Team:
     verifier: Any                        # forge.app.rollout.verifier.Verifier
     runner: Any = None                   # forge.app.rollout.blackbox.BlackBoxRunner, for a program
     agent_class: Any = None              # a forge.agents.Agent subclass, for a white-box agent
+    sandbox: SandboxConfig | None = None     # each session's program gets a sandbox (enabled)
+    base_dir: Path = Path(".")               # where the run file is: tasks' workspace folders are relative to it
 
     @classmethod
-    def load(cls, tasks: TasksConfig, agent: AgentConfig, base_dir: Path, seed: int = 0) -> Team:
-        """Raises ValueError (TaskError, PluginError, AgentCommandError) with the reason."""
+    def load(cls, tasks: TasksConfig, agent: AgentConfig, base_dir: Path, seed: int = 0,
+             sandbox: SandboxConfig | None = None) -> Team:
+        """Raises ValueError (TaskError, PluginError, AgentCommandError, a sandbox without bwrap) with the
+        reason."""
         from forge.app.rollout.blackbox import AgentCommand, BlackBoxRunner
         from forge.app.rollout.verifier import load_verifier
         from forge.tasks.source import load_task_set
@@ -39,7 +44,11 @@ class Team:
             agent_class = load_agent_class(agent.python, base_dir)
         verifier = load_verifier(tasks.verifier, base_dir, workers=tasks.verifier_workers,
                                  timeout_s=tasks.verifier_timeout_s)
-        return cls(task_set, verifier, runner, agent_class)
+        if sandbox is not None and sandbox.enabled:
+            check_sandboxed(task_set, agent, base_dir)
+        else:
+            sandbox = None
+        return cls(task_set, verifier, runner, agent_class, sandbox, base_dir)
 
     def workload(self, sampling: SamplingParams, seed: int = 0, tokenizer: Any = None):
         """The workload that plays the team's training tasks; ``tokenizer`` (the model's) decodes the calls of the
@@ -47,7 +56,26 @@ class Team:
         from forge.app.rollout.workload import TeamWorkload
 
         return TeamWorkload(self.tasks.train, self.verifier, runner=self.runner, agent_class=self.agent_class,
-                            sampling=sampling, seed=seed, tokenizer=tokenizer)
+                            sampling=sampling, seed=seed, tokenizer=tokenizer, sandbox=self.sandbox,
+                            base_dir=self.base_dir)
+
+
+def check_sandboxed(task_set: Any, agent: AgentConfig, base_dir: Path) -> None:
+    """ValueError unless sandboxes can serve the team: bwrap is there, the agent is a program (it runs commands
+    through FORGE_SANDBOX), and every task's ``workspace`` folder exists."""
+    from forge.sandbox import find_bwrap
+
+    try:
+        find_bwrap()
+    except RuntimeError as exc:
+        raise ValueError(f"[sandbox] enabled: {exc}") from None
+    if not agent.command:
+        raise ValueError("[sandbox] enabled needs an agent program ([agent] command): it runs its commands through "
+                         "FORGE_SANDBOX")
+    for task in (*task_set.train, *task_set.eval):
+        folder = task.get("workspace")
+        if folder is not None and not (isinstance(folder, str) and (base_dir / folder).is_dir()):
+            raise ValueError(f"task {task['id']!r}: workspace {folder!r} is not a folder (relative to {base_dir})")
 
 
 def load_agent_class(spec: str, base_dir: Path) -> type:

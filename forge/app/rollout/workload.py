@@ -9,9 +9,12 @@ from __future__ import annotations
 import abc
 import json
 import logging
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,6 +25,7 @@ from forge.app.rollout.blackbox import AgentFailed, BlackBoxRunner
 from forge.app.rollout.llm import GatewayChat
 from forge.app.rollout.verifier import VerificationFailed, Verifier
 from forge.model.sampling import SamplingParams
+from forge.sandbox import SandboxConfig, SandboxPool
 from forge.tasks import DOMAINS, Task, task_stream
 from forge.tasks.source import task_cycle
 from forge.v1 import gateway_pb2
@@ -160,7 +164,10 @@ class TeamWorkload(Workload):
 
     def __init__(self, tasks: tuple[dict, ...], verifier: Verifier, *, runner: BlackBoxRunner | None = None,
                  agent_class: type | None = None, sampling: SamplingParams | None = None, seed: int = 0,
-                 tokenizer: Any = None, http_timeout_s: float = 30.0) -> None:
+                 tokenizer: Any = None, http_timeout_s: float = 30.0, sandbox: SandboxConfig | None = None,
+                 base_dir: Path = Path(".")) -> None:
+        """With ``sandbox``, each session's program gets a sandbox seeded from its task's ``workspace`` folder
+        (relative to ``base_dir``), held until the verifier has scored it."""
         if (runner is None) == (agent_class is None):
             raise ValueError("a team workload has one agent: a program (runner) or an Agent class")
         self.domains = tuple(sorted({t["domain"] for t in tasks}))
@@ -172,6 +179,9 @@ class TeamWorkload(Workload):
         self.http_timeout_s = http_timeout_s
         self._tasks = task_cycle(tasks, seed)
         self._http: aiohttp.ClientSession | None = None
+        self.base_dir = base_dir
+        self._scratch = tempfile.mkdtemp(prefix="forge-sandboxes-") if sandbox is not None else None
+        self.sandboxes = SandboxPool(Path(self._scratch), sandbox) if self._scratch and sandbox else None
 
     def next_plan(self) -> Plan:
         return self.plan_for(next(self._tasks))
@@ -180,14 +190,23 @@ class TeamWorkload(Workload):
         return Plan(task["id"], task["domain"], task, blackbox=self.runner is not None)
 
     async def play(self, stub: Any, plan: Plan, session: Session) -> Outcome:
+        if self.sandboxes is None:
+            return await self._play(stub, plan, session)
+        seed = plan.task.get("workspace")
+        async with self.sandboxes.async_session(self.base_dir / seed if seed else None) as sandbox:
+            return await self._play(stub, plan, session, sandbox.directory)
+
+    async def _play(self, stub: Any, plan: Plan, session: Session, sandbox: Path | None = None) -> Outcome:
         started = time.perf_counter()
-        played = await (self._program(plan, session) if self.runner is not None else
+        played = await (self._program(plan, session, sandbox) if self.runner is not None else
                         self._whitebox(stub, plan, session))
         if isinstance(played, Outcome):
             return played
         reply, extra, process_rewards, metrics = played
         recorded = await self._recorded(session) if session.base_url else {"session": {}, "calls": []}
         recorded.update(extra)
+        if sandbox is not None:
+            recorded["sandbox"] = str(sandbox)
         try:
             rewards = await self.verifier.score(plan.task, reply, recorded)
         except VerificationFailed as exc:
@@ -195,10 +214,10 @@ class TeamWorkload(Workload):
         metrics["completion_time_s"] = time.perf_counter() - started
         return Outcome(plan.domain, rewards, process_rewards, metrics, "", plan.blackbox, reply)
 
-    async def _program(self, plan: Plan, session: Session) -> Outcome | tuple:
+    async def _program(self, plan: Plan, session: Session, sandbox: Path | None) -> Outcome | tuple:
         try:
             run = await self.runner.run(plan.task, base_url=session.base_url, api_key=session.api_key,
-                                        session_id=session.session_id)
+                                        session_id=session.session_id, sandbox=sandbox)
         except AgentFailed as exc:
             return Outcome(plan.domain, metrics={"agent_s": exc.seconds}, failed=exc.reason, blackbox=True)
         agent = {"agent": {"exit_code": run.exit_code, "seconds": run.seconds, "stderr_tail": run.stderr_tail}}
@@ -245,6 +264,8 @@ class TeamWorkload(Workload):
         self.verifier.close()
         if self._http is not None:
             await self._http.close()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 def start_request(plan: Plan, group_id: str, group_size: int) -> gateway_pb2.StartSessionRequest:

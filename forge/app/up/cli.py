@@ -53,7 +53,7 @@ class UpCommand(SettingsCommand):
     """``forge up``, which also reads the services' settings, and takes its renamed options with a warning."""
 
     def __init__(self) -> None:
-        super().__init__("up", UpConfig, "up", start, shared_tables=("model", "tasks", "agent"), help=start.__doc__,
+        super().__init__("up", UpConfig, "up", start, shared_tables=("model", "tasks", "agent", "sandbox"), help=start.__doc__,
                          context_settings=CONTEXT_SETTINGS)
         for old in RENAMED:
             self.params.append(click.Option([f"--{old.replace('_', '-')}", old], hidden=True, default=None,
@@ -105,7 +105,7 @@ def start(config: UpConfig) -> None:
     if config.tasks.team:                   # every task, the verifier and the program are checked before anything
         try:
             team = Team.load(config.tasks, config.agent, Path(run_file).resolve().parent if run_file else Path.cwd(),
-                             config.seed)
+                             config.seed, config.sandbox)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
     try:

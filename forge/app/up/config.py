@@ -18,6 +18,7 @@ from typing import Any
 from forge.app.registry import SERVICES
 from forge.app.rollout.config import AgentConfig, DriverSettings, ModelChoice, TasksConfig
 from forge.cli.overrides import Overrides
+from forge.sandbox.config import SandboxConfig
 from forge.settings import Settings, SettingsError, group, log_level_setting, setting
 from forge.tasks import DOMAINS
 
@@ -103,6 +104,7 @@ class UpConfig(Settings):
     model: ModelChoice = field(default_factory=ModelChoice)
     tasks: TasksConfig = field(default_factory=TasksConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     # The services' settings from the run file's tables and the environment, by service (see ``with_services``).
     services: Mapping[str, Overrides] = field(default_factory=dict)
 
