@@ -18,17 +18,17 @@ class SandboxConfig(Settings):
                                  "session['sandbox'].")
     cpu_seconds: int = setting(120, flag="sandbox-cpu-seconds", min=1,
                                help="CPU seconds each process of a sandboxed command may use.")
-    memory_bytes: int = setting(2048 * MIB, flag="sandbox-memory-mb", min=16 * MIB, scale=MIB, unit="MiB",
-                                help="Address space each process of a sandboxed command may map, in MiB.")
+    memory_mb: int = setting(2048, flag="sandbox-memory-mb", min=16,
+                             help="Address space each process of a sandboxed command may map, in MiB.")
     max_processes: int = setting(64, flag="sandbox-max-processes", min=1,
                                  help="Processes and threads a sandbox may run at once.")
-    max_file_bytes: int = setting(256 * MIB, flag="sandbox-max-file-mb", min=MIB, scale=MIB, unit="MiB",
-                                  help="Largest file a sandboxed command may write, in MiB.")
+    max_file_mb: int = setting(256, flag="sandbox-max-file-mb", min=1,
+                               help="Largest file a sandboxed command may write, in MiB.")
     timeout_s: float = setting(120.0, flag="sandbox-timeout", min=0.1,
                                help="Seconds a sandboxed command may run before it and everything it started are "
                                     "killed.")
-    max_output_bytes: int = setting(MIB, flag="sandbox-max-output-kb", min=1024, scale=1024, unit="KiB",
-                                    help="Output kept of each stream of a sandboxed command, in KiB.")
+    max_output_kb: int = setting(1024, flag="sandbox-max-output-kb", min=1,
+                                 help="Output kept of each stream of a sandboxed command, in KiB.")
     read_only: tuple[str, ...] = setting((), flag="sandbox-read-only",
                                          help="More host paths sandboxes see, read-only, at the same place "
                                               "(repeatable; the system, Python and its packages always are).")

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from forge.sandbox.bwrap import WORKSPACE, bwrap_argv, find_bwrap
-from forge.sandbox.config import SandboxConfig
+from forge.sandbox.config import MIB, SandboxConfig
 
 DESCRIPTION = "sandbox.json"
 PATH = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"      # `python`: the Python Forge runs in
@@ -120,7 +120,7 @@ class Sandbox:
         processes = config.max_processes + BWRAP_PROCESSES
         if self.uid is None:
             processes += _user_processes(os.getuid())
-        limits = {"cpu": config.cpu_seconds, "as": config.memory_bytes, "fsize": config.max_file_bytes,
+        limits = {"cpu": config.cpu_seconds, "as": config.memory_mb * MIB, "fsize": config.max_file_mb * MIB,
                   "nproc": processes, "core": 0}
         return [self.prlimit, *(f"--{name}={value}:{value}" for name, value in limits.items()), "--"]
 
@@ -150,7 +150,7 @@ class Sandbox:
             timed_out = True
             os.killpg(process.pid, signal.SIGKILL)          # bwrap's death takes the namespace's init, and all in it
             out, err = process.communicate()
-        keep = self.config.max_output_bytes
+        keep = self.config.max_output_kb * 1024
         return ExecResult(process.returncode, out[:keep].decode(errors="replace"), err[:keep].decode(errors="replace"),
                           timed_out, time.monotonic() - started, len(out) > keep or len(err) > keep)
 

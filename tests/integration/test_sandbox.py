@@ -87,8 +87,7 @@ def test_there_is_no_network(tmp_path):
 
 
 def test_cpu_memory_file_size_and_time_are_limited(tmp_path):
-    box = sandbox(tmp_path, SandboxConfig(timeout_s=60.0, cpu_seconds=1, memory_bytes=256 * 2**20,
-                                          max_file_bytes=2**20))
+    box = sandbox(tmp_path, SandboxConfig(timeout_s=60.0, cpu_seconds=1, memory_mb=256, max_file_mb=1))
     spin = box.run([sys.executable, "-c", "while True: pass"])
     assert spin.returncode in (128 + 24, 128 + 9) and not spin.timed_out, spin      # SIGXCPU, then SIGKILL
     hog = box.run([sys.executable, "-c", "x = bytearray(512 * 2**20)"])
