@@ -87,8 +87,20 @@ def _importable(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+def _bwrap() -> str | None:
+    """Why sandboxes cannot run here, or None."""
+    from forge.sandbox import find_bwrap
+
+    try:
+        find_bwrap()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked gpu, trtllm, vllm or agents are skipped (and say why) where the hardware or backend is absent; a module
+    """Tests marked gpu, trtllm, vllm, agents or sandbox are skipped (and say why) where the hardware, backend or
+    isolation tool is absent; a module
     marked xdist_group("heavy") must be one of HEAVY, and the other way round."""
     import torch
 
@@ -98,6 +110,7 @@ def pytest_collection_modifyitems(config, items) -> None:
         "vllm": None if _importable("vllm") else "vLLM is not installed (make test-vllm runs these)",
         "agents": None if os.environ.get("FORGE_AGENTS_PYTHON") else "the agent frameworks' environment is not "
                                                                      "given (make test-agents runs these)",
+        "sandbox": _bwrap(),
     }
     for item in items:
         for marker, reason in absent.items():

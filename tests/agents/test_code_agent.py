@@ -22,7 +22,7 @@ from conftest import REPO, script
 from helpers.gateway_fake_actor import sampled_ids, serve_fake_actor
 from helpers.gateway_procs import start_gateway
 
-pytestmark = pytest.mark.agents
+pytestmark = [pytest.mark.agents, pytest.mark.sandbox]
 
 FIX = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; sed -i 's/a - b/a + b/' calc.py; echo fixed calc.add"
 ANSWER = '<tool_call>\n' + json.dumps({"name": "bash", "arguments": {"command": FIX}}) + '\n</tool_call>'

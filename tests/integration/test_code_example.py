@@ -18,6 +18,8 @@ from forge.v1 import pool_pb2
 
 from conftest import REPO, script
 
+pytestmark = pytest.mark.sandbox
+
 EXAMPLE = REPO / "examples" / "code"
 TASKS = [json.loads(line) for split in ("train", "eval") for line in
          (EXAMPLE / "tasks" / f"{split}.jsonl").read_text().splitlines()]

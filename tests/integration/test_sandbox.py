@@ -18,6 +18,8 @@ from forge.sandbox.sandbox import _user_processes
 
 from conftest import script
 
+pytestmark = pytest.mark.sandbox
+
 ROOT = os.getuid() == 0
 UID = 210_000 if ROOT else None
 FAST = SandboxConfig(timeout_s=60.0, max_processes=16)
