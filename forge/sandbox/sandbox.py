@@ -51,7 +51,8 @@ class SandboxError(RuntimeError):
     """A sandbox cannot be made or used (bwrap missing, a bad directory)."""
 
 
-def _user_processes(uid: int) -> int:
+def user_processes(uid: int) -> int:
+    """Processes on this host whose owner is ``uid``."""
     count = 0
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -119,7 +120,7 @@ class Sandbox:
         config = self.config
         processes = config.max_processes + BWRAP_PROCESSES
         if self.uid is None:
-            processes += _user_processes(os.getuid())
+            processes += user_processes(os.getuid())
         limits = {"cpu": config.cpu_seconds, "as": config.memory_mb * MIB, "fsize": config.max_file_mb * MIB,
                   "nproc": processes, "core": 0}
         return [self.prlimit, *(f"--{name}={value}:{value}" for name, value in limits.items()), "--"]
@@ -155,4 +156,4 @@ class Sandbox:
                           timed_out, time.monotonic() - started, len(out) > keep or len(err) > keep)
 
 
-__all__ = ["DESCRIPTION", "ExecResult", "Sandbox", "SandboxError"]
+__all__ = ["DESCRIPTION", "ExecResult", "Sandbox", "SandboxError", "user_processes"]

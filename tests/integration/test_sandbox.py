@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from forge.sandbox import Sandbox, SandboxConfig, SandboxPool
-from forge.sandbox.sandbox import _user_processes
+from forge.sandbox.sandbox import user_processes
 
 from conftest import script
 
@@ -106,7 +106,7 @@ def test_a_fork_bomb_meets_its_limit_and_the_host_is_untouched(tmp_path):
     assert "Resource temporarily unavailable" in bomb.stderr or bomb.timed_out, bomb
     assert subprocess.run(["true"]).returncode == 0
     if ROOT:
-        assert _user_processes(UID) == 0
+        assert user_processes(UID) == 0
 
 
 def test_nothing_started_in_a_sandbox_outlives_its_command(tmp_path):
