@@ -164,9 +164,10 @@ class ActorConfig(Settings):
         if self.weights_key is not None and self.weights_fetch is None:
             raise SettingsError("--weights-key needs --weights-fetch")
         self._check_relay()
-        if self.l3_cache is not None and self.serving_backend != "torch":
+        torch_engine = self.serving_backend == "torch"
+        if self.l3_cache is not None and not torch_engine:
             raise SettingsError("--l3-cache needs the torch backend")
-        if self.role != "both" and self.serving_backend != "torch":
+        if self.role != "both" and not torch_engine:
             raise SettingsError(f"--role {self.role} needs the torch backend (its sampling continues exactly across "
                                 "actors)")
         if self.role in ("prefill", "decode") and self.l3_cache is None:

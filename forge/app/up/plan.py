@@ -80,6 +80,9 @@ class Plan:
         self.keys = keys
         self.curve = curve
         self.overrides = {kind: main_job(kind) | self._derived(kind) | config.overrides(kind) for kind in WIRED}
+        actor = self.overrides["actor"].values
+        # The actors' backend, ``auto`` settled for the run's model, and why (read once: it opens config.json).
+        self.backend_and_why = pick_backend(actor.get("backend", "auto"), actor.get("model", "tiny"))
         self._check_combination()
 
     def _derived(self, kind: str) -> Overrides:
@@ -97,13 +100,7 @@ class Plan:
 
     @property
     def backend(self) -> str:
-        """The actors' backend, ``auto`` settled for the run's model."""
         return self.backend_and_why[0]
-
-    @property
-    def backend_and_why(self) -> tuple[str, str]:
-        values = self.overrides["actor"].values
-        return pick_backend(values.get("backend", "auto"), values.get("model", "tiny"))
 
     @property
     def cache_on(self) -> bool:
