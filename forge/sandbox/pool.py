@@ -12,38 +12,36 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
-from forge.sandbox.bwrap import find_bwrap
 from forge.sandbox.config import SandboxConfig
 from forge.sandbox.sandbox import Sandbox
 
 
 class SandboxPool:
     def __init__(self, directory: Path, config: SandboxConfig) -> None:
-        find_bwrap()                    # fail here, with the install hint, not at the first session
         self.directory = Path(directory)
         self.config = config
         self.directory.mkdir(parents=True, exist_ok=True)
         as_root = os.getuid() == 0
-        self._free: queue.Queue[int] = queue.Queue()
-        self._uids = {slot: config.first_uid + slot if as_root else None for slot in range(config.pool_size)}
+        self._free: queue.Queue[Sandbox] = queue.Queue()
         for slot in range(config.pool_size):
-            self._free.put(slot)
+            self._free.put(Sandbox(self.directory / f"slot-{slot}", config, config.first_uid + slot if as_root
+                                   else None))
 
     def acquire(self, seed: Path | None = None, timeout_s: float | None = None) -> Sandbox:
         """A wiped sandbox whose workspace is a copy of ``seed``; waits for a free slot (queue.Empty past
         ``timeout_s``)."""
-        slot = self._free.get(timeout=timeout_s)
+        sandbox = self._free.get(timeout=timeout_s)
         try:
-            return Sandbox.create(self.directory / f"slot-{slot}", self.config, self._uids[slot], seed)
+            sandbox.reset(seed)
         except BaseException:
-            self._free.put(slot)
+            self._free.put(sandbox)
             raise
+        return sandbox
 
     def release(self, sandbox: Sandbox) -> None:
         """Wipe ``sandbox`` and free its slot (its commands have all ended: each run's namespace ends with it)."""
-        slot = int(sandbox.directory.name.removeprefix("slot-"))
         shutil.rmtree(sandbox.workspace, ignore_errors=True)
-        self._free.put(slot)
+        self._free.put(sandbox)
 
     @contextmanager
     def session(self, seed: Path | None = None) -> Iterator[Sandbox]:

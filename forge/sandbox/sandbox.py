@@ -88,7 +88,7 @@ class Sandbox:
 
     @classmethod
     def attach(cls, directory: str | Path) -> Sandbox:
-        """The sandbox whose directory ``directory`` is (see ``describe``)."""
+        """The sandbox whose directory ``directory`` is (its description, written by ``reset``)."""
         directory = Path(directory)
         try:
             data = json.loads((directory / DESCRIPTION).read_text())

@@ -69,14 +69,13 @@ def run_pytest(session: Mapping[str, Any] | str | Path, *paths: str, restore: st
                           *(paths or (".",))], timeout_s=timeout_s)
     output = (result.stdout + result.stderr)[-4000:]
     try:
-        suites = ElementTree.parse(report).getroot()
+        root = ElementTree.parse(report).getroot()
     except (OSError, ElementTree.ParseError):
         return PytestReport(0, 1, output)
     finally:
         report.unlink(missing_ok=True)
-    suites = suites.iter("testsuite")
     tests = failed = 0
-    for suite in suites:
+    for suite in root.iter("testsuite"):
         tests += int(suite.get("tests", 0)) - int(suite.get("skipped", 0))
         failed += int(suite.get("failures", 0)) + int(suite.get("errors", 0))
     return PytestReport(max(0, tests - failed), failed if tests else 1, output)

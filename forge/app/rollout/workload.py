@@ -9,7 +9,6 @@ from __future__ import annotations
 import abc
 import json
 import logging
-import shutil
 import sys
 import tempfile
 import time
@@ -180,8 +179,8 @@ class TeamWorkload(Workload):
         self._tasks = task_cycle(tasks, seed)
         self._http: aiohttp.ClientSession | None = None
         self.base_dir = base_dir
-        self._scratch = tempfile.mkdtemp(prefix="forge-sandboxes-") if sandbox is not None else None
-        self.sandboxes = SandboxPool(Path(self._scratch), sandbox) if self._scratch and sandbox else None
+        self.sandboxes = (SandboxPool(Path(tempfile.mkdtemp(prefix="forge-sandboxes-")), sandbox)
+                          if sandbox is not None else None)
 
     def next_plan(self) -> Plan:
         return self.plan_for(next(self._tasks))
@@ -264,8 +263,8 @@ class TeamWorkload(Workload):
         self.verifier.close()
         if self._http is not None:
             await self._http.close()
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+        if self.sandboxes is not None:
+            self.sandboxes.close()
 
 
 def start_request(plan: Plan, group_id: str, group_size: int) -> gateway_pb2.StartSessionRequest:
