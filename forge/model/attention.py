@@ -50,10 +50,8 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor
     return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(q.dtype), v)
 
 
-def window_mask(query_positions: Tensor, key_positions: Tensor, window: int | None) -> Tensor | None:
-    """[Q, K] bool: key within ``window`` positions of the query (None without a window)."""
-    if window is None:
-        return None
+def window_mask(query_positions: Tensor, key_positions: Tensor, window: int) -> Tensor:
+    """[Q, K] bool: key less than ``window`` positions before the query."""
     return query_positions.unsqueeze(-1) - key_positions.unsqueeze(0) < window
 
 

@@ -120,20 +120,21 @@ class TreeAttention(AttentionBackend):
         if self.num_queries == 0:
             return q.new_zeros(q.shape)
         plan = self.windowed_plans.get(window)
+        if plan is None:
+            plan = self.windowed_plans[window] = self._windowed_plan(window)
         if self.impl == "flex":
-            if plan is None:
-                plan = flex.block_mask(self.end, self.key_ok, self.queries, self.depth, window)
-            out = flex.attend_flex(plan, q, k, v, scale, self.compile_flex, self.queries, softcap)
-        else:
-            if plan is None:
-                plan = self.dense_mask()
-                if window is not None:
-                    assert self.depth is not None
-                    query_depth = self.depth if self.queries is None else self.depth[self.queries]
-                    plan &= window_mask(query_depth, self.depth, window)
-            out = masked_attention(q, k, v, scale, plan, softcap)
-        self.windowed_plans[window] = plan
-        return out
+            return flex.attend_flex(plan, q, k, v, scale, self.compile_flex, self.queries, softcap)
+        return masked_attention(q, k, v, scale, plan, softcap)
+
+    def _windowed_plan(self, window: int | None):
+        """flex's BlockMask with the window, or elsewhere the dense [queries, L] mask."""
+        if self.impl == "flex":
+            return flex.block_mask(self.end, self.key_ok, self.queries, self.depth, window)
+        mask = self.dense_mask()
+        if window is not None:
+            query_depth = self.depth if self.queries is None else self.depth[self.queries]
+            mask &= window_mask(query_depth, self.depth, window)
+        return mask
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         k, v = self._all_keys(layer, q, k, v)
