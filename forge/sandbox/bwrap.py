@@ -46,12 +46,14 @@ def python_paths() -> list[str]:
 
 
 def bwrap_argv(bwrap: str, workspace: Path, read_only: tuple[str, ...], env: dict[str, str],
-               cwd: str = WORKSPACE, uid: int | None = None) -> list[str]:
+               cwd: str = WORKSPACE, uid: int | None = None, info_fd: int | None = None) -> list[str]:
     """bwrap's arguments and, with ``uid`` (bwrap run by root), the drop to that user: everything up to the
-    command."""
+    command. ``info_fd``: where bwrap writes ``{"child-pid": N}``, the host's pid of the namespace's init."""
     namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     argv = [bwrap, *namespaces, *([] if uid is not None else ["--unshare-user"]), "--die-with-parent",
             "--new-session", "--clearenv"]
+    if info_fd is not None:
+        argv += ["--info-fd", str(info_fd)]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]      # first: a mount below /tmp stays visible
     made = {"/", "/tmp"}
     for path in (*SYSTEM, *ETC, *python_paths(), *read_only):

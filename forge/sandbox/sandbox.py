@@ -2,6 +2,10 @@
 isolated (``forge.sandbox.bwrap``) and limited: CPU seconds, address space, file size and processes per sandbox,
 and a wall-clock timeout after which the command and everything it started are killed.
 
+bwrap reports the command's status as soon as the command ends, while the kernel is still killing what it left in its
+PID namespace; ``run`` returns only once the namespace's init is gone, which the kernel allows only after everything
+else in the namespace is gone, so nothing a command started outlives ``run``.
+
 Limits are resource limits set before bwrap starts (by util-linux's ``prlimit``, which then runs it) and inherited
 by everything under it. The process limit counts per user: run as root, each sandbox's commands run as a user of
 their own (``uid``, from the pool), so one sandbox's fork bomb meets its own limit and nobody else's; run as another
@@ -14,7 +18,9 @@ what ``Sandbox.attach`` needs to run further commands in it (``forge sandbox exe
 from __future__ import annotations
 
 import json
+import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -30,6 +36,9 @@ from forge.sandbox.config import MIB, SandboxConfig
 DESCRIPTION = "sandbox.json"
 PATH = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"      # `python`: the Python Forge runs in
 BWRAP_PROCESSES = 2         # bwrap itself and the namespace's init
+TEARDOWN_WARN_S = 60.0      # a namespace not torn down by then is reported (it is still waited for)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,34 @@ def user_processes(uid: int) -> int:
             except OSError:
                 continue
     return count
+
+
+def namespace_init(info: int) -> int | None:
+    """A pidfd of the namespace's init, from bwrap's info pipe (closed here); None when it is already gone or bwrap
+    failed before making it. Opened as soon as bwrap starts it: bwrap, its parent, holds its pid until then."""
+    with os.fdopen(info, "rb") as stream:
+        text = stream.read()
+    try:
+        pid = int(json.loads(text)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+
+
+def wait_for_teardown(init: int) -> None:
+    """Wait until the namespace's init (a pidfd, closed here) has exited: the kernel lets it exit only after
+    everything else in its namespace is gone."""
+    poller = select.poll()
+    poller.register(init, select.POLLIN)
+    try:
+        if not poller.poll(TEARDOWN_WARN_S * 1000):
+            log.warning("a sandbox's processes are still being torn down after %.0f s; waiting", TEARDOWN_WARN_S)
+            poller.poll()
+    finally:
+        os.close(init)
 
 
 class Sandbox:
@@ -126,12 +163,12 @@ class Sandbox:
         return [self.prlimit, *(f"--{name}={value}:{value}" for name, value in limits.items()), "--"]
 
     def argv(self, command: Sequence[str] | str, env: Mapping[str, str] | None = None,
-             cwd: str = WORKSPACE) -> list[str]:
+             cwd: str = WORKSPACE, info_fd: int | None = None) -> list[str]:
         """The full command line (a string runs under ``sh -c``)."""
         words = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         environment = {"PATH": PATH, "HOME": WORKSPACE, "TMPDIR": "/tmp", "LANG": "C.UTF-8", **(env or {})}
         return [*self.limits(), *bwrap_argv(self.bwrap, self.workspace, self.config.read_only, environment, cwd,
-                                            self.uid), *words]
+                                            self.uid, info_fd), *words]
 
     def run(self, command: Sequence[str] | str, *, stdin: str | bytes | None = None,
             env: Mapping[str, str] | None = None, cwd: str = WORKSPACE, timeout_s: float | None = None) -> ExecResult:
@@ -141,9 +178,15 @@ class Sandbox:
         timeout = self.config.timeout_s if timeout_s is None else min(timeout_s, self.config.timeout_s)
         data = stdin.encode() if isinstance(stdin, str) else stdin
         started = time.monotonic()
-        process = subprocess.Popen(self.argv(command, env, cwd), stdin=subprocess.PIPE if data is not None
-                                   else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   start_new_session=True)
+        info_read, info_write = os.pipe()
+        try:
+            process = subprocess.Popen(self.argv(command, env, cwd, info_write),
+                                       stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                       pass_fds=(info_write,))
+        finally:
+            os.close(info_write)
+        init = namespace_init(info_read)
         timed_out = False
         try:
             out, err = process.communicate(data, timeout=timeout)
@@ -151,6 +194,9 @@ class Sandbox:
             timed_out = True
             os.killpg(process.pid, signal.SIGKILL)          # bwrap's death takes the namespace's init, and all in it
             out, err = process.communicate()
+        finally:
+            if init is not None:
+                wait_for_teardown(init)
         keep = self.config.max_output_kb * 1024
         return ExecResult(process.returncode, out[:keep].decode(errors="replace"), err[:keep].decode(errors="replace"),
                           timed_out, time.monotonic() - started, len(out) > keep or len(err) > keep)
