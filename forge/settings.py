@@ -8,6 +8,9 @@ A secret field (``secret=True``, an API key) also gets a key-file setting, ``<op
 and TOML key are derived like any other's, and the built field holds the keys read from that file (one per line),
 so that no key need be given on a command line, where every local user can read it in the process list.
 
+A ``dict[str, Any]`` field is a table of values handed on as they are (keyword arguments for user code): an inline
+table in a run file, a JSON object on the command line and in a variable.
+
 A field whose type is itself a settings dataclass is a group: its fields are options of the same command (the
 option names of one command are flat and unique), and in a run file they may be written flat in the command's
 table or in a sub-table named after the group (``[learner.loss]``).
@@ -179,7 +182,7 @@ def entries(cls: type) -> tuple[Entry, ...]:
             if spec is None:
                 continue                            # internal: set by the component, not by users
             origin = typing.get_origin(kind) or kind
-            if origin not in (int, float, str, bool, Path, tuple):
+            if origin not in (int, float, str, bool, Path, tuple, dict):
                 raise TypeError(f"{klass.__name__}.{f.name}: unsupported setting type {kind}")
             found.append(Entry((*path, f.name), f, spec, origin, optional, override=defaults.get(f.name, UNSET)))
             if spec.secret:
@@ -249,6 +252,8 @@ def check_value(entry: Entry, value: Any) -> None:
         ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
     elif kind is Path:
         ok = isinstance(value, Path)
+    elif kind is dict:
+        ok = isinstance(value, dict) and all(isinstance(k, str) for k in value)
     else:
         ok = isinstance(value, str)
     if not ok:

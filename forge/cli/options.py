@@ -7,6 +7,7 @@ Where a value comes from, highest first: the command line, the environment, the 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -43,6 +44,23 @@ class ByteSize(click.ParamType):
         if not match or match.group(2).lower() not in _UNITS:
             self.fail(f"{value!r} is not a size such as 65536, 64MiB or 1GiB", param, ctx)
         return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+class JsonObject(click.ParamType):
+    """A table of values: a JSON object on the command line or in a variable, a table in a run file."""
+
+    name = "json-object"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> dict[str, Any]:
+        if isinstance(value, dict):
+            return value
+        try:
+            found = json.loads(value)
+        except (TypeError, ValueError) as exc:
+            self.fail(f"{value!r} is not a JSON object such as '{{\"num_train\": 64}}': {exc}", param, ctx)
+        if not isinstance(found, dict):
+            self.fail(f"{value!r} is not a JSON object such as '{{\"num_train\": 64}}'", param, ctx)
+        return found
 
 
 CLICK_TYPES: dict[str, click.ParamType] = {"bytes": ByteSize()}
@@ -115,6 +133,8 @@ def _param_type(entry: Entry) -> Any:
         return CLICK_TYPES[spec.click_type]
     if spec.choices is not None and entry.kind in (str, tuple):
         return click.Choice(spec.choices, case_sensitive=False)
+    if entry.kind is dict:
+        return JsonObject()
     if entry.kind is Path:
         return click.Path(path_type=Path, file_okay=spec.path != "dir", dir_okay=spec.path != "file")
     if entry.kind in (int, float) and (spec.min is not None or spec.max is not None):
@@ -150,7 +170,7 @@ def option_for(entry: Entry, table: str) -> click.Parameter:
         help_text += (f" A value on the command line is visible to every local user in the process list: prefer "
                       f"{entry.flag}-file PATH or {envvars_of(entry, table)[0]}.")
     common: dict[str, Any] = {"help": help_text, "envvar": envvars_of(entry, table), "metavar": spec.metavar,
-                              "show_default": default not in (None, (), "") and not spec.secret}
+                              "show_default": default not in (None, (), "", {}) and not spec.secret}
     if entry.required:                 # click says "Missing option" (a value from the file or variable counts)
         common["required"] = True
         del common["show_default"]

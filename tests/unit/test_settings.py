@@ -218,6 +218,32 @@ def test_a_command_line_setting_is_split_as_a_shell_would():
     assert result.exit_code == 2 and "cannot split" in result.output
 
 
+def test_a_table_setting_takes_a_run_files_table_a_json_object_or_a_variable(tmp_path):
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Loader(Settings):
+        args: dict = setting(factory=dict, help="Keyword arguments.")
+
+    @settings_command("loader", Loader)
+    def loader(config: Loader) -> None:
+        """Print the arguments."""
+        click.echo(json.dumps(config.args))
+
+    assert json.loads(CliRunner().invoke(loader, []).output) == {}
+    given = CliRunner().invoke(loader, ["--args", '{"num_train": 64, "name": "x"}'])
+    assert json.loads(given.output) == {"num_train": 64, "name": "x"}
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('[loader]\nargs = { num_train = 8, split = { eval = 0.1 } }\n')
+    from_file = CliRunner().invoke(loader, ["--config", str(run_file)])
+    assert json.loads(from_file.output) == {"num_train": 8, "split": {"eval": 0.1}}, from_file.output
+    from_variable = CliRunner().invoke(loader, [], env={"FORGE_LOADER_ARGS": '{"seed": 3}'})
+    assert json.loads(from_variable.output) == {"seed": 3}
+    for bad in ("[1, 2]", "{not json"):
+        refused = CliRunner().invoke(loader, ["--args", bad])
+        assert refused.exit_code == 2 and "is not a JSON object" in refused.output, refused.output
+    with pytest.raises(SettingsError, match="must be dict"):
+        Loader(args=[1])
+
+
 def test_addresses_of_every_form_a_deployment_uses_are_accepted():
     from forge.rpc.client import check_address
 
