@@ -31,6 +31,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
                            "when --nproc or --nnodes asks for more than one.", "1"),
     Variable("LOCAL_RANK", "Set by torchrun: the learner process's rank on its node (its GPU).", "0"),
     Variable("PATH", "Where a black-box agent's program is looked up.", os.defpath),
+    Variable("PYTHONPATH", "Where Python looks for modules: a verifiers environment given as a file has its folder "
+                           "put first, for the processes verifiers starts (its toolsets import by module name).", ""),
     Variable("VLLM_CPU_OMP_THREADS_BIND", "vLLM's binding of its CPU workers to cores: Forge's vLLM actors set it to "
                                           "nobind (they float as torch's threads do) unless it is set."),
 )}

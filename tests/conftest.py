@@ -20,7 +20,8 @@ BIN = Path(sys.executable).parent
 # xdist_group("heavy"): on a loaded machine two of them side by side could run past their timeouts, so make test's
 # workers run them one after another (see pytest_xdist_make_scheduler).
 HEAVY = frozenset({"tests/integration/test_e2e.py", "tests/integration/test_multihost.py",
-                   "tests/integration/test_multinode_learner.py", "tests/integration/test_team_run.py"})
+                   "tests/integration/test_multinode_learner.py", "tests/integration/test_team_run.py",
+                   "tests/integration/test_verifiers_env.py"})
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -19,16 +19,17 @@ from forge.cli.options import RUN_FILE, settings_command
 log = logging.getLogger("forge.app.rollout")
 
 
-@settings_command("rollout", RolloutConfig, shared_tables=("model", "tasks", "agent", "sandbox"))
+@settings_command("rollout", RolloutConfig, shared_tables=("model", "tasks", "agent", "env", "sandbox"))
 def rollout(config: RolloutConfig) -> None:
-    """Roll out the team's tasks ([tasks], [agent] of the run file) through the gateway at --gateway: G sessions
-    per task, each played by the agent and closed with the verifier's rewards, recorded in the gateway's pool for
+    """Roll out the team's tasks ([tasks], [agent] of the run file) or an environment's ([env]) through the gateway
+    at --gateway: G sessions per task, each played by the agent and closed with the verifier's rewards, recorded in the gateway's pool for
     the learner that reads it. Stops after --episodes sessions, --minutes, or on Ctrl-C."""
     setup_logging(config.log_level)
     run_file = click.get_current_context().meta.get(RUN_FILE)
+    base_dir = Path(run_file).resolve().parent if run_file else Path.cwd()
     try:
-        team = Team.load(config.tasks, config.agent, Path(run_file).resolve().parent if run_file else Path.cwd(),
-                         config.seed, config.sandbox)
+        team = (Team.load_env(config.env, base_dir, config.seed) if config.env.given else
+                Team.load(config.tasks, config.agent, base_dir, config.seed, config.sandbox))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     stats = asyncio.run(_roll_out(config, team))
@@ -55,7 +56,7 @@ async def _roll_out(config: RolloutConfig, team: Team):
             stop.set()
 
     driver = RolloutDriver(DriverConfig(config.gateway, config.http or "", api_key=config.api_key,
-                                        group_size=config.tasks.group_size,
+                                        group_size=config.group_size,
                                         groups_in_flight=config.driver.groups_in_flight), workload, on_outcome=ended)
     deadline = time.monotonic() + config.minutes * 60 if config.minutes else None
     driving = asyncio.create_task(driver.run(stop))

@@ -5,6 +5,7 @@ to the run file."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from forge.builtin import IMPLS, resolve_model
 from forge.model.sampling import SamplingParams
@@ -58,6 +59,28 @@ class TasksConfig(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EnvConfig(Settings):
+    """The run file's ``[env]`` table: an environment the ecosystem already has, played unchanged in place of the
+    team's ``[tasks]`` and ``[agent]``: its tasks, its own rollout logic and its rewards (see docs/agents.md)."""
+
+    verifiers: str | None = setting(None, metavar="FILE.py:FUNCTION|MODULE",
+                                    help="A verifiers environment: a function returning a verifiers.v1 Env (a file, "
+                                         "relative to the run file, or a module), or a taskset's module.")
+    args: dict[str, Any] = setting(factory=dict, flag="env-args",
+                                   help="Keyword arguments for the environment: the function's, or the taskset's or "
+                                        "environment class's settings.")
+    eval_fraction: float = setting(0.0, flag="env-eval-fraction", min=0, max=0.9,
+                                   help="Hold out this fraction of the environment's tasks for the held-out reward.")
+    group_size: int = setting(4, flag="env-group-size", min=1, max=64, help="Rollouts per task (G).")
+    timeout_s: float = setting(600.0, flag="env-timeout", min=0, min_open=True,
+                               help="Seconds one episode may take; a slower one fails its session.")
+
+    @property
+    def given(self) -> bool:
+        return bool(self.verifiers)
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentConfig(Settings):
     command: tuple[str, ...] = setting((), flag="agent", separator="shell", metavar="COMMAND",
                                        help="The agent program run once per session, e.g. 'python my_agent.py' (a "
@@ -108,13 +131,27 @@ class RolloutConfig(Settings):
     model: ModelChoice = field(default_factory=ModelChoice)
     tasks: TasksConfig = field(default_factory=TasksConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+    @property
+    def group_size(self) -> int:
+        return self.env.group_size if self.env.given else self.tasks.group_size
 
     def check(self) -> None:
         if not self.gateway:
             raise SettingsError("give --gateway HOST:PORT (the gateway's gRPC address)")
-        if not self.tasks.team or not self.agent.given:
+        check_one_workload(self.tasks, self.agent, self.env)
+        if not self.env.given and not (self.tasks.team and self.agent.given):
             raise SettingsError("forge rollout plays the team's tasks: give [tasks] (train and verifier) and [agent] "
-                                "(command or python)")
-        if self.agent.command and not self.http:
-            raise SettingsError("an agent program reaches its session over HTTP: give --http http://HOST:PORT")
+                                "(command or python), or an environment ([env])")
+        if (self.agent.command or self.env.given) and not self.http:
+            what = "an environment's agent" if self.env.given else "an agent program"
+            raise SettingsError(f"{what} reaches its session over HTTP: give --http http://HOST:PORT")
+
+
+def check_one_workload(tasks: TasksConfig, agent: AgentConfig, env: EnvConfig) -> None:
+    """An environment brings its own tasks and agent: SettingsError when [tasks] or [agent] come with it."""
+    if env.given and (tasks.team or agent.given):
+        raise SettingsError("an environment ([env]) brings its own tasks, rewards and agent: give [env] or [tasks] "
+                            "and [agent], not both")

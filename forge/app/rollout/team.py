@@ -1,6 +1,6 @@
 """A team's rollouts assembled from their settings: the task set, the verifier and the agent (a program or a
-``forge.agents.Agent`` class), each checked before anything starts, and the workload that plays them. Shared by
-``forge up`` and ``forge rollout``."""
+``forge.agents.Agent`` class), or an environment that brings all three; each checked before anything starts, and
+the workload that plays them. Shared by ``forge up`` and ``forge rollout``."""
 
 from __future__ import annotations
 
@@ -9,21 +9,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge.app.rollout.config import AgentConfig, TasksConfig
+from forge.app.rollout.config import AgentConfig, EnvConfig, TasksConfig
 from forge.model.sampling import SamplingParams
 from forge.sandbox.config import SandboxConfig
 
 
 @dataclass
 class Team:
-    """A team's run, checked: its tasks, verifier and agent."""
+    """A team's run, checked: its tasks, verifier and agent, or an environment's."""
 
     tasks: Any                           # forge.tasks.source.TaskSet
-    verifier: Any                        # forge.app.rollout.verifier.Verifier
+    verifier: Any = None                 # forge.app.rollout.verifier.Verifier
     runner: Any = None                   # forge.app.rollout.blackbox.BlackBoxRunner, for a program
     agent_class: Any = None              # a forge.agents.Agent subclass, for a white-box agent
     sandbox: SandboxConfig | None = None     # each session's program gets a sandbox (enabled)
     base_dir: Path = Path(".")               # where the run file is: tasks' workspace folders are relative to it
+    environment: Any = None                  # an environment playing its own tasks (forge.app.rollout.*_env)
+
+    @classmethod
+    def load_env(cls, env: EnvConfig, base_dir: Path, seed: int = 0) -> Team:
+        """The environment ``env`` names, made and its tasks read; ValueError (PluginError) with the reason."""
+        from forge.app.rollout.verifiers_env import VerifiersEnvironment
+
+        environment = VerifiersEnvironment.load(env.verifiers, env.args, base_dir, env.eval_fraction, seed,
+                                                env.timeout_s)
+        return cls(environment.tasks, base_dir=base_dir, environment=environment)
 
     @classmethod
     def load(cls, tasks: TasksConfig, agent: AgentConfig, base_dir: Path, seed: int = 0,
@@ -55,6 +65,8 @@ class Team:
         session records the verifier gets."""
         from forge.app.rollout.workload import TeamWorkload
 
+        if self.environment is not None:
+            return self.environment.workload(sampling, seed)
         return TeamWorkload(self.tasks.train, self.verifier, runner=self.runner, agent_class=self.agent_class,
                             sampling=sampling, seed=seed, tokenizer=tokenizer, sandbox=self.sandbox,
                             base_dir=self.base_dir)

@@ -53,7 +53,7 @@ class UpCommand(SettingsCommand):
     """``forge up``, which also reads the services' settings, and takes its renamed options with a warning."""
 
     def __init__(self) -> None:
-        super().__init__("up", UpConfig, "up", start, shared_tables=("model", "tasks", "agent", "sandbox"), help=start.__doc__,
+        super().__init__("up", UpConfig, "up", start, shared_tables=("model", "tasks", "agent", "env", "sandbox"), help=start.__doc__,
                          context_settings=CONTEXT_SETTINGS)
         for old in RENAMED:
             self.params.append(click.Option([f"--{old.replace('_', '-')}", old], hidden=True, default=None,
@@ -102,12 +102,14 @@ def start(config: UpConfig) -> None:
                                f"{'it' if len(own_keys) == 1 else 'them'}, or give --no-keys to run without keys")
     run_file = click.get_current_context().meta.get(RUN_FILE)
     team = None
-    if config.tasks.team:                   # every task, the verifier and the program are checked before anything
-        try:
-            team = Team.load(config.tasks, config.agent, Path(run_file).resolve().parent if run_file else Path.cwd(),
-                             config.seed, config.sandbox)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from exc
+    base_dir = Path(run_file).resolve().parent if run_file else Path.cwd()
+    try:                                    # every task, the verifier and the agent are checked before anything
+        if config.env.given:
+            team = Team.load_env(config.env, base_dir, config.seed)
+        elif config.tasks.team:
+            team = Team.load(config.tasks, config.agent, base_dir, config.seed, config.sandbox)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
     try:
         Plan(config).check(eval_gateway=bool(team and team.tasks.eval))
     except SettingsError as exc:

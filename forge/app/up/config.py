@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from forge.app.registry import SERVICES
-from forge.app.rollout.config import AgentConfig, DriverSettings, ModelChoice, TasksConfig
+from forge.app.rollout.config import (
+    AgentConfig,
+    DriverSettings,
+    EnvConfig,
+    ModelChoice,
+    TasksConfig,
+    check_one_workload,
+)
 from forge.cli.overrides import Overrides
 from forge.sandbox.config import SandboxConfig
 from forge.settings import Settings, SettingsError, group, log_level_setting, setting
@@ -104,11 +111,22 @@ class UpConfig(Settings):
     model: ModelChoice = field(default_factory=ModelChoice)
     tasks: TasksConfig = field(default_factory=TasksConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     # The services' settings from the run file's tables and the environment, by service (see ``with_services``).
     services: Mapping[str, Overrides] = field(default_factory=dict)
 
+    @property
+    def group_size(self) -> int:
+        return self.env.group_size if self.env.given else self.tasks.group_size
+
+    @property
+    def team(self) -> bool:
+        """Whether the run plays the team's own tasks or an environment, rather than the built-in tasks."""
+        return self.tasks.team or self.env.given
+
     def check(self) -> None:
+        check_one_workload(self.tasks, self.agent, self.env)
         if not self.domains:
             raise SettingsError("--domains names no domain")
         if self.driver.temperature < 0.05:

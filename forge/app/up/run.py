@@ -88,7 +88,7 @@ async def run(config: UpConfig, console: Console, team: Team | None = None
             return cursor.tail - cursor.head
 
         driver = RolloutDriver(DriverConfig(gateway["grpc_address"], gateway.get("http_address", ""),
-                                            api_key=system.key("gateway"), group_size=config.tasks.group_size,
+                                            api_key=system.key("gateway"), group_size=config.group_size,
                                             groups_in_flight=config.driver.groups_in_flight,
                                             max_queued_groups=config.driver.groups_in_flight + 2 * batch_groups),
                                workload, queued_groups=queued_groups)
