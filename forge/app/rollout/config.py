@@ -66,9 +66,25 @@ class EnvConfig(Settings):
     verifiers: str | None = setting(None, metavar="FILE.py:FUNCTION|MODULE",
                                     help="A verifiers environment: a function returning a verifiers.v1 Env (a file, "
                                          "relative to the run file, or a module), or a taskset's module.")
+    openenv: str | None = setting(None, metavar="MODULE:CLASS",
+                                  help="An OpenEnv environment class (openenv-core), served by Forge on loopback.")
+    openenv_url: str | None = setting(None, metavar="URL",
+                                      help="Or an OpenEnv environment already served at http://HOST:PORT.")
     args: dict[str, Any] = setting(factory=dict, flag="env-args",
-                                   help="Keyword arguments for the environment: the function's, or the taskset's or "
-                                        "environment class's settings.")
+                                   help="Keyword arguments for the environment: the verifiers function's (or its "
+                                        "taskset's settings), or an OpenEnv reset's besides the seed.")
+    seeds: int = setting(64, flag="env-seeds", min=1,
+                         help="OpenEnv: the tasks are the reset seeds 0 .. N-1.")
+    max_turns: int = setting(8, flag="env-max-turns", min=1,
+                             help="OpenEnv: the model's replies per episode at most (a verifiers environment sets "
+                                  "its own).")
+    tool_choice: str = setting("auto", flag="env-tool-choice", choices=("auto", "required"),
+                               help="OpenEnv with tools: may the model answer without one (auto: that ends the "
+                                    "episode), or must every reply call one (required: the gateway's grammar holds it to "
+                                    "the tool's schema).")
+    concurrency: int = setting(16, flag="env-concurrency", min=1,
+                               help="OpenEnv: episodes at once at most (one for a class that does not support "
+                                    "concurrent sessions).")
     eval_fraction: float = setting(0.0, flag="env-eval-fraction", min=0, max=0.9,
                                    help="Hold out this fraction of the environment's tasks for the held-out reward.")
     group_size: int = setting(4, flag="env-group-size", min=1, max=64, help="Rollouts per task (G).")
@@ -77,7 +93,15 @@ class EnvConfig(Settings):
 
     @property
     def given(self) -> bool:
-        return bool(self.verifiers)
+        return bool(self.verifiers or self.openenv or self.openenv_url)
+
+    def check(self) -> None:
+        named = [flag for flag, value in (("--verifiers", self.verifiers), ("--openenv", self.openenv),
+                                          ("--openenv-url", self.openenv_url)) if value]
+        if len(named) > 1:
+            raise SettingsError(f"give one environment: {' or '.join(named)}, not both")
+        if self.openenv_url and not self.openenv_url.startswith(("http://", "https://")):
+            raise SettingsError(f"must be an http:// or https:// URL, got {self.openenv_url!r}", "--openenv-url")
 
 
 @dataclass(frozen=True, kw_only=True)

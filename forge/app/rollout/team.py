@@ -29,10 +29,18 @@ class Team:
     @classmethod
     def load_env(cls, env: EnvConfig, base_dir: Path, seed: int = 0) -> Team:
         """The environment ``env`` names, made and its tasks read; ValueError (PluginError) with the reason."""
-        from forge.app.rollout.verifiers_env import VerifiersEnvironment
+        if env.verifiers:
+            from forge.app.rollout.verifiers_env import VerifiersEnvironment
 
-        environment = VerifiersEnvironment.load(env.verifiers, env.args, base_dir, env.eval_fraction, seed,
-                                                env.timeout_s)
+            environment: Any = VerifiersEnvironment.load(env.verifiers, env.args, base_dir, env.eval_fraction, seed,
+                                                         env.timeout_s)
+        else:
+            from forge.app.rollout.openenv_env import OpenEnvEnvironment
+
+            environment = OpenEnvEnvironment.load(
+                spec=env.openenv, url=env.openenv_url, base_dir=base_dir, reset_args=env.args, seeds=env.seeds,
+                eval_fraction=env.eval_fraction, seed=seed, max_turns=env.max_turns, concurrency=env.concurrency,
+                timeout_s=env.timeout_s, tool_choice=env.tool_choice)
         return cls(environment.tasks, base_dir=base_dir, environment=environment)
 
     @classmethod
