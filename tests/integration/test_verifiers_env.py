@@ -119,3 +119,21 @@ def test_an_environment_and_the_teams_own_tasks_do_not_mix(tmp_path):
     result = subprocess.run([script("forge"), "up", "--config", str(path), "--run-dir", str(tmp_path / "run")],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 2 and "give [env] or [tasks]" in result.stderr, result.stderr
+
+
+def test_the_example_environment_loads_and_holds_out_its_share(monkeypatch):
+    import os
+    import sys
+    import tomllib
+
+    from forge.app.rollout.config import EnvConfig
+    from forge.app.rollout.team import Team
+
+    monkeypatch.setattr(sys, "path", [*sys.path])                     # the example's folder goes on both
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    example = Path(__file__).parents[2] / "examples" / "verifiers"
+    table = tomllib.loads((example / "run.toml").read_text())["env"]
+    team = Team.load_env(EnvConfig(**table), example)
+    assert len(team.tasks.train) == 180 and len(team.tasks.eval) == 20
+    assert {t["domain"] for t in team.tasks.train} == {"arith"}
+    assert not {t["id"] for t in team.tasks.train} & {t["id"] for t in team.tasks.eval}
