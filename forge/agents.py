@@ -71,3 +71,7 @@ class Agent(abc.ABC):
     @abc.abstractmethod
     async def run(self, task: dict[str, Any], llm: LLM) -> AgentResult:
         """Play the session and return its result."""
+
+    @classmethod  # noqa: B027 - nothing kept across sessions by default
+    async def end_run(cls) -> None:
+        """Called once when the run's rollouts end: release what the class keeps across sessions."""

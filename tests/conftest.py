@@ -21,7 +21,8 @@ BIN = Path(sys.executable).parent
 # workers run them one after another (see pytest_xdist_make_scheduler).
 HEAVY = frozenset({"tests/integration/test_e2e.py", "tests/integration/test_multihost.py",
                    "tests/integration/test_multinode_learner.py", "tests/integration/test_team_run.py",
-                   "tests/integration/test_verifiers_env.py", "tests/integration/test_openenv_env.py"})
+                   "tests/integration/test_verifiers_env.py", "tests/integration/test_openenv_env.py",
+                   "tests/integration/test_mcp_agent.py"})
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -105,6 +105,22 @@ class EnvConfig(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
+class McpConfig(Settings):
+    """The run file's ``[agent.mcp]`` table: MCP tool servers for Forge's built-in tool agent, which plays each task
+    with their tools (``forge.app.rollout.mcp_agent``)."""
+
+    servers: tuple[str, ...] = setting((), flag="mcp-server", metavar="COMMAND|URL",
+                                       help="An MCP server: a command line run over stdio (relative to the run file) "
+                                            "or a streamable-HTTP URL (repeatable).")
+    shared: bool = setting(False, flag="mcp-shared",
+                           help="Connect to each server once for the run rather than once per session (a stdio "
+                                "server then serves every session; one that crashes is restarted).")
+    max_turns: int = setting(8, flag="mcp-max-turns", min=1, help="Model calls per session at most.")
+    tool_timeout_s: float = setting(60.0, flag="mcp-tool-timeout", min=0, min_open=True,
+                                    help="Seconds a tool call may take; a slower one fails its session.")
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentConfig(Settings):
     command: tuple[str, ...] = setting((), flag="agent", separator="shell", metavar="COMMAND",
                                        help="The agent program run once per session, e.g. 'python my_agent.py' (a "
@@ -115,14 +131,18 @@ class AgentConfig(Settings):
                                help="Seconds a session's program may run; a slower one is killed and the session "
                                     "fails.")
     concurrency: int = setting(16, flag="agent-concurrency", min=1, help="Agent programs running at once at most.")
+    mcp: McpConfig = field(default_factory=McpConfig)
 
     @property
     def given(self) -> bool:
-        return bool(self.command or self.python)
+        return bool(self.command or self.python or self.mcp.servers)
 
     def check(self) -> None:
-        if self.command and self.python:
-            raise SettingsError("give --agent (a program) or --agent-class (a Python class), not both")
+        named = [flag for flag, value in (("--agent (a program)", self.command), ("--agent-class (a Python class)",
+                                          self.python), ("--mcp-server (the built-in tool agent)", self.mcp.servers))
+                 if value]
+        if len(named) > 1:
+            raise SettingsError(f"give {' or '.join(named)}, not both")
 
 
 @dataclass(frozen=True, kw_only=True)

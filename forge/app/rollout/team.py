@@ -58,6 +58,10 @@ class Team:
         if agent.command:
             runner = BlackBoxRunner(AgentCommand(agent.command, timeout_s=agent.timeout_s,
                                                  concurrency=agent.concurrency, cwd=base_dir))
+        elif agent.mcp.servers:
+            from forge.app.rollout.mcp_agent import mcp_agent_class
+
+            agent_class = mcp_agent_class(agent.mcp, base_dir)
         else:
             agent_class = load_agent_class(agent.python, base_dir)
         verifier = load_verifier(tasks.verifier, base_dir, workers=tasks.verifier_workers,

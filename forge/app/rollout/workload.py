@@ -261,6 +261,8 @@ class TeamWorkload(Workload):
 
     async def close(self) -> None:
         self.verifier.close()
+        if self.agent_class is not None:
+            await self.agent_class.end_run()
         if self._http is not None:
             await self._http.close()
         if self.sandboxes is not None:
