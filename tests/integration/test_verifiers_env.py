@@ -83,11 +83,13 @@ def test_a_single_turn_environment_trains_with_its_rubric(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_an_environment_with_an_mcp_toolset_trains(tmp_path):
-    result = forge_up(tmp_path, f'verifiers = "{ENVS / "envs.py"}:with_tools"\neval_fraction = 0.25\ngroup_size = 2')
+@pytest.mark.parametrize(("loader", "name"), [("with_tools", "vftest_tool"), ("with_shared_tools", "vftest_shared")],
+                         ids=["toolset-per-episode", "toolset-of-the-taskset"])
+def test_an_environment_with_an_mcp_toolset_trains(tmp_path, loader, name):
+    result = forge_up(tmp_path, f'verifiers = "{ENVS / "envs.py"}:{loader}"\neval_fraction = 0.25\ngroup_size = 2')
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["domains"] == ["vftest_tool"] and set(summary["eval_end"]) == {"vftest_tool"}
+    assert summary["domains"] == [name] and set(summary["eval_end"]) == {name}
     assert summary["learner"]["step"] >= 2
     played = sessions(tmp_path / "run" / "pool")
     scored = [s for s in played if s.session.status == pool_pb2.SESSION_STATUS_COMPLETED]

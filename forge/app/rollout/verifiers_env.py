@@ -4,6 +4,8 @@ module (its plugin id, ``args`` its settings). Every session is one ``env.run_ep
 client points at the session's base URL, so the environment's own harness, prompts, tools (MCP toolsets) and
 interception proxy run as they do anywhere, and the gateway records every call token for token; each reward
 function's weighted score becomes an outcome reward under its own name (their sum is the environment's reward).
+Each episode brings up its own interception server and per-task toolsets; a taskset's shared toolsets are held by
+``SharedServing`` while episodes use them.
 
 Nothing may need the network at run time. verifiers' default runtime is a hosted sandbox: an agent seat left at
 that default runs in the local subprocess runtime instead, and one that names another runtime is refused. Its
@@ -24,12 +26,13 @@ import random
 import secrets
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from forge import environment
+from forge.app.rollout.held import Held
 from forge.app.rollout.workload import Outcome, Plan, Session, Workload
 from forge.loading import PluginError, first_line, load_object
 from forge.model.sampling import SamplingParams
@@ -42,6 +45,7 @@ INSTALL_HINT = "verifiers is not installed: pip install 'forge-rl[envs]'"
 KEY_VARIABLE = "FORGE_SESSION_API_KEY_{}"    # a session's key, read by verifiers' client; "API_KEY" in the name
                                              # keeps it from the processes verifiers starts
 MODEL = "forge"                              # a session's URL serves its policy under any name
+SESSIONS_PER_SERVING = 256                   # episodes one shared serving relays before a fresh one
 
 
 def import_verifiers() -> Any:
@@ -173,25 +177,13 @@ class VerifiersWorkload(Workload):
         self.sampling = sampling
         self.timeout_s = timeout_s
         self._tasks = task_cycle(tasks, seed)
-        self._serving: contextlib.AsyncExitStack | None = None
-        self._serving_lock = asyncio.Lock()
+        self._serving = SharedServing(env) if env.taskset.toolsets(env.taskset.config) else None
 
     def next_plan(self) -> Plan:
         return self.plan_for(next(self._tasks))
 
     def plan_for(self, task: dict[str, Any]) -> Plan:
         return Plan(task["id"], task["domain"], task, blackbox=True)
-
-    async def _served(self) -> None:
-        """The environment's shared resources (a taskset's own tool servers, the interception pool), held from the
-        first session to ``close``; a taskset without shared tools needs none (each episode brings its own)."""
-        if self._serving is not None or not self.env.taskset.toolsets(self.env.taskset.config):
-            return
-        async with self._serving_lock:
-            if self._serving is None:
-                stack = contextlib.AsyncExitStack()
-                await stack.enter_async_context(self.env.serving())
-                self._serving = stack
 
     async def play(self, stub: Any, plan: Plan, session: Session) -> Outcome:
         import verifiers.v1 as vf
@@ -203,8 +195,8 @@ class VerifiersWorkload(Workload):
             sampling=vf.SamplingConfig(temperature=self.sampling.temperature, max_tokens=self.sampling.max_tokens))
         started = time.perf_counter()
         try:
-            await self._served()
-            async with asyncio.timeout(self.timeout_s):
+            async with self._serving.episode() if self._serving else contextlib.nullcontext(), \
+                    asyncio.timeout(self.timeout_s):
                 episode = await self.env.run_episode(plan.task["task"], context)
         except TimeoutError:
             return Outcome(plan.domain, failed=f"the episode took longer than {self.timeout_s:g} s", blackbox=True)
@@ -216,8 +208,49 @@ class VerifiersWorkload(Workload):
 
     async def close(self) -> None:
         if self._serving is not None:
-            await self._serving.aclose()
-            self._serving = None
+            await self._serving.close()
+
+
+class SharedServing:
+    """A taskset's shared tool servers (and verifiers' interception pool), held while episodes use them: verifiers'
+    ``env.serving()``, entered by a task of its own. The pool keeps a client for every session URL it relays to for
+    as long as it serves, so after ``per_serving`` episodes the next ones wait for those in play to end and a fresh
+    serving starts (an environment holds one serving at a time)."""
+
+    def __init__(self, env: Any, per_serving: int = SESSIONS_PER_SERVING) -> None:
+        self.env = env
+        self.per_serving = per_serving
+        self._held: Held | None = None
+        self._started = 0
+        self._in_play = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._lock = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def episode(self) -> AsyncIterator[None]:
+        async with self._lock:
+            if self._held is not None and self._started >= self.per_serving:
+                await self._idle.wait()
+                await self.close()
+            if self._held is None:
+                held = Held(self.env.serving)
+                await held.open()
+                self._held, self._started = held, 0
+            self._started += 1
+            self._in_play += 1
+            self._idle.clear()
+        try:
+            yield
+        finally:
+            self._in_play -= 1
+            if not self._in_play:
+                self._idle.set()
+
+    async def close(self) -> None:
+        if self._held is not None:
+            await self._held.close()
+            self._held = None
 
 
 def outcome_of(domain: str, episode: Any, seconds: float) -> Outcome:

@@ -21,3 +21,8 @@ def broken() -> vf.Env:
 def hosted() -> vf.Env:
     return vf.SingleAgentEnv(vf.SingleAgentEnvConfig(
         taskset={"id": "vftest_qa"}, agent={"harness": {"id": "null"}, "runtime": {"type": "docker"}}))
+
+
+def with_shared_tools() -> vf.Env:
+    return vf.SingleAgentEnv(vf.SingleAgentEnvConfig(
+        taskset={"id": "vftest_shared"}, agent={"harness": {"id": "null"}, "max_turns": 3}))
