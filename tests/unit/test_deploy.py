@@ -264,6 +264,7 @@ def test_slurm_script_holds_no_key(tmp_path):
     (["--target", "slurm", "--shared-dir", "/s"], TEAM.replace("lr = 2e-4", "nproc = 4"), "[learner] sets nproc"),
     (["--target", "k8s"], TEAM.split("[agent]")[0], "give [tasks] (train or source, and verifier) and [agent]"),
     (["--target", "k8s"], TEAM.replace('verifier = "verify.py:score"\n', ""), "need a verifier"),
+    (["--target", "k8s"], TEAM + '\n[env]\nverifiers = "env.py:load"\n', "give [env] or [tasks] and [agent]"),
     (["--target", "k8s"], TEAM.replace("kv_cache_mb = 96", "role = 'prefill'"), "role = 'prefill'"),
     (["--target", "k8s"], "[deploy]\nactors = -1\n", "--actors"),
     (["--target", "k8s"], "[deploy]\ncolour = 'blue'\n", "unknown setting colour"),
@@ -306,6 +307,14 @@ def test_a_run_file_without_a_team_deploys_no_rollout_and_stale_manifests_go(tmp
     assert "no cache: the [actor] backend is vllm" in result.output
     actor = next(c for c in containers(out) if c["name"] == "actor")
     assert "--l3-cache" not in actor["command"][2]
+
+
+def test_an_environment_run_file_deploys_rollout_drivers_that_read_it(tmp_path):
+    text = '[model]\npath = "tiny"\n\n[env]\nverifiers = "env.py:load_environment"\nargs = { num_examples = 64 }\n'
+    result, out = deploy(tmp_path, "k8s", text=text)
+    assert result.exit_code == 0, result.output
+    rollout = next(c for c in containers(out) if c["name"] == "rollout")
+    assert "forge rollout" in " ".join(rollout["command"]) and "--config" in " ".join(rollout["command"])
 
 
 def test_the_example_deploy_run_file_deploys_to_both_targets(tmp_path):

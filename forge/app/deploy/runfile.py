@@ -17,7 +17,7 @@ from forge.settings import SettingsError, build
 
 # The run file's tables: the service that reads each, and the top-level tables forge rollout reads as its groups.
 SERVICE_TABLES = tuple(SERVICES)
-SHARED_TABLES = ("model", "tasks", "agent", "sandbox")
+SHARED_TABLES = ("model", "tasks", "agent", "env", "sandbox")
 
 
 class RunFileError(click.UsageError):
@@ -87,8 +87,8 @@ class RunFile:
 
     @property
     def rollout(self) -> bool:
-        """Whether the run file brings a team's tasks and agent, which a rollout driver plays."""
-        return bool(self.table("tasks") or self.table("agent"))
+        """Whether the run file brings a team's tasks and agent, or an environment, which a rollout driver plays."""
+        return bool(self.table("tasks") or self.table("agent") or self.table("env"))
 
     def _fields(self, cls: type, table: str) -> dict[str, Any]:
         """A table's values as ``cls``'s fields hold them (a TOML list as a tuple, a size in its field's units)."""
@@ -98,7 +98,7 @@ class RunFile:
             raise RunFileError(str(exc)) from exc
 
     def _check(self) -> None:
-        from forge.app.rollout.config import AgentConfig, TasksConfig
+        from forge.app.rollout.config import AgentConfig, EnvConfig, TasksConfig, check_one_workload
 
         for table in SERVICE_TABLES:
             self.options(table)
@@ -107,11 +107,13 @@ class RunFile:
             try:
                 tasks = build(TasksConfig, self._fields(TasksConfig, "tasks"))
                 agent = build(AgentConfig, self._fields(AgentConfig, "agent"))
+                env = build(EnvConfig, self._fields(EnvConfig, "env"))
+                check_one_workload(tasks, agent, env)
             except SettingsError as exc:
-                raise RunFileError(f"{self.path}: [tasks]/[agent]: {exc}") from exc
-            if not tasks.team or not agent.given:
+                raise RunFileError(f"{self.path}: [tasks]/[agent]/[env]: {exc}") from exc
+            if not env.given and (not tasks.team or not agent.given):
                 raise RunFileError(f"{self.path}: the rollout driver plays the team's tasks with its agent: give "
-                                   "[tasks] (train or source, and verifier) and [agent] (command or python)")
+                                   "[tasks] (train or source, and verifier) and [agent] (command, python or mcp), or [env]")
         role = self.options("actor").get("role", "both")
         if role != "both":
             raise RunFileError(f"{self.path}: [actor] role = {role!r}: forge deploy runs every actor with role both "
