@@ -144,3 +144,34 @@ def test_the_example_environment_loads_and_holds_out_its_share():
     team = Team.load_env(EnvConfig(**table), example)
     assert team.environment.interface.text_field == "text" and team.environment.interface.name == "GuessEnvironment"
     assert len(team.tasks.train) + len(team.tasks.eval) == 256 and len(team.tasks.eval) == 26
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_forge_rollout_plays_an_environment_against_a_running_gateway(tmp_path):
+    from helpers.gateway_procs import start_actor, start_gateway
+
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(f'[model]\npath = "tiny"\n\n[env]\nopenenv = "{ENVS / "oe_envs.py"}:QAEnvironment"\nseeds = 4\n'
+                        'group_size = 2\n')
+    key_file = tmp_path / "gateway.key"
+    key_file.write_text("rollout-env-key\n")
+    actor = start_actor(tmp_path, "actor", "--model", "tiny")
+    gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool", "--api-key-file", str(key_file))
+    try:
+        result = subprocess.run([script("forge"), "rollout", "--config", str(run_file), "--gateway",
+                                 gateway.info["grpc_address"], "--http", gateway.info["http_address"],
+                                 "--api-key-file", str(key_file), "--episodes", "8"],
+                                capture_output=True, text=True, timeout=500, cwd=tmp_path)
+    finally:
+        gateway.stop()
+        actor.stop()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "QAEnvironment" in result.stdout
+    with PoolReader(tmp_path / "pool") as pool:
+        sessions = [pool.get_session(s).session for e in pool.entries(start=0, limit=10_000) for s in e.members]
+    done = [s for s in sessions if s.status == pool_pb2.SESSION_STATUS_COMPLETED]
+    assert len(done) >= 8 and all(s.domain == "QAEnvironment" and set(s.outcome_rewards) == {"reward"} for s in done)
+    result = subprocess.run([script("forge"), "rollout", "--config", str(run_file), "--gateway", "127.0.0.1:1"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and "an environment's agent reaches its session over HTTP" in result.stderr
