@@ -15,42 +15,18 @@ import httpx
 import pytest
 
 from forge.builtin import load_tokenizer
-from forge.pool import PoolReader
-from forge.v1 import pool_pb2
 
 from conftest import free_port, script
+from helpers import short_runs
+from helpers.short_runs import completed
 
 ENVS = Path(__file__).parent / "openenv_envs"
 pytestmark = pytest.mark.xdist_group("heavy")           # forge up runs: one heavy run at a time (conftest.HEAVY)
 
 
 def forge_up(tmp_path: Path, env: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    path = tmp_path / "run.toml"
-    path.write_text(f'''
-[model]
-path = "tiny"
-
-[env]
-{env}
-
-[up]
-minutes = 20
-steps = 2
-eval_samples = 1
-groups_in_flight = 4
-max_tokens = 200          # room for a call's arguments (a long number cut short parses as no call)
-
-[learner]
-batch_groups = 2
-''')
-    return subprocess.run([script("forge"), "up", "--config", str(path), "--run-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
-
-
-def completed(pool_dir: Path) -> list:
-    with PoolReader(pool_dir) as pool:
-        found = [pool.get_session(s) for e in pool.entries(start=0, limit=100_000) for s in e.members]
-    return [s for s in found if s.session.status == pool_pb2.SESSION_STATUS_COMPLETED]
+    # room for a call's arguments: a long number cut short parses as no call
+    return short_runs.forge_up(tmp_path, f"[env]\n{env}\n", timeout, max_tokens=200)
 
 
 @pytest.fixture
@@ -149,28 +125,13 @@ def test_the_example_environment_loads_and_holds_out_its_share():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_forge_rollout_plays_an_environment_against_a_running_gateway(tmp_path):
-    from helpers.gateway_procs import start_actor, start_gateway
-
     run_file = tmp_path / "run.toml"
     run_file.write_text(f'[model]\npath = "tiny"\n\n[env]\nopenenv = "{ENVS / "oe_envs.py"}:QAEnvironment"\nseeds = 4\n'
                         'group_size = 2\n')
-    key_file = tmp_path / "gateway.key"
-    key_file.write_text("rollout-env-key\n")
-    actor = start_actor(tmp_path, "actor", "--model", "tiny")
-    gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool", "--api-key-file", str(key_file))
-    try:
-        result = subprocess.run([script("forge"), "rollout", "--config", str(run_file), "--gateway",
-                                 gateway.info["grpc_address"], "--http", gateway.info["http_address"],
-                                 "--api-key-file", str(key_file), "--episodes", "8"],
-                                capture_output=True, text=True, timeout=500, cwd=tmp_path)
-    finally:
-        gateway.stop()
-        actor.stop()
+    result = short_runs.forge_rollout(tmp_path, run_file, episodes=8)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "QAEnvironment" in result.stdout
-    with PoolReader(tmp_path / "pool") as pool:
-        sessions = [pool.get_session(s).session for e in pool.entries(start=0, limit=10_000) for s in e.members]
-    done = [s for s in sessions if s.status == pool_pb2.SESSION_STATUS_COMPLETED]
+    done = [s.session for s in completed(tmp_path / "pool")]
     assert len(done) >= 8 and all(s.domain == "QAEnvironment" and set(s.outcome_rewards) == {"reward"} for s in done)
     result = subprocess.run([script("forge"), "rollout", "--config", str(run_file), "--gateway", "127.0.0.1:1"],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)

@@ -247,21 +247,9 @@ def test_forge_up_trains_a_white_box_agent_that_rewrites_its_context(tmp_path):
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")), reason="the pre-trained tiny checkpoint is not shipped")
 def test_forge_rollout_plays_the_teams_tasks_against_a_running_gateway(tmp_path):
-    from helpers.gateway_procs import start_actor, start_gateway
+    from helpers.short_runs import forge_rollout
 
-    run_file = team_run_file(tmp_path)
-    key_file = tmp_path / "gateway.key"
-    key_file.write_text("# the gateway's key, kept off every command line\nrollout-test-key\n")
-    actor = start_actor(tmp_path, "actor", "--model", "tiny")
-    gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool", "--api-key-file", str(key_file))
-    try:
-        result = subprocess.run([script("forge"), "rollout", "--config", str(run_file), "--gateway",
-                                 gateway.info["grpc_address"], "--http", gateway.info["http_address"],
-                                 "--api-key-file", str(key_file), "--episodes", "8"],
-                                capture_output=True, text=True, timeout=500, cwd=tmp_path)
-    finally:
-        gateway.stop()
-        actor.stop()
+    result = forge_rollout(tmp_path, team_run_file(tmp_path), episodes=8)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sessions (" in result.stdout and "colors" in result.stdout
     with PoolReader(tmp_path / "pool") as pool:

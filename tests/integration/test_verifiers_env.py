@@ -13,45 +13,17 @@ from pathlib import Path
 import pytest
 
 from forge.builtin import load_tokenizer
-from forge.pool import PoolReader
 from forge.v1 import pool_pb2
 
-from conftest import script
+from helpers import short_runs
+from helpers.short_runs import stored_sessions
 
 ENVS = Path(__file__).parent / "vf_envs"
 pytestmark = pytest.mark.xdist_group("heavy")           # forge up runs: one heavy run at a time (conftest.HEAVY)
 
 
-def run_file(tmp_path: Path, env: str) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(f'''
-[model]
-path = "tiny"
-
-[env]
-{env}
-
-[up]
-minutes = 20
-steps = 2
-eval_samples = 1
-groups_in_flight = 4
-
-[learner]
-batch_groups = 2
-''')
-    return path
-
-
 def forge_up(tmp_path: Path, env: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([script("forge"), "up", "--config", str(run_file(tmp_path, env)),
-                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=timeout,
-                          cwd=tmp_path)
-
-
-def sessions(pool_dir: Path) -> list:
-    with PoolReader(pool_dir) as pool:
-        return [pool.get_session(s) for e in pool.entries(start=0, limit=100_000) for s in e.members]
+    return short_runs.forge_up(tmp_path, f"[env]\n{env}\n", timeout)
 
 
 @pytest.mark.slow
@@ -66,12 +38,12 @@ def test_a_single_turn_environment_trains_with_its_rubric(tmp_path):
     assert summary["learner"]["step"] >= 2, "the learner trained on the environment's sessions"
     assert "held-out reward per domain" in result.stdout and "vftest_qa" in result.stdout
 
-    played = sessions(tmp_path / "run" / "pool")
+    played = stored_sessions(tmp_path / "run" / "pool")
     scored = [s for s in played if s.session.status == pool_pb2.SESSION_STATUS_COMPLETED]
     assert scored and all(set(s.session.outcome_rewards) == {"exact", "short"} for s in scored)
     assert all(s.session.outcome_rewards["short"] in (0.0, 0.5) for s in scored), "each weighted by its weight"
     assert all("reply_chars" in s.session.metrics for s in scored), "the environment's metrics are kept"
-    everywhere = [s.session for s in (*played, *sessions(tmp_path / "run" / "eval-pool"))]
+    everywhere = [s.session for s in (*played, *stored_sessions(tmp_path / "run" / "eval-pool"))]
     failed = [s for s in everywhere if s.status == pool_pb2.SESSION_STATUS_FAILED
               and "the rollout stopped" not in s.failure_reason]        # in flight when the run ended
     assert {s.task_id for s in failed} == {"qa-0"}, "a broken rubric fails its own sessions, and only those"
@@ -91,7 +63,7 @@ def test_an_environment_with_an_mcp_toolset_trains(tmp_path, loader, name):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["domains"] == [name] and set(summary["eval_end"]) == {name}
     assert summary["learner"]["step"] >= 2
-    played = sessions(tmp_path / "run" / "pool")
+    played = stored_sessions(tmp_path / "run" / "pool")
     scored = [s for s in played if s.session.status == pool_pb2.SESSION_STATUS_COMPLETED]
     assert scored and all(set(s.session.outcome_rewards) == {"correct", "used_tool"} for s in scored)
     prompt = load_tokenizer("tiny").decode(list(scored[0].calls[0].prompt_ids))
@@ -116,10 +88,8 @@ def test_an_environment_that_cannot_be_made_is_refused_before_anything_starts(tm
 
 
 def test_an_environment_and_the_teams_own_tasks_do_not_mix(tmp_path):
-    path = run_file(tmp_path, f'verifiers = "{ENVS / "envs.py"}:single_turn"')
-    path.write_text(path.read_text() + '\n[tasks]\ntrain = "tasks.jsonl"\nverifier = "verify.py:score"\n')
-    result = subprocess.run([script("forge"), "up", "--config", str(path), "--run-dir", str(tmp_path / "run")],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = forge_up(tmp_path, f'verifiers = "{ENVS / "envs.py"}:single_turn"\n\n[tasks]\ntrain = "tasks.jsonl"\n'
+                                'verifier = "verify.py:score"', timeout=300)
     assert result.returncode == 2 and "give [env] or [tasks]" in result.stderr, result.stderr
 
 

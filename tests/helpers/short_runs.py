@@ -1,0 +1,62 @@
+"""Short runs of the whole system on the built-in tiny model, as the environment and agent tests make them:
+``forge up --config`` with the given tables for two learner steps, and ``forge rollout`` against an actor and a
+keyed gateway of its own; and what their pools hold."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from forge.pool import PoolReader
+from forge.v1 import pool_pb2
+
+from conftest import script
+
+UP = '''
+[up]
+minutes = 20
+steps = 2
+eval_samples = 1
+groups_in_flight = 4
+max_tokens = {max_tokens}
+
+[learner]
+batch_groups = 2
+'''
+
+
+def forge_up(tmp_path: Path, tables: str, timeout: float = 900, max_tokens: int = 96) -> subprocess.CompletedProcess:
+    """``forge up`` on a run file of ``tables`` (TOML) besides [model] tiny and a two-step [up], into tmp_path/run."""
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\npath = "tiny"\n\n' + tables + "\n" + UP.format(max_tokens=max_tokens))
+    return subprocess.run([script("forge"), "up", "--config", str(path), "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+
+
+def forge_rollout(tmp_path: Path, run_file: Path, episodes: int) -> subprocess.CompletedProcess:
+    """``forge rollout --config run_file`` for ``episodes`` sessions through a keyed gateway (its pool in
+    tmp_path/pool) in front of a tiny-model actor, both started here and stopped after."""
+    from helpers.gateway_procs import start_actor, start_gateway
+
+    key_file = tmp_path / "gateway.key"
+    key_file.write_text("# the gateway's key, kept off every command line\nrollout-test-key\n")
+    actor = start_actor(tmp_path, "actor", "--model", "tiny")
+    gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool", "--api-key-file", str(key_file))
+    try:
+        return subprocess.run([script("forge"), "rollout", "--config", str(run_file), "--gateway",
+                               gateway.info["grpc_address"], "--http", gateway.info["http_address"],
+                               "--api-key-file", str(key_file), "--episodes", str(episodes)],
+                              capture_output=True, text=True, timeout=500, cwd=tmp_path)
+    finally:
+        gateway.stop()
+        actor.stop()
+
+
+def stored_sessions(pool_dir: Path) -> list:
+    """Every session the pool at ``pool_dir`` holds, with its calls."""
+    with PoolReader(pool_dir) as pool:
+        return [pool.get_session(s) for e in pool.entries(start=0, limit=100_000) for s in e.members]
+
+
+def completed(pool_dir: Path) -> list:
+    return [s for s in stored_sessions(pool_dir) if s.session.status == pool_pb2.SESSION_STATUS_COMPLETED]
