@@ -212,9 +212,10 @@ class OpenEnvWorkload(Workload):
         started = time.perf_counter()
         episode = Episode()
         try:
-            url = self.environment.url or await self.server.start()
-            async with self._limit, asyncio.timeout(self.environment.timeout_s):
-                await self._episode(url, plan.task, session, episode)
+            async with self._limit:             # the timeout counts from the episode's start, not from its wait
+                async with asyncio.timeout(self.environment.timeout_s):
+                    url = self.environment.url or await self.server.start()
+                    await self._episode(url, plan.task, session, episode)
         except TimeoutError:
             return Outcome(plan.domain, failed=f"the episode took longer than {self.environment.timeout_s:g} s",
                            blackbox=True, reply=episode.reply)
