@@ -62,6 +62,7 @@ def test_a_text_environment_served_by_forge_trains(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["domains"] == ["QAEnvironment"] and set(summary["eval_end"]) == {"QAEnvironment"}
+    assert "environment: QAEnvironment (OpenEnv, served by Forge" in result.stdout
     assert summary["learner"]["step"] >= 2
     scored = completed(tmp_path / "run" / "pool")
     assert scored and all(set(s.session.outcome_rewards) == {"reward"} for s in scored)

@@ -37,6 +37,7 @@ def test_a_single_turn_environment_trains_with_its_rubric(tmp_path):
     assert set(summary["eval_start"]) == set(summary["eval_end"]) == {"vftest_qa"}
     assert summary["learner"]["step"] >= 2, "the learner trained on the environment's sessions"
     assert "held-out reward per domain" in result.stdout and "vftest_qa" in result.stdout
+    assert "environment: vftest_qa (verifiers, harness null" in result.stdout, "what is played is said at start"
 
     played = stored_sessions(tmp_path / "run" / "pool")
     scored = [s for s in played if s.session.status == pool_pb2.SESSION_STATUS_COMPLETED]
@@ -109,3 +110,16 @@ def test_the_example_environment_loads_and_holds_out_its_share(monkeypatch):
     assert len(team.tasks.train) == 180 and len(team.tasks.eval) == 20
     assert {t["domain"] for t in team.tasks.train} == {"arith"}
     assert not {t["id"] for t in team.tasks.train} & {t["id"] for t in team.tasks.eval}
+
+
+def test_a_harness_that_runs_commands_on_this_host_is_said_at_start(monkeypatch):
+    import os
+    import sys
+
+    from forge.app.rollout.verifiers_env import VerifiersEnvironment
+
+    monkeypatch.setattr(sys, "path", [*sys.path])
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    plain = VerifiersEnvironment.load("vftest_tool", {}, ENVS)           # a taskset alone: verifiers' bash harness
+    assert "harness bash" in plain.describe() and "outside any sandbox" in plain.describe()
+    assert "outside any sandbox" not in VerifiersEnvironment.load("envs.py:single_turn", {}, ENVS).describe()

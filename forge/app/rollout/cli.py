@@ -32,6 +32,8 @@ def rollout(config: RolloutConfig) -> None:
                 Team.load(config.tasks, config.agent, base_dir, config.seed, config.sandbox))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    if team.environment is not None:
+        click.echo(team.environment.describe())
     stats = asyncio.run(_roll_out(config, team))
     click.echo(f"{stats.episodes} sessions ({stats.failed} failed); reward per domain "
                f"{ {d: round(r, 3) for d, r in stats.reward().items()} }")

@@ -172,6 +172,13 @@ class OpenEnvEnvironment:
         return cls(interface, seed_tasks(interface.name, seeds, eval_fraction, seed), url, spec, base_dir,
                    reset_args, max_turns, concurrency, timeout_s, tool_choice)
 
+    def describe(self) -> str:
+        """One line for the start of a run: what is played, and how."""
+        where = self.url or "served by Forge on loopback"
+        how = f"its {self.interface.text_field!r} field" if self.interface.text_field else "tool calls"
+        return (f"environment: {self.interface.name} (OpenEnv, {where}; replies in {how}; "
+                f"{len(self.tasks.train)} seeds, {len(self.tasks.eval)} held out)")
+
     def workload(self, sampling: SamplingParams, seed: int = 0) -> OpenEnvWorkload:
         server = ManagedServer(self.spec, self.base_dir, self.concurrency) if self.spec is not None else None
         return OpenEnvWorkload(self, self.tasks.train, sampling, server=server, seed=seed)

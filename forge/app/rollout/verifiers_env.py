@@ -166,6 +166,17 @@ class VerifiersEnvironment:
     def workload(self, sampling: SamplingParams, seed: int = 0) -> VerifiersWorkload:
         return VerifiersWorkload(self.env, self.tasks.train, sampling, seed=seed, timeout_s=self.timeout_s)
 
+    def describe(self) -> str:
+        """One line for the start of a run: what is played, and a warning when the model's commands run here."""
+        from verifiers.v1.utils.loaders import harness_class
+
+        harnesses = sorted({config.id for config in self.env.config.agent_harnesses().values()})
+        line = (f"environment: {self.env.config.env_id} (verifiers, harness {', '.join(harnesses)}; "
+                f"{len(self.tasks.train)} tasks, {len(self.tasks.eval)} held out)")
+        if any(harness_class(name).EXECUTES_CODE for name in harnesses):
+            line += " - its harness runs the model's commands on this host, outside any sandbox"
+        return line
+
 
 class VerifiersWorkload(Workload):
     """Each session one episode of a verifiers environment, played through the session's base URL."""

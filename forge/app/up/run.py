@@ -75,6 +75,8 @@ async def run(config: UpConfig, console: Console, team: Team | None = None
         with console.status("starting learner, actors and gateway …"):
             system.start()
         console.print("actors: {} ({})".format(*system.backend))
+        if team is not None and team.environment is not None:
+            console.print(team.environment.describe())
         with console.status("held-out evaluation at the start …"):
             live.eval_start, live.eval_greedy_start = await evaluate()
         console.print(f"eval at start: {_rounded(live.eval_start)}"
