@@ -215,12 +215,25 @@ class TaskSet:
         return tuple(sorted({task["domain"] for task in (*self.train, *self.eval)}))
 
 
+def held_out(total: int, fraction: float, seed: int) -> set[int]:
+    """The indices of ``total`` tasks (at least 2) that ``fraction`` holds out, as ``seed`` decides: at least one on
+    each side."""
+    size = min(max(round(total * fraction), 1), total - 1)
+    return set(random.Random(seed).sample(range(total), size))
+
+
+def split(tasks: Sequence[dict[str, Any]], fraction: float, seed: int) -> TaskSet:
+    """``tasks`` (at least 2) as train and held-out sides (``held_out``); all train when ``fraction`` is 0."""
+    held = held_out(len(tasks), fraction, seed) if fraction else set()
+    return TaskSet(train=tuple(t for i, t in enumerate(tasks) if i not in held),
+                   eval=tuple(t for i, t in enumerate(tasks) if i in held))
+
+
 def _split(found: _Tasks, fraction: float, seed: int) -> tuple[_Tasks, _Tasks]:
     total = len(found.tasks)
     if total < 2:
         raise TaskError(f"eval_fraction {fraction:g} needs at least 2 tasks to split, the train set has {total}")
-    size = min(max(round(total * fraction), 1), total - 1)
-    held = set(random.Random(seed).sample(range(total), size))
+    held = held_out(total, fraction, seed)
     train, evaluation = _Tasks(), _Tasks()
     for index, task in enumerate(found.tasks):
         side = evaluation if index in held else train
@@ -281,5 +294,5 @@ def task_cycle(tasks: Sequence[dict[str, Any]], seed: int) -> Iterator[dict[str,
     return cycle()
 
 
-__all__ = ["DEFAULT_DOMAIN", "MAX_TASKS", "ROLES", "TaskError", "TaskSet", "load_task_set", "python_tasks",
-           "read_jsonl", "task_cycle", "validate_task"]
+__all__ = ["DEFAULT_DOMAIN", "MAX_TASKS", "ROLES", "TaskError", "TaskSet", "held_out", "load_task_set",
+           "python_tasks", "read_jsonl", "split", "task_cycle", "validate_task"]

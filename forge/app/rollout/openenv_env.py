@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import sys
 import tempfile
 import time
@@ -26,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from forge.app.rollout.openenv_server import WHAT, environment_class, wire_classes
-from forge.app.rollout.workload import Outcome, Plan, Session, Workload
+from forge.app.rollout.workload import SESSION_MODEL, Outcome, Plan, Session, Workload
 from forge.loading import PluginError, first_line
 from forge.model.sampling import SamplingParams
-from forge.tasks.source import TaskSet, task_cycle
+from forge.tasks.source import TaskSet, split, task_cycle
 
-MODEL = "forge"                     # a session's URL serves its policy under any name
 CALL_TOOL = "call_tool"
 
 
@@ -91,16 +89,9 @@ def openai_tools(listed: list[dict[str, Any]], strict: bool = False) -> list[dic
 
 
 def seed_tasks(name: str, seeds: int, eval_fraction: float, seed: int) -> TaskSet:
-    tasks = [{"id": f"seed-{n}", "domain": name, "seed": n} for n in range(seeds)]
-    if not eval_fraction:
-        return TaskSet(train=tuple(tasks), eval=())
-    if seeds < 2:
+    if eval_fraction and seeds < 2:
         raise ValueError(f"{WHAT} {name!r}: one seed cannot be split into train and held-out")
-    order = list(range(seeds))
-    random.Random(seed).shuffle(order)
-    held = set(order[:min(seeds - 1, max(1, round(eval_fraction * seeds)))])
-    return TaskSet(train=tuple(t for t in tasks if t["seed"] not in held),
-                   eval=tuple(t for t in tasks if t["seed"] in held))
+    return split([{"id": f"seed-{n}", "domain": name, "seed": n} for n in range(seeds)], eval_fraction, seed)
 
 
 class ManagedServer:
@@ -249,7 +240,7 @@ class OpenEnvWorkload(Workload):
                                      strict=self.environment.tool_choice == "required")
             while not result.done and episode.turns < self.environment.max_turns:
                 reply = (await model.chat.completions.create(
-                    model=MODEL, messages=messages, temperature=self.sampling.temperature,
+                    model=SESSION_MODEL, messages=messages, temperature=self.sampling.temperature,
                     max_tokens=self.sampling.max_tokens,
                     **({"tools": tools, "tool_choice": self.environment.tool_choice} if tools else {})
                 )).choices[0].message

@@ -22,7 +22,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import random
 import secrets
 import sys
 import time
@@ -33,10 +32,10 @@ from typing import Any
 
 from forge import environment
 from forge.app.rollout.held import Held
-from forge.app.rollout.workload import Outcome, Plan, Session, Workload
+from forge.app.rollout.workload import SESSION_MODEL, Outcome, Plan, Session, Workload
 from forge.loading import PluginError, first_line, load_object
 from forge.model.sampling import SamplingParams
-from forge.tasks.source import TaskSet, task_cycle
+from forge.tasks.source import TaskSet, split, task_cycle
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,6 @@ WHAT = "verifiers environment"
 INSTALL_HINT = "verifiers is not installed: pip install 'forge-rl[envs]'"
 KEY_VARIABLE = "FORGE_SESSION_API_KEY_{}"    # a session's key, read by verifiers' client; "API_KEY" in the name
                                              # keeps it from the processes verifiers starts
-MODEL = "forge"                              # a session's URL serves its policy under any name
 SESSIONS_PER_SERVING = 256                   # episodes one shared serving relays before a fresh one
 
 
@@ -137,15 +135,9 @@ def task_dicts(env: Any, eval_fraction: float, seed: int) -> TaskSet:
               "task": task} for index, task in enumerate(env.taskset)]
     if not tasks:
         raise ValueError(f"{WHAT} {domain!r}: its taskset has no tasks")
-    if not eval_fraction:
-        return TaskSet(train=tuple(tasks), eval=())
-    if len(tasks) < 2:
+    if eval_fraction and len(tasks) < 2:
         raise ValueError(f"{WHAT} {domain!r}: one task cannot be split into train and held-out")
-    order = list(range(len(tasks)))
-    random.Random(seed).shuffle(order)
-    held = set(order[:min(len(tasks) - 1, max(1, round(eval_fraction * len(tasks))))])
-    return TaskSet(train=tuple(t for i, t in enumerate(tasks) if i not in held),
-                   eval=tuple(t for i, t in enumerate(tasks) if i in held))
+    return split(tasks, eval_fraction, seed)
 
 
 @dataclass
@@ -202,7 +194,7 @@ class VerifiersWorkload(Workload):
         variable = KEY_VARIABLE.format(secrets.token_hex(8))
         os.environ[variable] = session.api_key or session.driver_key
         context = vf.ModelContext(
-            model=MODEL, client=vf.EvalClientConfig(base_url=session.base_url, api_key_var=variable),
+            model=SESSION_MODEL, client=vf.EvalClientConfig(base_url=session.base_url, api_key_var=variable),
             sampling=vf.SamplingConfig(temperature=self.sampling.temperature, max_tokens=self.sampling.max_tokens))
         started = time.perf_counter()
         try:

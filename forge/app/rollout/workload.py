@@ -30,6 +30,7 @@ from forge.tasks.source import task_cycle
 from forge.v1 import gateway_pb2
 
 log = logging.getLogger(__name__)
+SESSION_MODEL = "forge"         # the model name environments' clients send: a session's URL serves its policy by any
 
 
 @dataclass
