@@ -54,7 +54,7 @@ def bwrap_argv(bwrap: str, workspace: Path, read_only: tuple[str, ...], env: dic
             "--new-session", "--clearenv"]
     if info_fd is not None:
         argv += ["--info-fd", str(info_fd)]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]      # first: a mount below /tmp stays visible
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]  # first: mounts below it stay
     made = {"/", "/tmp"}
     for path in (*SYSTEM, *ETC, *python_paths(), *read_only):
         if os.path.islink(path) and path in SYSTEM:      # a merged /usr: /bin -> usr/bin

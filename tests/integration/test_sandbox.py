@@ -46,8 +46,9 @@ def test_the_workspace_is_the_one_writable_place_and_seeded_from_the_task(tmp_pa
     seed.mkdir()
     (seed / "main.py").write_text("print('task')\n")
     box = sandbox(tmp_path, seed=seed)
-    result = box.run("python3 main.py && echo made > out.txt && pwd && touch /usr/forge-x; echo usr=$?")
-    assert result.ok and result.stdout.splitlines() == ["task", "/workspace", "usr=1"], result
+    result = box.run("python3 main.py && echo made > out.txt && pwd && echo scratch > /tmp/t && cat /tmp/t &&"
+                     " touch /usr/forge-x; echo usr=$?")
+    assert result.ok and result.stdout.splitlines() == ["task", "/workspace", "scratch", "usr=1"], result
     assert "Read-only file system" in result.stderr
     assert (box.workspace / "out.txt").read_text() == "made\n" and not Path("/usr/forge-x").exists()
 
