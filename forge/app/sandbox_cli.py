@@ -35,6 +35,7 @@ def exec_command(config: ExecConfig) -> None:
     """Run COMMAND in a session's sandbox: its workspace is the working directory, nothing else of the host is
     writable, there is no network, and everything the command starts ends with it."""
     from forge.sandbox import Sandbox, SandboxError
+    from forge.sandbox.tripwires import describe
 
     if config.sandbox is None:
         raise click.UsageError("no sandbox: give --sandbox DIR or set FORGE_SANDBOX")
@@ -47,6 +48,8 @@ def exec_command(config: ExecConfig) -> None:
     sys.stderr.write(result.stderr)
     if result.timed_out:
         sys.stderr.write(f"forge sandbox: killed after {config.sandbox}'s timeout\n")
+    if result.attempts:
+        sys.stderr.write(f"forge sandbox: refused: {describe(result.attempts)}\n")
     raise SystemExit(TIMED_OUT if result.timed_out else result.returncode % 256)
 
 

@@ -3,9 +3,11 @@ namespaces without a daemon or root (user namespaces suffice).
 
 A command sees a root of its own: the system's programs and libraries, this Python and its packages, and the
 configured paths, all read-only; a fresh /proc and a minimal /dev; a private /tmp; and its sandbox's workspace, the
-one writable place, at ``/workspace``. It has no network (a network namespace with nothing but loopback), no view
-of other processes (a PID namespace, torn down with everything in it when the command ends), and a session of its
-own (no terminal to inject into). ``make`` installs bwrap from the distribution's package where the host lacks it.
+one writable place, at ``/workspace``. The root that holds them is read-only too, so a write anywhere else fails as
+a write to a read-only file system (which ``forge.sandbox.tripwires`` counts). It has no network (a network
+namespace with nothing but loopback), no view of other processes (a PID namespace, torn down with everything in it
+when the command ends), and a session of its own (no terminal to inject into). ``make`` installs bwrap from the
+distribution's package where the host lacks it.
 
 Run by root, bwrap builds the world with its privileges and the command then drops to the sandbox's own user
 (util-linux's ``setpriv``, with every capability dropped), so it can reach what root mounted but nothing root owns.
@@ -46,14 +48,18 @@ def python_paths() -> list[str]:
 
 
 def bwrap_argv(bwrap: str, workspace: Path, read_only: tuple[str, ...], env: dict[str, str],
-               cwd: str = WORKSPACE, uid: int | None = None, info_fd: int | None = None) -> list[str]:
+               cwd: str = WORKSPACE, uid: int | None = None, info_fd: int | None = None,
+               block_fd: int | None = None) -> list[str]:
     """bwrap's arguments and, with ``uid`` (bwrap run by root), the drop to that user: everything up to the
-    command. ``info_fd``: where bwrap writes ``{"child-pid": N}``, the host's pid of the namespace's init."""
+    command. ``info_fd``: where bwrap writes ``{"child-pid": N}``, the host's pid of the namespace's init;
+    ``block_fd``: the namespace waits for a byte there before it starts the command."""
     namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     argv = [bwrap, *namespaces, *([] if uid is not None else ["--unshare-user"]), "--die-with-parent",
             "--new-session", "--clearenv"]
     if info_fd is not None:
         argv += ["--info-fd", str(info_fd)]
+    if block_fd is not None:
+        argv += ["--block-fd", str(block_fd)]
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]  # first: mounts below it stay
     made = {"/", "/tmp"}
     for path in (*SYSTEM, *ETC, *python_paths(), *read_only):
@@ -67,7 +73,7 @@ def bwrap_argv(bwrap: str, workspace: Path, read_only: tuple[str, ...], env: dic
                 made.add(str(parent))
                 argv += ["--perms", "0755", "--dir", str(parent)]
         argv += ["--ro-bind", path, path]
-    argv += ["--bind", str(workspace), WORKSPACE, "--chdir", cwd]
+    argv += ["--bind", str(workspace), WORKSPACE, "--remount-ro", "/", "--chdir", cwd]
     for name, value in env.items():
         argv += ["--setenv", name, value]
     if uid is None:

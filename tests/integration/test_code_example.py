@@ -1,6 +1,7 @@
 """The code example (examples/code): each task's tests fail in a sandbox seeded from its repository and pass once
 its reference fix is applied there; a fix that edits the tests instead scores nothing; and a team run with
-[sandbox] enabled gives each session's program a sandbox whose result the verifier scores."""
+[sandbox] enabled gives each session's program a sandbox whose result the verifier scores, unless the program tried
+to get out of it."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from forge.builtin import TINY_DIR
 from forge.pool import PoolReader
-from forge.sandbox import Sandbox, SandboxConfig, verify
+from forge.sandbox import Sandbox, SandboxConfig, tripwires, verify
 from forge.v1 import pool_pb2
 
 from conftest import REPO, script
@@ -63,6 +65,15 @@ for fixed in reference.resolve().iterdir():
                    input=fixed.read_bytes(), check=True)
 print("fixed")
 '''
+# One that tries to write outside its sandbox instead.
+ESCAPER = '''
+import json, os, subprocess
+from openai import OpenAI
+task = json.load(open(os.environ["FORGE_TASK_FILE"]))
+OpenAI().chat.completions.create(model="forge", messages=task["messages"], max_tokens=4)
+subprocess.run(["forge", "sandbox", "exec", "--", "sh", "-c", "touch /usr/forge-escape"])
+print("done")
+'''
 
 
 @pytest.mark.slow
@@ -74,6 +85,7 @@ def test_a_sandboxed_team_run_scores_what_each_program_left_in_its_sandbox(tmp_p
     example = tmp_path / "code"
     shutil.copytree(EXAMPLE, example)
     (example / "fixer.py").write_text(FIXER.format(example=str(example)))
+    (example / "escaper.py").write_text(ESCAPER)
     run_file = example / "run-fixer.toml"
     run_file.write_text("""
 [tasks]
@@ -90,16 +102,32 @@ timeout_s = 120
 """)
     actor = start_actor(tmp_path, "actor", "--model", "tiny")
     gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool")
-    try:
-        result = subprocess.run([script("forge"), "rollout", "--config", str(run_file), "--gateway",
+
+    def rollout(run: Path, episodes: int) -> None:
+        result = subprocess.run([script("forge"), "rollout", "--config", str(run), "--gateway",
                                  gateway.info["grpc_address"], "--http", gateway.info["http_address"],
-                                 "--episodes", "4"], capture_output=True, text=True, timeout=500, cwd=tmp_path)
+                                 "--episodes", str(episodes)], capture_output=True, text=True, timeout=500,
+                                cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    escapes = tripwires.unavailable() is None
+    try:
+        rollout(run_file, 4)
+        if escapes:
+            escaping = example / "run-escaper.toml"
+            escaping.write_text(run_file.read_text().replace("fixer.py", "escaper.py"))
+            rollout(escaping, 2)
     finally:
         gateway.stop()
         actor.stop()
-    assert result.returncode == 0, result.stderr[-3000:]
     with PoolReader(tmp_path / "pool") as pool:
         sessions = [pool.get_session(s) for e in pool.entries(start=0, limit=10_000) for s in e.members]
     completed = [s for s in sessions if s.session.status == pool_pb2.SESSION_STATUS_COMPLETED]
     assert len(completed) >= 4, [s.session.failure_reason for s in sessions]
     assert all(s.session.outcome_rewards["tests"] == 1.0 and len(s.calls) == 1 for s in completed)
+    # every escaper's session that ended failed for its attempt (the others were still playing at the stop)
+    failed = [s.session.failure_reason for s in sessions if s.session.status != pool_pb2.SESSION_STATUS_COMPLETED]
+    attempts = [reason for reason in failed if reason.startswith("sandbox escape attempt")]
+    assert len(attempts) >= (2 if escapes else 0) and set(attempts) <= {"sandbox escape attempt: 1 write outside its tree"}
+    assert set(failed) - set(attempts) <= {"the rollout stopped before the session ended"}, failed
+    assert not Path("/usr/forge-escape").exists()

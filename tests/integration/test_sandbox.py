@@ -1,5 +1,6 @@
 """forge.sandbox on real bubblewrap sandboxes: no network, nothing of the host readable or writable beyond what is
-mounted, the limits enforced, no process left after a command, and 32 sandboxes at once from one pool."""
+mounted, the limits enforced, no process left after a command, 32 sandboxes at once from one pool, and each kind of
+escape attempt counted (and ordinary work not)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.sandbox import Sandbox, SandboxConfig, SandboxPool
+from forge.sandbox import Sandbox, SandboxConfig, SandboxPool, tripwires
 from forge.sandbox.sandbox import user_processes
 
 from conftest import script
@@ -160,3 +161,51 @@ def test_forge_sandbox_exec_needs_a_sandbox_and_a_command(tmp_path, arguments, s
     done = subprocess.run([script("forge"), "sandbox", "exec", *[a.format(box=box.directory) for a in arguments]],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+needs_tripwires = pytest.mark.skipif(tripwires.unavailable() is not None,
+                                     reason=f"escape attempts are not countable here: {tripwires.unavailable()}")
+ESCAPES = {
+    "write": "touch /usr/forge-x; mkdir /forge-x; echo x > /etc/passwd; true",
+    "network": f"{sys.executable} -c \"import socket; socket.create_connection(('192.0.2.1', 80), timeout=30)\"",
+    "processes": "while true; do sleep 1000 & done",
+    "memory": f"{sys.executable} -c 'x = bytearray(2**30)'",
+}
+
+
+@needs_tripwires
+@pytest.mark.parametrize("kind", list(ESCAPES))
+def test_an_escape_attempt_is_counted_by_its_kind(tmp_path, kind):
+    box = sandbox(tmp_path, SandboxConfig(timeout_s=60.0, max_processes=8, memory_mb=256))
+    result = box.run(ESCAPES[kind])
+    assert set(result.attempts) == {kind} and box.attempts() == result.attempts, result
+    assert tripwires.describe(result.attempts).endswith(tripwires.KINDS[kind][result.attempts[kind] != 1])
+    assert not Path("/usr/forge-x").exists() and not Path("/forge-x").exists()
+
+
+@needs_tripwires
+def test_ordinary_work_is_not_an_escape_attempt(tmp_path):
+    seed = tmp_path / "task"
+    seed.mkdir()
+    (seed / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (seed / "test_calc.py").write_text("from calc import add\n\ndef test_add():\n    assert add(1, 2) == 3\n")
+    box = sandbox(tmp_path, seed=seed)
+    work = (f"{sys.executable} -m pytest -q && {sys.executable} -c 'import json, sqlite3, numpy, asyncio' && "
+            f"sed -i s/+/-/ calc.py && cp calc.py /tmp/ && ls -la / /usr > listing.txt && sort listing.txt | wc -l &&"
+            f" {sys.executable} -c \"import socket; socket.socket().connect_ex(('127.0.0.1', 9))\" && "
+            f"{sys.executable} -c 'import os; os.access(\"/usr\", os.W_OK)' && (sleep 0.1 & sleep 0.1 & wait)")
+    result = box.run(["bash", "-c", work])
+    assert result.ok and result.attempts == {} and box.attempts() == {}, result
+
+
+@needs_tripwires
+def test_the_ledger_adds_up_every_process_s_commands_until_reset(tmp_path):
+    box = sandbox(tmp_path)
+    box.run(ESCAPES["write"])
+    env = {**os.environ, "FORGE_SANDBOX": str(box.directory)}
+    done = subprocess.run([script("forge"), "sandbox", "exec", "--", "sh", "-c", ESCAPES["network"]],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1 and "forge sandbox: refused: 1 network connection" in done.stderr, done.stderr
+    assert box.attempts() == {"write": 3, "network": 1}
+    box.reset()
+    assert box.attempts() == {}

@@ -7,12 +7,13 @@ tasks, played by its agent program (``forge.app.rollout.blackbox``) and scored b
 from __future__ import annotations
 
 import abc
+import asyncio
 import json
 import logging
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from forge.app.rollout.llm import GatewayChat
 from forge.app.rollout.verifier import VerificationFailed, Verifier
 from forge.model.sampling import SamplingParams
 from forge.sandbox import SandboxConfig, SandboxPool
+from forge.sandbox.tripwires import describe
 from forge.tasks import DOMAINS, Task, task_stream
 from forge.tasks.source import task_cycle
 from forge.v1 import gateway_pb2
@@ -167,7 +169,8 @@ class TeamWorkload(Workload):
                  tokenizer: Any = None, http_timeout_s: float = 30.0, sandbox: SandboxConfig | None = None,
                  base_dir: Path = Path(".")) -> None:
         """With ``sandbox``, each session's program gets a sandbox seeded from its task's ``workspace`` folder
-        (relative to ``base_dir``), held until the verifier has scored it."""
+        (relative to ``base_dir``), held until the verifier has scored it; an escape attempt made in it, by the
+        program's commands or the verifier's tests, fails the session."""
         if (runner is None) == (agent_class is None):
             raise ValueError("a team workload has one agent: a program (runner) or an Agent class")
         self.domains = tuple(sorted({t["domain"] for t in tasks}))
@@ -194,7 +197,11 @@ class TeamWorkload(Workload):
             return await self._play(stub, plan, session)
         seed = plan.task.get("workspace")
         async with self.sandboxes.async_session(self.base_dir / seed if seed else None) as sandbox:
-            return await self._play(stub, plan, session, sandbox.directory)
+            outcome = await self._play(stub, plan, session, sandbox.directory)
+            attempts = await asyncio.to_thread(sandbox.attempts)
+        if not attempts:
+            return outcome
+        return replace(outcome, rewards={}, process_rewards={}, failed=f"sandbox escape attempt: {describe(attempts)}")
 
     async def _play(self, stub: Any, plan: Plan, session: Session, sandbox: Path | None = None) -> Outcome:
         started = time.perf_counter()
