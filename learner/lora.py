@@ -27,6 +27,7 @@ from forge.settings import Settings, setting
 
 ADAPTER = "default"                 # peft's name for a model's one adapter
 DRAFT_PREFIX = "mtp."               # the MTP draft's modules: trained in full, never adapted
+EXPERTS = "experts"                 # a layer's stacked experts (Forge's and transformers' MoE): frozen
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 SAVED_PREFIX = "base_model.model."  # where peft's saved keys start: the wrapped model's own names follow
@@ -53,33 +54,51 @@ class LoraConfig(Settings):
     def scaling(self) -> float:
         return self.alpha / self.rank
 
-    def peft_config(self):
-        """The same adapter as peft describes it (``peft.LoraConfig``)."""
+    def peft_config(self, modules: list[str]):
+        """The same adapter, on ``modules`` (whole names), as peft describes it (``peft.LoraConfig``)."""
         import peft
 
         return peft.LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, bias="none",
-                               target_modules=target_pattern(self.targets), task_type="CAUSAL_LM")
+                               target_modules=modules, task_type="CAUSAL_LM")
 
 
 def target_pattern(targets: tuple[str, ...]) -> str:
-    """A regular expression peft matches against whole module names: a target name last, outside the draft."""
+    """A regular expression over whole module names: a target name last, outside the draft and the experts."""
     names = "|".join(re.escape(t) for t in targets)
-    return rf"^(?!{re.escape(DRAFT_PREFIX)})(?:.*\.)?(?:{names})$"
+    return rf"^(?!{re.escape(DRAFT_PREFIX)})(?!.*\.{EXPERTS}\.)(?:.*\.)?(?:{names})$"
+
+
+def target_modules(model: nn.Module, targets: tuple[str, ...]) -> list[str]:
+    """The linear modules of ``model`` that ``targets`` name."""
+    pattern = re.compile(target_pattern(targets))
+    return [name for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and pattern.fullmatch(name)]
 
 
 def add_adapters(model: nn.Module, config: LoraConfig) -> nn.Module:
     """Put ``config``'s adapters into ``model`` (in place; B starts at zero, so the policy is unchanged) and freeze
-    everything else but the MTP draft. ValueError when no module is a target."""
+    everything else but the MTP draft. ValueError when no module is a target.
+
+    peft takes a model with a ``config.model_type`` of a mixture of experts for a transformers checkpoint from before
+    its experts were fused, and rewrites the targets to adapt the fused experts; the policy is handed to it inside a
+    plain module, so that what is adapted is exactly the modules listed."""
     import peft
 
-    try:
-        peft.inject_adapter_in_model(config.peft_config(), model, adapter_name=ADAPTER)
-    except ValueError as exc:
-        raise ValueError(f"LoRA: no linear module of the policy is named {' or '.join(config.targets)} ({exc})") \
-            from None
+    modules = target_modules(model, config.targets)
+    if not modules:
+        raise ValueError(f"LoRA: no linear module of the policy is named {' or '.join(config.targets)}")
+    holder = nn.Module()
+    holder.add_module("policy", model)
+    peft.inject_adapter_in_model(config.peft_config([f"policy.{name}" for name in modules]), holder,
+                                 adapter_name=ADAPTER)
     for name, parameter in model.named_parameters():
         parameter.requires_grad = is_adapter(name) or name.startswith(DRAFT_PREFIX)
     return model
+
+
+def adapted_modules(state: dict[str, Tensor]) -> list[str]:
+    """The modules that carry adapters in ``state`` (a model's state dict, or its parameters' names)."""
+    return sorted({name.rpartition(".lora_A.")[0] for name in state if ".lora_A." in name})
 
 
 def is_adapter(name: str) -> bool:
@@ -122,7 +141,7 @@ def save_adapter(directory: str | Path, config: LoraConfig, state: dict[str, Ten
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    described = config.peft_config().to_dict()
+    described = config.peft_config(adapted_modules(state)).to_dict()
     described["base_model_name_or_path"] = base_model
     described = {k: sorted(v) if isinstance(v, set) else v for k, v in described.items()}
     (directory / ADAPTER_CONFIG).write_text(json.dumps(described, indent=2, sort_keys=True) + "\n")
@@ -157,5 +176,6 @@ def set_adapter(model: nn.Module, weights: dict[str, Tensor]) -> None:
         own[name].copy_(value)
 
 
-__all__ = ["DEFAULT_TARGETS", "LoraConfig", "adapter_state_dict", "add_adapters", "load_adapter",
-           "merged_state_dict", "save_adapter", "set_adapter", "target_pattern", "trainable_parameters"]
+__all__ = ["DEFAULT_TARGETS", "LoraConfig", "adapted_modules", "adapter_state_dict", "add_adapters", "load_adapter",
+           "merged_state_dict", "save_adapter", "set_adapter", "target_modules", "target_pattern",
+           "trainable_parameters"]

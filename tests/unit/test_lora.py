@@ -15,6 +15,7 @@ from forge.builtin import load_model
 from forge.learner.lora import (
     ADAPTER,
     LoraConfig,
+    adapted_modules,
     add_adapters,
     load_adapter,
     merged_state_dict,
@@ -63,11 +64,11 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 def test_a_lora_step_equals_peft_s_on_the_transformers_model(checkpoint):
     directory, vocab = checkpoint
     policy = forge_policy(directory)
+    mine = dict(policy.named_parameters())
     reference = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(
-        directory, dtype=torch.float32, attn_implementation="eager"), CONFIG.peft_config())
-    set_adapter(policy, {n: p for n, p in policy.named_parameters() if ".lora_" in n})       # its own: a no-op
+        directory, dtype=torch.float32, attn_implementation="eager"), CONFIG.peft_config(adapted_modules(mine)))
+    set_adapter(policy, {n: p for n, p in mine.items() if ".lora_" in n})       # its own: a no-op
     with torch.no_grad():
-        mine = dict(policy.named_parameters())
         for name, parameter in reference.named_parameters():
             if ".lora_" in name:
                 parameter.copy_(mine[name.removeprefix("base_model.model.")])
@@ -141,4 +142,6 @@ def test_the_draft_and_stacked_experts_are_never_targets():
     assert pattern.fullmatch("model.layers.3.self_attn.q_proj")
     assert pattern.fullmatch("model.layers.3.mlp.shared_expert.gate_proj")
     assert not pattern.fullmatch("mtp.0.layer.self_attn.q_proj")
+    assert not pattern.fullmatch("model.layers.3.mlp.experts.gate_proj")
+    assert pattern.fullmatch("model.layers.3.mlp.shared_experts.gate_proj")
     assert not pattern.fullmatch("model.layers.3.self_attn.q_proj_extra")
