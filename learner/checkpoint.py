@@ -1,5 +1,6 @@
 """Learner checkpoints as one component: the model in the Hugging Face layout (loadable by the actor and by
-transformers), the optimizer, RNG states and the trainer's state, including the pool cursor seq.
+transformers; a LoRA run's adapters merged in, the adapter itself beside it as a PEFT directory), the optimizer, RNG
+states and the trainer's state, including the pool cursor seq.
 
 A checkpoint is written into a temporary directory, fsynced and renamed into place, then named in ``latest``
 (replaced atomically): a learner killed at any moment finds either the previous complete checkpoint or the new
@@ -14,6 +15,7 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,11 @@ class Restored:
     @property
     def optimizer_path(self) -> Path:
         return self.path / "optimizer.pt"
+
+    @property
+    def adapter_dir(self) -> Path:
+        """A LoRA run's adapter (a PEFT directory); absent for full fine-tuning."""
+        return self.path / "adapter"
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -74,8 +81,10 @@ class Checkpointer:
         self.tokenizer_dir = tokenizer_dir
 
     def save(self, step: int, config: ModelConfig, model_state: dict[str, torch.Tensor],
-             optimizer_state: dict[str, Any], trainer_state: dict[str, Any]) -> Path:
-        """Write step ``step`` completely and durably, then make it the latest (call on one rank)."""
+             optimizer_state: dict[str, Any], trainer_state: dict[str, Any],
+             adapter: Callable[[Path], Any] | None = None) -> Path:
+        """Write step ``step`` completely and durably, then make it the latest (call on one rank). ``adapter``
+        writes a LoRA run's adapter into the directory it is given."""
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.directory / f"step-{step:08d}"
         staging = self.directory / f".staging-{step:08d}"
@@ -85,6 +94,8 @@ class Checkpointer:
             for name in TOKENIZER_FILES:
                 if (self.tokenizer_dir / name).exists():
                     shutil.copyfile(self.tokenizer_dir / name, staging / "model" / name)
+        if adapter is not None:
+            adapter(staging / "adapter")
         torch.save(optimizer_state, staging / "optimizer.pt")
         (staging / "trainer.json").write_text(json.dumps({**trainer_state, "step": step, "rng": rng_state()}))
         _fsync_tree(staging)

@@ -58,12 +58,49 @@ def _open_pool(config: LearnerConfig):
     return Pool(config.pool_path)
 
 
-def _initial_model(model: str, resume_dir: Path | None, seed: int, impl: str):
-    """(policy, directory its tokenizer comes from): the checkpoint resumed from, else the initial policy."""
+def _initial_model(config: LearnerConfig, restored, seed: int):
+    """(policy, directory its tokenizer comes from): the checkpoint resumed from, else the initial policy. With LoRA,
+    the initial policy with the run's adapters, the checkpoint's when resuming. UsageError when the checkpoint was
+    written with LoRA and the run is not, or the other way round, or on another base model."""
     from forge.builtin import load_model
+    from forge.learner.lora import add_adapters, load_adapter, set_adapter
 
-    policy, ref = load_model(resume_dir if resume_dir is not None else model, seed=seed, impl=impl)
+    lora = config.lora
+    if restored is not None:
+        check_lora_resume(restored.adapter_dir, lora, config.model)
+    source = restored.model_dir if restored is not None and not lora.enabled else config.model
+    policy, ref = load_model(source, seed=seed, impl=config.model_impl)
+    if lora.enabled:
+        add_adapters(policy, lora)
+        if restored is not None:
+            set_adapter(policy, load_adapter(restored.adapter_dir))
+        total = sum(p.numel() for p in policy.parameters())
+        trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+        log.info("LoRA rank %d on %s: %s of %s parameters train (%.2f%%)", lora.rank, ", ".join(lora.targets),
+                 f"{trainable:,}", f"{total:,}", 100 * trainable / total)
     return policy, ref.directory
+
+
+def check_lora_resume(adapter_dir: Path, lora, model: str) -> None:
+    """UsageError unless the checkpoint in ``adapter_dir``'s parent can be resumed with ``lora`` on ``model``."""
+    import json
+
+    from forge.learner.lora import ADAPTER_CONFIG
+
+    has_adapter = (adapter_dir / ADAPTER_CONFIG).exists()
+    where = adapter_dir.parent
+    if has_adapter and not lora.enabled:
+        raise click.UsageError(f"{where} was written by a LoRA run: resume it with its --lora-rank, or start a new "
+                               f"--run-dir from its merged model ({where / 'model'})")
+    if lora.enabled and not has_adapter:
+        raise click.UsageError(f"{where} was written by full fine-tuning: resume it without --lora-rank, or train "
+                               f"adapters on it in a new --run-dir with --model {where / 'model'}")
+    if has_adapter:
+        saved = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
+        if saved.get("base_model_name_or_path") != model or saved.get("r") != lora.rank:
+            raise click.UsageError(f"{where}'s adapter is rank {saved.get('r')} on "
+                                   f"{saved.get('base_model_name_or_path')}; this run asks rank {lora.rank} on "
+                                   f"{model}: give the same, or start a new --run-dir")
 
 
 def _curve_keys(config: LearnerConfig):
@@ -109,7 +146,6 @@ def _stop_on_signals() -> threading.Event:
 def _serve_stats(config: LearnerConfig, trainer, publisher):
     """Rank 0's part: serve Stats (and metrics), publish the current version for the actors to start from, and
     announce the learner in its ready file. Returns (server, metrics server)."""
-    from forge.learner.parallel import full_state_dict
     from forge.learner.servicer import LearnerServicer, serve_learner
     from forge.rpc import ServerOptions
 
@@ -117,7 +153,7 @@ def _serve_stats(config: LearnerConfig, trainer, publisher):
     server = serve_learner(servicer, ServerOptions(host=config.host, port=config.port))
     prometheus = start_metrics(servicer.report, config.host, config.metrics_port, on_failure=lambda: server.stop(0))
     if publisher is not None:                 # actors start from the learner's current version
-        publisher.publish(trainer.state.version, full_state_dict(trainer.model, trainer.dist))
+        publisher.publish(trainer.state.version, trainer.weights())
         trainer.checkpointer.record_published(trainer.state.version)
     if config.ready_file:
         write_ready_file(config.ready_file, address=server.address,
@@ -151,7 +187,7 @@ def learner(config: LearnerConfig) -> None:
 
     from forge.learner.checkpoint import Checkpointer
     from forge.learner.metrics import MetricsWriter, summary
-    from forge.learner.parallel import check_shared_run_dir, full_state_dict, init_distributed, shard_model
+    from forge.learner.parallel import check_shared_run_dir, init_distributed, shard_model
     from forge.learner.trainer import Trainer
     from forge.model.grammar import Grammars
 
@@ -161,8 +197,7 @@ def learner(config: LearnerConfig) -> None:
     torch.manual_seed(seed)
     checkpointer = Checkpointer(config.run_dir / "checkpoints", keep=config.keep_checkpoints)
     restored = checkpointer.latest() if config.resume else None
-    policy, source_dir = _initial_model(config.model, restored.model_dir if restored else None, seed,
-                                        config.model_impl)
+    policy, source_dir = _initial_model(config, restored, seed)
     checkpointer.tokenizer_dir = source_dir
     grammars = Grammars(source_dir, policy.config.vocab_size, tuple(policy.config.eos_token_ids))
     policy = shard_model(policy.to(distributed.device), distributed)
@@ -176,14 +211,15 @@ def learner(config: LearnerConfig) -> None:
         metrics = MetricsWriter(config.run_dir / "metrics.jsonl")
     trainer = Trainer(policy, distributed, config=config.trainer, loss=config.loss, rewards=config.reward,
                       window=config.window, pool=pool, checkpointer=checkpointer, publisher=publisher,
-                      metrics=metrics, grammars=grammars)
+                      metrics=metrics, grammars=grammars, lora=config.lora if config.lora.enabled else None,
+                      base_model=config.model)
     if restored is not None:
         trainer.restore()
 
     if distributed.is_main:
         server, prometheus = _serve_stats(config, trainer, publisher)
     elif config.publish:
-        full_state_dict(policy, distributed)     # rank 0 gathers the initial version for publishing
+        trainer.weights()                       # rank 0 gathers the initial version for publishing
 
     def on_step(record: dict) -> None:
         if distributed.is_main:

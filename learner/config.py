@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge.builtin import IMPLS, check_impl, trainable_model
+from forge.learner.lora import LoraConfig
 from forge.learner.losses import LossConfig
 from forge.learner.rewards import RewardConfig
 from forge.learner.trainer import TrainerConfig
@@ -77,6 +78,7 @@ class LearnerConfig(Settings):
     loss: LossConfig = field(default_factory=LossConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     window: WindowConfig = field(default_factory=WindowConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def check(self) -> None:
         check_metrics_port(self.port, self.metrics_port)

@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from forge.learner.checkpoint import Checkpointer, set_rng_state
 from forge.learner.expert_replay import MODES as ROUTING_MODES
 from forge.learner.expert_replay import RoutingTally
+from forge.learner.lora import LoraConfig, merged_state_dict, save_adapter
 from forge.learner.losses import LossConfig, loss_metrics, policy_loss
 from forge.learner.metrics import MetricsWriter
 from forge.learner.parallel import Distributed, full_state_dict, split_for_ranks
@@ -78,6 +80,17 @@ class TrainerState:
     trained_positions: list[int] = field(default_factory=list)   # entries trained since the last checkpoint
 
 
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """The memory this rank's optimizer state holds (its shard, under FSDP2)."""
+    total = 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                local = value.to_local() if hasattr(value, "to_local") else value
+                total += local.numel() * local.element_size()
+    return total
+
+
 def _dummy_sample() -> Sample:
     """A one-token sample whose loss is multiplied by zero: keeps FSDP collectives in step across ranks."""
     return Sample([0, 0], 1, [0.0], [0], 0.0, 1.0, 0, 1.0, "", -1, "", 0)
@@ -87,8 +100,11 @@ class Trainer:
     def __init__(self, model: CausalLM, distributed: Distributed, config: TrainerConfig, loss: LossConfig,
                  rewards: RewardConfig, window: WindowConfig, pool: PoolSource | None,
                  checkpointer: Checkpointer | None = None, publisher: Any = None,
-                 metrics: MetricsWriter | None = None, grammars: Grammars | None = None) -> None:
-        """``grammars`` replay the structured-output calls' grammars (None: such calls are left out)."""
+                 metrics: MetricsWriter | None = None, grammars: Grammars | None = None,
+                 lora: LoraConfig | None = None, base_model: str | None = None) -> None:
+        """``grammars`` replay the structured-output calls' grammars (None: such calls are left out). ``lora``: the
+        model carries those adapters (``forge.learner.lora``), trained on ``base_model``; actors and checkpoints
+        get its weights merged, checkpoints the adapter too."""
         self.model = model
         self.grammars = grammars
         self.dist = distributed
@@ -101,8 +117,11 @@ class Trainer:
         self.publisher = publisher
         self.metrics = metrics
         self.state = TrainerState()
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
-                                           weight_decay=config.weight_decay)
+        self.lora = lora
+        self.base_model = base_model
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.trainable_params = sum(p.numel() for p in trainable)
+        self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.last: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ resume
@@ -277,8 +296,14 @@ class Trainer:
                        else make_micro_batch(dummy, device)] * missing
         return micros, stem, packed
 
+    def weights(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """The policy's weights as actors and checkpoints hold them (adapters merged), gathered on rank 0 (empty on
+        the others); every rank calls this. ``state``: the full state dict, when gathered already."""
+        state = full_state_dict(self.model, self.dist) if state is None else state
+        return merged_state_dict(state, self.lora) if self.lora is not None and state else state
+
     def _publish(self) -> None:
-        state = full_state_dict(self.model, self.dist)
+        state = self.weights()
         if self.dist.is_main and self.publisher is not None:
             self.publisher.publish(self.state.version, state)
             if self.checkpointer is not None:
@@ -288,7 +313,8 @@ class Trainer:
         """Every rank calls this; rank 0 writes, then commits the pool cursor up to the saved seq."""
         if self.checkpointer is None:
             return
-        model_state = full_state_dict(self.model, self.dist)
+        full_state = full_state_dict(self.model, self.dist)
+        model_state = self.weights(full_state)
         if self.dist.enabled:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -299,7 +325,9 @@ class Trainer:
         if self.dist.is_main:
             state = {"version": self.state.version, "pool_seq": self.state.pool_seq,
                      "trained_positions": self.state.trained_positions, "saved_at": time.time()}
-            self.checkpointer.save(self.state.step, self.model.config, model_state, optimizer_state, state)
+            adapter = None if self.lora is None else partial(save_adapter, config=self.lora, state=full_state,
+                                                             base_model=self.base_model)
+            self.checkpointer.save(self.state.step, self.model.config, model_state, optimizer_state, state, adapter)
             if self.pool is not None:
                 self.pool.commit_cursor(self.state.pool_seq)
         self.state.trained_positions = []
@@ -321,7 +349,8 @@ class Trainer:
         record: dict[str, Any] = {
             "step": self.state.step, "version": self.state.version, "time": time.time(),
             "loss": policy_sum + self.loss.mtp_weight * mtp_sum, "policy_loss": policy_sum, "mtp_loss": mtp_sum,
-            "grad_norm": float(grad_norm), "lr": self.optimizer.param_groups[0]["lr"], "groups": len(batch.entries), "sessions": len(rewards),
+            "grad_norm": float(grad_norm), "lr": self.optimizer.param_groups[0]["lr"],
+            "trainable_params": self.trainable_params, "optimizer_mb": optimizer_bytes(self.optimizer) / 2**20, "groups": len(batch.entries), "sessions": len(rewards),
             "samples": len(samples), "tokens": tokens, "tokens_per_s": tokens / max(train_s, 1e-9),
             "step_s": train_s, "waited_s": batch.waited_s, "window": batch.window, "head": batch.head,
             "tail": batch.tail, "pool_seq": self.state.pool_seq,

@@ -1,5 +1,6 @@
-"""One training step on a pool, alone or under torchrun with FSDP2; rank 0 saves the gradients the step used and
-the resulting parameters."""
+"""One training step on a pool, alone or under torchrun with FSDP2, with LoRA adapters of a given rank (their B drawn
+at random, the same on every rank) or without; rank 0 saves the gradients the step used and the resulting
+parameters."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from gradients import capture_gradients
 
 from forge.builtin import load_model
+from forge.learner.lora import LoraConfig, add_adapters
 from forge.learner.losses import LossConfig
 from forge.learner.parallel import full_state_dict, init_distributed, shard_model
 from forge.learner.rewards import RewardConfig
@@ -18,15 +20,24 @@ from forge.pool import Pool
 from forge.pool.window import WindowConfig
 
 
-def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int) -> None:
+def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int, lora_rank: int = 0) -> None:
     distributed = init_distributed("cpu")
     torch.manual_seed(0)
-    model = shard_model(load_model(model_dir)[0], distributed)     # Forge's own family, or transformers'
+    model = load_model(model_dir)[0]        # Forge's own family, or transformers'
+    lora = LoraConfig(rank=lora_rank, alpha=8.0) if lora_rank else None
+    if lora is not None:
+        add_adapters(model, lora)
+        generator = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if ".lora_B." in name:
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    model = shard_model(model, distributed)
     pool = Pool(pool_dir) if distributed.is_main else None
     trainer = Trainer(model, distributed, TrainerConfig(lr=1e-3, micro_batch_tokens=micro_batch_tokens),
                       LossConfig(mtp_weight=0.5, mtp_top_k=8), RewardConfig(), WindowConfig(window=16,
                                                                                            batch_groups=4),
-                      pool)
+                      pool, lora=lora)
     grads = capture_gradients(trainer, model)
     record = trainer.step()
     state = full_state_dict(model, distributed)
@@ -38,5 +49,5 @@ def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int) -> No
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), *map(int, sys.argv[5:]))
     Path(sys.argv[3] + ".done").touch()

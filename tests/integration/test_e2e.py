@@ -25,12 +25,14 @@ from forge import expert_routing
 from forge.app.rollout.config import ModelChoice
 from forge.app.up.config import UpConfig
 from forge.app.up.run import report, run
-from forge.builtin import TINY_DIR
+from forge.builtin import TINY_DIR, load_model
 from forge.pool import PoolReader
 from forge.rpc import connect
+from forge.rpc.sampling import sampling_from_proto
 from forge.v1 import actor_pb2_grpc, cache_pb2_grpc, common_pb2, pool_pb2
 from forge.weights.curve import load_key_pair
 
+from helpers.engines import full_forward_logprobs
 from helpers.families import SERVABLE, with_tiny_tokenizer, write_family
 
 STEPS = 30
@@ -192,6 +194,34 @@ def test_forge_up_disaggregated_trains_through_its_prefill_actor(tmp_path):
     assert gateway["prefills"] + gateway["handover_fallbacks"] >= len(calls), (len(calls), gateway)
     logs = {p.name: p.read_text(errors="replace") for p in (config.run_dir / "logs").glob("*.log")}
     assert "applied weight version" in logs["actor-prefill-0.log"]
+
+
+@pytest.mark.timeout(1800)
+def test_forge_up_with_lora_serves_each_version_the_learner_trained(tmp_path):
+    """The main job with LoRA adapters, stopped by learner steps: the learner trains adapters only, the actor
+    applies each version (the adapters merged), and every call sampled wholly at a version carries log-probs equal to
+    that version's checkpoint recomputing them; each checkpoint holds the adapter beside the merged model."""
+    config = UpConfig(run_dir=tmp_path / "run", minutes=20.0, steps=3, eval_size=8, eval_samples=1).with_services(
+        learner={"lora_rank": 4, "checkpoint_every": 1, "keep_checkpoints": 5})
+    result = asyncio.run(run(config, Console(record=True, width=120)))
+    assert result["learner"].get("version", 0) >= 3
+    records = [json.loads(line) for line in (config.run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
+    full = sum(p.numel() for p in load_model("tiny")[0].parameters())
+    assert records and all(0 < r["trainable_params"] < full / 4 for r in records), records[0]
+    checkpoints = {int(p.name.split("-")[1]): p for p in (config.run_dir / "learner" / "checkpoints").glob("step-*")}
+    assert all((p / "adapter" / "adapter_model.safetensors").exists() for p in checkpoints.values())
+    with PoolReader(config.run_dir / "pool") as pool:
+        calls = [c for e in pool.entries(start=0, limit=100_000) for s in e.members for c in pool.get_session(s).calls]
+    checked = 0
+    for version, directory in sorted(checkpoints.items()):
+        model = load_model(directory / "model")[0].eval()
+        for call in calls:
+            if set(call.weight_versions) == {version} and not call.sampling.logit_bias:
+                recomputed = full_forward_logprobs(model, list(call.prompt_ids), list(call.completion_ids),
+                                                   sampling_from_proto(call.sampling))
+                assert recomputed == pytest.approx(list(call.logprobs), abs=2e-4), (version, call.session_id)
+                checked += 1
+    assert checked >= 1, "no call was sampled wholly at a trained version"
 
 
 @pytest.mark.timeout(1800)

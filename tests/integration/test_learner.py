@@ -49,7 +49,28 @@ def test_fsdp2_two_processes_equal_one_for_a_family_trained_through_transformers
     assert_same_step(one, two, reference.state_dict())
 
 
-def one_and_two_processes(tmp_path: Path, model_dir: Path) -> tuple[dict, dict]:
+@pytest.mark.parametrize("config", [CONFIG, MOE_CONFIG], ids=["dense", "experts"])
+def test_fsdp2_two_processes_equal_one_with_lora(tmp_path, config):
+    """Adapters sharded with their layers beside frozen weights; only they and the MTP draft move."""
+    model = make_model(6, config)
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    with Pool(tmp_path / "pool") as pool:
+        fill_from(pool, model, groups=4, group_size=3, calls=2, max_tokens=9)
+    one, two = one_and_two_processes(tmp_path, model_dir, lora_rank=4)
+    assert one["loss"] == pytest.approx(two["loss"], abs=1e-5) and one["tokens"] == two["tokens"] > 0
+    trained = {name for name in one["grads"] if ".lora_" in name or name.startswith("mtp.")}
+    assert one["grads"].keys() == two["grads"].keys() == trained and len(trained) > 10
+    for name, grad in one["grads"].items():
+        torch.testing.assert_close(two["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=name)
+    base = model.state_dict()
+    for name, tensor in one["state"].items():
+        torch.testing.assert_close(two["state"][name], tensor, atol=5e-5, rtol=1e-5, msg=name)
+        if ".base_layer." in name or (name in base and not name.startswith("mtp.")):
+            assert torch.equal(tensor, base[name.replace(".base_layer", "")]), f"{name} is frozen"
+
+
+def one_and_two_processes(tmp_path: Path, model_dir: Path, lora_rank: int = 0) -> tuple[dict, dict]:
     """What one training step on a copy of ``tmp_path/pool`` saved (``helpers/fsdp_step.py``), on 1 and 2 ranks."""
     results = {}
     for nproc in (1, 2):
@@ -57,7 +78,7 @@ def one_and_two_processes(tmp_path: Path, model_dir: Path) -> tuple[dict, dict]:
         shutil.copytree(tmp_path / "pool", copy)
         out = tmp_path / f"params-{nproc}.pt"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                   str(HELPERS / "fsdp_step.py"), str(model_dir), str(copy), str(out), "64"]
+                   str(HELPERS / "fsdp_step.py"), str(model_dir), str(copy), str(out), "64", str(lora_rank)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         results[nproc] = torch.load(out)
