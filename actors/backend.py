@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
+from forge.model.lora_weights import is_adapter_version
 from forge.model.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -288,6 +289,9 @@ class RequestLimits:
 
 def check_weights(version: int, state_dict: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]]) -> None:
     """Raise ValueError unless ``state_dict`` holds exactly the model's tensors (``shapes``), each of its shape."""
+    if is_adapter_version(state_dict):
+        raise ValueError(f"weight version {version} holds LoRA adapters only, which this backend does not merge: "
+                         f"publish merged weights ([learner] lora_publish = \"merged\")")
     problems = [n for n in shapes if n not in state_dict or tuple(state_dict[n].shape) != tuple(shapes[n])]
     if problems or len(state_dict) != len(shapes):
         extra = sorted(set(state_dict) - set(shapes))

@@ -153,7 +153,7 @@ def _serve_stats(config: LearnerConfig, trainer, publisher):
     server = serve_learner(servicer, ServerOptions(host=config.host, port=config.port))
     prometheus = start_metrics(servicer.report, config.host, config.metrics_port, on_failure=lambda: server.stop(0))
     if publisher is not None:                 # actors start from the learner's current version
-        publisher.publish(trainer.state.version, trainer.weights())
+        publisher.publish(trainer.state.version, trainer.published())
         trainer.checkpointer.record_published(trainer.state.version)
     if config.ready_file:
         write_ready_file(config.ready_file, address=server.address,
@@ -219,7 +219,7 @@ def learner(config: LearnerConfig) -> None:
     if distributed.is_main:
         server, prometheus = _serve_stats(config, trainer, publisher)
     elif config.publish:
-        trainer.weights()                       # rank 0 gathers the initial version for publishing
+        trainer.published()                     # rank 0 gathers the initial version for publishing
 
     def on_step(record: dict) -> None:
         if distributed.is_main:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from forge.model.lora_weights import SCALING, merged_weight
 from forge.settings import Settings, setting
 
 ADAPTER = "default"                 # peft's name for a model's one adapter
@@ -45,6 +46,10 @@ class LoraConfig(Settings):
     targets: tuple[str, ...] = setting(DEFAULT_TARGETS, flag="lora-targets",
                                        help="Names of the linear modules that get adapters (repeatable; the last "
                                             "part of a module's name, e.g. q_proj).")
+    publish: str = setting("merged", flag="lora-publish", choices=("merged", "adapters"),
+                           help="What each version sends the actors: the whole model with the adapters merged (any "
+                                "backend), or the adapters alone, which the embedded torch engine merges onto the "
+                                "base it started from (megabytes instead of the model).")
 
     @property
     def enabled(self) -> bool:
@@ -121,11 +126,19 @@ def merged_state_dict(state: dict[str, Tensor], config: LoraConfig) -> dict[str,
             continue
         module, _, leaf = name.rpartition(".base_layer.")
         if leaf == "weight":
-            a = state[f"{module}.lora_A.{ADAPTER}.weight"].float()
-            b = state[f"{module}.lora_B.{ADAPTER}.weight"].float()
-            value = (value.float() + config.scaling * (b @ a)).to(value.dtype)
+            value = merged_weight(value, state[f"{module}.lora_A.{ADAPTER}.weight"],
+                                  state[f"{module}.lora_B.{ADAPTER}.weight"], config.scaling)
         merged[f"{module}.{leaf}"] = value
     return merged
+
+
+def adapter_version(state: dict[str, Tensor], config: LoraConfig) -> dict[str, Tensor]:
+    """What an adapter version sends of ``state`` (a full state dict of a model with adapters): the adapters, the
+    MTP draft and the scale (``forge.model.lora_weights``)."""
+    version = {name.replace(f".{ADAPTER}.", "."): value for name, value in state.items() if is_adapter(name)}
+    version.update((name, value) for name, value in state.items() if name.startswith(DRAFT_PREFIX))
+    version[SCALING] = torch.tensor(config.scaling, dtype=torch.float32)
+    return version
 
 
 def adapter_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -176,6 +189,6 @@ def set_adapter(model: nn.Module, weights: dict[str, Tensor]) -> None:
         own[name].copy_(value)
 
 
-__all__ = ["DEFAULT_TARGETS", "LoraConfig", "adapted_modules", "adapter_state_dict", "add_adapters", "load_adapter",
+__all__ = ["DEFAULT_TARGETS", "LoraConfig", "adapted_modules", "adapter_state_dict", "adapter_version", "add_adapters", "load_adapter",
            "merged_state_dict", "save_adapter", "set_adapter", "target_modules", "target_pattern",
            "trainable_parameters"]

@@ -19,7 +19,7 @@ import torch
 from forge.learner.checkpoint import Checkpointer, set_rng_state
 from forge.learner.expert_replay import MODES as ROUTING_MODES
 from forge.learner.expert_replay import RoutingTally
-from forge.learner.lora import LoraConfig, merged_state_dict, save_adapter
+from forge.learner.lora import LoraConfig, adapter_version, merged_state_dict, save_adapter
 from forge.learner.losses import LossConfig, loss_metrics, policy_loss
 from forge.learner.metrics import MetricsWriter
 from forge.learner.parallel import Distributed, full_state_dict, split_for_ranks
@@ -302,8 +302,16 @@ class Trainer:
         state = full_state_dict(self.model, self.dist) if state is None else state
         return merged_state_dict(state, self.lora) if self.lora is not None and state else state
 
+    def published(self) -> dict[str, torch.Tensor]:
+        """What a version sends the actors, gathered on rank 0 (empty on the others; every rank calls this): the
+        weights, or with LoRA publishing adapters, the adapter version (``forge.model.lora_weights``)."""
+        if self.lora is None or self.lora.publish == "merged":
+            return self.weights()
+        state = full_state_dict(self.model, self.dist)
+        return adapter_version(state, self.lora) if state else state
+
     def _publish(self) -> None:
-        state = self.weights()
+        state = self.published()
         if self.dist.is_main and self.publisher is not None:
             self.publisher.publish(self.state.version, state)
             if self.checkpointer is not None:

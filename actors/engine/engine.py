@@ -37,6 +37,7 @@ from forge.actors.engine.sequence import Sequence, Status
 from forge.kvhash import kv_salt
 from forge.model.grammar import Grammars
 from forge.model.logit_edits import call_edits
+from forge.model.lora_weights import is_adapter_version, merge_adapter_version
 from forge.model.qwen3 import CausalLM
 
 if TYPE_CHECKING:
@@ -104,6 +105,8 @@ class TorchEngine(Backend):
         self._live: dict[str, Sequence] = {}
         self._pending_weights: tuple[int, Mapping[str, torch.Tensor], PreparedWeights] | None = None
         self._accepted_version = initial_version     # newest version handed over (applied or about to be)
+        self._base: dict[str, torch.Tensor] | None = None    # the starting weights, once LoRA adapter versions come
+        self._took_full_weights = False
         self._closed = False
         self._started = time.time()
         self._counters = dict(steps=0, tokens=0, prompt_tokens=0, finished=0, drafts=0, drafts_accepted=0,
@@ -162,7 +165,13 @@ class TorchEngine(Backend):
         return True
 
     def load_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Stage a weight version: the whole model's tensors, or a LoRA adapter version, merged here onto the weights
+        the engine started from (``forge.model.lora_weights``)."""
         try:
+            if is_adapter_version(state_dict):
+                state_dict = self._merged(state_dict)
+            else:
+                self._took_full_weights = True
             check_weights(version, state_dict, {n: t.shape for n, t in self.model.state_dict().items()})
         except ValueError:
             self._counters["weight_rejections"] += 1
@@ -176,6 +185,18 @@ class TorchEngine(Backend):
             self._accepted_version = version
             self._pending_weights = (version, state_dict, prepared)
             self._lock.notify()
+
+    def _merged(self, adapter_version: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The model's weights with ``adapter_version`` merged onto the starting ones (a host copy of them is kept
+        from the first adapter version on)."""
+        if self._base is None:
+            if self._took_full_weights:
+                raise ValueError("a LoRA adapter version came after whole-model versions: the base it adapts is gone "
+                                 "(restart the actor from the learner's base model)")
+            self._base = {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()}
+            log.info("weight versions are LoRA adapters: merging each onto the starting weights (a host copy, %.0f "
+                     "MiB)", sum(t.numel() * t.element_size() for t in self._base.values()) / 2**20)
+        return merge_adapter_version(self._base, adapter_version)
 
     def wait_for_version(self, version: int, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout

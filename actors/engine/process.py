@@ -41,6 +41,7 @@ from forge.actors.backend import (
     check_weights,
 )
 from forge.actors.engine.core import CoreInfo, EngineSpec
+from forge.model.lora_weights import is_adapter_version
 from forge.v1 import router_pb2
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,8 @@ class EngineProcess(Backend):
         core the weight endpoints instead (``EngineSpec.weights_fetch``), so that it subscribes itself."""
         from safetensors.torch import save
 
-        check_weights(version, state_dict, self.info.weight_shapes)
+        if not is_adapter_version(state_dict):          # the core merges an adapter version onto its model
+            check_weights(version, state_dict, self.info.weight_shapes)
         with self._lock:
             if version <= self._accepted_version:
                 raise ValueError(f"weight version {version} is not newer than {self._accepted_version}")

@@ -197,12 +197,14 @@ def test_forge_up_disaggregated_trains_through_its_prefill_actor(tmp_path):
 
 
 @pytest.mark.timeout(1800)
-def test_forge_up_with_lora_serves_each_version_the_learner_trained(tmp_path):
+@pytest.mark.parametrize("publish", ["merged", "adapters"])
+def test_forge_up_with_lora_serves_each_version_the_learner_trained(tmp_path, publish):
     """The main job with LoRA adapters, stopped by learner steps: the learner trains adapters only, the actor
-    applies each version (the adapters merged), and every call sampled wholly at a version carries log-probs equal to
-    that version's checkpoint recomputing them; each checkpoint holds the adapter beside the merged model."""
+    applies each version (sent merged, or as adapters the actor merges), and every call sampled wholly at a version
+    carries log-probs equal to that version's checkpoint recomputing them; each checkpoint holds the adapter beside
+    the merged model."""
     config = UpConfig(run_dir=tmp_path / "run", minutes=20.0, steps=3, eval_size=8, eval_samples=1).with_services(
-        learner={"lora_rank": 4, "checkpoint_every": 1, "keep_checkpoints": 5})
+        learner={"lora_rank": 4, "lora_publish": publish, "checkpoint_every": 1, "keep_checkpoints": 5})
     result = asyncio.run(run(config, Console(record=True, width=120)))
     assert result["learner"].get("version", 0) >= 3
     records = [json.loads(line) for line in (config.run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
@@ -222,6 +224,8 @@ def test_forge_up_with_lora_serves_each_version_the_learner_trained(tmp_path):
                 assert recomputed == pytest.approx(list(call.logprobs), abs=2e-4), (version, call.session_id)
                 checked += 1
     assert checked >= 1, "no call was sampled wholly at a trained version"
+    actor_log = (config.run_dir / "logs" / "actor-0.log").read_text(errors="replace")
+    assert ("weight versions are LoRA adapters" in actor_log) == (publish == "adapters")
 
 
 @pytest.mark.timeout(1800)

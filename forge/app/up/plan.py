@@ -114,6 +114,10 @@ class Plan:
         if self.config.prefill_actors and not self.cache_on:
             raise SettingsError("--prefill-actors needs the torch backend and forge-cache (--cache): the prompt's KV "
                                 f"is handed over through it (the actors' backend is {self.backend})")
+        learner = self.overrides["learner"].values
+        if learner.get("lora_rank", 0) and learner.get("lora_publish") == "adapters" and self.backend != "torch":
+            raise SettingsError(f"[learner] lora_publish = \"adapters\" needs actors that merge adapter versions (the "
+                                f"torch backend); the actors' backend is {self.backend}: publish merged weights")
 
     # The instances, each with the wiring forge up gives it.
     def _instance(self, name: str, kind: str, wiring: Mapping[str, Any], *, own: Mapping[str, Any] | None = None,
