@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
 from torch import Tensor
 
 SCALING = "lora.scaling"
@@ -21,8 +22,8 @@ A, B = ".lora_A.weight", ".lora_B.weight"
 
 
 def merged_weight(weight: Tensor, a: Tensor, b: Tensor, scaling: float) -> Tensor:
-    """W + scaling · B A, in float32, in W's dtype."""
-    return (weight.float() + scaling * (b.float() @ a.float())).to(weight.dtype)
+    """W + scaling · B A, in float32 (one fused multiply-add), in W's dtype."""
+    return torch.addmm(weight.float(), b.float(), a.float(), alpha=scaling).to(weight.dtype)
 
 
 def is_adapter_version(state: Mapping[str, Tensor]) -> bool:
