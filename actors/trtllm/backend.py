@@ -29,6 +29,7 @@ from forge.actors.backend import (
     RequestStream,
     TokenChunk,
 )
+from forge.model.lora_weights import is_adapter_version
 from forge.model.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,9 @@ class TrtllmBackend(Backend):
         return True
 
     def load_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        if is_adapter_version(state_dict):
+            raise ValueError(f"weight version {version} holds LoRA adapters only, which TensorRT-LLM is not given "
+                             f"here: publish merged weights ([learner] lora_publish = \"merged\")")
         if version <= self._version:
             raise ValueError(f"weight version {version} is not newer than {self._version}")
         started = time.perf_counter()

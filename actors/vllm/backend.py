@@ -63,6 +63,7 @@ from forge.actors.backend import (
 )
 from forge.actors.config import VLLM_INSTALL_HINT, EngineConfig
 from forge.builtin import ModelRef
+from forge.model.lora_weights import is_adapter_version, merge_adapter_version
 from forge.reaper import Reaper
 
 log = logging.getLogger(__name__)
@@ -273,6 +274,9 @@ class VllmBackend(Backend):
             log.info("vLLM runs without a tokenizer; structured output is refused: %s", self.structured_problem)
         self._version = initial_version
         self._accepted_version = initial_version
+        self._dtype = dtype
+        self._base: dict[str, torch.Tensor] | None = None      # the starting weights, once LoRA adapter versions come
+        self._took_full_weights = False
         self._figures = _Figures()
         self._counters = {"weight_swaps": 0, "finished": 0, "refused": 0, "aborted_by_swap": 0}
         self._last_swap_ms = 0.0
@@ -456,11 +460,16 @@ class VllmBackend(Backend):
     def load_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Apply a verified version between steps; returns once later tokens carry it. Tensors vLLM does not serve
         (``mtp.*``) are checked for nothing here and left out; a model with experts is written in the per-expert
-        layout of its checkpoint, which is what vLLM loads."""
+        layout of its checkpoint, which is what vLLM loads. A LoRA adapter version is merged onto the checkpoint vLLM
+        started from (``forge.model.lora_weights``), then loaded like any other."""
         from safetensors.torch import save_file
 
         from forge.model.checkpoint import hub_layout
 
+        if is_adapter_version(state_dict):
+            state_dict = self._merged(state_dict)
+        else:
+            self._took_full_weights = True
         served = {name: tensor for name, tensor in hub_layout(dict(state_dict)).items() if vllm_tensor(name)}
         check_weights(version, served, self.weight_shapes)
         with self._swap_lock:
@@ -475,6 +484,21 @@ class VllmBackend(Backend):
                 self._call(self._swap(version, staged), timeout=600.0)
             finally:
                 shutil.rmtree(staged, ignore_errors=True)
+
+    def _merged(self, adapter_version: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The served weights with ``adapter_version`` merged onto the checkpoint's (read, in the served dtype, at the
+        first adapter version and kept on the host)."""
+        if self._base is None:
+            if self._took_full_weights:
+                raise ValueError("a LoRA adapter version came after whole-model versions: the base it adapts is gone "
+                                 "(restart the actor from the learner's base model)")
+            from forge.model.checkpoint import load_state_dict
+
+            self._base = {name: tensor for name, tensor in
+                          load_state_dict(self.served_dir, dtype=getattr(torch, self._dtype)).items()
+                          if vllm_tensor(name)}
+            log.info("weight versions are LoRA adapters: merging each onto the checkpoint's weights")
+        return merge_adapter_version(self._base, {n: t for n, t in adapter_version.items() if vllm_tensor(n)})
 
     async def _swap(self, version: int, staged: Path) -> None:
         paused = time.perf_counter()

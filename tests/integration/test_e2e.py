@@ -256,12 +256,14 @@ def test_forge_up_on_vllm_actors_trains(tmp_path, model):
     """The main job with vLLM actors, stopped by learner steps: the learner trains on what they sample, and its
     versions reach them (later calls are stamped with them). With experts, vLLM on CPU records no routing: the
     learner routes every token itself and says so. A family Forge does not implement (llama) is served on vLLM
-    without asking (--backend auto), trained through transformers, and forge up says which backend it picked."""
+    without asking (--backend auto), trained through transformers with LoRA adapters, which its versions carry
+    alone (vLLM merges them), and forge up says which backend it picked."""
     if model == "llama":
         path = str(with_tiny_tokenizer(write_family(tmp_path / "llama", "llama", shape=SERVABLE, vocab_size=1024,
                                                        max_position_embeddings=4096)[0]))
         config = UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path=path), minutes=20.0, steps=6,
-                          eval_size=8, eval_samples=1)
+                          eval_size=8, eval_samples=1).with_services(
+            learner={"lora_rank": 4, "lora_publish": "adapters"})
     else:
         config = UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path=model), minutes=20.0, steps=6,
                           eval_size=8, eval_samples=1).with_services(actor={"backend": "vllm"})
@@ -269,6 +271,8 @@ def test_forge_up_on_vllm_actors_trains(tmp_path, model):
     result = asyncio.run(run(config, console))
     if model == "llama":
         assert "actors: vllm (the embedded engine does not implement llama)" in console.export_text()
+        actor_log = (config.run_dir / "logs" / "actor-0.log").read_text(errors="replace")
+        assert "weight versions are LoRA adapters" in actor_log
     records = [json.loads(line) for line in (config.run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
     assert len({r["step"] for r in records}) >= 6 and result["learner"].get("version", 0) >= 6
     if model == "tiny-moe":

@@ -369,6 +369,39 @@ def test_a_weight_swap_stamps_later_tokens_and_matches_the_torch_engine_on_the_n
     assert backend.stats()["weight_swap_ms"] > 0
 
 
+def test_a_lora_adapter_version_serves_what_the_torch_engine_serves_with_it(tmp_path):
+    """An adapter version (the learner's lora_publish = "adapters") merged onto vLLM's checkpoint and onto the torch
+    engine's: the same tokens and log-probs, stamped with its version."""
+    from forge.actors.vllm.backend import VllmBackend
+    from forge.learner.lora import LoraConfig, adapter_version, add_adapters
+
+    directory = random_tiny(tmp_path / "tiny", seed=3)
+    lora = LoraConfig(rank=4, alpha=8.0, publish="adapters")
+    adapted = add_adapters(load_model(directory)[0], lora)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if ".lora_" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    version = adapter_version(adapted.state_dict(), lora)
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=1))
+    engine = torch_engine(directory)
+    try:
+        before = run(backend, PROMPTS[:4], greedy)
+        backend.load_weights(1, version)
+        engine.load_weights(1, version)
+        assert engine.wait_for_version(1, timeout=60)
+        ours, theirs = run(backend, PROMPTS[:4], greedy), run(engine, PROMPTS[:4], greedy)
+    finally:
+        engine.close()
+        backend.close()
+    assert [o[0] for o in ours] == [t[0] for t in theirs] != [b[0] for b in before]
+    assert all(set(o[2]) == {1} for o in ours)
+    for (_, logprobs, _), (_, want, _) in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want), atol=1e-4, rtol=0)
+
+
 def test_kv_events_name_the_prompt_blocks_in_forges_hash_chain(tiny):
     backend, _ = tiny
     size = backend.block_size

@@ -106,6 +106,6 @@ def test_publishing_adapters_is_a_choice_of_the_learner_s():
 def test_forge_up_refuses_adapter_versions_for_actors_that_cannot_merge_them():
     lora = {"lora_rank": 4, "lora_publish": "adapters"}
     Plan(UpConfig().with_services(learner=lora))                     # the torch engine merges them
-    Plan(UpConfig().with_services(learner={"lora_rank": 4}, actor={"backend": "vllm"}))      # merged: any backend
+    Plan(UpConfig().with_services(learner={"lora_rank": 4}, actor={"backend": "trtllm"}))   # merged: any backend
     with pytest.raises(SettingsError, match="needs actors that merge adapter versions"):
-        Plan(UpConfig().with_services(learner=lora, actor={"backend": "vllm"}))
+        Plan(UpConfig().with_services(learner=lora, actor={"backend": "trtllm"}))

@@ -71,6 +71,9 @@ def actor_roles(config: UpConfig) -> list[tuple[str, str]]:
     return roles + [(f"actor-prefill-{i}", "prefill") for i in range(config.prefill_actors)]
 
 
+ADAPTER_BACKENDS = ("torch", "vllm")       # the backends that merge LoRA adapter versions themselves
+
+
 class Plan:
     """The settings of every instance of one run. ``keys`` (the run's API key files) and ``curve`` (its weight
     channel's CURVE key files) are None where the run goes without them, or to show the settings without a run."""
@@ -115,9 +118,11 @@ class Plan:
             raise SettingsError("--prefill-actors needs the torch backend and forge-cache (--cache): the prompt's KV "
                                 f"is handed over through it (the actors' backend is {self.backend})")
         learner = self.overrides["learner"].values
-        if learner.get("lora_rank", 0) and learner.get("lora_publish") == "adapters" and self.backend != "torch":
-            raise SettingsError(f"[learner] lora_publish = \"adapters\" needs actors that merge adapter versions (the "
-                                f"torch backend); the actors' backend is {self.backend}: publish merged weights")
+        if (learner.get("lora_rank", 0) and learner.get("lora_publish") == "adapters"
+                and self.backend not in ADAPTER_BACKENDS):
+            raise SettingsError(f"[learner] lora_publish = \"adapters\" needs actors that merge adapter versions "
+                                f"({' or '.join(ADAPTER_BACKENDS)}); the actors' backend is {self.backend}: publish "
+                                f"merged weights")
 
     # The instances, each with the wiring forge up gives it.
     def _instance(self, name: str, kind: str, wiring: Mapping[str, Any], *, own: Mapping[str, Any] | None = None,
