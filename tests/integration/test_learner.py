@@ -25,12 +25,7 @@ from helpers.waiting import wait_for
 @pytest.mark.parametrize("config", [CONFIG, MOE_CONFIG], ids=["dense", "experts"])
 def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path, config):
     """With experts, the experts are sharded with the rest and every token is routed as its record says."""
-    model = make_model(5, config)
-    model_dir = tmp_path / "model"
-    model.save_pretrained(model_dir)
-    with Pool(tmp_path / "pool") as pool:
-        fill_from(pool, model, groups=4, group_size=3, calls=2, max_tokens=9)
-    one, two = one_and_two_processes(tmp_path, model_dir)
+    model, one, two = stepped_on_rollouts(tmp_path, config, seed=5)
     assert one["tokens"] == two["tokens"] == 4 * 3 * 2 * 9
     assert one["stem_tokens"] > 0 and two["stem_tokens"] > 0      # the trees of a step share a stem on each rank
     assert_same_step(one, two, model.state_dict())
@@ -52,12 +47,7 @@ def test_fsdp2_two_processes_equal_one_for_a_family_trained_through_transformers
 @pytest.mark.parametrize("config", [CONFIG, MOE_CONFIG], ids=["dense", "experts"])
 def test_fsdp2_two_processes_equal_one_with_lora(tmp_path, config):
     """Adapters sharded with their layers beside frozen weights; only they and the MTP draft move."""
-    model = make_model(6, config)
-    model_dir = tmp_path / "model"
-    model.save_pretrained(model_dir)
-    with Pool(tmp_path / "pool") as pool:
-        fill_from(pool, model, groups=4, group_size=3, calls=2, max_tokens=9)
-    one, two = one_and_two_processes(tmp_path, model_dir, lora_rank=4)
+    model, one, two = stepped_on_rollouts(tmp_path, config, seed=6, lora_rank=4)
     assert one["loss"] == pytest.approx(two["loss"], abs=1e-5) and one["tokens"] == two["tokens"] > 0
     trained = {name for name in one["grads"] if ".lora_" in name or name.startswith("mtp.")}
     assert one["grads"].keys() == two["grads"].keys() == trained and len(trained) > 10
@@ -68,6 +58,15 @@ def test_fsdp2_two_processes_equal_one_with_lora(tmp_path, config):
         assert_same_update(one, two, name)
         if ".base_layer." in name or (name in base and not name.startswith("mtp.")):
             assert torch.equal(tensor, base[name.replace(".base_layer", "")]), f"{name} is frozen"
+
+
+def stepped_on_rollouts(tmp_path: Path, config, seed: int, lora_rank: int = 0) -> tuple[torch.nn.Module, dict, dict]:
+    """A random model of ``config``, and one step on 1 and on 2 ranks over rollouts sampled from it."""
+    model = make_model(seed, config)
+    model.save_pretrained(tmp_path / "model")
+    with Pool(tmp_path / "pool") as pool:
+        fill_from(pool, model, groups=4, group_size=3, calls=2, max_tokens=9)
+    return model, *one_and_two_processes(tmp_path, tmp_path / "model", lora_rank)
 
 
 def one_and_two_processes(tmp_path: Path, model_dir: Path, lora_rank: int = 0) -> tuple[dict, dict]:
