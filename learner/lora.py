@@ -48,8 +48,8 @@ class LoraConfig(Settings):
                                             "part of a module's name, e.g. q_proj).")
     publish: str = setting("merged", flag="lora-publish", choices=("merged", "adapters"),
                            help="What each version sends the actors: the whole model with the adapters merged (any "
-                                "backend), or the adapters alone, which the embedded torch engine merges onto the "
-                                "base it started from (megabytes instead of the model).")
+                                "backend), or the adapters alone, which the actor (torch engine or vLLM) merges onto "
+                                "the base it started from (megabytes instead of the model).")
 
     @property
     def enabled(self) -> bool:
