@@ -181,6 +181,15 @@ def test_more_open_streams_than_server_threads_are_all_admitted_and_stats_still_
         assert gauges()["kv_used_frac"] == 0
 
 
+def drain(stream, into: list) -> None:
+    """Read ``stream`` to its end into ``into``; a cancelled stream just ends."""
+    try:
+        into.extend(stream)
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.CANCELLED:
+            into.append(err)
+
+
 def start_long_stream(stub, max_tokens: int):
     """A stream of ``max_tokens`` tokens, read up to its first message (so the engine is running it)."""
     stream = stub.Generate(actor_pb2.GenerateRequest(
@@ -193,7 +202,8 @@ def start_long_stream(stub, max_tokens: int):
 def test_a_full_queue_answers_resource_exhausted(tmp_path, backend):
     """With room for one request, a second gets RESOURCE_EXHAUSTED while the first runs. A fast engine on a slow
     machine may finish the first before the second arrives, which then rightly runs: the attempt is repeated, and
-    the test fails when no attempt sees the refusal."""
+    the test fails when no attempt sees the refusal. The first stream is read as it comes (a stream left unread
+    stalls its connection, which the server may then close)."""
     service = start_actor(tmp_path, "--max-batch", "1", "--max-waiting", "0", "--kv-cache-mb", "128", "--model",
                           str(random_tiny(tmp_path, context=LONG)), *backend, timeout_s=900)
     longest = LONG - 100
@@ -202,13 +212,18 @@ def test_a_full_queue_answers_resource_exhausted(tmp_path, backend):
             stub = actor_pb2_grpc.ActorStub(channel)
             for _attempt in range(5):
                 busy = start_long_stream(stub, longest)
+                rest: list = []
+                reader = threading.Thread(target=drain, args=(busy, rest), daemon=True)
+                reader.start()
                 try:
                     generate(stub, [2], max_tokens=2)
                 except grpc.RpcError as err:
                     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue is full" in err.details()
                     busy.cancel()
+                    reader.join(60)
                     break
-                rest = list(busy)                    # admitted: only right if the first had already finished
+                reader.join(600)                     # admitted: only right if the first had already finished
+                assert rest and not isinstance(rest[-1], grpc.RpcError), rest[-1:]
                 assert rest[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
                 assert 1 + sum(len(c.token_ids) for c in rest) == longest
             else:
