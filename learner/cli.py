@@ -63,7 +63,7 @@ def _initial_model(config: LearnerConfig, restored, seed: int):
     the initial policy with the run's adapters, the checkpoint's when resuming. UsageError when the checkpoint was
     written with LoRA and the run is not, or the other way round, or on another base model."""
     from forge.builtin import load_model
-    from forge.learner.lora import add_adapters, load_adapter, set_adapter
+    from forge.learner.lora import add_adapters, load_adapter, set_adapter, trainable_parameters
 
     lora = config.lora
     if restored is not None:
@@ -74,8 +74,7 @@ def _initial_model(config: LearnerConfig, restored, seed: int):
         add_adapters(policy, lora)
         if restored is not None:
             set_adapter(policy, load_adapter(restored.adapter_dir))
-        total = sum(p.numel() for p in policy.parameters())
-        trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+        total, trainable = sum(p.numel() for p in policy.parameters()), trainable_parameters(policy)
         log.info("LoRA rank %d on %s: %s of %s parameters train (%.2f%%)", lora.rank, ", ".join(lora.targets),
                  f"{trainable:,}", f"{total:,}", 100 * trainable / total)
     return policy, ref.directory
