@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 from gradients import capture_gradients
+from lora import randomize_adapters
 
 from forge.builtin import load_model
 from forge.learner.lora import LoraConfig, add_adapters
@@ -26,12 +27,7 @@ def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int, lora_
     model = load_model(model_dir)[0]        # Forge's own family, or transformers'
     lora = LoraConfig(rank=lora_rank, alpha=8.0) if lora_rank else None
     if lora is not None:
-        add_adapters(model, lora)
-        generator = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                if ".lora_B." in name:
-                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+        randomize_adapters(add_adapters(model, lora), seed=1)
     model = shard_model(model, distributed)
     pool = Pool(pool_dir) if distributed.is_main else None
     trainer = Trainer(model, distributed, TrainerConfig(lr=1e-3, micro_batch_tokens=micro_batch_tokens),

@@ -29,6 +29,7 @@ from forge.tokenizer.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 from helpers.families import SERVABLE, write_family
+from helpers.lora import randomize_adapters
 from helpers.processes import start_actor, wait_gone
 from helpers.random_model import random_tiny, random_tiny_moe
 from helpers.waiting import wait_for
@@ -377,12 +378,7 @@ def test_a_lora_adapter_version_serves_what_the_torch_engine_serves_with_it(tmp_
 
     directory = random_tiny(tmp_path / "tiny", seed=3)
     lora = LoraConfig(rank=4, alpha=8.0, publish="adapters")
-    adapted = add_adapters(load_model(directory)[0], lora)
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for name, parameter in adapted.named_parameters():
-            if ".lora_" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    adapted = randomize_adapters(add_adapters(load_model(directory)[0], lora), seed=2)
     version = adapter_version(adapted.state_dict(), lora)
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=1))

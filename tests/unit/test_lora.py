@@ -27,6 +27,7 @@ from forge.learner.lora import (
 from forge.model.random_checkpoint import write_qwen3
 
 from helpers.families import write_family
+from helpers.lora import randomize_adapters
 
 CONFIG = LoraConfig(rank=4, alpha=8.0)
 
@@ -41,19 +42,10 @@ def checkpoint(request, tmp_path_factory):
     return directory, 96
 
 
-def randomize_adapters(model: torch.nn.Module, seed: int) -> None:
-    """B is zero at the start (the adapter changes nothing): give every adapter weight a random value."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if ".lora_" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.05)
-
-
 def forge_policy(directory, seed: int = 0):
     policy, _ = load_model(directory)
     add_adapters(policy, CONFIG)
-    randomize_adapters(policy, seed)
+    randomize_adapters(policy, seed, scale=0.05)
     return policy
 
 

@@ -28,17 +28,10 @@ from forge.pool.window import WindowConfig
 from helpers.families import fill_on_policy
 from helpers.gradients import capture_gradients
 from helpers.learner_runs import CONFIG, MOE_CONFIG, fill_from, make_model
+from helpers.lora import randomize_adapters
 from helpers.random_model import copy_of
 
 LORA = LoraConfig(rank=4, alpha=8.0)
-
-
-def randomize_adapters(model: torch.nn.Module, seed: int = 0) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if ".lora_" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
 
 
 def one_step(model, pool_dir, tree: bool, lora: LoraConfig | None) -> tuple[dict, dict]:
@@ -54,7 +47,7 @@ def one_step(model, pool_dir, tree: bool, lora: LoraConfig | None) -> tuple[dict
 @pytest.mark.parametrize("config", [CONFIG, MOE_CONFIG], ids=["dense", "experts"])
 def test_a_lora_step_is_the_full_step_through_the_adapters(tmp_path, tree, config):
     adapted = add_adapters(copy_of(make_model(4, config)), LORA)
-    randomize_adapters(adapted)
+    randomize_adapters(adapted, seed=0)
     merged = make_model(0, config)
     merged.load_state_dict(merged_state_dict(adapted.state_dict(), LORA))
     with Pool(tmp_path / "pool") as pool:
