@@ -64,6 +64,7 @@ class GenerationRequest:
     stream_interval: int = 0        # tokens per chunk after the first, 0 = the backend's (TensorRT-LLM: its own)
     prefill_only: bool = False      # sample the first token only, and store the prompt's KV blocks in the L3 cache
     continuation: Continuation | None = None
+    adapter: str = ""               # the named LoRA adapter to sample with (several runs on one actor); "" = none
 
 
 TopTokens = tuple[list[int], list[float]]      # the most likely token ids of one distribution and their log-probs
@@ -324,6 +325,18 @@ class Backend(ABC):
     @abstractmethod
     def stats(self) -> dict[str, float]:
         """Named figures for telemetry (tokens_per_s, running, waiting, kv_used_frac, …)."""
+
+    @property
+    def adapter_versions(self) -> dict[str, int]:
+        """The named LoRA adapters served beside the base weights (several runs on one actor) and the version of
+        each; requests name one in ``GenerationRequest.adapter``."""
+        return {}
+
+    def load_adapter(self, name: str, version: int, adapter_version: Mapping[str, torch.Tensor]) -> None:
+        """Stage version ``version`` of the named adapter ``name`` (an adapter version, ``forge.model.lora_weights``),
+        to serve beside the base weights from the next step on; ValueError when refused."""
+        raise ValueError(f"the {self.name} backend serves no named adapters (several runs on one actor need the torch "
+                         "engine)")
 
     @property
     def failed(self) -> bool:

@@ -98,12 +98,13 @@ class Parts:
 
     serving: Serving
     subscriber: Any = None
+    adapter_subscribers: list = field(default_factory=list)
     relay: Any = None
     metrics: Any = None
     servers: list = field(default_factory=list)         # stopped if the engine process dies
 
     def close(self) -> None:
-        for part in (self.metrics, self.subscriber, self.relay):
+        for part in (self.metrics, self.subscriber, *self.adapter_subscribers, self.relay):
             if part is not None:
                 part.close()
         self.serving.backend.close()
@@ -132,6 +133,23 @@ def _follow_weights(config: ActorConfig, context: StartContext, parts: Parts) ->
             raise click.ClickException(f"no weight version arrived from {config.weights_fetch} within "
                                        f"{config.first_version_timeout:.0f} s"
                                        + (f" (the handshake failed: {refused})" if refused else ""))
+        time.sleep(0.05)
+
+
+def _follow_adapters(config: ActorConfig, parts: Parts) -> None:
+    """Subscribe to the named adapters' learners (unless the backend does) and wait for the first version of each."""
+    backend = parts.serving.backend
+    links = config.adapter_links
+    if not parts.serving.follows_weights:
+        parts.adapter_subscribers = [weight_subscriber(backend, link.fetch, link.announce, adapter=link.name)
+                                     for link in links]
+    log.info("waiting for the first version of adapters %s", ", ".join(link.name for link in links))
+    deadline = time.monotonic() + config.first_version_timeout
+    while missing := [link for link in links if link.name not in backend.adapter_versions]:
+        if time.monotonic() > deadline:
+            parts.close()
+            raise click.ClickException(f"no version of adapter {missing[0].name} arrived from {missing[0].fetch} "
+                                       f"within {config.first_version_timeout:.0f} s")
         time.sleep(0.05)
 
 
@@ -221,6 +239,8 @@ def actor(config: ActorConfig) -> None:
     parts = Parts(serving, servers=servers)
     if config.weights_fetch:
         _follow_weights(config, context, parts)
+    if config.adapters:
+        _follow_adapters(config, parts)
     _serve(config, context, parts)
     if serving.backend.failed:
         raise ENGINE_GONE

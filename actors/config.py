@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge.adapter_names import check_adapter_name
 from forge.builtin import resolve_model
 from forge.kv.client import FETCH_POLICIES, parse_addresses
 from forge.settings import (
@@ -39,6 +40,35 @@ def pick_backend(backend: str, model: str) -> tuple[str, str]:
     if is_native(model):
         return "torch", f"the embedded engine implements {model_type(model)}"
     return "vllm", f"the embedded engine does not implement {model_type(model)}"
+
+
+@dataclass(frozen=True)
+class AdapterLink:
+    """A named LoRA adapter an actor serves beside its weights (another run on the same base model), and the
+    endpoints its run's learner publishes its versions on."""
+
+    name: str
+    fetch: str
+    announce: str
+
+    @classmethod
+    def parse(cls, text: str) -> AdapterLink:
+        """``NAME=FETCH,ANNOUNCE``."""
+        name, sep, endpoints = text.partition("=")
+        fetch, comma, announce = endpoints.partition(",")
+        if not sep or not comma:
+            raise ValueError(f"{text!r}: give NAME=FETCH,ANNOUNCE (the adapter's name and its run's learner's weight "
+                             "endpoints, e.g. run-b=tcp://127.0.0.1:5611,tcp://127.0.0.1:5612)")
+        return cls(check_adapter_name(name), check_endpoint(fetch, f"adapter {name}'s fetch"),
+                   check_endpoint(announce, f"adapter {name}'s announce"))
+
+
+def check_adapter_links(values: tuple[str, ...]) -> None:
+    links = [AdapterLink.parse(value) for value in values]
+    names = [link.name for link in links]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"adapter {repeated[0]!r} is given twice")
 
 
 def check_relay_endpoint(endpoint: str) -> None:
@@ -151,6 +181,12 @@ class ActorConfig(Settings):
                                    help="Run the torch engine's loop in a process of its own (the engine core), so "
                                         "that the gRPC handlers of many streams do not share its interpreter lock; "
                                         "--in-process runs it in a thread of the server.")
+    adapters: tuple[str, ...] = setting((), flag="adapter", metavar="NAME=FETCH,ANNOUNCE", validate=check_adapter_links,
+                                        help="Also serve the LoRA adapter of another run on the same base model "
+                                             "(repeatable): its learner publishes adapter versions ([learner] "
+                                             "lora_publish = \"adapters\") on these weight endpoints, and requests "
+                                             "naming NAME (a gateway's --adapter) are sampled with it, beside the "
+                                             "base weights (torch).")
     ready_file: Path | None = ready_file_setting("address, instance, pid, metrics_url, relay_fetch, relay_announce")
     log_level: str = log_level_setting()
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -172,6 +208,28 @@ class ActorConfig(Settings):
                                 "actors)")
         if self.role in ("prefill", "decode") and self.l3_cache is None:
             raise SettingsError(f"--role {self.role} needs --l3-cache: the prompt's KV blocks are handed over there")
+        self._check_adapters(torch_engine)
+
+    @property
+    def adapter_links(self) -> tuple[AdapterLink, ...]:
+        return tuple(AdapterLink.parse(value) for value in self.adapters)
+
+    def _check_adapters(self, torch_engine: bool) -> None:
+        if not self.adapters:
+            return
+        if not torch_engine:
+            raise SettingsError(f"--adapter needs the torch backend ({self.serving_backend} serves one run's weights)")
+        if self.role != "both":
+            raise SettingsError("--adapter serves whole calls: it does not go with --role prefill or decode")
+        if self.engine.compile_decode:
+            raise SettingsError("--adapter does not go with --compile-decode (the adapters' side path is not compiled)")
+        if self.weights_key is not None:
+            raise SettingsError("--adapter streams are not encrypted: drop --weights-key, or serve each run on "
+                                "actors of its own")
+        taken = {self.weights_fetch, self.weights_announce, self.relay_fetch, self.relay_announce} - {None}
+        clash = [e for link in self.adapter_links for e in (link.fetch, link.announce) if e in taken]
+        if clash:
+            raise SettingsError(f"--adapter endpoint {clash[0]} is already this actor's weight or relay endpoint")
 
     @property
     def serving_backend(self) -> str:

@@ -67,7 +67,8 @@ def request_from_proto(request: actor_pb2.GenerateRequest) -> GenerationRequest:
         given = request.continuation
         continuation = Continuation(list(given.token_ids), list(given.logprobs), given.weight_version)
     return GenerationRequest(request.request_id, list(request.prompt_ids), sampling_from_proto(request.sampling),
-                             request.session_id, request.stream_interval, request.prefill_only, continuation)
+                             request.session_id, request.stream_interval, request.prefill_only, continuation,
+                             request.adapter)
 
 
 class ActorServicer(actor_pb2_grpc.ActorServicer):

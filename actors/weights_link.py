@@ -9,17 +9,21 @@ import logging
 log = logging.getLogger("forge.actor")
 
 
-def weight_subscriber(backend, fetch: str, announce: str, curve=None, relay=None):
+def weight_subscriber(backend, fetch: str, announce: str, curve=None, relay=None, adapter: str = ""):
     """Follow the learner's weight versions into ``backend`` (over CURVE with ``curve``, a
     ``forge.weights.curve.ClientKeys``); a version it refuses (wrong tensors, stale) is logged and the current one
-    keeps serving. ``relay`` (a ``forge.weights.WeightRelay``) re-serves every verified version to other actors."""
+    keeps serving. ``relay`` (a ``forge.weights.WeightRelay``) re-serves every verified version to other actors.
+    ``adapter``: the versions are those of this named adapter (another run's learner), served beside the weights."""
     from forge.weights import WeightSubscriber
 
     def apply(version: int, tensors: dict) -> None:
         try:
-            backend.load_weights(version, tensors)
+            if adapter:
+                backend.load_adapter(adapter, version, tensors)
+            else:
+                backend.load_weights(version, tensors)
         except ValueError as exc:
-            log.error("weight version %d refused: %s", version, exc)
+            log.error("%s version %d refused: %s", f"adapter {adapter}" if adapter else "weight", version, exc)
 
     return WeightSubscriber(fetch, announce, on_version=apply, curve=curve,
                             on_verified=relay.serve if relay is not None else None)

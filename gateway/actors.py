@@ -125,7 +125,8 @@ class ActorSet:
     def __init__(self, addresses: Sequence[str], router: str = "least-loaded", session_affinity: bool = True,
                  api_key: str | None = None, health_interval_s: float = 2.0, prefill_addresses: Sequence[str] = (),
                  prefill_min_tokens: int = 64, actors_dir: Path | None = None, discovery_interval_s: float = 2.0,
-                 drop_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 drop_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic, adapter: str = "") -> None:
+        """``adapter``: the actors' named adapter every call is sampled with (several runs on one fleet)."""
         if not addresses and actors_dir is None:
             raise ValueError("no actors: give at least one --actor host:port, or --actors-dir DIR")
         self.actors = [ActorState(ActorEndpoint(a)) for a in dict.fromkeys(addresses)]
@@ -136,6 +137,7 @@ class ActorSet:
         self.router: Router = make_router(router, self.actors, session_affinity)
         self.router_name = router
         self.metadata = bearer_metadata(api_key)
+        self.adapter = adapter
         self.health_interval_s = health_interval_s
         self.actors_dir = actors_dir
         self.ready_dir = ReadyDir(actors_dir) if actors_dir is not None else None
@@ -550,7 +552,8 @@ class ActorCall:
             actor.calls += 1
             request = actor_pb2.GenerateRequest(request_id=self.request_id, prompt_ids=self.route.prompt_ids,
                                                 sampling=self.sampling, session_id=self.route.session_id,
-                                                stream_interval=self.stream_interval, continuation=continuation)
+                                                stream_interval=self.stream_interval, continuation=continuation,
+                                                adapter=self.actors.adapter)
             stream = actor.stub.Generate(request, metadata=self.actors.metadata)
             started = False
             sent = time.monotonic()

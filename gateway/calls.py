@@ -250,7 +250,8 @@ class CallRunner:
                 session_id=state.session_id, index=-1, prompt_ids=build.ids, completion_ids=out.token_ids,
                 logprobs=out.logprobs, weight_versions=out.versions, actor=out.actor or self._fallback_name(actor_call),
                 timing=self._timing(last, ended - started, started, state), finish_reason=finish,
-                sampling=call.sampling, created_at=ended, routed_experts=routing_of(last, len(build.ids), out))
+                sampling=call.sampling, created_at=ended, routed_experts=routing_of(last, len(build.ids), out),
+                adapter=self.actors.adapter)
             index = await self._record(state, record)
             self.metrics.call_done(time.monotonic() - t0, out.ttft)
             yield ChatResult(
@@ -299,7 +300,7 @@ class CallRunner:
                             actor=out.actor or self._fallback_name(actor_call),
                             timing=self._timing(chunk, ended - started, started, state),
                             finish_reason=chunk.finish_reason, sampling=sampling, created_at=ended,
-                            routed_experts=routing_of(chunk, len(prompt), out))
+                            routed_experts=routing_of(chunk, len(prompt), out), adapter=self.actors.adapter)
                         index = await self._record(state, record)
                         self.metrics.call_done(time.monotonic() - t0, out.ttft)
                         yield chunk, index

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from forge.adapter_names import check_adapter_name
 from forge.builtin import resolve_model
 from forge.gateway.parsers import TOOL_PARSERS
 from forge.gateway.reasoning import REASONING_PARSERS
@@ -102,6 +103,10 @@ class GatewayConfig(Settings):
     shutdown_grace_s: float = setting(30.0, flag="shutdown-grace", min=0,
                                       help="Seconds in-flight calls may take to finish on SIGTERM.")
     tito_max_calls: int = setting(64, min=1, help="Earlier calls of a session kept for token-in-token-out splicing.")
+    adapter: str | None = setting(None, metavar="NAME",
+                                  help="Several runs on one actor fleet: sample every call with the actors' LoRA "
+                                       "adapter NAME (forge-actor --adapter NAME=...; this gateway's run), recorded "
+                                       "with each call in the pool.")
     ready_file: Path | None = ready_file_setting("grpc_address, http_address, base_url, pid")
     log_level: str = log_level_setting()
 
@@ -111,6 +116,14 @@ class GatewayConfig(Settings):
         both = set(self.actors) & set(self.prefill_actors)
         if both:
             raise SettingsError(f"{sorted(both)[0]} is given as --actor and as --prefill-actor; an actor has one role")
+        if self.adapter is not None:
+            try:
+                check_adapter_name(self.adapter)
+            except ValueError as exc:
+                raise SettingsError(f"--adapter: {exc}") from None
+            if self.prefill_actors:
+                raise SettingsError("--adapter does not go with --prefill-actor (calls with an adapter are served "
+                                    "whole by one actor)")
         if (self.pool_path is None) == (self.pool_address is None):
             raise SettingsError("give exactly one of --pool PATH and --pool-address HOST:PORT")
 

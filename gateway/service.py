@@ -71,7 +71,8 @@ class Gateway:
         self.pool = AsyncPool(pool)
         self.actors = ActorSet(config.actors, config.router, config.session_affinity, config.actor_api_key,
                                config.health_interval_s, config.prefill_actors, config.prefill_min_tokens,
-                               config.actors_dir, config.discovery_interval_s, config.drop_after_s)
+                               config.actors_dir, config.discovery_interval_s, config.drop_after_s,
+                               adapter=config.adapter or "")
         self.sessions = SessionRegistry(self.pool, self.keys, self.metrics, config.tito_max_calls,
                                         config.fail_sessions_on_call_error)
         self.sessions.on_forget.append(self.actors.router.forget)

@@ -32,7 +32,7 @@ from typing import Any
 import zmq
 
 from forge.actors.backend import FinishReason, GenerationRequest, RequestLimits, RequestStream, TokenChunk
-from forge.actors.config import EngineConfig
+from forge.actors.config import AdapterLink, EngineConfig
 from forge.actors.engine.engine import TorchEngine, reserve_cpu_threads
 from forge.cli.options import settings_command
 from forge.settings import Settings, setting
@@ -60,6 +60,7 @@ class EngineSpec:
     l3_fetch: str = "auto"
     l3_api_key: str | None = field(default=None, repr=False)
     kv_events: bool = False                 # keep a KV event log for routers (EngineProcess.kv_events)
+    adapters: tuple[AdapterLink, ...] = ()  # named adapters (other runs' learners) followed inside the core
     log_level: str = "INFO"
 
 
@@ -88,12 +89,13 @@ class _OutboxStream(RequestStream):
 class _Outbox:
     """Chunks put by the engine (loop thread, or a closing thread), sent together after each loop pass."""
 
-    def __init__(self, send: Callable[[tuple], None], engine_version: Callable[[], int]) -> None:
+    def __init__(self, send: Callable[[tuple], None], versions: Callable[[], tuple[int, dict[str, int]]]) -> None:
+        """``versions``: the engine's weight version and its adapters' (sent whenever they change)."""
         self._send = send
-        self._version = engine_version
+        self._versions = versions
         self._lock = threading.Lock()
         self._chunks: list[tuple[str, TokenChunk]] = []
-        self._sent_version: int | None = None
+        self._sent_versions: tuple[int, dict[str, int]] | None = None
 
     def stream(self, request_id: str) -> RequestStream:
         return _OutboxStream(request_id, self)
@@ -105,10 +107,10 @@ class _Outbox:
     def flush(self) -> None:
         with self._lock:
             chunks, self._chunks = self._chunks, []
-        version = self._version()
-        if chunks or version != self._sent_version:
-            self._sent_version = version
-            self._send(("out", chunks, version))
+        versions = self._versions()
+        if chunks or versions != self._sent_versions:
+            self._sent_versions = versions
+            self._send(("out", chunks, *versions))
 
 
 class EngineCore:
@@ -125,6 +127,7 @@ class EngineCore:
         self.outbox: _Outbox | None = None
         self.connector = None
         self.subscriber = None
+        self.adapter_subscribers: list = []
         self.relay = None
 
     def send(self, message: tuple) -> None:
@@ -150,7 +153,7 @@ class EngineCore:
         config = spec.config if spec.config.model_id != "model" else replace(spec.config, model_id=model_id)
         engine = TorchEngine(model, replace(config, threads=threads), initial_version=spec.initial_version,
                              grammars=grammars_of(spec.model, model))
-        outbox = _Outbox(self.send, lambda: engine.weight_version)
+        outbox = _Outbox(self.send, lambda: (engine.weight_version, engine.adapter_versions))
         engine.stream_factory = outbox.stream
         engine.after_pass = outbox.flush
         self.engine, self.outbox = engine, outbox
@@ -167,6 +170,11 @@ class EngineCore:
 
             self.subscriber = weight_subscriber(engine, spec.weights_fetch, spec.weights_announce,
                                                 spec.weights_curve, self.relay)
+        if spec.adapters:
+            from forge.actors.weights_link import weight_subscriber
+
+            self.adapter_subscribers = [weight_subscriber(engine, link.fetch, link.announce, adapter=link.name)
+                                        for link in spec.adapters]
         shapes = {name: tuple(t.shape) for name, t in engine.model.state_dict().items()}
         relay = self.relay
         self.send(("ready", CoreInfo(engine.limits(), shapes, engine.weight_version, engine.config.model_id,
@@ -201,7 +209,8 @@ class EngineCore:
             self.engine.submit(request)
         except Exception as exc:            # the front checked the request already; this is a race or a bug
             chunk = TokenChunk(finish_reason=FinishReason.ERROR, error=str(exc))
-            self.send(("out", [(request.request_id, chunk)], self.engine.weight_version))
+            self.send(("out", [(request.request_id, chunk)], self.engine.weight_version,
+                       self.engine.adapter_versions))
 
     def _call(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
         try:
@@ -221,6 +230,12 @@ class EngineCore:
             version, data = args
             engine.load_weights(version, load(data))
             return None
+        if method == "load_adapter":
+            from safetensors.torch import load
+
+            name, version, data = args
+            engine.load_adapter(name, version, load(data))
+            return None
         if method == "poll_kv_events":
             if self.connector is None:
                 raise RuntimeError("this engine keeps no KV events")
@@ -233,8 +248,9 @@ class EngineCore:
         raise ValueError(f"unknown call {method!r}")
 
     def close(self) -> None:
-        if self.subscriber is not None:
-            self.subscriber.close()
+        for subscriber in [self.subscriber, *self.adapter_subscribers]:
+            if subscriber is not None:
+                subscriber.close()
         if self.relay is not None:
             self.relay.close()
         if self.engine is not None:

@@ -29,6 +29,7 @@ from forge.actors.backend import (
     check_weights,
 )
 from forge.actors.config import EngineConfig
+from forge.actors.engine.adapters import AdapterWeights, ServedAdapters
 from forge.actors.engine.block_manager import BlockManager
 from forge.actors.engine.paged_attention import PagedKVCache
 from forge.actors.engine.runner import ModelRunner, PreparedWeights, Sampled, Work
@@ -106,6 +107,9 @@ class TorchEngine(Backend):
         self._pending_weights: tuple[int, Mapping[str, torch.Tensor], PreparedWeights] | None = None
         self._accepted_version = initial_version     # newest version handed over (applied or about to be)
         self._base: dict[str, torch.Tensor] | None = None    # the starting weights, once LoRA adapter versions come
+        self.adapters = ServedAdapters(model)                 # named adapters, beside the weights (several runs)
+        self._pending_adapters: list[AdapterWeights] = []
+        self._accepted_adapters: dict[str, int] = {}
         self._took_full_weights = False
         self._closed = False
         self._started = time.time()
@@ -135,6 +139,22 @@ class TorchEngine(Backend):
 
     def salt(self, version: int | None = None) -> bytes:
         return _salt(self.config.model_id, self._version if version is None else version, self._variant)
+
+    @property
+    def adapter_versions(self) -> dict[str, int]:
+        return self.adapters.versions
+
+    def version_of(self, seq: Sequence) -> int:
+        """The weight version ``seq`` is sampled with: its adapter's, or the engine's own."""
+        return self.adapters.version(seq.adapter) if seq.adapter else self._version
+
+    def salt_of(self, seq: Sequence, version: int | None = None) -> bytes:
+        """What ``seq``'s KV blocks are hashed with: the model's salt, with its adapter's name and version when it
+        names one (an adapter's KV is its own)."""
+        if not seq.adapter:
+            return self.salt(version)
+        version = self.adapters.version(seq.adapter) if version is None else version
+        return _salt(f"{self.config.model_id}+{seq.adapter}", version, self._variant)
 
     def wake(self) -> None:
         """Make the loop look at its inputs again (the L3 connector has requests ready)."""
@@ -186,6 +206,24 @@ class TorchEngine(Backend):
             self._pending_weights = (version, state_dict, prepared)
             self._lock.notify()
 
+    def load_adapter(self, name: str, version: int, adapter_version: Mapping[str, torch.Tensor]) -> None:
+        """Stage version ``version`` of the named adapter ``name`` (``actors.engine.adapters``): its requests are
+        sampled with it from the next step on."""
+        if self.runner.compiled is not None:
+            raise ValueError("named adapters are not served in graph mode (--compile-decode)")
+        try:
+            prepared = self.adapters.prepare(name, version, adapter_version)      # here, while the loop steps
+        except ValueError:
+            self._counters["weight_rejections"] += 1
+            raise
+        with self._lock:
+            accepted = self._accepted_adapters.get(name, -1)
+            if version <= accepted:
+                raise ValueError(f"version {version} of adapter {name!r} is not newer than {accepted}")
+            self._accepted_adapters[name] = version
+            self._pending_adapters.append(prepared)
+            self._lock.notify()
+
     def _merged(self, adapter_version: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The model's weights with ``adapter_version`` merged onto the starting ones (a host copy of them is kept
         from the first adapter version on)."""
@@ -222,6 +260,7 @@ class TorchEngine(Backend):
             "prefix_hit_rate": self.blocks.hit_tokens / self.blocks.lookup_tokens if self.blocks.lookup_tokens else 0.0,
             "spec_acceptance": c["drafts_accepted"] / c["drafts"] if c["drafts"] else 0.0,
             "weight_version": float(self._version),
+            "adapters": float(len(self.adapters)),
             "preemptions": float(self.scheduler.preemptions),
             "threads": float(self._loop_threads),
             **{k: float(v) for k, v in c.items()},
@@ -256,12 +295,17 @@ class TorchEngine(Backend):
             edits = call_edits(params, prompt, self._limits.eos_token_ids, self.grammars)
         except ValueError as exc:          # a grammar that does not compile, or no tokenizer to compile it
             raise InvalidRequest(str(exc)) from None
+        if request.adapter and request.adapter not in self._accepted_adapters:     # installed before it is stepped
+            raise InvalidRequest(f"no adapter named {request.adapter!r} is served here (serving: "
+                                 f"{', '.join(sorted(self._accepted_adapters)) or 'none'})")
+        if request.adapter and (request.prefill_only or request.continuation is not None):
+            raise InvalidRequest("a request naming an adapter is served whole, not handed over between actors")
         if request.prefill_only and (self.connector is None or not self.connector.hands_over):
             raise InvalidRequest("prefill_only needs an L3 cache to hand the prompt's KV blocks over (--l3-cache)")
         seq = Sequence(request_id, prompt, len(prompt), params, self.stream_factory(request_id),
                        1 if request.prefill_only else max_tokens, stops, seed=seed,
                        stream_interval=request.stream_interval, edits=edits, prefill_only=request.prefill_only,
-                       room=max_tokens)
+                       room=max_tokens, adapter=request.adapter)
         given = request.continuation
         if given is not None and edits is not None and edits.matcher is not None \
                 and not edits.matcher.allows(given.token_ids[0]):
@@ -278,7 +322,7 @@ class TorchEngine(Backend):
         self._loop_threads = torch.get_num_threads()
         while True:
             with self._lock:
-                while not (self._closed or self._inbox or self._aborts or self._pending_weights
+                while not (self._closed or self._inbox or self._aborts or self._pending_weights or self._pending_adapters
                            or self.scheduler.has_work or (self.connector is not None and self.connector.has_ready())):
                     self._lock.wait()
                 if self._closed:
@@ -286,6 +330,7 @@ class TorchEngine(Backend):
                 incoming, self._inbox = self._inbox, deque()
                 aborts, self._aborts = self._aborts, set()
                 weights, self._pending_weights = self._pending_weights, None
+                adapters, self._pending_adapters = self._pending_adapters, []
             connector = self.connector
             for seq in incoming:
                 if self._stale_handover(seq):
@@ -302,6 +347,8 @@ class TorchEngine(Backend):
                     self._finish(seq, FinishReason.ABORT)
             if weights is not None:
                 self._apply_weights(*weights)
+            for adapter in adapters:
+                self._apply_adapter(adapter)
             if self.scheduler.has_work:
                 try:
                     with batched_wakeups():         # the step's chunks wake an asyncio server once
@@ -333,10 +380,18 @@ class TorchEngine(Backend):
             seq.draft = None        # drafted by the old weights' MTP head
         log.info("applied weight version %d in %.1f ms", version, (time.perf_counter() - started) * 1e3)
 
+    def _apply_adapter(self, adapter: AdapterWeights) -> None:
+        self.adapters.install(adapter)
+        self._counters["weight_swaps"] += 1
+        if self.config.abort_on_weight_swap:
+            for seq in [s for s in self.scheduler.running if s.adapter == adapter.name]:
+                self._finish(seq, FinishReason.ABORT, error="aborted by a weight swap")
+        log.info("serving version %d of adapter %s (%d modules, %.2f MiB)", adapter.version, adapter.name,
+                 len(adapter.pairs), adapter.nbytes / 2**20)
+
     def _step(self) -> None:
-        salt = self.salt()
         admitted_before = set(map(id, self.scheduler.running))
-        work = self.scheduler.schedule(salt)
+        work = self.scheduler.schedule(self.salt_of)
         if not work:
             if self.scheduler.waiting and not self.scheduler.running:
                 seq = self.scheduler.waiting[0]   # cannot fit even alone (should have been refused at submit)
@@ -345,13 +400,14 @@ class TorchEngine(Backend):
         now = time.perf_counter()
         for item in work:
             if id(item.seq) not in admitted_before:
-                item.seq.kv_version = self._version
+                item.seq.kv_version = self.version_of(item.seq)
                 if item.seq.admitted is None:
                     item.seq.admitted = now
                     self._counters["prompt_tokens"] += item.seq.num_prompt
         drafts = [item.draft is not None for item in work]
         started = time.perf_counter()
-        results = self.runner.run(work)
+        with self.adapters.rows([item.seq.adapter for item in work]):
+            results = self.runner.run(work)
         elapsed = time.perf_counter() - started
         self._counters["steps"] += 1
         produced, interval = 0, self._stream_interval()
@@ -359,7 +415,7 @@ class TorchEngine(Backend):
             if drafted and result is not None:
                 self._counters["drafts"] += 1
                 self._counters["drafts_accepted"] += int(bool(result.draft_accepted))
-            self.blocks.register_full_blocks(item.seq, self.salt(item.seq.kv_version))
+            self.blocks.register_full_blocks(item.seq, self.salt_of(item.seq, item.seq.kv_version))
             if result is not None:
                 produced += len(result.tokens)
                 self._emit(item, result, interval)
@@ -387,7 +443,7 @@ class TorchEngine(Backend):
         if first:                   # sent at once, whatever the stream interval: time to first token
             seq.first_token = time.perf_counter()
             cached = seq.prefix_hit_tokens
-        versions = [self._version] * len(result.tokens)
+        versions = [self.version_of(seq)] * len(result.tokens)
         seq.token_ids.extend(result.tokens)
         seq.logprobs.extend(result.logprobs)
         seq.versions.extend(versions)

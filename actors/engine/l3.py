@@ -117,7 +117,7 @@ class KVConnector(EngineConnector):
         """Hold a new request back while its missing prompt blocks are looked up (and maybe fetched) in L3."""
         if self.fetch_policy == "never" or not self.blocks.prefix_caching or self._closed:
             return False
-        salt = self.engine.salt()
+        salt = self.engine.salt_of(seq)
         hashes = self.blocks.prompt_block_hashes(seq, salt)
         local = leading(hashes, self.blocks.by_hash.__contains__)
         missing_s = (len(hashes) - local) * self.blocks.block_size / self.prefill_tps.value
@@ -144,7 +144,7 @@ class KVConnector(EngineConnector):
             if job.seq.status is Status.FINISHED:       # aborted while held
                 continue
             if job.tensors:
-                if job.salt == self.engine.salt():
+                if job.salt == self.engine.salt_of(job.seq):
                     self._install(job)
                 else:
                     self.counters["l3_stale_dropped"] += len(job.tensors)

@@ -85,6 +85,8 @@ class EngineProcess(Backend):
             raise
         self._limits = self.info.limits
         self._version = self._accepted_version = self.info.weight_version
+        self._adapter_versions: dict[str, int] = {}
+        self._loaded_adapters: set[str] = set()      # accepted by the core through load_adapter, maybe not yet served
         self._receiver = threading.Thread(target=self._receive, name="engine-front", daemon=True)
         self._receiver.start()
         log.info("engine core running in process %d (model %s)", self._proc.pid, self.info.model_id)
@@ -116,6 +118,10 @@ class EngineProcess(Backend):
         return self._version
 
     @property
+    def adapter_versions(self) -> dict[str, int]:
+        return self._adapter_versions
+
+    @property
     def pid(self) -> int:
         return self._proc.pid
 
@@ -126,6 +132,10 @@ class EngineProcess(Backend):
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         self._limits.check(request)
+        known = self._adapter_versions.keys() | self._loaded_adapters
+        if request.adapter and request.adapter not in known:
+            raise InvalidRequest(f"no adapter named {request.adapter!r} is served here (serving: "
+                                 f"{', '.join(sorted(known)) or 'none'})")
         request_id = request.request_id or uuid.uuid4().hex
         with self._lock:
             if self._exit_reason:
@@ -160,6 +170,15 @@ class EngineProcess(Backend):
             self._accepted_version = version
         data = save({name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in state_dict.items()})
         self.call("load_weights", version, data)
+
+    def load_adapter(self, name: str, version: int, adapter_version: Mapping[str, torch.Tensor]) -> None:
+        """Sends the adapter's tensors to the core (for a learner's stream, give the core the adapter's endpoints
+        instead: ``EngineSpec.adapters``)."""
+        from safetensors.torch import save
+
+        data = save({key: tensor.detach().to("cpu").contiguous().clone() for key, tensor in adapter_version.items()})
+        self.call("load_adapter", name, version, data)
+        self._loaded_adapters.add(name)
 
     def wait_for_version(self, version: int, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -199,7 +218,7 @@ class EngineProcess(Backend):
         finally:
             self._calls.pop(call_id, None)
         if not ok:
-            raise (ValueError if method == "load_weights" else RuntimeError)(value)
+            raise (ValueError if method in ("load_weights", "load_adapter") else RuntimeError)(value)
         return value
 
     def close(self) -> None:
@@ -240,7 +259,7 @@ class EngineProcess(Backend):
     def _handle(self, message: tuple) -> None:
         kind = message[0]
         if kind == "out":
-            _, chunks, self._version = message
+            _, chunks, self._version, self._adapter_versions = message
             streams = self._streams
             with batched_wakeups():
                 for request_id, chunk in chunks:

@@ -12,6 +12,7 @@ be recomputed (with whatever prefix blocks survived) when it is admitted again.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from forge.actors.engine.block_manager import BlockManager
@@ -48,7 +49,8 @@ class Scheduler:
         end = min(len(seq), start + max(1, budget))
         return Work(seq, start, end, write_from=cached)
 
-    def schedule(self, salt: bytes) -> list[Work]:
+    def schedule(self, salt_of: Callable[[Sequence], bytes]) -> list[Work]:
+        """``salt_of``: what a sequence's KV blocks are hashed with (its weights' version, its adapter)."""
         budget = self.config.max_num_batched_tokens
         work: list[Work] = []
         # Unfinished prompts of running sequences first (chunked prefill), then new admissions.
@@ -63,6 +65,7 @@ class Scheduler:
         deferred: list[Sequence] = []
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             seq = self.waiting[0]
+            salt = salt_of(seq)
             hashes = self.blocks.prompt_block_hashes(seq, salt)
             first_miss = next((i for i, h in enumerate(hashes) if h not in self.blocks.by_hash), len(hashes))
             if first_miss < len(hashes) and hashes[first_miss] in computing:

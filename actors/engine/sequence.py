@@ -61,6 +61,7 @@ class Sequence:
     room: int = 0                       # prefill_only: the tokens the request may have in all, its first included
     handover_version: int | None = None  # a continuation: the weight version that sampled its first token
     forced: tuple[int, float] | None = None  # a continuation's first token and its log-prob, taken instead of a draw
+    adapter: str = ""                   # the named adapter it is sampled with ("": the engine's own weights)
 
     def __len__(self) -> int:
         return len(self.token_ids)

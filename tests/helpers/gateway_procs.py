@@ -113,6 +113,12 @@ def disaggregated_fleet(directory: Path, model: str, decoders: int = 1, *gateway
             proc.stop()
 
 
+def calls_of(pool: Path, sessions: list[str]) -> list:
+    """The calls of ``sessions`` recorded in the pool at ``pool`` (``pool_pb2.CallRecord``), in order."""
+    with PoolReader(pool) as reader:
+        return [c for s in sessions for c in reader.get_session(s).calls]
+
+
 def chat_calls(gateway, run: str, count: int) -> list[str]:
     """``count`` seeded two-turn sessions; their ids."""
     sessions = []

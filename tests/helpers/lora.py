@@ -14,3 +14,17 @@ def randomize_adapters(model: torch.nn.Module, seed: int, scale: float = 0.1) ->
             if ".lora_" in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
     return model
+
+
+def adapted_run(base, seed: int, config=None):
+    """A run's adapters on ``base`` (random, for ``seed``): its adapter version (what its learner publishes with
+    ``lora_publish = "adapters"``) and its merged model (what it samples from)."""
+    from forge.learner.lora import LoraConfig, adapter_version, add_adapters, merged_state_dict
+
+    from helpers.random_model import copy_of
+
+    config = config or LoraConfig(rank=4, alpha=8.0, publish="adapters")
+    adapted = randomize_adapters(add_adapters(copy_of(base), config), seed)
+    merged = copy_of(base)
+    merged.load_state_dict(merged_state_dict(adapted.state_dict(), config))
+    return adapter_version(adapted.state_dict(), config), merged

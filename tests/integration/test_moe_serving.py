@@ -12,10 +12,9 @@ import pytest
 from forge import expert_routing
 from forge.model import CausalLM
 from forge.model.moe import routing_of
-from forge.pool import PoolReader
-from forge.v1 import actor_pb2_grpc, common_pb2, pool_pb2
+from forge.v1 import actor_pb2_grpc, common_pb2
 
-from helpers.gateway_procs import chat_calls, disaggregated_fleet
+from helpers.gateway_procs import calls_of, chat_calls, disaggregated_fleet
 from helpers.random_model import random_tiny_moe
 
 
@@ -25,11 +24,6 @@ def fleet(tmp_path_factory):
     model = str(random_tiny_moe(directory))
     with disaggregated_fleet(directory, model, 1, "--model", model) as started:
         yield started
-
-
-def calls_of(pool, sessions: list[str]) -> list[pool_pb2.CallRecord]:
-    with PoolReader(pool) as reader:
-        return [c for s in sessions for c in reader.get_session(s).calls]
 
 
 @pytest.mark.parametrize("gateway", ["whole", "split"])

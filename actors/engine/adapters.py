@@ -1,0 +1,164 @@
+"""Named LoRA adapters served beside the base weights: several runs' policies decoded together by one engine.
+
+Each run trains its own adapters on the same base checkpoint (``[learner] lora_publish = "adapters"``) and streams
+them here under its name; every request names the adapter it is sampled with (``GenerationRequest.adapter``, empty
+for the engine's own weights). The base weights stay as they are: in each adapted projection the rows of a step
+that name an adapter add its side path, y = x Wᵀ + s · (x Aᵀ) Bᵀ, the very sum the learner's peft layers compute.
+Merging instead (``forge.model.lora_weights``, what an actor with a single run does) would need a whole copy of the
+model per adapter; the side path costs two thin products per adapted projection and adapter in the step.
+
+The side path runs in forward hooks on the adapted ``nn.Linear`` modules, active only inside ``ServedAdapters.rows``
+on the calling thread (the engine's step), so the model is unchanged everywhere else. The draft (MTP) tensors an
+adapter version carries are not applied: speculative decoding drafts with the base model's MTP head for every
+adapter, which leaves what is sampled exact (drafts are verified against the adapter's distribution) and costs
+acceptance only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from forge.adapter_names import check_adapter_name
+from forge.model.lora_weights import SCALING, A, B, is_adapter_version
+
+_active = threading.local()         # .groups: [(AdapterWeights, row indices or None for every row)] of this step,
+                                    # .batch: the step's rows
+
+
+@dataclass(frozen=True)
+class AdapterWeights:
+    """One version of a named adapter, ready for the side path: per adapted module, A [rank, in] and B [out, rank]
+    on the model's device and in its dtype."""
+
+    name: str
+    version: int
+    scaling: float
+    pairs: dict[str, tuple[Tensor, Tensor]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.pairs.values())
+
+
+class ServedAdapters:
+    """The named adapters one engine serves over its model, and the hooks that add their side paths."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        self._parameters = {name: tuple(p.shape) for name, p in model.state_dict().items()}
+        weight = next(iter(model.parameters()))
+        self._device, self._dtype = weight.device, weight.dtype
+        self._served: dict[str, AdapterWeights] = {}
+        self._hooked: set[str] = set()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._served
+
+    def __len__(self) -> int:
+        return len(self._served)
+
+    @property
+    def versions(self) -> dict[str, int]:
+        return {name: adapter.version for name, adapter in self._served.items()}
+
+    def version(self, name: str) -> int:
+        return self._served[name].version
+
+    @property
+    def nbytes(self) -> int:
+        return sum(adapter.nbytes for adapter in self._served.values())
+
+    def prepare(self, name: str, version: int, state: Mapping[str, Tensor]) -> AdapterWeights:
+        """``state`` (an adapter version) checked against the model and made ready (off the engine's thread);
+        ValueError when it does not fit."""
+        check_adapter_name(name)
+        if not is_adapter_version(state):
+            raise ValueError(f"version {version} of adapter {name!r} holds whole-model weights, not LoRA adapters: "
+                             "a run sharing the actor publishes adapters ([learner] lora_publish = \"adapters\")")
+        modules = sorted({key.removesuffix(A) for key in state if key.endswith(A)})
+        pairs = {}
+        for module in modules:
+            linear = self._linears.get(module)
+            if linear is None or f"{module}{B}" not in state:
+                raise ValueError(f"adapter {name!r}: {module} is not a linear projection of the model, or has no "
+                                 "B matrix")
+            a, b = state[f"{module}{A}"], state[f"{module}{B}"]
+            out_features, in_features = linear.weight.shape
+            if a.dim() != 2 or b.dim() != 2 or a.shape[1] != in_features or b.shape[0] != out_features \
+                    or a.shape[0] != b.shape[1]:
+                raise ValueError(f"adapter {name!r}: the pair of {module} ({tuple(b.shape)} x {tuple(a.shape)}) does "
+                                 f"not fit its weight {tuple(linear.weight.shape)}")
+            pairs[module] = (a.to(self._device, self._dtype).contiguous(), b.to(self._device, self._dtype).contiguous())
+        rest = [key for key in state if key != SCALING and not key.endswith((A, B))]
+        strays = [key for key in rest if self._parameters.get(key) != tuple(state[key].shape)]
+        unpaired = [key for key in state if key.endswith(B) and key.removesuffix(B) not in pairs]
+        if strays or unpaired or not pairs:
+            raise ValueError(f"adapter {name!r} does not fit the model: {len(pairs)} adapted modules, unknown "
+                             f"{(strays + unpaired)[:5]}")
+        return AdapterWeights(name, version, float(state[SCALING]), pairs)
+
+    def install(self, adapter: AdapterWeights) -> None:
+        """Serve ``adapter`` from the next step on (call between steps, on the engine's thread)."""
+        for module in adapter.pairs.keys() - self._hooked:
+            self._linears[module].register_forward_hook(_side_path(module))
+            self._hooked.add(module)
+        self._served[adapter.name] = adapter
+
+    @contextmanager
+    def rows(self, adapters: Sequence[str]) -> Iterator[None]:
+        """Inside the block, on this thread, row ``i`` of every adapted projection's input is computed with adapter
+        ``adapters[i]`` ("": none)."""
+        named = {name for name in adapters if name}
+        if not named:
+            yield
+            return
+        groups = []
+        for name in sorted(named):
+            if len(named) == 1 and all(adapters):
+                rows = None
+            else:
+                rows = torch.tensor([i for i, n in enumerate(adapters) if n == name], dtype=torch.long,
+                                    device=self._device)
+            groups.append((self._served[name], rows))
+        outer = getattr(_active, "groups", None), getattr(_active, "batch", 0)
+        _active.groups, _active.batch = groups, len(adapters)
+        try:
+            yield
+        finally:
+            _active.groups, _active.batch = outer
+
+
+def _side_path(module_name: str):
+    """The forward hook of one adapted projection: adds s · (x Aᵀ) Bᵀ to the output rows of each adapter in the
+    step (in place: the engine runs under inference mode). An input whose rows were flattened with their positions
+    (``[rows * positions, in]``, as a mixture of experts' router takes it) is viewed by row again."""
+
+    def hook(_module: nn.Module, args: tuple[Tensor, ...], output: Tensor) -> None:
+        groups = getattr(_active, "groups", None)
+        if not groups:
+            return
+        x, batch = args[0], _active.batch
+        if x.shape[0] != batch:
+            x, output = x.view(batch, -1, x.shape[-1]), output.view(batch, -1, output.shape[-1])
+        for adapter, rows in groups:
+            pair = adapter.pairs.get(module_name)
+            if pair is None:
+                continue
+            a, b = pair
+            picked = x if rows is None else x.index_select(0, rows)
+            delta = torch.matmul(torch.matmul(picked, a.t()), b.t()) * adapter.scaling
+            if rows is None:
+                output.add_(delta)
+            else:
+                output.index_add_(0, rows, delta)
+
+    return hook
+
+
+__all__ = ["AdapterWeights", "ServedAdapters"]
