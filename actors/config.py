@@ -71,6 +71,14 @@ def check_adapter_links(values: tuple[str, ...]) -> None:
         raise ValueError(f"adapter {repeated[0]!r} is given twice")
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)       # the ranks vLLM sizes its adapter slots for
+
+
+def check_vllm_lora_rank(rank: int) -> None:
+    if rank not in VLLM_LORA_RANKS:
+        raise ValueError(f"{rank}: vLLM takes one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+
+
 def check_relay_endpoint(endpoint: str) -> None:
     """A relay endpoint: tcp:// or ipc:// (other actors, in other processes, connect to it)."""
     check_endpoint(endpoint, "relay")
@@ -111,6 +119,9 @@ class EngineConfig(Settings):
                                              "made at load and after each weight swap: oneDNN's packed layout for "
                                              "steps of two rows or more, the transposed matrix for one row (fp32; "
                                              "twice as much memory again as those weights).")
+    max_adapter_rank: int = setting(64, validate=check_vllm_lora_rank,
+                                    help="vLLM with --adapter: the largest LoRA rank of the adapters served (vLLM "
+                                         "sizes its adapter slots when it starts).")
     compile_decode: bool = setting(False, help="Graph mode: torch.compile the decode step (fuses its small ops; the "
                                                "first decode steps pay the compile, seconds to a minute, cached on "
                                                "disk by inductor).")
@@ -217,8 +228,12 @@ class ActorConfig(Settings):
     def _check_adapters(self, torch_engine: bool) -> None:
         if not self.adapters:
             return
-        if not torch_engine:
-            raise SettingsError(f"--adapter needs the torch backend ({self.serving_backend} serves one run's weights)")
+        if self.serving_backend not in ("torch", "vllm"):
+            raise SettingsError(f"--adapter needs the torch or vLLM backend ({self.serving_backend} serves one run's "
+                                "weights)")
+        if self.weights_fetch is not None:
+            raise SettingsError("--adapter does not go with --weights-fetch: the runs' adapters share base weights "
+                                "that stay as loaded (give every run sharing the actor as an --adapter)")
         if self.role != "both":
             raise SettingsError("--adapter serves whole calls: it does not go with --role prefill or decode")
         if self.engine.compile_decode:
@@ -226,10 +241,6 @@ class ActorConfig(Settings):
         if self.weights_key is not None:
             raise SettingsError("--adapter streams are not encrypted: drop --weights-key, or serve each run on "
                                 "actors of its own")
-        taken = {self.weights_fetch, self.weights_announce, self.relay_fetch, self.relay_announce} - {None}
-        clash = [e for link in self.adapter_links for e in (link.fetch, link.announce) if e in taken]
-        if clash:
-            raise SettingsError(f"--adapter endpoint {clash[0]} is already this actor's weight or relay endpoint")
 
     @property
     def serving_backend(self) -> str:

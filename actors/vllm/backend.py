@@ -24,6 +24,12 @@ tensors are reloaded in place (vLLM's ``reload_weights`` from a safetensors file
 resumes. Tensors vLLM does not know (the MTP
 head, ``mtp.*``) are left out of what it loads; the learner keeps training them.
 
+Named adapters (several runs on one actor, ``--adapter``) are vLLM's own LoRA adapters: vLLM starts with LoRA enabled
+and two adapter slots per run (a run's new version loads while requests of its previous one finish); each adapter
+version is written as a PEFT directory (``forge.model.lora_weights.write_peft_directory``) and added to vLLM under an
+id of its own, and a request naming the adapter is sampled with its newest version, which stamps all its tokens.
+The base weights do not change under them (such an actor follows no weight stream of its own).
+
 vLLM is imported lazily, so everything else works without it.
 """
 
@@ -63,7 +69,7 @@ from forge.actors.backend import (
 )
 from forge.actors.config import VLLM_INSTALL_HINT, EngineConfig
 from forge.builtin import ModelRef
-from forge.model.lora_weights import is_adapter_version, merge_adapter_version
+from forge.model.lora_weights import adapter_rank, is_adapter_version, merge_adapter_version, write_peft_directory
 from forge.reaper import Reaper
 
 log = logging.getLogger(__name__)
@@ -253,8 +259,10 @@ class VllmBackend(Backend):
     name = "vllm"
 
     def __init__(self, ref: ModelRef, config: EngineConfig, *, dtype: str = "float32", device: str = "cpu",
-                 initial_version: int = 0, kv_events: bool = True, start_timeout_s: float = 900.0) -> None:
-        """``kv_events``: follow vLLM's KV event stream for routers (``kv_events()``)."""
+                 initial_version: int = 0, kv_events: bool = True, start_timeout_s: float = 900.0,
+                 adapters: int = 0) -> None:
+        """``kv_events``: follow vLLM's KV event stream for routers (``kv_events()``); ``adapters``: the named
+        adapters it serves (vLLM's LoRA is enabled with room for them)."""
         try:
             import vllm  # noqa: F401
         except ImportError as exc:
@@ -277,6 +285,11 @@ class VllmBackend(Backend):
         self._dtype = dtype
         self._base: dict[str, torch.Tensor] | None = None      # the starting weights, once LoRA adapter versions come
         self._took_full_weights = False
+        self._adapter_slots = adapters
+        self._adapters: dict[str, tuple[int, Any]] = {}      # name -> (version, its LoRARequest)
+        self._adapter_ids = 0
+        self._request_adapters: dict[str, str] = {}
+        self._retired: dict[str, tuple[int, Any]] = {}        # name -> its version before the newest, still held
         self._figures = _Figures()
         self._counters = {"weight_swaps": 0, "finished": 0, "refused": 0, "aborted_by_swap": 0}
         self._last_swap_ms = 0.0
@@ -336,6 +349,9 @@ class VllmBackend(Backend):
             enable_prefix_caching=config.prefix_caching, logprobs_mode="processed_logprobs",
             enforce_eager=not config.compile_decode, disable_log_stats=True,
             worker_extension_cls="forge.actors.vllm.worker.ForgeWorkerExtension")
+        if self._adapter_slots:
+            kwargs.update(enable_lora=True, max_loras=2 * self._adapter_slots, max_cpu_loras=2 * self._adapter_slots,
+                          max_lora_rank=config.max_adapter_rank)
         if self.structured_problem is None:
             from vllm.config import StructuredOutputsConfig
 
@@ -384,6 +400,10 @@ class VllmBackend(Backend):
                 raise InvalidRequest(problem)
         request_id = request.request_id or uuid.uuid4().hex
         with self._lock:
+            adapter = self._adapters.get(request.adapter) if request.adapter else None
+            if request.adapter and adapter is None:
+                raise InvalidRequest(f"no adapter named {request.adapter!r} is served here (serving: "
+                                     f"{', '.join(sorted(self._adapters)) or 'none'})")
             if self._closed:
                 raise Overloaded("the backend is shutting down")
             if self.failed:
@@ -394,6 +414,8 @@ class VllmBackend(Backend):
             if request_id in self._streams:
                 raise InvalidRequest(f"request id {request_id!r} is already in flight")
             stream = self._streams[request_id] = RequestStream(request_id)
+            if adapter is not None:
+                self._request_adapters[request_id] = request.adapter
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -403,12 +425,15 @@ class VllmBackend(Backend):
         except ValueError as exc:
             with self._lock:
                 self._streams.pop(request_id, None)
+                self._request_adapters.pop(request_id, None)
             raise InvalidRequest(str(exc)) from exc
         request = replace(request, request_id=request_id)
-        asyncio.run_coroutine_threadsafe(self._generate(request, params, stream), self._loop)
+        asyncio.run_coroutine_threadsafe(self._generate(request, params, stream, adapter), self._loop)
         return stream
 
-    async def _generate(self, request: GenerationRequest, params: Any, stream: RequestStream) -> None:
+    async def _generate(self, request: GenerationRequest, params: Any, stream: RequestStream,
+                        adapter: tuple[int, Any] | None = None) -> None:
+        """``adapter``: the named adapter's version and its ``LoRARequest``, which sample every token."""
         from vllm.inputs import TokensPrompt
 
         request_id, every = request.request_id, request.stream_interval
@@ -418,10 +443,12 @@ class VllmBackend(Backend):
         generated = 0
         try:
             prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
-            async for output in self.llm.generate(prompt, params, request_id):
+            lora = adapter[1] if adapter is not None else None
+            async for output in self.llm.generate(prompt, params, request_id, lora_request=lora):
                 completion = output.outputs[0]
                 generated += len(completion.token_ids)          # outputs are deltas
-                chunk = chunk_of(completion, self._version, request.params.top_logprobs)
+                version = adapter[0] if adapter is not None else self._version
+                chunk = chunk_of(completion, version, request.params.top_logprobs)
                 if first is None:
                     first = time.perf_counter()
                     chunk.cached_prompt_tokens = int(output.num_cached_tokens or 0)
@@ -447,6 +474,7 @@ class VllmBackend(Backend):
         finally:
             with self._lock:
                 self._streams.pop(request_id, None)
+                self._request_adapters.pop(request_id, None)
                 self._counters["finished"] += 1
             if not stream.finished.is_set():
                 stream.put(TokenChunk(finish_reason=FinishReason.ABORT))
@@ -484,6 +512,62 @@ class VllmBackend(Backend):
                 self._call(self._swap(version, staged), timeout=600.0)
             finally:
                 shutil.rmtree(staged, ignore_errors=True)
+
+    @property
+    def adapter_versions(self) -> dict[str, int]:
+        return {name: version for name, (version, _) in self._adapters.items()}
+
+    def load_adapter(self, name: str, version: int, adapter_version: Mapping[str, torch.Tensor]) -> None:
+        """Add version ``version`` of the named adapter to vLLM (a PEFT directory of its own, under a new LoRA id);
+        requests naming it take it from then on, and the version two before is dropped."""
+        from vllm.lora.request import LoRARequest
+
+        if not self._adapter_slots:
+            raise ValueError("this vLLM actor was started without named adapters (--adapter)")
+        if not is_adapter_version(adapter_version):
+            raise ValueError(f"version {version} of adapter {name!r} holds whole-model weights, not LoRA adapters: a "
+                             "run sharing the actor publishes adapters ([learner] lora_publish = \"adapters\")")
+        rank = adapter_rank(adapter_version)
+        if rank > self.config.max_adapter_rank:
+            raise ValueError(f"adapter {name!r} has rank {rank}; this actor serves ranks up to "
+                             f"{self.config.max_adapter_rank} (--max-adapter-rank)")
+        with self._swap_lock:
+            current = self._adapters.get(name)
+            if current is None and len(self._adapters) >= self._adapter_slots:
+                raise ValueError(f"this actor serves {self._adapter_slots} named adapters; {name!r} is not one")
+            if current is not None and version <= current[0]:
+                raise ValueError(f"version {version} of adapter {name!r} is not newer than {current[0]}")
+            self._adapter_ids += 1
+            directory = write_peft_directory({n: t for n, t in adapter_version.items() if vllm_tensor(n)},
+                                             self._dir / "adapters" / f"{name}-{version}")
+            request = LoRARequest(f"{name}@{version}", self._adapter_ids, str(directory))
+            try:
+                self._call(self.llm.add_lora(request), timeout=600.0)
+            except Exception as exc:
+                shutil.rmtree(directory, ignore_errors=True)
+                raise ValueError(f"vLLM refused version {version} of adapter {name!r}: {exc}") from exc
+            with self._lock:
+                self._adapters[name] = (version, request)
+                in_flight = [r for r, n in self._request_adapters.items() if n == name]
+            self._drop_adapter_before(name, current)
+        self._counters["weight_swaps"] += 1
+        if self.config.abort_on_weight_swap:
+            for request_id in in_flight:
+                self.abort(request_id)
+            self._counters["aborted_by_swap"] += len(in_flight)
+        log.info("serving version %d of adapter %s (LoRA id %d, rank %d)", version, name, self._adapter_ids, rank)
+
+    def _drop_adapter_before(self, name: str, current: tuple[int, Any] | None) -> None:
+        """Drop the version of ``name`` before ``current`` (its slot goes to the next version; ``current`` keeps
+        serving the requests that took it)."""
+        retired = self._retired
+        older = retired.pop(name, None)
+        if current is not None:
+            retired[name] = current
+        if older is not None:
+            with contextlib.suppress(Exception):
+                self._call(self.llm.remove_lora(older[1].lora_int_id), timeout=60.0)
+            shutil.rmtree(older[1].lora_path, ignore_errors=True)
 
     def _merged(self, adapter_version: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The served weights with ``adapter_version`` merged onto the checkpoint's (read, in the served dtype, at the
@@ -545,6 +629,7 @@ class VllmBackend(Backend):
             "kv_blocks": float(self.num_blocks),
             "prefix_hit_rate": f.prefix_hits / f.prefix_queries if f.prefix_queries else 0.0,
             "weight_version": float(self._version),
+            "adapters": float(len(self._adapters)),
             "preemptions": float(f.preemptions),
             "tokens": float(f.tokens),
             "weight_swap_ms": self._last_swap_ms,

@@ -33,5 +33,6 @@ class VllmFactory(BackendFactory):
             ref = resolve_model(write_builtin_checkpoint(scratch, ref.builtin_name or "tiny"))
         dtype = checkpoint_dtype(ref) if config.dtype == "auto" else config.dtype
         backend = VllmBackend(ref, replace(config.engine, threads=context.threads), dtype=dtype,
-                              device=context.device, initial_version=context.initial_version)
+                              device=context.device, initial_version=context.initial_version,
+                              adapters=len(config.adapters))
         return Serving(backend, ref.model_id, backend.kv_events())

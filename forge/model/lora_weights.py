@@ -12,13 +12,16 @@ copy of the base weights, kept in host memory.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 SCALING = "lora.scaling"
 A, B = ".lora_A.weight", ".lora_B.weight"
+PEFT_PREFIX = "base_model.model."          # what peft prefixes the module names of a saved adapter with
 
 
 def merged_weight(weight: Tensor, a: Tensor, b: Tensor, scaling: float) -> Tensor:
@@ -54,4 +57,33 @@ def merge_adapter_version(base: Mapping[str, Tensor], version: Mapping[str, Tens
     return merged
 
 
-__all__ = ["SCALING", "is_adapter_version", "merge_adapter_version", "merged_weight"]
+def adapter_rank(version: Mapping[str, Tensor]) -> int:
+    """The largest rank of ``version``'s adapters."""
+    return max((t.shape[0] for name, t in version.items() if name.endswith(A)), default=0)
+
+
+def write_peft_directory(version: Mapping[str, Tensor], directory: Path) -> Path:
+    """``version`` as a PEFT LoRA directory, which serving engines load as an adapter (vLLM's ``LoRARequest``): the
+    adapters under peft's names, the scale folded into B and ``lora_alpha`` = rank (an engine that reads alpha as an
+    integer still scales exactly), the adapted modules as its targets. The draft's tensors are left out."""
+    from safetensors.torch import save_file
+
+    scaling = float(version[SCALING])
+    rank = adapter_rank(version)
+    modules = sorted(name.removesuffix(A) for name in version if name.endswith(A))
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for module in modules:
+        tensors[f"{PEFT_PREFIX}{module}{A}"] = version[f"{module}{A}"].detach().to("cpu").contiguous()
+        tensors[f"{PEFT_PREFIX}{module}{B}"] = (version[f"{module}{B}"].detach().to("cpu").float() * scaling).to(
+            version[f"{module}{B}"].dtype).contiguous()
+    save_file(tensors, str(directory / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank, "lora_dropout": 0.0,
+              "bias": "none", "target_modules": sorted({m.rsplit(".", 1)[-1] for m in modules}),
+              "use_rslora": False, "use_dora": False}
+    (directory / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return directory
+
+
+__all__ = ["PEFT_PREFIX", "SCALING", "adapter_rank", "is_adapter_version", "merge_adapter_version", "merged_weight",
+           "write_peft_directory"]

@@ -1,5 +1,5 @@
 """Two runs on one actor: each run's learner publishes its own LoRA adapter versions, one forge-actor process (its
-engine core) serves both beside the shared base, and each run's gateway names its adapter. Every session's calls are
+engine core, or vLLM with a LoRA adapter per run) serves both beside the shared base, and each run's gateway names its adapter. Every session's calls are
 sampled with its run's adapter (the learner's recomputation with that run's merged model gives the recorded
 log-probs) and land in its run's pool; a new version of one run's adapter leaves the other run's untouched."""
 
@@ -22,6 +22,9 @@ from helpers.recompute import learner_and_recorded
 from helpers.waiting import wait_for
 
 RUNS = ("run-a", "run-b")
+BACKENDS = [pytest.param((), id="torch"),
+            pytest.param(("--backend", "vllm", "--max-adapter-rank", "8"), id="vllm",
+                         marks=[pytest.mark.vllm, pytest.mark.slow])]
 
 
 def merged_checkpoint(base_dir, directory, merged: CausalLM):
@@ -31,7 +34,8 @@ def merged_checkpoint(base_dir, directory, merged: CausalLM):
     return directory
 
 
-def test_two_runs_share_one_actor_each_with_its_adapter_and_pool(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_runs_share_one_actor_each_with_its_adapter_and_pool(tmp_path, backend):
     base_dir = random_tiny(tmp_path)
     base = CausalLM.from_pretrained(base_dir)
     publishers = {run: WeightPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") for run in RUNS}
@@ -43,7 +47,7 @@ def test_two_runs_share_one_actor_each_with_its_adapter_and_pool(tmp_path):
             publishers[run].publish(1, version)          # published before the actor starts: it waits for both
         links = [arg for run in RUNS for arg in ("--adapter", f"{run}={publishers[run].fetch_endpoint},"
                                                                f"{publishers[run].announce_endpoint}")]
-        actor = start_actor(tmp_path, "--model", str(base_dir), *links)
+        actor = start_actor(tmp_path, "--model", str(base_dir), *links, *backend, timeout_s=900)
         started.append(actor)
         gateways = {}
         for run in RUNS:

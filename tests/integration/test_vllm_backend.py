@@ -29,7 +29,7 @@ from forge.tokenizer.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 from helpers.families import SERVABLE, write_family
-from helpers.lora import randomize_adapters
+from helpers.lora import adapted_run, randomize_adapters
 from helpers.processes import start_actor, wait_gone
 from helpers.random_model import random_tiny, random_tiny_moe
 from helpers.waiting import wait_for
@@ -396,6 +396,54 @@ def test_a_lora_adapter_version_serves_what_the_torch_engine_serves_with_it(tmp_
     assert all(set(o[2]) == {1} for o in ours)
     for (_, logprobs, _), (_, want, _) in zip(ours, theirs, strict=True):
         torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want), atol=1e-4, rtol=0)
+
+
+def test_named_adapters_are_vllm_loras_each_sampled_as_its_runs_merged_model(tmp_path):
+    """Several runs on one vLLM actor: each named adapter version becomes a vLLM LoRA adapter; requests of both runs
+    and of the base, submitted together, each record the log-probs their own (merged) model recomputes, stamped with
+    their adapter's version; a run's new version replaces only its own."""
+    from forge.actors.vllm.backend import VllmBackend
+
+    directory = random_tiny(tmp_path / "tiny", seed=3)
+    base = load_model(directory)[0].eval()
+    runs = {"run-a": adapted_run(base, 2), "run-b": adapted_run(base, 5)}
+    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=1, max_adapter_rank=8),
+                          adapters=2)
+    params = SamplingParams(temperature=1.0, seed=21, max_tokens=12, ignore_eos=True)
+    names = ["", "run-a", "run-b", "run-a", "run-b", ""]
+
+    def check(versions: dict[str, int]) -> list[list[int]]:
+        streams = [backend.submit(GenerationRequest("", PROMPTS[i], seeded(params, i), adapter=name))
+                   for i, name in enumerate(names)]
+        got = []
+        for i, (name, stream) in enumerate(zip(names, streams, strict=True)):
+            chunks = list(stream)
+            tokens = [t for c in chunks for t in c.token_ids]
+            model = runs[name][1] if name else base
+            expected = picked(learner_logprobs(model, PROMPTS[i], tokens, params, edited=False), tokens)
+            torch.testing.assert_close(torch.tensor([x for c in chunks for x in c.logprobs]), expected, atol=1e-4,
+                                       rtol=0)
+            assert {v for c in chunks for v in c.weight_versions} == {versions.get(name, backend.weight_version)}
+            got.append(tokens)
+        return got
+
+    try:
+        with pytest.raises(InvalidRequest, match="no adapter named 'run-a'"):
+            backend.submit(GenerationRequest("", PROMPTS[0], params, adapter="run-a"))
+        for name, (version, _) in runs.items():
+            backend.load_adapter(name, 1, version)
+        assert backend.adapter_versions == {"run-a": 1, "run-b": 1}
+        first = check({"run-a": 1, "run-b": 1})
+        runs["run-b"] = adapted_run(base, 9)
+        backend.load_adapter("run-b", 2, runs["run-b"][0])
+        with pytest.raises(ValueError, match="not newer"):
+            backend.load_adapter("run-b", 2, runs["run-b"][0])
+        with pytest.raises(ValueError, match="serves 2 named adapters"):
+            backend.load_adapter("run-c", 1, runs["run-a"][0])
+        second = check({"run-a": 1, "run-b": 2})
+        assert second[1] == first[1] and second[2] != first[2]
+    finally:
+        backend.close()
 
 
 def test_kv_events_name_the_prompt_blocks_in_forges_hash_chain(tiny):

@@ -139,11 +139,12 @@ def test_the_adapter_options_are_checked_before_anything_loads(tmp_path):
     assert "adapter name" in cli_refusal(actor, "--adapter", "a b=tcp://127.0.0.1:1,tcp://127.0.0.1:2")
     assert "needs a host and a port" in cli_refusal(actor, "--adapter", "run-a=tcp://127.0.0.1,tcp://127.0.0.1:2")
     assert "given twice" in cli_refusal(actor, "--adapter", link, "--adapter", link)
-    assert "needs the torch backend" in cli_refusal(actor, "--adapter", link, "--backend", "vllm")
+    assert "needs the torch or vLLM backend" in cli_refusal(actor, "--adapter", link, "--backend", "trtllm")
     assert "--compile-decode" in cli_refusal(actor, "--adapter", link, "--compile-decode")
-    assert "already this actor's weight" in cli_refusal(
-        actor, "--adapter", link, "--weights-fetch", "tcp://127.0.0.1:5611", "--weights-announce",
-        "tcp://127.0.0.1:5600")
+    assert "does not go with --weights-fetch" in cli_refusal(
+        actor, "--adapter", link, "--weights-fetch", "tcp://127.0.0.1:5601", "--weights-announce",
+        "tcp://127.0.0.1:5602")
+    assert "vLLM takes one of" in cli_refusal(actor, "--adapter", link, "--max-adapter-rank", "4")
     pool = ["--pool", str(tmp_path / "pool")]
     assert "adapter name" in cli_refusal(gateway, *pool, "--actor", "127.0.0.1:1", "--adapter", "-x")
     assert "--prefill-actor" in cli_refusal(gateway, *pool, "--actor", "127.0.0.1:1", "--prefill-actor",
