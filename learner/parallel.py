@@ -9,6 +9,7 @@ import logging
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,21 @@ def full_state_dict(model: nn.Module, distributed: Distributed) -> dict[str, tor
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def gathered_state_dict(model: nn.Module, distributed: Distributed, keep: Callable[[str], bool]
+                        ) -> dict[str, torch.Tensor]:
+    """The parameters whose names ``keep`` takes, as whole CPU tensors on rank 0 (empty elsewhere): only those
+    are gathered, each on its own (every rank must call it, and does so in the same order)."""
+    state = model.state_dict()
+    gathered = {}
+    for name, tensor in state.items():
+        if not keep(name):
+            continue
+        whole = tensor.full_tensor() if distributed.enabled and hasattr(tensor, "full_tensor") else tensor
+        if distributed.is_main:
+            gathered[name] = whole.detach().cpu()
+    return gathered
 
 
 def split_for_ranks(lengths: list[int], world_size: int) -> list[list[int]]:

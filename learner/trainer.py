@@ -19,10 +19,17 @@ import torch
 from forge.learner.checkpoint import Checkpointer, set_rng_state
 from forge.learner.expert_replay import MODES as ROUTING_MODES
 from forge.learner.expert_replay import RoutingTally
-from forge.learner.lora import LoraConfig, adapter_version, merged_state_dict, save_adapter
+from forge.learner.lora import (
+    DRAFT_PREFIX,
+    LoraConfig,
+    adapter_version,
+    is_adapter,
+    merged_state_dict,
+    save_adapter,
+)
 from forge.learner.losses import LossConfig, loss_metrics, policy_loss
 from forge.learner.metrics import MetricsWriter
-from forge.learner.parallel import Distributed, full_state_dict, split_for_ranks
+from forge.learner.parallel import Distributed, full_state_dict, gathered_state_dict, split_for_ranks
 from forge.learner.policy import PolicyOutput, policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
@@ -307,8 +314,9 @@ class Trainer:
         weights, or with LoRA publishing adapters, the adapter version (``forge.model.lora_weights``)."""
         if self.lora is None or self.lora.publish == "merged":
             return self.weights()
-        state = full_state_dict(self.model, self.dist)
-        return adapter_version(state, self.lora) if state else state
+        state = gathered_state_dict(self.model, self.dist, lambda name: is_adapter(name) or name.startswith(
+            DRAFT_PREFIX))                      # the adapters and the draft alone cross the ranks
+        return adapter_version(state, self.lora) if self.dist.is_main else state
 
     def _publish(self) -> None:
         state = self.published()

@@ -25,7 +25,7 @@ def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int, lora_
     distributed = init_distributed("cpu")
     torch.manual_seed(0)
     model = load_model(model_dir)[0]        # Forge's own family, or transformers'
-    lora = LoraConfig(rank=lora_rank, alpha=8.0) if lora_rank else None
+    lora = LoraConfig(rank=lora_rank, alpha=8.0, publish="adapters") if lora_rank else None
     if lora is not None:
         randomize_adapters(add_adapters(model, lora), seed=1)
     model = shard_model(model, distributed)
@@ -37,8 +37,10 @@ def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int, lora_
     grads = capture_gradients(trainer, model)
     record = trainer.step()
     state = full_state_dict(model, distributed)
+    published = trainer.published() if lora is not None else {}
     if distributed.is_main:
-        torch.save({"state": state, "grads": grads, "loss": record["loss"], "tokens": record["tokens"],
+        torch.save({"state": state, "published": published, "grads": grads, "loss": record["loss"],
+                    "tokens": record["tokens"],
                     "stem_tokens": record.get("stem_tokens", 0)}, out)
         pool.close()
     distributed.close()

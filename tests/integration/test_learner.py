@@ -14,6 +14,7 @@ import torch
 
 from forge.builtin import load_model
 from forge.learner.checkpoint import Checkpointer
+from forge.learner.lora import LoraConfig, adapter_version
 from forge.pool import Pool
 
 from conftest import HELPERS, script
@@ -58,6 +59,11 @@ def test_fsdp2_two_processes_equal_one_with_lora(tmp_path, config):
         assert_same_update(one, two, name)
         if ".base_layer." in name or (name in base and not name.startswith("mtp.")):
             assert torch.equal(tensor, base[name.replace(".base_layer", "")]), f"{name} is frozen"
+    lora = LoraConfig(rank=4, alpha=8.0)
+    for result in (one, two):           # a version gathers the adapters and the draft alone, and sends them whole
+        sent = adapter_version(result["state"], lora)
+        assert result["published"].keys() == sent.keys()
+        assert all(torch.equal(result["published"][name], tensor) for name, tensor in sent.items())
 
 
 def stepped_on_rollouts(tmp_path: Path, config, seed: int, lora_rank: int = 0) -> tuple[torch.nn.Module, dict, dict]:
