@@ -196,6 +196,27 @@ def test_forge_up_disaggregated_trains_through_its_prefill_actor(tmp_path):
     assert "applied weight version" in logs["actor-prefill-0.log"]
 
 
+def assert_calls_recomputed_by_their_checkpoints(run_dir: Path, adapter: str = "") -> None:
+    """Every call in RUN_DIR/pool sampled wholly at a version its learner checkpointed (RUN_DIR/learner) carries the
+    log-probs that checkpoint's model recomputes (at least one does); each checkpoint holds its adapter, and every
+    call names ``adapter``."""
+    checkpoints = {int(p.name.split("-")[1]): p for p in (run_dir / "learner" / "checkpoints").glob("step-*")}
+    assert checkpoints and all((p / "adapter" / "adapter_model.safetensors").exists() for p in checkpoints.values())
+    with PoolReader(run_dir / "pool") as pool:
+        calls = [c for e in pool.entries(start=0, limit=100_000) for s in e.members for c in pool.get_session(s).calls]
+    assert calls and {c.adapter for c in calls} == {adapter}
+    checked = 0
+    for version, directory in sorted(checkpoints.items()):
+        model = load_model(directory / "model")[0].eval()
+        for call in calls:
+            if set(call.weight_versions) == {version} and not call.sampling.logit_bias:
+                recomputed = full_forward_logprobs(model, list(call.prompt_ids), list(call.completion_ids),
+                                                   sampling_from_proto(call.sampling))
+                assert recomputed == pytest.approx(list(call.logprobs), abs=2e-4), (version, call.session_id)
+                checked += 1
+    assert checked >= 1, "no call was sampled wholly at a trained version"
+
+
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("publish", ["merged", "adapters"])
 def test_forge_up_with_lora_serves_each_version_the_learner_trained(tmp_path, publish):
@@ -210,22 +231,29 @@ def test_forge_up_with_lora_serves_each_version_the_learner_trained(tmp_path, pu
     records = [json.loads(line) for line in (config.run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
     full = sum(p.numel() for p in load_model("tiny")[0].parameters())
     assert records and all(0 < r["trainable_params"] < full / 4 for r in records), records[0]
-    checkpoints = {int(p.name.split("-")[1]): p for p in (config.run_dir / "learner" / "checkpoints").glob("step-*")}
-    assert all((p / "adapter" / "adapter_model.safetensors").exists() for p in checkpoints.values())
-    with PoolReader(config.run_dir / "pool") as pool:
-        calls = [c for e in pool.entries(start=0, limit=100_000) for s in e.members for c in pool.get_session(s).calls]
-    checked = 0
-    for version, directory in sorted(checkpoints.items()):
-        model = load_model(directory / "model")[0].eval()
-        for call in calls:
-            if set(call.weight_versions) == {version} and not call.sampling.logit_bias:
-                recomputed = full_forward_logprobs(model, list(call.prompt_ids), list(call.completion_ids),
-                                                   sampling_from_proto(call.sampling))
-                assert recomputed == pytest.approx(list(call.logprobs), abs=2e-4), (version, call.session_id)
-                checked += 1
-    assert checked >= 1, "no call was sampled wholly at a trained version"
+    assert_calls_recomputed_by_their_checkpoints(config.run_dir)
     actor_log = (config.run_dir / "logs" / "actor-0.log").read_text(errors="replace")
     assert ("weight versions are LoRA adapters" in actor_log) == (publish == "adapters")
+
+
+@pytest.mark.timeout(1800)
+def test_forge_up_trains_two_runs_on_one_actor_each_with_its_adapter(tmp_path):
+    """Two LoRA runs sharing one actor (``forge up --run a --run b``), stopped by learner steps: each run's learner
+    trains its adapter and publishes it, the actor serves both beside the base, and each run's calls land in its own
+    pool, named with its adapter, with the log-probs its own checkpoints recompute."""
+    config = UpConfig(run_dir=tmp_path / "run", runs=("a", "b"), minutes=20.0, steps=2, eval_size=8,
+                      eval_samples=1).with_services(learner={"lora_rank": 4, "checkpoint_every": 1,
+                                                             "keep_checkpoints": 5})
+    result = asyncio.run(run(config, Console(record=True, width=120)))
+    assert set(result["runs"]) == {"a", "b"}
+    assert json.loads((config.run_dir / "summary.json").read_text())["runs"].keys() == {"a", "b"}
+    for name in ("a", "b"):
+        assert result["runs"][name]["learner"].get("version", 0) >= 2 and result["runs"][name]["eval_end"]
+        assert_calls_recomputed_by_their_checkpoints(config.run_dir / name, adapter=name)
+    services = {s["name"] for s in json.loads((config.run_dir / "services.json").read_text())}
+    assert {"learner-a", "learner-b", "gateway-a", "gateway-b", "actor-0"} <= services
+    actor_log = (config.run_dir / "logs" / "actor-0.log").read_text(errors="replace")
+    assert "version 1 of adapter a" in actor_log and "version 1 of adapter b" in actor_log
 
 
 @pytest.mark.timeout(1800)

@@ -19,7 +19,7 @@ from forge.app.up.config import UpConfig
 from forge.app.up.keys import generate
 from forge.app.up.plan import Plan
 from forge.cli.options import SettingsCommand
-from forge.settings import entries
+from forge.settings import SettingsError, entries
 from forge.weights.curve import create_keys
 
 
@@ -98,3 +98,35 @@ def test_config_show_up_lists_every_services_settings_with_its_source(tmp_path, 
     assert rows["actor"]["kv_cache_mb"]["value"] == 96 and rows["learner"]["pool"]["source"] == "wired"
     assert rows["gateway"]["actor"]["value"] == "(wired at start)"
     assert rows["learner"]["grad_clip"]["source"] == "default"
+
+
+def test_several_runs_share_the_actors_each_with_its_learner_gateway_and_adapter(tmp_path):
+    config = UpConfig(run_dir=tmp_path / "run", runs=("a", "b"), actors=2, seed=3).with_services(
+        learner={"lora_rank": 4})
+    instances = {i.name: i for i in Plan(config, generate(tmp_path / "keys")).check()}
+    assert {"learner-a", "learner-b", "gateway-a", "gateway-b", "actor-0", "actor-1"} <= set(instances)
+    assert "learner" not in instances and "gateway" not in instances
+    for name, seed in (("a", 3), ("b", 4)):
+        learner = instances[f"learner-{name}"].settings
+        assert learner.lora.publish == "adapters" and learner.trainer.seed == seed
+        pool = str(tmp_path / "run" / name / "pool")
+        assert pool in instances[f"learner-{name}"].arguments() and pool in instances[f"gateway-{name}"].arguments()
+        assert instances[f"gateway-{name}"].settings.adapter == name
+    actor = instances["actor-1"].settings
+    assert [link.name for link in actor.adapter_links] == ["a", "b"] and actor.weights_fetch is None
+    for instance in instances.values():
+        assert parsed(instance.service.command, instance.arguments()) == instance.settings, instance.name
+
+
+def test_several_runs_need_lora_adapters_on_actors_that_serve_them(tmp_path):
+    runs = UpConfig(run_dir=tmp_path / "run", runs=("a", "b"))
+    with pytest.raises(SettingsError, match="give \\[learner\\] lora_rank"):
+        Plan(runs)
+    with pytest.raises(SettingsError, match="lora_publish = \"merged\""):
+        Plan(runs.with_services(learner={"lora_rank": 4, "lora_publish": "merged"}))
+    with pytest.raises(SettingsError, match="serve named adapters"):
+        Plan(runs.with_services(learner={"lora_rank": 4}, actor={"backend": "trtllm"}))
+    with pytest.raises(SettingsError, match="given twice"):
+        UpConfig(runs=("a", "a"))
+    with pytest.raises(SettingsError, match="--prefill-actors"):
+        UpConfig(runs=("a", "b"), prefill_actors=1)

@@ -59,12 +59,12 @@ async def evaluate(actor: str, tokenizer: Tokenizer, domains: tuple[str, ...] = 
 
 async def evaluate_readings(actor: str, tokenizer: Tokenizer, readings: Sequence[tuple[float, int]],
                             domains: tuple[str, ...] = DOMAINS, size: int = 48, max_tokens: int = 48,
-                            concurrency: int = 16, tool_latency_s: float = 0.0, api_key: str | None = None
-                            ) -> list[dict[str, float]]:
+                            concurrency: int = 16, tool_latency_s: float = 0.0, api_key: str | None = None,
+                            adapter: str = "") -> list[dict[str, float]]:
     """One ``evaluate_with`` per (temperature, samples) reading, in order, over one channel to ``actor`` (with its
-    ``api_key`` when it requires one)."""
+    ``api_key`` when it requires one), sampled with its named ``adapter`` when given."""
     async with aio_channel(actor, api_key) as channel:
-        llm = ActorChat(actor_pb2_grpc.ActorStub(channel), tokenizer)
+        llm = ActorChat(actor_pb2_grpc.ActorStub(channel), tokenizer, adapter)
         return [await evaluate_with(llm, domains, size, max_tokens, concurrency, tool_latency_s, temperature, samples)
                 for temperature, samples in readings]
 

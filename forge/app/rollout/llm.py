@@ -91,14 +91,16 @@ class LocalChat:
 
 
 class ActorChat(LocalChat):
-    """Straight to an actor over gRPC."""
+    """Straight to an actor over gRPC (sampled with its named ``adapter`` when given)."""
 
-    def __init__(self, stub: actor_pb2_grpc.ActorStub, tokenizer: Tokenizer) -> None:
+    def __init__(self, stub: actor_pb2_grpc.ActorStub, tokenizer: Tokenizer, adapter: str = "") -> None:
         super().__init__(tokenizer)
         self.stub = stub
+        self.adapter = adapter
 
     async def _generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[list[int], str]:
-        request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling_to_proto(sampling))
+        request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling_to_proto(sampling),
+                                            adapter=self.adapter)
         tokens: list[int] = []
         finish = common_pb2.FINISH_REASON_UNSPECIFIED
         async for chunk in self.stub.Generate(request, timeout=600):

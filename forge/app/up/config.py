@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from forge.adapter_names import check_adapter_name
 from forge.app.registry import SERVICES
 from forge.app.rollout.config import (
     AgentConfig,
@@ -62,6 +63,14 @@ def parse_assignment(text: str) -> tuple[str, str, str]:
     return kind, option.replace("-", "_"), value
 
 
+def check_run_names(names: tuple[str, ...]) -> None:
+    for name in names:
+        check_adapter_name(name)
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"run {repeated[0]!r} is given twice")
+
+
 def main_job(kind: str) -> Overrides:
     """The main job's tuning of the service ``kind``."""
     return Overrides.of(SERVICES[kind].settings_class, MAIN_JOB[kind], "forge up")
@@ -84,6 +93,11 @@ class UpConfig(Settings):
                                                          "(torch backend, --cache); 0: every actor does both.")
     decode_actors: int = setting(0, min=0, max=16, help="With --prefill-actors: the decode actors (0: as many as "
                                                         "--actors).")
+    runs: tuple[str, ...] = setting((), flag="run", metavar="NAME", validate=check_run_names,
+                                    help="Train several runs on one actor fleet (repeatable): per NAME a learner "
+                                         "training LoRA adapters ([learner] lora_rank), a gateway, a pool and its "
+                                         "rollouts in RUN_DIR/NAME; the actors serve every run's adapter beside the "
+                                         "shared base model.")
     eval_size: int = setting(48, min=1, max=64, help="Held-out tasks per domain.")
     eval_samples: int = setting(4, min=1, help="Sampled episodes per held-out task (the greedy reading takes one).")
     blackbox_every: int = setting(6, min=0, help="Every n-th single-turn group is played by the black-box "
@@ -136,6 +150,8 @@ class UpConfig(Settings):
                                 "--agent-class (a Python class)")
         if self.agent.given and not self.tasks.team:
             raise SettingsError("an agent plays the team's tasks: give --tasks (or --task-source) too")
+        if self.runs and self.prefill_actors:
+            raise SettingsError("--run serves whole calls on the shared actors: it does not go with --prefill-actors")
         if self.decode_actors and not self.prefill_actors:
             raise SettingsError("--decode-actors goes with --prefill-actors (otherwise every actor does both)")
         for kind, overrides in self.services.items():

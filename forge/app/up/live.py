@@ -13,6 +13,7 @@ from rich.table import Table
 from forge.app.top.discovery import Target
 from forge.app.top.poller import Poller
 from forge.app.up.config import UpConfig
+from forge.app.up.plan import Lane
 from forge.app.up.system import System
 
 POLL_S = 2.0                    # between two rounds of Stats calls
@@ -31,16 +32,17 @@ class RunState:
     gauges: dict[str, dict[str, float]] = field(default_factory=dict)    # service name → its latest Stats gauges
 
 
-def poll_stats(system: System, live: RunState, stop: threading.Event) -> None:
-    """Keep ``live.gauges`` at every service's latest Stats until ``stop``, then poll once more: the figures as the
-    rollouts ended, not as they were up to a poll before. A busy or restarting service keeps its last figures."""
+def poll_stats(system: System, gauges: dict[str, dict[str, float]], stop: threading.Event) -> None:
+    """Keep ``gauges`` (service name → its latest Stats gauges) at every service's latest Stats until ``stop``, then
+    poll once more: the figures as the rollouts ended, not as they were up to a poll before. A busy or restarting
+    service keeps its last figures."""
     targets = [Target(name, system.address(name), system.kind(name), system.key(system.kind(name)))
                for name in system.instances]
 
     def poll_once(poller: Poller) -> None:
         for state in poller.poll():
             if state.status == "up" and state.report is not None:
-                live.gauges[state.name] = dict(state.report.gauges)
+                gauges[state.name] = dict(state.report.gauges)
 
     with Poller(lambda: targets, timeout_s=POLL_S) as poller:
         while not stop.wait(POLL_S):
@@ -49,9 +51,12 @@ def poll_stats(system: System, live: RunState, stop: threading.Event) -> None:
         poll_once(poller)
 
 
-def summary_table(config: UpConfig, live: RunState, driver: Any) -> Table:
+def summary_table(config: UpConfig, live: RunState, driver: Any, lane: Lane | None = None) -> Table:
+    """The live summary of one lane's run (the run's only one by default)."""
+    lane = lane or Lane("", config.run_dir)
     elapsed = time.time() - (live.training_started or live.started)
-    table = Table(title=f"forge up — {elapsed / 60:.1f} of {config.minutes:.0f} min — {config.run_dir}")
+    named = f" — run {lane.name}" if lane.name else ""
+    table = Table(title=f"forge up{named} — {elapsed / 60:.1f} of {config.minutes:.0f} min — {lane.directory}")
     table.add_column("domain")
     table.add_column("train reward (last 64)", justify="right")
     table.add_column("eval at start", justify="right")
@@ -59,13 +64,15 @@ def summary_table(config: UpConfig, live: RunState, driver: Any) -> Table:
     for domain in driver.workload.domains:
         table.add_row(domain, f"{rewards.get(domain, float('nan')):.2f}",
                       f"{live.eval_start.get(domain, float('nan')):.2f}")
-    learner = live.gauges.get("learner", {})
-    gateway = live.gauges.get("gateway", {})
+    learner = live.gauges.get(lane.instance("learner"), {})
+    gateway = live.gauges.get(lane.instance("gateway"), {})
     actor = live.gauges.get("actor-0", {})
+    served, version = ("published adapter version", learner.get("version", 0)) if lane.name else (
+        "actor weight version", actor.get("weight_version", 0))
     failures = f" · failed {driver.stats.failed}: {driver.stats.failures[-1][:80]}" if driver.stats.failed else ""
     table.caption = (f"episodes {driver.stats.episodes} (black-box {driver.stats.blackbox}) · "
-                     f"calls/s {gateway.get('calls_per_s', 0):.1f} · actor weight version "
-                     f"{actor.get('weight_version', 0):.0f} · learner step {learner.get('step', 0):.0f} "
+                     f"calls/s {gateway.get('calls_per_s', 0):.1f} · {served} "
+                     f"{version:.0f} · learner step {learner.get('step', 0):.0f} "
                      f"(window head {learner.get('head', 0):.0f}, staleness {learner.get('staleness_mean', 0):.1f}) · "
                      f"actor {actor.get('tokens_per_s', 0):.0f} tok/s{failures}")
     return table

@@ -71,7 +71,32 @@ def actor_roles(config: UpConfig) -> list[tuple[str, str]]:
     return roles + [(f"actor-prefill-{i}", "prefill") for i in range(config.prefill_actors)]
 
 
-ADAPTER_BACKENDS = ("torch", "vllm")       # the backends that merge LoRA adapter versions themselves
+ADAPTER_BACKENDS = ("torch", "vllm")       # the backends that take LoRA adapter versions (merged, or named)
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One run of a ``forge up``: its learner, gateways, pools and rollouts. A plain forge up has one, unnamed, in
+    the run directory itself; with ``--run NAME``, one per name in RUN_DIR/NAME, whose learner trains the LoRA
+    adapter NAME that the shared actors serve."""
+
+    name: str
+    directory: Path
+    index: int = 0
+
+    def instance(self, service: str) -> str:
+        """The name of this lane's instance of ``service`` (``learner``, ``gateway``, ``gateway-eval``)."""
+        return f"{service}-{self.name}" if self.name else service
+
+    @property
+    def title(self) -> str:
+        return f"run {self.name}" if self.name else "run"
+
+
+def lanes_of(config: UpConfig) -> list[Lane]:
+    if not config.runs:
+        return [Lane("", config.run_dir)]
+    return [Lane(name, config.run_dir / name, index) for index, name in enumerate(config.runs)]
 
 
 class Plan:
@@ -114,6 +139,7 @@ class Plan:
         return actor_roles(self.config)
 
     def _check_combination(self) -> None:
+        self._check_runs()
         if self.config.prefill_actors and not self.cache_on:
             raise SettingsError("--prefill-actors needs the torch backend and forge-cache (--cache): the prompt's KV "
                                 f"is handed over through it (the actors' backend is {self.backend})")
@@ -123,6 +149,29 @@ class Plan:
             raise SettingsError(f"[learner] lora_publish = \"adapters\" needs actors that merge adapter versions "
                                 f"({' or '.join(ADAPTER_BACKENDS)}); the actors' backend is {self.backend}: publish "
                                 f"merged weights")
+
+    @property
+    def shared(self) -> bool:
+        """Several runs share the actors, each with its adapter (``--run``)."""
+        return bool(self.config.runs)
+
+    def lanes(self) -> list[Lane]:
+        return lanes_of(self.config)
+
+    def _check_runs(self) -> None:
+        if not self.shared:
+            return
+        learner = self.overrides["learner"]
+        if not learner.values.get("lora_rank", 0):
+            raise SettingsError("--run trains LoRA adapters on shared actors: give [learner] lora_rank (e.g. --set "
+                                "learner.lora_rank=8)")
+        if learner.values.get("lora_publish", "adapters") != "adapters":
+            raise SettingsError(f"--run: the runs publish their adapters to the shared actors; "
+                                f"[learner] lora_publish = \"{learner.values['lora_publish']}\" "
+                                f"({learner.sources.get('lora_publish')}) does not")
+        if self.backend not in ADAPTER_BACKENDS:
+            raise SettingsError(f"--run needs actors that serve named adapters ({' or '.join(ADAPTER_BACKENDS)}); "
+                                f"the actors' backend is {self.backend}")
 
     # The instances, each with the wiring forge up gives it.
     def _instance(self, name: str, kind: str, wiring: Mapping[str, Any], *, own: Mapping[str, Any] | None = None,
@@ -148,46 +197,63 @@ class Plan:
     def cache(self) -> Instance:
         return self._instance("cache", "cache", {"dir": self.config.run_dir / "cache", "port": 0, **self.metrics()})
 
-    def learner(self) -> Instance:
-        run = self.config.run_dir
+    def learner(self, lane: Lane | None = None) -> Instance:
+        """The learner of ``lane`` (the run's only one by default); a shared run's publishes its adapters."""
+        lane = lane or self.lanes()[0]
         curve = {} if self.curve is None else {"weights_key": self.curve.server_secret,
                                                "weights_clients": self.curve.clients_dir}
-        return self._instance("learner", "learner", {
-            "pool": run / "pool", "run_dir": run / "learner", "create_pool": True, "weights_fetch": LOOPBACK_ANY,
-            "weights_announce": LOOPBACK_ANY, "port": 0, **self.metrics(), **curve}, env={"OMP_NUM_THREADS": "1"})
+        shared = {"lora_publish": "adapters"} if self.shared else {}
+        return self._instance(lane.instance("learner"), "learner", {
+            "pool": lane.directory / "pool", "run_dir": lane.directory / "learner", "create_pool": True,
+            "weights_fetch": LOOPBACK_ANY, "weights_announce": LOOPBACK_ANY, "port": 0, **self.metrics(), **curve,
+            **shared}, own={"seed": self.config.seed + lane.index}, env={"OMP_NUM_THREADS": "1"})
 
     def actor(self, index: int, weights: Mapping[str, str] | None = None, l3_cache: str | None = None,
-              pending: frozenset[str] = frozenset()) -> Instance:
-        """Actor ``index`` of ``roles()``, following the learner's ``weights`` endpoints (fetch, announce) and
-        linked to forge-cache at ``l3_cache``."""
+              pending: frozenset[str] = frozenset(), adapters: tuple[str, ...] = ()) -> Instance:
+        """Actor ``index`` of ``roles()``, following the learner's ``weights`` endpoints (fetch, announce), or with
+        several runs the runs' ``adapters`` (``NAME=FETCH,ANNOUNCE``), and linked to forge-cache at ``l3_cache``."""
         name, role = self.roles()[index]
         curve = {} if self.curve is None or not weights else {
             "weights_key": self.curve.client_secrets[name], "weights_server_key": self.curve.server_public}
         wiring = {"port": 0, "name": name, **dict(weights or {}), **curve, **self.metrics(),
+                  **({"adapter": adapters} if adapters else {}),
                   **({"role": role} if role != "both" else {}), **({"l3_cache": l3_cache} if l3_cache else {})}
         keys = {n: k for n, k in WIRED["actor"].items() if l3_cache or n != "l3_api_key"}
         return self._instance(name, "actor", wiring, own={"seed": self.config.seed + index}, keys=keys,
                               pending=pending)
 
     def gateway(self, name: str, pool: str, actors: list[str], prefill: list[str],
-                pending: frozenset[str] = frozenset()) -> Instance:
-        """A gateway recording into RUN_DIR/``pool``, routing to ``actors`` (and prefilling on ``prefill``)."""
-        return self._instance(name, "gateway", {
+                pending: frozenset[str] = frozenset(), lane: Lane | None = None) -> Instance:
+        """``lane``'s gateway ``name`` (``gateway``, ``gateway-eval``) recording into ``pool`` in its directory,
+        routing to ``actors`` (and prefilling on ``prefill``); a shared run's samples with its adapter."""
+        lane = lane or self.lanes()[0]
+        adapter = {"adapter": lane.name} if lane.name else {}
+        return self._instance(lane.instance(name), "gateway", {
             "actor": tuple(actors), **({"prefill_actor": tuple(prefill)} if prefill else {}),
-            "pool": str(self.config.run_dir / pool), "grpc_port": 0, "http_port": 0}, pending=pending)
+            "pool": str(lane.directory / pool), "grpc_port": 0, "http_port": 0, **adapter}, pending=pending)
+
+    def gateways(self, eval_gateway: bool = False) -> list[tuple[str, str]]:
+        """(service name, pool) of each lane's gateways: the training one and, for held-out sessions, the eval one."""
+        return [("gateway", "pool"), *([("gateway-eval", "eval-pool")] if eval_gateway else [])]
+
+    def adapter_links(self, endpoints: Mapping[str, Mapping[str, str]]) -> tuple[str, ...]:
+        """The actors' ``--adapter`` links of a shared run, from each lane's learner endpoints (by lane name)."""
+        return tuple(f"{name}={found['weights_fetch']},{found['weights_announce']}"
+                     for name, found in endpoints.items())
 
     def check(self, eval_gateway: bool = False) -> list[Instance]:
         """Every instance with the wiring known before anything starts (a gateway's actors stand in as loopback
         addresses): a setting any of them refuses stops the run here, with its instance named."""
-        roles = self.roles()
+        roles, lanes = self.roles(), self.lanes()
         weights = {"weights_fetch": LOOPBACK_ANY, "weights_announce": LOOPBACK_ANY}
-        found = [*([self.cache()] if self.cache_on else []), self.learner(),
-                 *(self.actor(i, weights, stand_in(0) if self.cache_on else None,
-                              frozenset({*weights, "l3_cache"})) for i in range(len(roles)))]
+        adapters = self.adapter_links({lane.name: weights for lane in lanes}) if self.shared else ()
+        found = [*([self.cache()] if self.cache_on else []), *(self.learner(lane) for lane in lanes),
+                 *(self.actor(i, None if self.shared else weights, stand_in(0) if self.cache_on else None,
+                              frozenset({*weights, "l3_cache", "adapter"}), adapters) for i in range(len(roles)))]
         serving = [stand_in(1 + i) for i, (_, role) in enumerate(roles) if role != "prefill"]
         prefill = [stand_in(1 + i) for i, (_, role) in enumerate(roles) if role == "prefill"]
-        found += [self.gateway(name, pool, serving, prefill, frozenset({"actor", "prefill_actor"}))
-                  for name, pool in (("gateway", "pool"), *([("gateway-eval", "eval-pool")] if eval_gateway else []))]
+        found += [self.gateway(name, pool, serving, prefill, frozenset({"actor", "prefill_actor"}), lane)
+                  for lane in lanes for name, pool in self.gateways(eval_gateway)]
         for instance in found:
             if instance.service.kind == "actor":        # what its backend cannot do (vLLM not installed, ...)
                 try:

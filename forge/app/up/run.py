@@ -10,17 +10,18 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
 from forge.app.rollout.team import Team
 from forge.app.up.config import UpConfig
 from forge.app.up.live import RunState, poll_stats, summary_table
+from forge.app.up.plan import Lane, lanes_of
 from forge.app.up.system import System
 
 log = logging.getLogger("forge.up")
@@ -38,38 +39,79 @@ def workload_for(config: UpConfig, team: Team | None):
                            blackbox_every=config.blackbox_every, seed=config.seed)
 
 
+@dataclass
+class LaneRun:
+    """One lane's part of the run (``forge.app.up.plan.Lane``): its workload, its figures and its rollout driver."""
+
+    lane: Lane
+    workload: Any
+    live: RunState
+    driver: Any = None
+
+
 async def run(config: UpConfig, console: Console, team: Team | None = None
               ) -> dict[str, Any]:
+    """The run's summary (with ``--run``: ``{"runs": {NAME: summary}}``), also written to RUN_DIR/summary.json."""
     from forge.app.rollout.driver import DriverConfig, RolloutDriver
     from forge.builtin import load_tokenizer
     from forge.pool import PoolReader
 
-    if (config.run_dir / "learner").is_dir():
+    if any((lane.directory / "learner").is_dir() for lane in lanes_of(config)):
         console.print(f"continuing the run in {config.run_dir}: the learner resumes from its latest checkpoint")
     config.run_dir.mkdir(parents=True, exist_ok=True)
     held_out = team.tasks.eval if team is not None else ()
     system = System(config, eval_gateway=bool(held_out))
-    workload = workload_for(config, team)
-    live = RunState()
+    gauges: dict[str, dict[str, float]] = {}
+    lanes = [LaneRun(lane, workload_for(replace(config, seed=config.seed + lane.index), team),
+                     RunState(gauges=gauges)) for lane in lanes_of(config)]
     stop_polling = threading.Event()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    async def evaluate() -> tuple[dict[str, float], dict[str, float]]:
+    async def evaluate(part: LaneRun) -> tuple[dict[str, float], dict[str, float]]:
         if team is None:
             return await evaluate_both(config, system.get("actor-0").info["address"],
-                                       load_tokenizer(config.model.path), system.key("actor"))
+                                       load_tokenizer(config.model.path), system.key("actor"), adapter=part.lane.name)
         if not held_out:
             return {}, {}
         from forge.app.rollout.evaluate import evaluate_sessions
 
-        door = system.get("gateway-eval").info
-        scores, failed = await evaluate_sessions(door["grpc_address"], door["http_address"], workload, held_out,
-                                                 config.eval_samples, api_key=system.key("gateway"))
-        live.eval_failures += failed
+        door = system.get(part.lane.instance("gateway-eval")).info
+        scores, failed = await evaluate_sessions(door["grpc_address"], door["http_address"], part.workload,
+                                                 held_out, config.eval_samples, api_key=system.key("gateway"))
+        part.live.eval_failures += failed
         return scores, {}
+
+    async def evaluate_all(when: str) -> None:
+        for part in lanes:
+            with console.status(f"held-out evaluation at the {when} ({part.lane.title}) …"):
+                scores = await evaluate(part)
+            if when == "start":
+                part.live.eval_start, part.live.eval_greedy_start = scores
+            else:
+                part.live.eval_end, part.live.eval_greedy_end = scores
+            if when == "start":
+                console.print(f"eval at start{f' ({part.lane.title})' if part.lane.name else ''}: "
+                              f"{_rounded(part.live.eval_start)}"
+                              + (f", greedy {_rounded(part.live.eval_greedy_start)}"
+                                 if part.live.eval_greedy_start else ""))
+
+    def driver_for(part: LaneRun) -> RolloutDriver:
+        gateway = system.get(part.lane.instance("gateway")).info
+        batch_groups = system.instances[part.lane.instance("learner")].settings.window.batch_groups
+        pool = PoolReader(part.lane.directory / "pool")
+
+        def queued_groups() -> int:
+            cursor = pool.cursor()
+            return cursor.tail - cursor.head
+
+        return RolloutDriver(DriverConfig(gateway["grpc_address"], gateway.get("http_address", ""),
+                                          api_key=system.key("gateway"), group_size=config.group_size,
+                                          groups_in_flight=config.driver.groups_in_flight,
+                                          max_queued_groups=config.driver.groups_in_flight + 2 * batch_groups),
+                             part.workload, queued_groups=queued_groups)
 
     try:
         with console.status("starting learner, actors and gateway …"):
@@ -77,68 +119,71 @@ async def run(config: UpConfig, console: Console, team: Team | None = None
         console.print("actors: {} ({})".format(*system.backend))
         if team is not None and team.environment is not None:
             console.print(team.environment.describe())
-        with console.status("held-out evaluation at the start …"):
-            live.eval_start, live.eval_greedy_start = await evaluate()
-        console.print(f"eval at start: {_rounded(live.eval_start)}"
-                      + (f", greedy {_rounded(live.eval_greedy_start)}" if live.eval_greedy_start else ""))
-        gateway = system.get("gateway").info
-        batch_groups = system.instances["learner"].settings.window.batch_groups
-        pool = PoolReader(config.run_dir / "pool")
-
-        def queued_groups() -> int:
-            cursor = pool.cursor()
-            return cursor.tail - cursor.head
-
-        driver = RolloutDriver(DriverConfig(gateway["grpc_address"], gateway.get("http_address", ""),
-                                            api_key=system.key("gateway"), group_size=config.group_size,
-                                            groups_in_flight=config.driver.groups_in_flight,
-                                            max_queued_groups=config.driver.groups_in_flight + 2 * batch_groups),
-                               workload, queued_groups=queued_groups)
-        poller = threading.Thread(target=poll_stats, args=(system, live, stop_polling), daemon=True)
+        await evaluate_all("start")
+        for part in lanes:
+            part.driver = driver_for(part)
+        poller = threading.Thread(target=poll_stats, args=(system, gauges, stop_polling), daemon=True)
         poller.start()
-        driving = asyncio.create_task(driver.run(stop))
-        live.training_started = time.time()
-        deadline = live.training_started + config.minutes * 60
+        driving = [asyncio.create_task(part.driver.run(stop)) for part in lanes]
+        started = time.time()
+        for part in lanes:
+            part.live.training_started = started
+        deadline = started + config.minutes * 60
 
         def trained_enough() -> bool:
-            return bool(config.steps) and live.gauges.get("learner", {}).get("step", 0) >= config.steps
+            return bool(config.steps) and all(
+                gauges.get(part.lane.instance("learner"), {}).get("step", 0) >= config.steps for part in lanes)
 
-        with Live(summary_table(config, live, driver), console=console, refresh_per_second=1) as view:
-            while not stop.is_set() and time.time() < deadline and not driving.done() and not trained_enough():
+        def view() -> Any:
+            tables = [summary_table(config, part.live, part.driver, part.lane) for part in lanes]
+            return tables[0] if len(tables) == 1 else Group(*tables)
+
+        with Live(view(), console=console, refresh_per_second=1) as shown:
+            while (not stop.is_set() and time.time() < deadline and not any(task.done() for task in driving)
+                   and not trained_enough()):
                 await asyncio.sleep(1.0)
-                view.update(summary_table(config, live, driver))
+                shown.update(view())
         stop.set()
-        await driving
+        await asyncio.gather(*driving)
         stop_polling.set()
         await asyncio.to_thread(poller.join)
-        with console.status("held-out evaluation at the end …"):
-            live.eval_end, live.eval_greedy_end = await evaluate()
-        result = {"config": {k: str(v) for k, v in asdict(config).items()}, "domains": list(workload.domains),
-                  "eval_start": live.eval_start, "eval_end": live.eval_end,
-                  "eval_greedy_start": live.eval_greedy_start, "eval_greedy_end": live.eval_greedy_end,
-                  "eval_failed_sessions": live.eval_failures, "episodes": driver.stats.episodes,
-                  "blackbox_episodes": driver.stats.blackbox, "failed_episodes": driver.stats.failed,
-                  "failures": list(driver.stats.failures), "train_reward": driver.stats.reward(),
-                  "learner": live.gauges.get("learner", {}), "gateway": live.gauges.get("gateway", {}),
-                  "minutes": (time.time() - live.started) / 60}
+        await evaluate_all("end")
+        results = {part.lane.name: lane_result(config, part) for part in lanes}
     finally:
         stop_polling.set()
-        await workload.close()
+        for part in lanes:
+            await part.workload.close()
         with console.status("stopping services …"):
             system.stop()
-    plot = _plot(config.run_dir)            # after the learner stopped: its metrics are complete
-    result["plot"] = str(plot) if plot else None
+    for part in lanes:                          # after the learners stopped: their metrics are complete
+        plot = _plot(part.lane.directory)
+        results[part.lane.name]["plot"] = str(plot) if plot else None
+    result = results[""] if list(results) == [""] else {"runs": results}
     (config.run_dir / "summary.json").write_text(json.dumps(result, indent=2))
     return result
 
 
-async def evaluate_both(config: UpConfig, actor: str, tokenizer, api_key: str | None = None
+def lane_result(config: UpConfig, part: LaneRun) -> dict[str, Any]:
+    live, driver, lane = part.live, part.driver, part.lane
+    return {"config": {k: str(v) for k, v in asdict(config).items()}, "domains": list(part.workload.domains),
+            "eval_start": live.eval_start, "eval_end": live.eval_end,
+            "eval_greedy_start": live.eval_greedy_start, "eval_greedy_end": live.eval_greedy_end,
+            "eval_failed_sessions": live.eval_failures, "episodes": driver.stats.episodes,
+            "blackbox_episodes": driver.stats.blackbox, "failed_episodes": driver.stats.failed,
+            "failures": list(driver.stats.failures), "train_reward": driver.stats.reward(),
+            "learner": live.gauges.get(lane.instance("learner"), {}),
+            "gateway": live.gauges.get(lane.instance("gateway"), {}), "minutes": (time.time() - live.started) / 60}
+
+
+async def evaluate_both(config: UpConfig, actor: str, tokenizer, api_key: str | None = None, adapter: str = ""
                         ) -> tuple[dict[str, float], dict[str, float]]:
-    """The held-out reward sampled at the training temperature (``eval_samples`` per task), then greedy."""
+    """The held-out reward sampled at the training temperature (``eval_samples`` per task), then greedy; with
+    ``adapter``, of that run's adapter on the shared actor."""
     from forge.app.rollout.evaluate import evaluate_readings
 
     sampled, greedy = await evaluate_readings(actor, tokenizer, [(config.driver.temperature, config.eval_samples), (0.0, 1)],
-                                              config.domains, config.eval_size, config.driver.max_tokens, api_key=api_key)
+                                              config.domains, config.eval_size, config.driver.max_tokens, api_key=api_key,
+                                              adapter=adapter)
     return sampled, greedy
 
 
@@ -158,10 +203,15 @@ def _plot(run_dir: Path) -> Path | None:
         return None
 
 
-def report(result: dict[str, Any], console: Console) -> None:
+def report(result: dict[str, Any], console: Console, run_name: str = "") -> None:
+    """The held-out readings of ``result`` (``run``'s), a table per run."""
+    if "runs" in result:
+        for name, one in result["runs"].items():
+            report(one, console, name)
+        return
     greedy = bool(result["eval_greedy_start"])
-    table = Table(title="held-out reward per domain" + (" (sampled at the training temperature; greedy)"
-                                                        if greedy else ""))
+    table = Table(title=(f"run {run_name}: " if run_name else "") + "held-out reward per domain"
+                  + (" (sampled at the training temperature; greedy)" if greedy else ""))
     columns = ("domain", "start", "end", "change", *(("greedy start", "greedy end") if greedy else ()))
     for column in columns:
         table.add_column(column, justify="right" if column != "domain" else "left")

@@ -30,7 +30,8 @@ def weight_keys(directory: Path, actors: list[str]) -> KeySet:
 
 
 class System:
-    """The service processes of one run. ``eval_gateway``: also a gateway recording into a pool of its own
+    """The service processes of one run (of several runs on shared actors with ``--run``: a learner and gateways per
+    run, ``forge.app.up.plan.Lane``). ``eval_gateway``: also a gateway per run recording into a pool of its own
     (eval-pool), which no learner reads, for held-out sessions played by the team's agent."""
 
     def __init__(self, config: UpConfig, eval_gateway: bool = False) -> None:
@@ -49,8 +50,11 @@ class System:
         """Make the run's keys and check every instance's settings; nothing is started."""
         c, run = self.config, self.config.run_dir
         self.keys = generate(run / "keys") if c.keys else None
-        curve = weight_keys(run / "keys" / "weights", [name for name, _ in actor_roles(c)]) if c.weights_curve \
-            else None
+        curve = weight_keys(run / "keys" / "weights", [name for name, _ in actor_roles(c)]) \
+            if c.weights_curve and not c.runs else None
+        if c.weights_curve and c.runs:
+            log.warning("several runs: the adapters travel from the runs' learners to the actors on loopback without "
+                        "CURVE (adapter streams are not encrypted yet)")
         plan = Plan(c, self.keys, curve)
         plan.check(self.eval_gateway)
         self.backend = plan.backend_and_why
@@ -59,14 +63,20 @@ class System:
     def start(self) -> None:
         plan = self.plan()
         l3 = self._start(plan.cache()).info["address"] if plan.cache_on else None
-        learner = self._start(plan.learner())
-        weights = {name: learner.info[name] for name in ("weights_fetch", "weights_announce")}
-        actors = [self._start(plan.actor(i, weights, l3)) for i in range(len(plan.roles()))]
+        lanes = plan.lanes()
+        endpoints = {}
+        for lane in lanes:
+            lane.directory.mkdir(parents=True, exist_ok=True)
+            learner = self._start(plan.learner(lane))
+            endpoints[lane.name] = {name: learner.info[name] for name in ("weights_fetch", "weights_announce")}
+        weights, adapters = (None, plan.adapter_links(endpoints)) if plan.shared else (endpoints[""], ())
+        actors = [self._start(plan.actor(i, weights, l3, adapters=adapters)) for i in range(len(plan.roles()))]
         roles = [role for _, role in plan.roles()]
         serving = [a.info["address"] for a, role in zip(actors, roles, strict=True) if role != "prefill"]
         prefill = [a.info["address"] for a, role in zip(actors, roles, strict=True) if role == "prefill"]
-        for name, pool in (("gateway", "pool"), *([("gateway-eval", "eval-pool")] if self.eval_gateway else [])):
-            self._start(plan.gateway(name, pool, serving, prefill))
+        for lane in lanes:
+            for name, pool in plan.gateways(self.eval_gateway):
+                self._start(plan.gateway(name, pool, serving, prefill, lane=lane))
         (self.config.run_dir / "services.json").write_text(json.dumps([self._listed(s) for s in self.services],
                                                                       indent=2))
 
