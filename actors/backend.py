@@ -356,6 +356,7 @@ class StartContext:
     initial_version: int                            # -1: serve only once the learner's first version is in
     curve: Any = None                               # the weight channel's CURVE keys (forge.weights.curve.ClientKeys)
     relay_curve: Any = None                         # the relay's (forge.weights.curve.ServerKeys)
+    adapter_curves: dict[str, Any] = field(default_factory=dict)    # each --adapter stream's ClientKeys, by name
     relaying: bool = False                          # re-serve verified versions on the actor's relay endpoints
     on_exit: Callable[[str], None] | None = None    # called with the reason when the backend's own process dies
 

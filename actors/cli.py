@@ -42,6 +42,19 @@ def _curve_keys(config: ActorConfig):
         raise click.BadParameter(str(exc), param_hint="'--weights-key'") from None
 
 
+def _adapter_keys(config: ActorConfig) -> dict[str, Any]:
+    """Each adapter stream's CURVE keys (this actor's pair, that run's learner's certificate), read before the model
+    loads; none without --weights-key."""
+    if config.weights_key is None:
+        return {}
+    from forge.weights.curve import KeyFileError, client_keys
+
+    try:
+        return {link.name: client_keys(config.weights_key, link.server_key) for link in config.adapter_links}
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--adapter'") from None
+
+
 def _relay_keys(config: ActorConfig):
     """The relay's CURVE keys (this actor's key pair and the clients it serves), read before the model loads."""
     if config.relay_clients is None or config.weights_key is None:
@@ -87,7 +100,7 @@ def _context(config: ActorConfig, threads: int, on_exit) -> StartContext:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return StartContext(device=device, threads=threads,
                         initial_version=-1 if config.weights_fetch else 0,   # every token carries a learner version
-                        curve=_curve_keys(config), relay_curve=_relay_keys(config),
+                        curve=_curve_keys(config), relay_curve=_relay_keys(config), adapter_curves=_adapter_keys(config),
                         relaying=config.weights_fetch is not None and config.relay_fetch is not None,
                         on_exit=on_exit)
 
@@ -136,12 +149,13 @@ def _follow_weights(config: ActorConfig, context: StartContext, parts: Parts) ->
         time.sleep(0.05)
 
 
-def _follow_adapters(config: ActorConfig, parts: Parts) -> None:
+def _follow_adapters(config: ActorConfig, context: StartContext, parts: Parts) -> None:
     """Subscribe to the named adapters' learners (unless the backend does) and wait for the first version of each."""
     backend = parts.serving.backend
     links = config.adapter_links
     if not parts.serving.follows_weights:
-        parts.adapter_subscribers = [weight_subscriber(backend, link.fetch, link.announce, adapter=link.name)
+        parts.adapter_subscribers = [weight_subscriber(backend, link.fetch, link.announce,
+                                                       context.adapter_curves.get(link.name), adapter=link.name)
                                      for link in links]
     log.info("waiting for the first version of adapters %s", ", ".join(link.name for link in links))
     deadline = time.monotonic() + config.first_version_timeout
@@ -240,7 +254,7 @@ def actor(config: ActorConfig) -> None:
     if config.weights_fetch:
         _follow_weights(config, context, parts)
     if config.adapters:
-        _follow_adapters(config, parts)
+        _follow_adapters(config, context, parts)
     _serve(config, context, parts)
     if serving.backend.failed:
         raise ENGINE_GONE

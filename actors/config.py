@@ -50,17 +50,27 @@ class AdapterLink:
     name: str
     fetch: str
     announce: str
+    server_key: Path | None = None      # its learner's public certificate: the stream is CURVE, with --weights-key
 
     @classmethod
     def parse(cls, text: str) -> AdapterLink:
-        """``NAME=FETCH,ANNOUNCE``."""
-        name, sep, endpoints = text.partition("=")
-        fetch, comma, announce = endpoints.partition(",")
-        if not sep or not comma:
-            raise ValueError(f"{text!r}: give NAME=FETCH,ANNOUNCE (the adapter's name and its run's learner's weight "
-                             "endpoints, e.g. run-b=tcp://127.0.0.1:5611,tcp://127.0.0.1:5612)")
-        return cls(check_adapter_name(name), check_endpoint(fetch, f"adapter {name}'s fetch"),
-                   check_endpoint(announce, f"adapter {name}'s announce"))
+        """``NAME=FETCH,ANNOUNCE[,LEARNER_CERTIFICATE]``."""
+        name, sep, rest = text.partition("=")
+        parts = rest.split(",")
+        if not sep or len(parts) not in (2, 3):
+            raise ValueError(f"{text!r}: give NAME=FETCH,ANNOUNCE[,LEARNER_CERTIFICATE] (the adapter's name, its run's "
+                             "learner's weight endpoints and, over CURVE, its public certificate; e.g. "
+                             "run-b=tcp://127.0.0.1:5611,tcp://127.0.0.1:5612)")
+        server_key = None
+        if len(parts) == 3:
+            server_key = Path(parts[2])
+            check_public_key(server_key)
+        return cls(check_adapter_name(name), check_endpoint(parts[0], f"adapter {name}'s fetch"),
+                   check_endpoint(parts[1], f"adapter {name}'s announce"), server_key)
+
+    def text(self) -> str:
+        """As ``parse`` reads it."""
+        return f"{self.name}={self.fetch},{self.announce}" + (f",{self.server_key}" if self.server_key else "")
 
 
 def check_adapter_links(values: tuple[str, ...]) -> None:
@@ -192,12 +202,14 @@ class ActorConfig(Settings):
                                    help="Run the torch engine's loop in a process of its own (the engine core), so "
                                         "that the gRPC handlers of many streams do not share its interpreter lock; "
                                         "--in-process runs it in a thread of the server.")
-    adapters: tuple[str, ...] = setting((), flag="adapter", metavar="NAME=FETCH,ANNOUNCE", validate=check_adapter_links,
-                                        help="Also serve the LoRA adapter of another run on the same base model "
-                                             "(repeatable): its learner publishes adapter versions ([learner] "
-                                             "lora_publish = \"adapters\") on these weight endpoints, and requests "
-                                             "naming NAME (a gateway's --adapter) are sampled with it, beside the "
-                                             "base weights (torch).")
+    adapters: tuple[str, ...] = setting((), flag="adapter", metavar="NAME=FETCH,ANNOUNCE[,CERT]",
+                                        validate=check_adapter_links,
+                                        help="Serve the LoRA adapter of a run on this base model (repeatable): its "
+                                             "learner publishes adapter versions ([learner] lora_publish = "
+                                             "\"adapters\") on these weight endpoints (over CURVE with "
+                                             "--weights-key: CERT is that learner's public certificate), and "
+                                             "requests naming NAME (a gateway's --adapter) are sampled with it, "
+                                             "beside the base weights, which stay as loaded.")
     ready_file: Path | None = ready_file_setting("address, instance, pid, metrics_url, relay_fetch, relay_announce")
     log_level: str = log_level_setting()
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -206,10 +218,10 @@ class ActorConfig(Settings):
         check_metrics_port(self.port, self.metrics_port)
         if (self.weights_fetch is None) != (self.weights_announce is None):
             raise SettingsError("--weights-fetch and --weights-announce go together")
-        if (self.weights_key is None) != (self.weights_server_key is None):
+        if not self.adapters and (self.weights_key is None) != (self.weights_server_key is None):
             raise SettingsError("--weights-key and --weights-server-key go together")
-        if self.weights_key is not None and self.weights_fetch is None:
-            raise SettingsError("--weights-key needs --weights-fetch")
+        if self.weights_key is not None and self.weights_fetch is None and not self.adapters:
+            raise SettingsError("--weights-key needs --weights-fetch (or --adapter)")
         self._check_relay()
         torch_engine = self.serving_backend == "torch"
         if self.l3_cache is not None and not torch_engine:
@@ -238,9 +250,16 @@ class ActorConfig(Settings):
             raise SettingsError("--adapter serves whole calls: it does not go with --role prefill or decode")
         if self.engine.compile_decode:
             raise SettingsError("--adapter does not go with --compile-decode (the adapters' side path is not compiled)")
-        if self.weights_key is not None:
-            raise SettingsError("--adapter streams are not encrypted: drop --weights-key, or serve each run on "
-                                "actors of its own")
+        if self.weights_server_key is not None:
+            raise SettingsError("--weights-server-key names the learner of --weights-fetch: with --adapter, give each "
+                                "run's learner certificate in its --adapter NAME=FETCH,ANNOUNCE,CERT")
+        plain = [link.name for link in self.adapter_links if (link.server_key is None) == (self.weights_key is not None)]
+        if plain:
+            raise SettingsError(f"--adapter {plain[0]}: " + ("with --weights-key every adapter's stream is CURVE: give "
+                                                             "its learner's certificate (NAME=FETCH,ANNOUNCE,CERT)"
+                                                             if self.weights_key is not None else
+                                                             "a learner certificate goes with --weights-key (this "
+                                                             "actor's key pair)"))
 
     @property
     def serving_backend(self) -> str:

@@ -61,6 +61,7 @@ class EngineSpec:
     l3_api_key: str | None = field(default=None, repr=False)
     kv_events: bool = False                 # keep a KV event log for routers (EngineProcess.kv_events)
     adapters: tuple[AdapterLink, ...] = ()  # named adapters (other runs' learners) followed inside the core
+    adapter_curves: dict[str, ClientKeys] = field(default_factory=dict)    # their streams' CURVE keys, by name
     log_level: str = "INFO"
 
 
@@ -173,7 +174,8 @@ class EngineCore:
         if spec.adapters:
             from forge.actors.weights_link import weight_subscriber
 
-            self.adapter_subscribers = [weight_subscriber(engine, link.fetch, link.announce, adapter=link.name)
+            self.adapter_subscribers = [weight_subscriber(engine, link.fetch, link.announce,
+                                                          spec.adapter_curves.get(link.name), adapter=link.name)
                                         for link in spec.adapters]
         shapes = {name: tuple(t.shape) for name, t in engine.model.state_dict().items()}
         relay = self.relay

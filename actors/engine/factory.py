@@ -51,6 +51,7 @@ class TorchFactory(BackendFactory):
                           weights_announce=config.weights_announce, weights_curve=context.curve,
                           l3_cache=config.l3_cache, l3_fetch=config.l3_fetch, l3_api_key=config.l3_api_key,
                           kv_events=True, log_level=config.log_level, adapters=config.adapter_links,
+                          adapter_curves=context.adapter_curves,
                           relay_fetch=config.relay_fetch if context.relaying else None,
                           relay_announce=config.relay_announce if context.relaying else None,
                           relay_curve=context.relay_curve)

@@ -176,6 +176,25 @@ class KeySet:
     client_secrets: dict[str, Path]
 
 
+def create_publisher_keys(directory: Path) -> tuple[Path, Path]:
+    """Write a publisher key pair alone into ``directory`` (created with mode 0700; the pair 0600): another learner
+    serving the clients of a ``create_keys`` set. Returns (``learner.key_secret``, ``learner.key``); refuses to
+    overwrite."""
+    directory = Path(directory)
+    planned = [directory / (SERVER_NAME + PUBLIC_SUFFIX), directory / (SERVER_NAME + SECRET_SUFFIX)]
+    existing = [p for p in planned if p.exists()]
+    if existing:
+        raise FileExistsError(f"{existing[0]} exists: key files are never overwritten (choose a new directory)")
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    previous = os.umask(0o077)
+    try:
+        public, secret = zmq.auth.create_certificates(directory, SERVER_NAME)
+        os.chmod(public, 0o644)
+    finally:
+        os.umask(previous)
+    return Path(secret), Path(public)
+
+
 def create_keys(directory: Path, clients: Sequence[str]) -> KeySet:
     """Write a publisher key pair and one key pair per name in ``clients`` into ``directory`` (created with mode
     0700; key pair files 0600). Layout: ``learner.key`` and ``learner.key_secret``; ``clients/NAME.key`` (the

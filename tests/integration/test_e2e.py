@@ -254,6 +254,8 @@ def test_forge_up_trains_two_runs_on_one_actor_each_with_its_adapter(tmp_path):
     assert {"learner-a", "learner-b", "gateway-a", "gateway-b", "actor-0"} <= services
     actor_log = (config.run_dir / "logs" / "actor-0.log").read_text(errors="replace")
     assert "version 1 of adapter a" in actor_log and "version 1 of adapter b" in actor_log
+    for name in ("a", "b"):                 # each run's learner serves its adapters over CURVE, to the actor alone
+        assert "CURVE for 1 client keys" in (config.run_dir / "logs" / f"learner-{name}.log").read_text()
 
 
 @pytest.mark.timeout(1800)

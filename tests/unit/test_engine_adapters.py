@@ -145,6 +145,16 @@ def test_the_adapter_options_are_checked_before_anything_loads(tmp_path):
         actor, "--adapter", link, "--weights-fetch", "tcp://127.0.0.1:5601", "--weights-announce",
         "tcp://127.0.0.1:5602")
     assert "vLLM takes one of" in cli_refusal(actor, "--adapter", link, "--max-adapter-rank", "4")
+    from forge.weights.curve import create_keys
+
+    keys = create_keys(tmp_path / "keys", ["actor-0"])
+    actor_key = ["--weights-key", str(keys.client_secrets["actor-0"])]
+    assert "give its learner's certificate" in cli_refusal(actor, "--adapter", link, *actor_key)
+    assert "goes with --weights-key" in cli_refusal(actor, "--adapter", f"{link},{keys.server_public}")
+    assert "--weights-server-key names the learner" in cli_refusal(
+        actor, "--adapter", f"{link},{keys.server_public}", *actor_key, "--weights-server-key",
+        str(keys.server_public))
+    assert "cannot read the key file" in cli_refusal(actor, "--adapter", f"{link},{tmp_path}/none.key", *actor_key)
     pool = ["--pool", str(tmp_path / "pool")]
     assert "adapter name" in cli_refusal(gateway, *pool, "--actor", "127.0.0.1:1", "--adapter", "-x")
     assert "--prefill-actor" in cli_refusal(gateway, *pool, "--actor", "127.0.0.1:1", "--prefill-actor",

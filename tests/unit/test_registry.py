@@ -118,6 +118,21 @@ def test_several_runs_share_the_actors_each_with_its_learner_gateway_and_adapter
         assert parsed(instance.service.command, instance.arguments()) == instance.settings, instance.name
 
 
+def test_several_runs_stream_their_adapters_over_curve_each_from_its_learner(tmp_path):
+    from forge.weights.curve import create_publisher_keys
+
+    config = UpConfig(run_dir=tmp_path / "run", runs=("a", "b")).with_services(learner={"lora_rank": 4})
+    curve = create_keys(tmp_path / "keys" / "weights", ["actor-0"])
+    lanes = {name: create_publisher_keys(tmp_path / "keys" / "weights" / "runs" / name) for name in ("a", "b")}
+    instances = {i.name: i for i in Plan(config, None, curve, lanes).check()}
+    actor = instances["actor-0"].settings
+    assert actor.weights_key == curve.client_secrets["actor-0"] and actor.weights_server_key is None
+    assert {link.name: link.server_key for link in actor.adapter_links} == {n: lanes[n][1] for n in ("a", "b")}
+    for name in ("a", "b"):
+        learner = instances[f"learner-{name}"].settings
+        assert learner.weights_key == lanes[name][0] and learner.weights_clients == curve.clients_dir
+
+
 def test_several_runs_need_lora_adapters_on_actors_that_serve_them(tmp_path):
     runs = UpConfig(run_dir=tmp_path / "run", runs=("a", "b"))
     with pytest.raises(SettingsError, match="give \\[learner\\] lora_rank"):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge.actors.config import pick_backend
+from forge.actors.config import AdapterLink, pick_backend
 from forge.actors.factory import factory_for
 from forge.app.api_keys import KeyFiles
 from forge.app.command_line import changed, key_file_words, key_variables, option_words, secrets_of
@@ -103,10 +103,14 @@ class Plan:
     """The settings of every instance of one run. ``keys`` (the run's API key files) and ``curve`` (its weight
     channel's CURVE key files) are None where the run goes without them, or to show the settings without a run."""
 
-    def __init__(self, config: UpConfig, keys: KeyFiles | None = None, curve: KeySet | None = None) -> None:
+    def __init__(self, config: UpConfig, keys: KeyFiles | None = None, curve: KeySet | None = None,
+                 lane_curves: Mapping[str, tuple[Path, Path]] | None = None) -> None:
+        """``lane_curves``: with several runs, each run's learner key pair (secret, public) by run name, serving
+        the actors of ``curve``."""
         self.config = config
         self.keys = keys
         self.curve = curve
+        self.lane_curves = dict(lane_curves or {})
         self.overrides = {kind: main_job(kind) | self._derived(kind) | config.overrides(kind) for kind in WIRED}
         actor = self.overrides["actor"].values
         # The actors' backend, ``auto`` settled for the run's model, and why (read once: it opens config.json).
@@ -200,8 +204,10 @@ class Plan:
     def learner(self, lane: Lane | None = None) -> Instance:
         """The learner of ``lane`` (the run's only one by default); a shared run's publishes its adapters."""
         lane = lane or self.lanes()[0]
-        curve = {} if self.curve is None else {"weights_key": self.curve.server_secret,
-                                               "weights_clients": self.curve.clients_dir}
+        secret = self.lane_curves[lane.name][0] if lane.name in self.lane_curves else \
+            None if self.curve is None else self.curve.server_secret
+        curve = {} if self.curve is None or secret is None else {"weights_key": secret,
+                                                                 "weights_clients": self.curve.clients_dir}
         shared = {"lora_publish": "adapters"} if self.shared else {}
         return self._instance(lane.instance("learner"), "learner", {
             "pool": lane.directory / "pool", "run_dir": lane.directory / "learner", "create_pool": True,
@@ -213,8 +219,9 @@ class Plan:
         """Actor ``index`` of ``roles()``, following the learner's ``weights`` endpoints (fetch, announce), or with
         several runs the runs' ``adapters`` (``NAME=FETCH,ANNOUNCE``), and linked to forge-cache at ``l3_cache``."""
         name, role = self.roles()[index]
-        curve = {} if self.curve is None or not weights else {
-            "weights_key": self.curve.client_secrets[name], "weights_server_key": self.curve.server_public}
+        curve = {} if self.curve is None or not (weights or adapters) else {
+            "weights_key": self.curve.client_secrets[name],
+            **({"weights_server_key": self.curve.server_public} if weights else {})}
         wiring = {"port": 0, "name": name, **dict(weights or {}), **curve, **self.metrics(),
                   **({"adapter": adapters} if adapters else {}),
                   **({"role": role} if role != "both" else {}), **({"l3_cache": l3_cache} if l3_cache else {})}
@@ -238,7 +245,8 @@ class Plan:
 
     def adapter_links(self, endpoints: Mapping[str, Mapping[str, str]]) -> tuple[str, ...]:
         """The actors' ``--adapter`` links of a shared run, from each lane's learner endpoints (by lane name)."""
-        return tuple(f"{name}={found['weights_fetch']},{found['weights_announce']}"
+        return tuple(AdapterLink(name, found["weights_fetch"], found["weights_announce"],
+                                 self.lane_curves[name][1] if name in self.lane_curves else None).text()
                      for name, found in endpoints.items())
 
     def check(self, eval_gateway: bool = False) -> list[Instance]:

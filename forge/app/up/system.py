@@ -17,7 +17,7 @@ from forge.app.up.config import UpConfig
 from forge.app.up.keys import generate
 from forge.app.up.plan import Instance, Plan, actor_roles
 from forge.launch import ServiceProcess
-from forge.weights.curve import KeySet, create_keys
+from forge.weights.curve import KeySet, create_keys, create_publisher_keys
 
 log = logging.getLogger("forge.up")
 
@@ -50,12 +50,11 @@ class System:
         """Make the run's keys and check every instance's settings; nothing is started."""
         c, run = self.config, self.config.run_dir
         self.keys = generate(run / "keys") if c.keys else None
-        curve = weight_keys(run / "keys" / "weights", [name for name, _ in actor_roles(c)]) \
-            if c.weights_curve and not c.runs else None
-        if c.weights_curve and c.runs:
-            log.warning("several runs: the adapters travel from the runs' learners to the actors on loopback without "
-                        "CURVE (adapter streams are not encrypted yet)")
-        plan = Plan(c, self.keys, curve)
+        curve = weight_keys(run / "keys" / "weights", [name for name, _ in actor_roles(c)]) if c.weights_curve \
+            else None
+        lane_curves = {name: create_publisher_keys(run / "keys" / "weights" / "runs" / name)
+                       for name in c.runs} if curve is not None else {}
+        plan = Plan(c, self.keys, curve, lane_curves)
         plan.check(self.eval_gateway)
         self.backend = plan.backend_and_why
         return plan
