@@ -5,10 +5,14 @@ them here under its name; every request names the adapter it is sampled with (``
 for the engine's own weights). The base weights stay as they are: in each adapted projection the rows of a step
 that name an adapter add its side path, y = x Wᵀ + s · (x Aᵀ) Bᵀ, the very sum the learner's peft layers compute.
 Merging instead (``forge.model.lora_weights``, what an actor with a single run does) would need a whole copy of the
-model per adapter; the side path costs two thin products per adapted projection and adapter in the step.
+model per adapter.
 
-The side path runs in forward hooks on the adapted ``nn.Linear`` modules, active only inside ``ServedAdapters.rows``
-on the calling thread (the engine's step), so the model is unchanged everywhere else. The draft (MTP) tensors an
+Every adapter of a projection is computed at once, whatever their number: their A matrices stacked ([Σ ranks, in]),
+their B matrices side by side ([out, Σ ranks]), and a per-row mask that keeps a row's own adapter's columns, scaled
+by its s, and zeroes the others (exactly: a zero term adds nothing), so a step costs two thin products, a multiply
+and an add per adapted projection. The side path runs in forward hooks on the adapted ``nn.Linear`` modules, active
+only inside ``ServedAdapters.rows`` on the calling thread (the engine's step), so the model is unchanged everywhere
+else. The draft (MTP) tensors an
 adapter version carries are not applied: speculative decoding drafts with the base model's MTP head for every
 adapter, which leaves what is sampled exact (drafts are verified against the adapter's distribution) and costs
 acceptance only.
@@ -27,8 +31,7 @@ from torch import Tensor, nn
 from forge.adapter_names import check_adapter_name
 from forge.model.lora_weights import SCALING, A, B, is_adapter_version
 
-_active = threading.local()         # .groups: [(AdapterWeights, row indices or None for every row)] of this step,
-                                    # .batch: the step's rows
+_active = threading.local()         # .scales: [rows, adapters] of this step (a row's adapter's s, zero elsewhere)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,16 @@ class AdapterWeights:
         return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.pairs.values())
 
 
+@dataclass(frozen=True)
+class Stack:
+    """The served adapters of one projection side by side: A [Σ ranks, in], B [out, Σ ranks], and the adapter
+    (its slot in ``ServedAdapters``) each of the Σ ranks columns belongs to."""
+
+    a: Tensor
+    b: Tensor
+    owners: Tensor
+
+
 class ServedAdapters:
     """The named adapters one engine serves over its model, and the hooks that add their side paths."""
 
@@ -55,6 +68,8 @@ class ServedAdapters:
         weight = next(iter(model.parameters()))
         self._device, self._dtype = weight.device, weight.dtype
         self._served: dict[str, AdapterWeights] = {}
+        self._slots: dict[str, int] = {}
+        self._stacks: dict[str, Stack] = {}
         self._hooked: set[str] = set()
 
     def __contains__(self, name: str) -> bool:
@@ -106,59 +121,54 @@ class ServedAdapters:
     def install(self, adapter: AdapterWeights) -> None:
         """Serve ``adapter`` from the next step on (call between steps, on the engine's thread)."""
         for module in adapter.pairs.keys() - self._hooked:
-            self._linears[module].register_forward_hook(_side_path(module))
+            self._linears[module].register_forward_hook(self._side_path(module))
             self._hooked.add(module)
+        self._slots.setdefault(adapter.name, len(self._slots))
         self._served[adapter.name] = adapter
+        self._stacks = {module: self._stack(module) for module in self._hooked}
+
+    def _stack(self, module: str) -> Stack:
+        held = [(self._slots[a.name], *a.pairs[module]) for a in self._served.values() if module in a.pairs]
+        owners = torch.tensor([slot for slot, a, _ in held for _ in range(a.shape[0])], device=self._device)
+        return Stack(torch.cat([a for _, a, _ in held]), torch.cat([b for _, _, b in held], dim=1), owners)
 
     @contextmanager
     def rows(self, adapters: Sequence[str]) -> Iterator[None]:
         """Inside the block, on this thread, row ``i`` of every adapted projection's input is computed with adapter
         ``adapters[i]`` ("": none)."""
-        named = {name for name in adapters if name}
-        if not named:
+        if not any(adapters):
             yield
             return
-        groups = []
-        for name in sorted(named):
-            if len(named) == 1 and all(adapters):
-                rows = None
-            else:
-                rows = torch.tensor([i for i, n in enumerate(adapters) if n == name], dtype=torch.long,
-                                    device=self._device)
-            groups.append((self._served[name], rows))
-        outer = getattr(_active, "groups", None), getattr(_active, "batch", 0)
-        _active.groups, _active.batch = groups, len(adapters)
+        scales = torch.zeros(len(adapters), len(self._slots), dtype=self._dtype)
+        for row, name in enumerate(adapters):
+            if name:
+                scales[row, self._slots[name]] = self._served[name].scaling
+        outer = getattr(_active, "scales", None)
+        _active.scales = scales.to(self._device)
         try:
             yield
         finally:
-            _active.groups, _active.batch = outer
+            _active.scales = outer
 
+    def _side_path(self, module: str):
+        """The forward hook of one adapted projection: adds, to each row's output, s · (x Aᵀ) Bᵀ of the row's
+        adapter (in place: the engine runs under inference mode). An input whose rows were flattened with their
+        positions (``[rows * positions, in]``, as a mixture of experts' router takes it) is viewed by row again."""
 
-def _side_path(module_name: str):
-    """The forward hook of one adapted projection: adds s · (x Aᵀ) Bᵀ to the output rows of each adapter in the
-    step (in place: the engine runs under inference mode). An input whose rows were flattened with their positions
-    (``[rows * positions, in]``, as a mixture of experts' router takes it) is viewed by row again."""
+        def hook(_module: nn.Module, args: tuple[Tensor, ...], output: Tensor) -> None:
+            scales = getattr(_active, "scales", None)
+            stack = self._stacks.get(module)
+            if scales is None or stack is None:
+                return
+            x, rows = args[0], scales.shape[0]
+            shaped = x.shape[0] == rows and x.dim() == 3
+            x = x if shaped else x.view(rows, -1, x.shape[-1])
+            low = torch.matmul(x, stack.a.t())
+            low.mul_(scales[:, stack.owners].unsqueeze(1))
+            delta = torch.matmul(low, stack.b.t())
+            (output if shaped else output.view(rows, -1, output.shape[-1])).add_(delta)
 
-    def hook(_module: nn.Module, args: tuple[Tensor, ...], output: Tensor) -> None:
-        groups = getattr(_active, "groups", None)
-        if not groups:
-            return
-        x, batch = args[0], _active.batch
-        if x.shape[0] != batch:
-            x, output = x.view(batch, -1, x.shape[-1]), output.view(batch, -1, output.shape[-1])
-        for adapter, rows in groups:
-            pair = adapter.pairs.get(module_name)
-            if pair is None:
-                continue
-            a, b = pair
-            picked = x if rows is None else x.index_select(0, rows)
-            delta = torch.matmul(torch.matmul(picked, a.t()), b.t()) * adapter.scaling
-            if rows is None:
-                output.add_(delta)
-            else:
-                output.index_add_(0, rows, delta)
-
-    return hook
+        return hook
 
 
 __all__ = ["AdapterWeights", "ServedAdapters"]
