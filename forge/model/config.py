@@ -27,6 +27,9 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
+    # Rotary scaling beyond the trained window, as config.json's rope_parameters (rope_scaling) give it, less the
+    # theta: (("rope_type", "yarn"), ("factor", 4.0), ...); empty for the plain rotary embedding.
+    rope_scaling: tuple[tuple[str, Any], ...] = ()
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     # Multi-token prediction modules (DeepSeek-V3 style), chained: module k predicts token t + 2 + k.
@@ -64,6 +67,12 @@ class ModelConfig:
             raise ModelConfigError("num_nextn_predict_layers must be >= 0")
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
             raise ModelConfigError("rope_theta and rms_norm_eps must be positive")
+        if self.rope_scaling:
+            rope_type = self.rope_type
+            if rope_type not in SCALED_ROPE_TYPES:
+                raise ModelConfigError(f"rope type {rope_type!r} is not supported (default, or "
+                                       f"{', '.join(SCALED_ROPE_TYPES)}: the rotary scalings fixed ahead of the "
+                                       "sequence)")
         if self.num_experts:
             self._check_experts()
 
@@ -83,6 +92,15 @@ class ModelConfig:
             raise ModelConfigError(f"mlp_only_layers names layers outside 0..{self.num_hidden_layers - 1}: {outside}")
         if self.num_experts >= 65_535:
             raise ModelConfigError(f"num_experts is {self.num_experts}; routing records hold expert ids below 65,535")
+
+    @property
+    def rope_type(self) -> str:
+        return str(dict(self.rope_scaling).get("rope_type", "default"))
+
+    @property
+    def rope_parameters(self) -> dict[str, Any]:
+        """config.json's ``rope_parameters``: the type, the theta and the scaling's own parameters."""
+        return {"rope_type": "default", **dict(self.rope_scaling), "rope_theta": self.rope_theta}
 
     @property
     def is_moe(self) -> bool:
@@ -133,10 +151,10 @@ class ModelConfig:
             raise ModelConfigError("shared experts are not supported (Qwen3-MoE has none)")
         rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ModelConfigError(f"rope type {rope_type!r} is not supported (only the default rotary embedding)")
         rope_theta = rope.get("rope_theta", data.get("rope_theta", cls.rope_theta))
-        names = {f.name for f in fields(cls)} - {"rope_theta"}
+        scaling = () if rope_type == "default" else tuple(sorted(
+            {**{k: v for k, v in rope.items() if k not in ("type", "rope_theta")}, "rope_type": rope_type}.items()))
+        names = {f.name for f in fields(cls)} - {"rope_theta", "rope_scaling"}
         if model_type != "qwen3_moe":
             names -= _MOE_FIELDS
         kwargs = {k: data[k] for k in names if k in data and data[k] is not None}
@@ -156,12 +174,13 @@ class ModelConfig:
         if missing:
             raise ModelConfigError(f"config.json lacks required keys: {', '.join(sorted(missing))}")
         try:
-            return cls(rope_theta=float(rope_theta), **kwargs)
+            return cls(rope_theta=float(rope_theta), rope_scaling=scaling, **kwargs)
         except TypeError as exc:
             raise ModelConfigError(str(exc)) from exc
 
     def to_hf_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["rope_scaling"]
         if self.is_moe:
             data["mlp_only_layers"] = list(self.mlp_only_layers)
         else:
@@ -174,7 +193,8 @@ class ModelConfig:
             attention_dropout=0.0,
             use_cache=True,
             use_sliding_window=False,
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            rope_parameters=self.rope_parameters,
+            **({"rope_scaling": dict(self.rope_scaling)} if self.rope_scaling else {}),   # readers of the older key
             dtype=self.torch_dtype,
         )
         return data
@@ -197,6 +217,8 @@ class ModelConfig:
         path.write_text(json.dumps(self.to_hf_dict(), indent=2, sort_keys=True) + "\n")
         return path
 
+
+SCALED_ROPE_TYPES = ("linear", "yarn", "llama3")
 
 _MOE_FIELDS = frozenset({"num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                          "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef"})

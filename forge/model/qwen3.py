@@ -38,16 +38,39 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, theta: float) -> None:
+    """The rotary embedding, scaled beyond the trained window as the config says (linear, YaRN, Llama 3): the
+    frequencies and the attention factor of a scaled type come from transformers' own ``ROPE_INIT_FUNCTIONS``, so
+    that a checkpoint rotates exactly as its reference does."""
+
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        self.register_buffer("inv_freq", 1.0 / (theta**exponents), persistent=False)
+        self.attention_factor = 1.0
+        if config.rope_scaling:
+            inv_freq, self.attention_factor = scaled_rope(config)
+        else:
+            exponents = torch.arange(0, config.head_dim, 2, dtype=torch.int64).float() / config.head_dim
+            inv_freq = 1.0 / (config.rope_theta**exponents)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and sin of shape [B, 1, T, D] for position ids of shape [B, T]."""
         freqs = position_ids.float().unsqueeze(-1) * self.inv_freq.float()
         angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)
+        if self.attention_factor != 1.0:
+            return (angles.cos() * self.attention_factor).to(dtype), (angles.sin() * self.attention_factor).to(dtype)
         return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def scaled_rope(config: ModelConfig) -> tuple[Tensor, float]:
+    """The inverse frequencies and attention factor of a scaled rotary embedding, computed by transformers for the
+    transformers config of ``config``."""
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    reference = (transformers.Qwen3MoeConfig if config.is_moe else transformers.Qwen3Config)(**config.to_hf_dict())
+    with torch.device("cpu"):               # also inside a model built on the meta device
+        inv_freq, factor = ROPE_INIT_FUNCTIONS[config.rope_type](reference, torch.device("cpu"))
+    return inv_freq.float(), float(factor)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -146,7 +169,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = Backbone(config)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.rotary = RotaryEmbedding(config)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, False)
         self.mtp = nn.ModuleList(
             MTPModule(config, config.num_hidden_layers + k) for k in range(config.num_nextn_predict_layers)
@@ -233,7 +256,7 @@ class CausalLM(nn.Module):
             model = cls(config)
         check_state_dict(path, state, dict(model.state_dict()))
         model.load_state_dict(state, assign=True)
-        model.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        model.rotary = RotaryEmbedding(config)
         return model.to(device=device, dtype=dtype)
 
     def save_pretrained(self, path: str | Path, max_shard_bytes: int | None = None) -> Path:

@@ -105,7 +105,8 @@ def test_mismatched_checkpoints_are_refused_with_a_reason(tmp_path):
     ({"model_type": "llama"}, "model_type"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"num_key_value_heads": 3}, "multiple"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope type"),
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 4.0}}, "rope type 'dynamic' is not supported"),
+    ({"rope_parameters": {"rope_type": "longrope", "factor": 4.0}}, "rope type 'longrope' is not supported"),
     ({"use_sliding_window": True}, "sliding"),
     ({"hidden_size": 0}, "positive"),
 ])
@@ -113,6 +114,53 @@ def test_unsupported_configs_are_refused(change, message):
     data = ModelConfig(**CONFIGS["mha-headdim-not-hidden-over-heads"]).to_hf_dict() | change
     with pytest.raises(ModelConfigError, match=message):
         ModelConfig.from_hf_dict(data)
+
+
+SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    "yarn-beta": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "beta_fast": 16.0,
+                  "beta_slow": 2.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32},
+}
+
+
+@pytest.mark.parametrize("scaling", sorted(SCALINGS))
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_rope_scaled_checkpoints_match_transformers_beyond_the_original_window(tmp_path, scaling, moe):
+    """A checkpoint whose config.json scales its rotary embedding (linear, YaRN, Llama 3), written by transformers:
+    our logits equal its reference's at positions far beyond the original window (32), and the scaling survives
+    our save."""
+    rope = {"rope_theta": 10_000.0, **SCALINGS[scaling]}
+    common = dict(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, max_position_embeddings=512, tie_word_embeddings=False, rope_parameters=rope)
+    if moe:
+        hf_config = transformers.Qwen3MoeConfig(**common, intermediate_size=96, moe_intermediate_size=32,
+                                                num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)
+        reference_class = transformers.Qwen3MoeForCausalLM
+    else:
+        hf_config = transformers.Qwen3Config(**common, intermediate_size=96)
+        reference_class = transformers.Qwen3ForCausalLM
+    torch.manual_seed(5)
+    reference_class(hf_config).save_pretrained(tmp_path / "hf")
+    reference = reference_class.from_pretrained(tmp_path / "hf", dtype=torch.float32,
+                                                attn_implementation="eager").eval()
+    ours = CausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert ours.config.rope_type == rope["rope_type"]
+    ids = torch.randint(0, 120, (2, 300), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = reference(ids).logits
+        torch.testing.assert_close(ours.logits(ours(ids)), expected, atol=1e-5, rtol=0)
+        ours.save_pretrained(tmp_path / "ours")
+        again = reference_class.from_pretrained(tmp_path / "ours", dtype=torch.float32,
+                                                attn_implementation="eager").eval()
+        torch.testing.assert_close(again(ids).logits, expected, atol=1e-5, rtol=0)
+    unscaled = ModelConfig.from_hf_dict({**hf_config.to_dict(), "rope_parameters": {"rope_theta": 10_000.0}})
+    plain = CausalLM(unscaled).eval()
+    plain.load_state_dict(ours.state_dict())
+    with torch.no_grad():        # the scaling matters at these positions: the test can tell
+        assert (plain.logits(plain(ids)) - expected).abs().max() > 1e-3
 
 
 def test_the_fused_fp32_rms_norm_equals_the_reference_formula():
