@@ -7,13 +7,16 @@ what a learner step costs.
   on loopback TCP) into the torch engine, until it serves it; the adapter version is merged by the engine on the way.
   The engine's pause itself (swapping tensors between two steps) is the same for both: it always receives a whole
   model.
+- Decode with two runs' adapters: tokens per second of a batch of ``--batch`` greedy requests on one torch engine,
+  half naming one run's adapter and half another's (``forge-actor --adapter``: the LoRA side path in every adapted
+  projection), against the same batch on the plain weights (what one run's merged weights decode at).
 - Learner step: tokens per second of one step (forward, CISPO loss, backward, AdamW) on a group of rollouts, and the
   process's peak resident memory, each mode in a process of its own.
 
 Medians of ``--repeats``; the table gives each side and the ratio (LoRA / full).
 
 Usage: python bench/lora.py [--size small|100m] [--rank 8] [--repeats 5] [--samples 8] [--prompt 256]
-       [--completion 64] [--json FILE]
+       [--completion 64] [--batch 8] [--json FILE]
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import click
 import torch
 from learner_impl import samples_of
 
+from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
 from forge.learner.lora import LoraConfig, adapter_version, add_adapters, merged_state_dict
@@ -40,13 +44,14 @@ from forge.learner.policy import policy_forward
 from forge.learner.samples import make_micro_batch
 from forge.model import CausalLM
 from forge.model.random_checkpoint import SIZES, write_qwen3
+from forge.model.sampling import SamplingParams
 from forge.weights import WeightPublisher, WeightSubscriber
 
 
-def trained(directory: Path, lora: LoraConfig) -> torch.nn.Module:
+def trained(directory: Path, lora: LoraConfig, seed: int = 1) -> torch.nn.Module:
     """The checkpoint with adapters as training leaves them (B no longer zero)."""
     model = add_adapters(CausalLM.from_pretrained(directory), lora)
-    generator = torch.Generator().manual_seed(1)
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if ".lora_B." in name:
@@ -91,6 +96,33 @@ def publish_to_applied(directory: Path, versions: dict[str, dict[str, torch.Tens
     return seconds
 
 
+def decode_with_adapters(directory: Path, adapters: dict[str, dict[str, torch.Tensor]], batch: int, new_tokens: int,
+                         repeats: int) -> dict[str, float]:
+    """Median decode tokens per second of ``batch`` greedy requests on one engine: ``plain``, on its weights;
+    ``adapters``, the requests spread over the named ``adapters`` (served beside the same weights)."""
+    engine = TorchEngine(CausalLM.from_pretrained(directory), EngineConfig(kv_cache_bytes=256 * 2**20,
+                                                                           max_num_seqs=batch, prefix_caching=False))
+    names = list(adapters)
+    try:
+        for version, (name, state) in enumerate(adapters.items(), start=1):
+            engine.load_adapter(name, version, state)
+        params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+        figures: dict[str, list[float]] = {"plain": [], "adapters": []}
+        for repeat in range(repeats + 1):                   # the first warms up and is not counted
+            for mode in figures:
+                started = time.perf_counter()
+                streams = [engine.submit(GenerationRequest(
+                    "", [1 + (repeat * 7 + i) % 50] * 16, params,
+                    adapter=names[i % len(names)] if mode == "adapters" else "")) for i in range(batch)]
+                for stream in streams:
+                    list(stream)
+                if repeat:
+                    figures[mode].append(batch * new_tokens / (time.perf_counter() - started))
+        return {mode: statistics.median(values) for mode, values in figures.items()}
+    finally:
+        engine.close()
+
+
 def learner_step(directory: Path, rank: int, repeats: int, samples: int, prompt: int, completion: int) -> dict:
     """This process: the median step of a full or (rank > 0) LoRA learner, and its peak resident memory."""
     model = CausalLM.from_pretrained(directory).train()
@@ -120,11 +152,12 @@ def learner_step(directory: Path, rank: int, repeats: int, samples: int, prompt:
 @click.option("--samples", default=8, show_default=True)
 @click.option("--prompt", default=256, show_default=True)
 @click.option("--completion", default=64, show_default=True)
+@click.option("--batch", default=8, show_default=True, help="Requests decoded together with two runs' adapters.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--learner-only", type=click.Path(path_type=Path),
               help="Only time learner steps on the checkpoint in this directory (--rank 0: full), in this process.")
-def main(size: str, rank: int, repeats: int, samples: int, prompt: int, completion: int, json_out: Path | None,
-         learner_only: Path | None) -> None:
+def main(size: str, rank: int, repeats: int, samples: int, prompt: int, completion: int, batch: int,
+         json_out: Path | None, learner_only: Path | None) -> None:
     if learner_only is not None:
         click.echo(json.dumps(learner_step(learner_only, rank, repeats, samples, prompt, completion)))
         return
@@ -135,6 +168,9 @@ def main(size: str, rank: int, repeats: int, samples: int, prompt: int, completi
         versions = {"full": merged_state_dict(state, lora), "lora": adapter_version(state, lora)}
         sizes = {mode: nbytes(version) for mode, version in versions.items()}
         applied = {mode: statistics.median(s) for mode, s in publish_to_applied(directory, versions, repeats).items()}
+        other = adapter_version(trained(directory, lora, seed=2).state_dict(), lora)
+        decode = decode_with_adapters(directory, {"run-a": versions["lora"], "run-b": other}, batch, completion,
+                                      repeats)
         steps = {}
         for mode, step_rank in (("full", 0), ("lora", rank)):
             done = subprocess.run([sys.executable, __file__, "--learner-only", str(directory), "--rank", str(step_rank),
@@ -143,6 +179,7 @@ def main(size: str, rank: int, repeats: int, samples: int, prompt: int, completi
             steps[mode] = json.loads(done.stdout.strip().splitlines()[-1])
     rows = [("bytes per version, MB", sizes["full"] / 1e6, sizes["lora"] / 1e6),
             ("publish to applied, s", applied["full"], applied["lora"]),
+            (f"decode tokens/s, batch {batch}", decode["plain"], decode["adapters"]),
             ("learner tokens/s", steps["full"]["tokens_per_s"], steps["lora"]["tokens_per_s"]),
             ("learner peak RSS, MB", steps["full"]["peak_rss_mb"], steps["lora"]["peak_rss_mb"])]
     click.echo(f"Qwen3 {size}, LoRA rank {rank} on {', '.join(lora.targets)}; float32 on "
