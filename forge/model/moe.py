@@ -63,6 +63,12 @@ class Routing:
             self.chosen.append(chosen)
         return chosen
 
+    def silent(self) -> Routing:
+        """The same routing rule (replay, apply) keeping nothing: what a layer recomputed for its backward pass
+        (activation checkpointing) routes with. Its inputs and weights are those of its first pass, so it chooses
+        the same experts; it must not record them twice."""
+        return Routing(replay=self.replay, apply=self.apply)
+
     def stack(self) -> Tensor:
         """The recorded ids as one tensor [sparse layers, tokens, k]."""
         return torch.stack(self.chosen)

@@ -134,6 +134,18 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x), routing)
 
 
+def checkpointed(layer: DecoderLayer, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionBackend,
+                 routing: Routing | None) -> Tensor:
+    """``layer(x, …)`` with only ``x`` kept for the backward pass, which runs the layer again: its second run routes
+    by the same rule without recording anything (``Routing.silent``), so what the first recorded is recorded once."""
+    runs = [routing, None if routing is None else routing.silent()]
+
+    def run(hidden: Tensor) -> Tensor:
+        return layer(hidden, rope, attention, runs.pop(0))
+
+    return torch.utils.checkpoint.checkpoint(run, x, use_reentrant=False)
+
+
 class Backbone(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -164,6 +176,9 @@ class CausalLM(nn.Module):
     # The output head's product, ``head_linear(x, output_weight)``: an inference engine may set another kernel for
     # it on its model (``forge.actors.engine.packed_linear``).
     head_linear: Callable[[Tensor, Tensor], Tensor] = staticmethod(F.linear)
+    # Keep only each decoder layer's input for the backward pass and run the layer again there (set by the learner's
+    # ``activation_checkpointing``): a layer's activations live during its own backward only.
+    checkpoint_layers: bool = False
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -201,8 +216,15 @@ class CausalLM(nn.Module):
         rope = self.rope(input_ids, position_ids)
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
-            x = layer(x, rope, attention, routing)
+            if self.checkpoint_layers and torch.is_grad_enabled():
+                x = checkpointed(layer, x, rope, attention, routing)
+            else:
+                x = layer(x, rope, attention, routing)
         return x
+
+    def activation_checkpointing(self, on: bool = True) -> None:
+        """Recompute each decoder layer in the backward pass instead of keeping its activations."""
+        self.checkpoint_layers = on
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.head_linear(self.model.norm(hidden), self.output_weight)

@@ -101,6 +101,17 @@ class TransformersCausalLM(nn.Module):
         return self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
                           forge_backend=attention).last_hidden_state
 
+    def activation_checkpointing(self, on: bool = True) -> None:
+        """Recompute each decoder layer in the backward pass instead of keeping its activations (transformers' own
+        gradient checkpointing, non-reentrant; it acts while the policy trains)."""
+        enable = getattr(self.model, "activation_checkpointing_enable", None)     # the name from transformers 5.x
+        if on and enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        elif on:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            getattr(self.model, "activation_checkpointing_disable", self.model.gradient_checkpointing_disable)()
+
     def logits(self, hidden: Tensor) -> Tensor:
         logits = nn.functional.linear(hidden, self.output_weight)
         if self._scale is not None:

@@ -29,7 +29,7 @@ from helpers.learner_runs import fill_from
 from helpers.random_model import copy_of, random_model, small_config
 from helpers.rollouts import fill_pool
 from helpers.threads import one_thread  # noqa: F401  (autouse)
-from helpers.tree_steps import VOCAB, agent_batch, assert_same_step, random_masks
+from helpers.tree_steps import VOCAB, agent_batch, assert_same_step, random_masks, run
 
 CONFIG = small_config(experts=True, vocab_size=VOCAB, hidden_size=32, intermediate_size=48, head_dim=8,
                       moe_intermediate_size=16)
@@ -145,3 +145,25 @@ def test_a_training_step_reports_routing_and_trains_the_routers_toward_balance(t
         assert record["routing_recorded_share"] > 0.5 and record["expert_load_max"] >= 1.0
     assert "router_balance_loss" not in records[0.0] and records[1.0]["router_balance_loss"] >= 1.0
     assert not torch.allclose(router_grads[0.0], router_grads[1.0]), "the balance loss did not reach the router"
+
+
+@pytest.mark.parametrize("routing_mode", ["replay", "recompute"])
+def test_activation_checkpointing_routes_its_recomputation_as_the_first_pass(model, routing_mode):
+    """A layer with experts recomputed in the backward pass chooses (or replays) the experts of its first pass and
+    records nothing twice: the step's loss and gradients, the routers' included, equal those of keeping every
+    activation."""
+    rng = random.Random(31)
+    other = random_model(CONFIG, seed=9, std=0.3)
+    samples = with_recorded_routing(model, agent_batch(model, rng), other, rng)
+    config = LossConfig(kind="cispo", eps_high=0.3, mtp_weight=0.5, mtp_top_k=5)
+    masks = random_masks(rng, samples)
+    kept = run(model, samples, config, masks, tree=True, budget=40, routing_mode=routing_mode)
+    model.activation_checkpointing(True)
+    try:
+        recomputed = run(model, samples, config, masks, tree=True, budget=40, routing_mode=routing_mode)
+    finally:
+        model.activation_checkpointing(False)
+    assert recomputed[0] == pytest.approx(kept[0], rel=1e-6)
+    assert recomputed[1].keys() == kept[1].keys()
+    for name, grad in kept[1].items():
+        torch.testing.assert_close(recomputed[1][name], grad, atol=1e-6, rtol=1e-5, msg=name)

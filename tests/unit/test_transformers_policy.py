@@ -26,7 +26,7 @@ from forge.pool import Pool
 from forge.pool.window import WindowConfig
 
 from helpers.families import FAMILIES, SMALL, fill_on_policy, write_family
-from helpers.tree_steps import assert_same_step, make_sample, random_masks
+from helpers.tree_steps import assert_same_step, make_sample, random_masks, run
 
 VOCAB = SMALL["vocab_size"]
 
@@ -214,3 +214,29 @@ def test_impl_native_is_refused_for_a_family_forge_does_not_implement_before_loa
         LearnerConfig(model=str(directory), pool_path=tmp_path, model_impl="native")
     plan = Plan(UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path=str(directory), impl="transformers")))
     assert plan.overrides["learner"].values["model_impl"] == "transformers"
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_activation_checkpointing_changes_no_loss_or_gradient(tmp_path, family):
+    """transformers' own gradient checkpointing under Forge's attention: a tree step with the stem recomputes each
+    layer in its backward pass and gives the loss and gradients of keeping every activation."""
+    directory, _reference = write_family(tmp_path / family, family)
+    policy = load_model(directory)[0].train()
+    rng = random.Random(7)
+    samples = agent_samples(rng)
+    masks = random_masks(rng, samples)
+    config = LossConfig(kind="cispo", eps_high=0.2)
+    calls = []
+    hook = policy.model.layers[0].self_attn.register_forward_pre_hook(lambda *_: calls.append(1))   # inside
+    try:
+        kept = run(policy, samples, config, masks, tree=True, budget=40, impl="dense")
+        plain_calls = len(calls)
+        policy.activation_checkpointing(True)
+        recomputed = run(policy, samples, config, masks, tree=True, budget=40, impl="dense")
+    finally:
+        policy.activation_checkpointing(False)
+        hook.remove()
+    assert len(calls) - plain_calls > plain_calls       # the checkpointed step ran layers again in its backward
+    assert recomputed[0] == pytest.approx(kept[0], rel=1e-6)
+    for name, grad in kept[1].items():
+        torch.testing.assert_close(recomputed[1][name], grad, atol=1e-6, rtol=1e-5, msg=name)

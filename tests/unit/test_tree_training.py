@@ -25,7 +25,7 @@ from helpers.learner_runs import engine_of
 from helpers.random_model import random_model, small_config
 from helpers.rollouts import fill_pool
 from helpers.threads import one_thread  # noqa: F401  (autouse)
-from helpers.tree_steps import VOCAB, agent_batch, assert_same_step, draw, make_sample, random_masks
+from helpers.tree_steps import VOCAB, agent_batch, assert_same_step, draw, make_sample, random_masks, run
 
 CONFIG = small_config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, head_dim=8)
 
@@ -236,3 +236,28 @@ def test_stem_state_is_required_and_matches_the_mtp_setting(model):
         tree_policy_forward(model, borrowing, mtp_top_k=4)
     with pytest.raises(ValueError, match="MTP"):
         tree_policy_forward(model, borrowing, mtp_top_k=4, stem=stem_forward(model, step.stem, mtp_top_k=0))
+
+
+@pytest.mark.parametrize("budget", [4096, 40], ids=["one-tree", "stem"])
+def test_activation_checkpointing_changes_no_loss_or_gradient(model, budget):
+    """Each decoder layer kept as its input and recomputed in the backward pass: the same tree step (with the stem
+    the trees share) gives the same loss and gradients as keeping every activation."""
+    rng = random.Random(21)
+    samples = seeded_batch(model, 1)
+    config = LossConfig(mtp_weight=0.5, mtp_top_k=5)
+    masks = random_masks(rng, samples)
+    calls = []
+    hook = model.model.layers[0].register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        kept = run(model, samples, config, masks, tree=True, budget=budget)
+        plain_calls = len(calls)
+        model.activation_checkpointing(True)
+        recomputed = run(model, samples, config, masks, tree=True, budget=budget)
+    finally:
+        model.activation_checkpointing(False)
+        hook.remove()
+    assert len(calls) - plain_calls > plain_calls       # the checkpointed step ran layers again in its backward
+    assert recomputed[0] == pytest.approx(kept[0], rel=1e-6)
+    assert recomputed[1].keys() == kept[1].keys()
+    for name, grad in kept[1].items():
+        torch.testing.assert_close(recomputed[1][name], grad, atol=1e-6, rtol=1e-5, msg=name)
