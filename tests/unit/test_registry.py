@@ -141,6 +141,8 @@ def test_several_runs_need_lora_adapters_on_actors_that_serve_them(tmp_path):
         Plan(runs.with_services(learner={"lora_rank": 4, "lora_publish": "merged"}))
     with pytest.raises(SettingsError, match="serve named adapters"):
         Plan(runs.with_services(learner={"lora_rank": 4}, actor={"backend": "trtllm"}))
+    with pytest.raises(SettingsError, match="above what the vLLM actors serve"):
+        Plan(runs.with_services(learner={"lora_rank": 128}, actor={"backend": "vllm", "max_adapter_rank": 64}))
     with pytest.raises(SettingsError, match="given twice"):
         UpConfig(runs=("a", "a"))
     with pytest.raises(SettingsError, match="--prefill-actors"):

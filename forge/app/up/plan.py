@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge.actors.config import AdapterLink, pick_backend
+from forge.actors.config import AdapterLink, EngineConfig, pick_backend
 from forge.actors.factory import factory_for
 from forge.app.api_keys import KeyFiles
 from forge.app.command_line import changed, key_file_words, key_variables, option_words, secrets_of
@@ -176,6 +176,11 @@ class Plan:
         if self.backend not in ADAPTER_BACKENDS:
             raise SettingsError(f"--run needs actors that serve named adapters ({' or '.join(ADAPTER_BACKENDS)}); "
                                 f"the actors' backend is {self.backend}")
+        rank = learner.values["lora_rank"]
+        most = self.overrides["actor"].values.get("max_adapter_rank", EngineConfig().max_adapter_rank)
+        if self.backend == "vllm" and rank > most:
+            raise SettingsError(f"--run: [learner] lora_rank = {rank} is above what the vLLM actors serve "
+                                f"([actor] max_adapter_rank = {most})")
 
     # The instances, each with the wiring forge up gives it.
     def _instance(self, name: str, kind: str, wiring: Mapping[str, Any], *, own: Mapping[str, Any] | None = None,
