@@ -49,113 +49,124 @@ class LaneRun:
     driver: Any = None
 
 
-async def run(config: UpConfig, console: Console, team: Team | None = None
-              ) -> dict[str, Any]:
-    """The run's summary (with ``--run``: ``{"runs": {NAME: summary}}``), also written to RUN_DIR/summary.json."""
-    from forge.app.rollout.driver import DriverConfig, RolloutDriver
-    from forge.builtin import load_tokenizer
-    from forge.pool import PoolReader
+class Lanes:
+    """The lanes of one run over its services: per lane, its held-out readings and its rollout driver."""
 
-    if any((lane.directory / "learner").is_dir() for lane in lanes_of(config)):
-        console.print(f"continuing the run in {config.run_dir}: the learner resumes from its latest checkpoint")
-    config.run_dir.mkdir(parents=True, exist_ok=True)
-    held_out = team.tasks.eval if team is not None else ()
-    system = System(config, eval_gateway=bool(held_out))
-    gauges: dict[str, dict[str, float]] = {}
-    lanes = [LaneRun(lane, workload_for(replace(config, seed=config.seed + lane.index), team),
-                     RunState(gauges=gauges)) for lane in lanes_of(config)]
-    stop_polling = threading.Event()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    def __init__(self, config: UpConfig, system: System, team: Team | None, console: Console) -> None:
+        self.config, self.system, self.team, self.console = config, system, team, console
+        self.held_out = team.tasks.eval if team is not None else ()
+        self.gauges: dict[str, dict[str, float]] = {}       # service name → its latest Stats gauges
+        self.parts = [LaneRun(lane, workload_for(replace(config, seed=config.seed + lane.index), team),
+                              RunState(gauges=self.gauges)) for lane in lanes_of(config)]
 
-    async def evaluate(part: LaneRun) -> tuple[dict[str, float], dict[str, float]]:
-        if team is None:
+    async def evaluate(self, part: LaneRun) -> tuple[dict[str, float], dict[str, float]]:
+        from forge.builtin import load_tokenizer
+
+        config, system = self.config, self.system
+        if self.team is None:
             return await evaluate_both(config, system.get("actor-0").info["address"],
                                        load_tokenizer(config.model.path), system.key("actor"), adapter=part.lane.name)
-        if not held_out:
+        if not self.held_out:
             return {}, {}
         from forge.app.rollout.evaluate import evaluate_sessions
 
         door = system.get(part.lane.instance("gateway-eval")).info
         scores, failed = await evaluate_sessions(door["grpc_address"], door["http_address"], part.workload,
-                                                 held_out, config.eval_samples, api_key=system.key("gateway"))
+                                                 self.held_out, config.eval_samples, api_key=system.key("gateway"))
         part.live.eval_failures += failed
         return scores, {}
 
-    async def evaluate_all(when: str) -> None:
-        for part in lanes:
-            with console.status(f"held-out evaluation at the {when} ({part.lane.title}) …"):
-                scores = await evaluate(part)
-            if when == "start":
-                part.live.eval_start, part.live.eval_greedy_start = scores
-            else:
-                part.live.eval_end, part.live.eval_greedy_end = scores
-            if when == "start":
-                console.print(f"eval at start{f' ({part.lane.title})' if part.lane.name else ''}: "
-                              f"{_rounded(part.live.eval_start)}"
-                              + (f", greedy {_rounded(part.live.eval_greedy_start)}"
-                                 if part.live.eval_greedy_start else ""))
+    async def evaluate_all(self, when: str) -> None:
+        """The held-out readings of every lane at the ``start`` or the ``end``."""
+        for part in self.parts:
+            with self.console.status(f"held-out evaluation at the {when} ({part.lane.title}) …"):
+                scores = await self.evaluate(part)
+            live = part.live
+            if when == "end":
+                live.eval_end, live.eval_greedy_end = scores
+                continue
+            live.eval_start, live.eval_greedy_start = scores
+            self.console.print(f"eval at start{f' ({part.lane.title})' if part.lane.name else ''}: "
+                               f"{_rounded(live.eval_start)}"
+                               + (f", greedy {_rounded(live.eval_greedy_start)}" if live.eval_greedy_start else ""))
 
-    def driver_for(part: LaneRun) -> RolloutDriver:
-        gateway = system.get(part.lane.instance("gateway")).info
-        batch_groups = system.instances[part.lane.instance("learner")].settings.window.batch_groups
-        pool = PoolReader(part.lane.directory / "pool")
+    def start_drivers(self) -> None:
+        """A rollout driver per lane, through its gateway, holding back while its pool queues enough groups."""
+        from forge.app.rollout.driver import DriverConfig, RolloutDriver
+        from forge.pool import PoolReader
 
-        def queued_groups() -> int:
-            cursor = pool.cursor()
-            return cursor.tail - cursor.head
+        config, system = self.config, self.system
+        for part in self.parts:
+            gateway = system.get(part.lane.instance("gateway")).info
+            batch_groups = system.instances[part.lane.instance("learner")].settings.window.batch_groups
+            pool = PoolReader(part.lane.directory / "pool")
 
-        return RolloutDriver(DriverConfig(gateway["grpc_address"], gateway.get("http_address", ""),
-                                          api_key=system.key("gateway"), group_size=config.group_size,
-                                          groups_in_flight=config.driver.groups_in_flight,
-                                          max_queued_groups=config.driver.groups_in_flight + 2 * batch_groups),
-                             part.workload, queued_groups=queued_groups)
+            def queued_groups(pool: PoolReader = pool) -> int:
+                cursor = pool.cursor()
+                return cursor.tail - cursor.head
 
+            part.driver = RolloutDriver(DriverConfig(
+                gateway["grpc_address"], gateway.get("http_address", ""), api_key=system.key("gateway"),
+                group_size=config.group_size, groups_in_flight=config.driver.groups_in_flight,
+                max_queued_groups=config.driver.groups_in_flight + 2 * batch_groups), part.workload,
+                queued_groups=queued_groups)
+
+    def trained_enough(self) -> bool:
+        steps = self.config.steps
+        return bool(steps) and all(self.gauges.get(part.lane.instance("learner"), {}).get("step", 0) >= steps
+                                   for part in self.parts)
+
+    def view(self) -> Any:
+        tables = [summary_table(self.config, part.live, part.driver, part.lane) for part in self.parts]
+        return tables[0] if len(tables) == 1 else Group(*tables)
+
+
+async def run(config: UpConfig, console: Console, team: Team | None = None
+              ) -> dict[str, Any]:
+    """The run's summary (with ``--run``: ``{"runs": {NAME: summary}}``), also written to RUN_DIR/summary.json."""
+    if any((lane.directory / "learner").is_dir() for lane in lanes_of(config)):
+        console.print(f"continuing the run in {config.run_dir}: the learner resumes from its latest checkpoint")
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    system = System(config, eval_gateway=bool(team is not None and team.tasks.eval))
+    lanes = Lanes(config, system, team, console)
+    stop_polling = threading.Event()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     try:
         with console.status("starting learner, actors and gateway …"):
             system.start()
         console.print("actors: {} ({})".format(*system.backend))
         if team is not None and team.environment is not None:
             console.print(team.environment.describe())
-        await evaluate_all("start")
-        for part in lanes:
-            part.driver = driver_for(part)
-        poller = threading.Thread(target=poll_stats, args=(system, gauges, stop_polling), daemon=True)
+        await lanes.evaluate_all("start")
+        lanes.start_drivers()
+        poller = threading.Thread(target=poll_stats, args=(system, lanes.gauges, stop_polling), daemon=True)
         poller.start()
-        driving = [asyncio.create_task(part.driver.run(stop)) for part in lanes]
+        driving = [asyncio.create_task(part.driver.run(stop)) for part in lanes.parts]
         started = time.time()
-        for part in lanes:
+        for part in lanes.parts:
             part.live.training_started = started
         deadline = started + config.minutes * 60
-
-        def trained_enough() -> bool:
-            return bool(config.steps) and all(
-                gauges.get(part.lane.instance("learner"), {}).get("step", 0) >= config.steps for part in lanes)
-
-        def view() -> Any:
-            tables = [summary_table(config, part.live, part.driver, part.lane) for part in lanes]
-            return tables[0] if len(tables) == 1 else Group(*tables)
-
-        with Live(view(), console=console, refresh_per_second=1) as shown:
+        with Live(lanes.view(), console=console, refresh_per_second=1) as shown:
             while (not stop.is_set() and time.time() < deadline and not any(task.done() for task in driving)
-                   and not trained_enough()):
+                   and not lanes.trained_enough()):
                 await asyncio.sleep(1.0)
-                shown.update(view())
+                shown.update(lanes.view())
         stop.set()
         await asyncio.gather(*driving)
         stop_polling.set()
         await asyncio.to_thread(poller.join)
-        await evaluate_all("end")
-        results = {part.lane.name: lane_result(config, part) for part in lanes}
+        await lanes.evaluate_all("end")
+        results = {part.lane.name: lane_result(config, part) for part in lanes.parts}
     finally:
         stop_polling.set()
-        for part in lanes:
+        for part in lanes.parts:
             await part.workload.close()
         with console.status("stopping services …"):
             system.stop()
-    for part in lanes:                          # after the learners stopped: their metrics are complete
+    for part in lanes.parts:                    # after the learners stopped: their metrics are complete
         plot = _plot(part.lane.directory)
         results[part.lane.name]["plot"] = str(plot) if plot else None
     result = results[""] if list(results) == [""] else {"runs": results}
