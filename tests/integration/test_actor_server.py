@@ -64,10 +64,10 @@ def test_a_request_can_ask_for_its_tokens_in_larger_messages(actor):
         fives = list(stub.Generate(actor_pb2.GenerateRequest(prompt_ids=[4, 5, 6], sampling=sampling,
                                                              stream_interval=5), timeout=60))
     # One request running: a message per step (two tokens when an MTP draft is accepted; vLLM merges steps when the
-    # reader lags); asked for fives: the first token alone, then messages of at least five but the last.
-    assert len(every) > len(fives)
+    # reader lags, by as many as a loaded machine makes it); asked for fives: the first token alone, then messages
+    # of at least five but the last.
     if actor.backend == "torch":
-        assert max(len(c.token_ids) for c in every) <= 2
+        assert max(len(c.token_ids) for c in every) <= 2 and len(every) > len(fives)
     assert len(fives[0].token_ids) == 1 and all(len(c.token_ids) >= 5 for c in fives[1:-1])
     assert [t for c in fives for t in c.token_ids] == [t for c in every for t in c.token_ids]
     assert fives[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH and fives[-1].timing.total_s > 0
