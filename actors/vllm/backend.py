@@ -451,7 +451,15 @@ class VllmBackend(Backend):
                 chunk = chunk_of(completion, version, request.params.top_logprobs)
                 if first is None:
                     first = time.perf_counter()
-                    chunk.cached_prompt_tokens = int(output.num_cached_tokens or 0)
+                    if every > 1 and len(chunk.token_ids) > 1:     # vLLM merged steps: the first token goes alone
+                        head, chunk = _split_first(chunk)
+                        head.cached_prompt_tokens = int(output.num_cached_tokens or 0)
+                        stream.put(head)
+                        if len(chunk.token_ids) < every and not output.finished:
+                            held = chunk
+                            continue
+                    else:
+                        chunk.cached_prompt_tokens = int(output.num_cached_tokens or 0)
                 elif every > 1:
                     chunk = _joined(held, chunk)
                     if len(chunk.token_ids) < every and not output.finished:
@@ -730,6 +738,13 @@ def kv_token_capacity(model_config: Any, dtype: str, config: EngineConfig) -> in
     per_token = 2 * model_config.num_hidden_layers * model_config.num_key_value_heads * model_config.head_dim * element
     blocks = config.kv_cache_bytes // per_token // CPU_BLOCK_MULTIPLE - 1       # vLLM keeps one block back
     return max(1, blocks) * CPU_BLOCK_MULTIPLE
+
+
+def _split_first(chunk: TokenChunk) -> tuple[TokenChunk, TokenChunk]:
+    """``chunk``'s first token as a chunk of its own, and the rest."""
+    tops = chunk.top_logprobs
+    return (TokenChunk(chunk.token_ids[:1], chunk.logprobs[:1], chunk.weight_versions[:1], tops[:1]),
+            TokenChunk(chunk.token_ids[1:], chunk.logprobs[1:], chunk.weight_versions[1:], tops[1:]))
 
 
 def _joined(held: TokenChunk, chunk: TokenChunk) -> TokenChunk:
