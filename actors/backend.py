@@ -15,7 +15,7 @@ import queue
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -286,6 +286,14 @@ class RequestLimits:
         stopped = [i for i, t in enumerate(tokens) if t in stops]
         if stopped:
             raise InvalidRequest(f"continuation token {stopped[0]} is a stop token: the request had already finished")
+
+
+def check_adapter_named(request: GenerationRequest, served: Iterable[str]) -> None:
+    """Raise InvalidRequest when ``request`` names an adapter that is not among ``served``."""
+    served = set(served)
+    if request.adapter and request.adapter not in served:
+        raise InvalidRequest(f"no adapter named {request.adapter!r} is served here (serving: "
+                             f"{', '.join(sorted(served)) or 'none'})")
 
 
 def check_weights(version: int, state_dict: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]]) -> None:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from forge.adapter_names import check_adapter_name
-from forge.model.lora_weights import SCALING, A, B, is_adapter_version
+from forge.model.lora_weights import SCALING, A, B, check_named_adapter_version
 
 _active = threading.local()         # .scales: [rows, adapters] of this step (a row's adapter's s, zero elsewhere)
 
@@ -93,9 +93,7 @@ class ServedAdapters:
         """``state`` (an adapter version) checked against the model and made ready (off the engine's thread);
         ValueError when it does not fit."""
         check_adapter_name(name)
-        if not is_adapter_version(state):
-            raise ValueError(f"version {version} of adapter {name!r} holds whole-model weights, not LoRA adapters: "
-                             "a run sharing the actor publishes adapters ([learner] lora_publish = \"adapters\")")
+        check_named_adapter_version(name, version, state)
         modules = sorted({key.removesuffix(A) for key in state if key.endswith(A)})
         pairs = {}
         for module in modules:

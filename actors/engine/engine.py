@@ -26,6 +26,7 @@ from forge.actors.backend import (
     RoutedExperts,
     TokenChunk,
     batched_wakeups,
+    check_adapter_named,
     check_weights,
 )
 from forge.actors.config import EngineConfig
@@ -295,9 +296,7 @@ class TorchEngine(Backend):
             edits = call_edits(params, prompt, self._limits.eos_token_ids, self.grammars)
         except ValueError as exc:          # a grammar that does not compile, or no tokenizer to compile it
             raise InvalidRequest(str(exc)) from None
-        if request.adapter and request.adapter not in self._accepted_adapters:     # installed before it is stepped
-            raise InvalidRequest(f"no adapter named {request.adapter!r} is served here (serving: "
-                                 f"{', '.join(sorted(self._accepted_adapters)) or 'none'})")
+        check_adapter_named(request, self._accepted_adapters)      # accepted: installed before it is stepped
         if request.adapter and (request.prefill_only or request.continuation is not None):
             raise InvalidRequest("a request naming an adapter is served whole, not handed over between actors")
         if request.prefill_only and (self.connector is None or not self.connector.hands_over):

@@ -38,6 +38,7 @@ from forge.actors.backend import (
     RequestStream,
     TokenChunk,
     batched_wakeups,
+    check_adapter_named,
     check_weights,
 )
 from forge.actors.engine.core import CoreInfo, EngineSpec
@@ -132,10 +133,7 @@ class EngineProcess(Backend):
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         self._limits.check(request)
-        known = self._adapter_versions.keys() | self._loaded_adapters
-        if request.adapter and request.adapter not in known:
-            raise InvalidRequest(f"no adapter named {request.adapter!r} is served here (serving: "
-                                 f"{', '.join(sorted(known)) or 'none'})")
+        check_adapter_named(request, self._adapter_versions.keys() | self._loaded_adapters)
         request_id = request.request_id or uuid.uuid4().hex
         with self._lock:
             if self._exit_reason:

@@ -65,11 +65,18 @@ from forge.actors.backend import (
     RequestStream,
     RoutedExperts,
     TokenChunk,
+    check_adapter_named,
     check_weights,
 )
 from forge.actors.config import VLLM_INSTALL_HINT, EngineConfig
 from forge.builtin import ModelRef
-from forge.model.lora_weights import adapter_rank, is_adapter_version, merge_adapter_version, write_peft_directory
+from forge.model.lora_weights import (
+    adapter_rank,
+    check_named_adapter_version,
+    is_adapter_version,
+    merge_adapter_version,
+    write_peft_directory,
+)
 from forge.reaper import Reaper
 
 log = logging.getLogger(__name__)
@@ -400,10 +407,8 @@ class VllmBackend(Backend):
                 raise InvalidRequest(problem)
         request_id = request.request_id or uuid.uuid4().hex
         with self._lock:
+            check_adapter_named(request, self._adapters)
             adapter = self._adapters.get(request.adapter) if request.adapter else None
-            if request.adapter and adapter is None:
-                raise InvalidRequest(f"no adapter named {request.adapter!r} is served here (serving: "
-                                     f"{', '.join(sorted(self._adapters)) or 'none'})")
             if self._closed:
                 raise Overloaded("the backend is shutting down")
             if self.failed:
@@ -532,9 +537,7 @@ class VllmBackend(Backend):
 
         if not self._adapter_slots:
             raise ValueError("this vLLM actor was started without named adapters (--adapter)")
-        if not is_adapter_version(adapter_version):
-            raise ValueError(f"version {version} of adapter {name!r} holds whole-model weights, not LoRA adapters: a "
-                             "run sharing the actor publishes adapters ([learner] lora_publish = \"adapters\")")
+        check_named_adapter_version(name, version, adapter_version)
         rank = adapter_rank(adapter_version)
         if rank > self.config.max_adapter_rank:
             raise ValueError(f"adapter {name!r} has rank {rank}; this actor serves ranks up to "

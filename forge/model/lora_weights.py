@@ -33,6 +33,13 @@ def is_adapter_version(state: Mapping[str, Tensor]) -> bool:
     return SCALING in state
 
 
+def check_named_adapter_version(name: str, version: int, state: Mapping[str, Tensor]) -> None:
+    """ValueError unless ``state``, version ``version`` of the named adapter ``name``, is an adapter version."""
+    if not is_adapter_version(state):
+        raise ValueError(f"version {version} of adapter {name!r} holds whole-model weights, not LoRA adapters: a run "
+                         "sharing the actor publishes adapters ([learner] lora_publish = \"adapters\")")
+
+
 def merge_adapter_version(base: Mapping[str, Tensor], version: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """The whole model's weights: ``base`` with ``version``'s adapters merged and its other tensors (the draft's)
     taking their places. ValueError when the version does not fit ``base``."""
@@ -85,5 +92,5 @@ def write_peft_directory(version: Mapping[str, Tensor], directory: Path) -> Path
     return directory
 
 
-__all__ = ["PEFT_PREFIX", "SCALING", "adapter_rank", "is_adapter_version", "merge_adapter_version", "merged_weight",
+__all__ = ["PEFT_PREFIX", "SCALING", "adapter_rank", "check_named_adapter_version", "is_adapter_version", "merge_adapter_version", "merged_weight",
            "write_peft_directory"]

@@ -13,7 +13,7 @@ from rich.table import Table
 from forge.app.top.discovery import Target
 from forge.app.top.poller import Poller
 from forge.app.up.config import UpConfig
-from forge.app.up.plan import Lane
+from forge.app.up.plan import Lane, lanes_of
 from forge.app.up.system import System
 
 POLL_S = 2.0                    # between two rounds of Stats calls
@@ -53,7 +53,7 @@ def poll_stats(system: System, gauges: dict[str, dict[str, float]], stop: thread
 
 def summary_table(config: UpConfig, live: RunState, driver: Any, lane: Lane | None = None) -> Table:
     """The live summary of one lane's run (the run's only one by default)."""
-    lane = lane or Lane("", config.run_dir)
+    lane = lane or lanes_of(config)[0]
     elapsed = time.time() - (live.training_started or live.started)
     named = f" — run {lane.name}" if lane.name else ""
     table = Table(title=f"forge up{named} — {elapsed / 60:.1f} of {config.minutes:.0f} min — {lane.directory}")
