@@ -75,7 +75,8 @@ class TrainerConfig(Settings):
     max_steps: int = setting(0, min=0, help="Stop after this many steps (0 = until stopped).")
     checkpoint_every: int = setting(10, min=1, help="Steps between checkpoints.")
     publish_every: int = setting(1, min=1, help="Steps between published weight versions.")
-    max_staleness: int = setting(0, min=0, help="Versions a sample may lag behind the learner (0 = no limit).")
+    max_staleness: int | None = setting(None, min=0, help="Versions a sample may lag behind the learner [default: no "
+                                                          "limit]; 0 trains only on samples of the current version.")
     staleness_policy: str = setting("drop", choices=("drop", "keep"),
                                     help="What to do with samples staler than --max-staleness.")
     seed: int = setting(0, help="Seed of the initial model (when fresh) and of the training step.")
@@ -182,19 +183,33 @@ class Trainer:
         """Samples to train on, and the staleness (learner version − oldest behaviour version) of every sample."""
         staleness = [self.state.version - min(s.versions) for s in samples]
         limit = self.config.max_staleness
-        if limit and self.config.staleness_policy == "drop":
+        if limit is not None and self.config.staleness_policy == "drop":
             kept = [s for s, age in zip(samples, staleness, strict=True) if age <= limit]
             return kept, staleness
         return samples, staleness
 
+    def _next_samples(self, should_stop: Callable[[], bool]) -> tuple[Batch, list, list[Sample], list[int]] | None:
+        """The next batch with something to train: its rewards, the samples kept and every sample's staleness. A
+        batch whose samples were all too stale to keep is consumed without a step (no update, no new version)."""
+        while (batch := self._next_batch(should_stop)) is not None:
+            rewards = batch_rewards(batch.entries, self.rewards)
+            samples, staleness = self._select(build_samples(batch.entries, rewards,
+                                                            tuple(self.model.config.eos_token_ids), self.grammars))
+            if samples or not staleness:
+                return batch, rewards, samples, staleness
+            self.state.trained_positions += [e.position for e in batch.entries]
+            self.state.pool_seq = batch.seq
+            if self.dist.is_main:
+                log.info("dropped a batch of %d samples, all more than %d versions behind version %d", len(staleness),
+                         self.config.max_staleness, self.state.version)
+        return None
+
     def step(self, should_stop: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
-        batch = self._next_batch(should_stop)
-        if batch is None:
+        taken = self._next_samples(should_stop)
+        if taken is None:
             return None
+        batch, rewards, samples, staleness = taken
         started = time.perf_counter()
-        rewards = batch_rewards(batch.entries, self.rewards)
-        samples, staleness = self._select(build_samples(batch.entries, rewards,
-                                                        tuple(self.model.config.eos_token_ids), self.grammars))
         total_tokens = max(1.0, float(sum(s.num_completion for s in samples)))
         total_samples = max(1.0, float(len(samples)))
         total_mtp = max(1.0, float(sum(s.num_completion - (s.prompt_len == 1) for s in samples)))

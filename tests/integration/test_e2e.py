@@ -36,6 +36,10 @@ from helpers.engines import full_forward_logprobs
 from helpers.families import SERVABLE, with_tiny_tokenizer, write_family
 
 STEPS = 30
+# Runs that check their calls used a learner version: from the third step on, the learner trains only on samples of
+# a version one behind at most, so the pool holds some whatever the machine's speed (a learner left alone may make
+# all its steps on the samples of the first weights).
+FRESH = {"max_staleness": 1}
 
 pytestmark = [pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")),
                                  reason="the pre-trained tiny checkpoint is not in forge/assets/tiny"),
@@ -179,7 +183,7 @@ def test_forge_up_disaggregated_trains_through_its_prefill_actor(tmp_path):
     # threshold of one token none can (a prompt's last token is never counted as cached), so every call must be
     # prefilled apart, whatever the machine's speed.
     config = UpConfig(run_dir=tmp_path / "run", prefill_actors=1, minutes=20.0, steps=4, eval_size=8,
-                      eval_samples=1).with_services(gateway={"prefill_min_tokens": 1})
+                      eval_samples=1).with_services(gateway={"prefill_min_tokens": 1}, learner=FRESH)
     result = asyncio.run(run(config, Console(record=True, width=120)))
     assert result["learner"].get("version", 0) >= 4
     services = {s["name"]: s for s in json.loads((config.run_dir / "services.json").read_text())}
@@ -225,7 +229,8 @@ def test_forge_up_with_lora_serves_each_version_the_learner_trained(tmp_path, pu
     carries log-probs equal to that version's checkpoint recomputing them; each checkpoint holds the adapter beside
     the merged model."""
     config = UpConfig(run_dir=tmp_path / "run", minutes=20.0, steps=3, eval_size=8, eval_samples=1).with_services(
-        learner={"lora_rank": 4, "lora_publish": publish, "checkpoint_every": 1, "keep_checkpoints": 5})
+        learner={"lora_rank": 4, "lora_publish": publish, "checkpoint_every": 1, "keep_checkpoints": 5,
+                 "max_staleness": 0})
     result = asyncio.run(run(config, Console(record=True, width=120)))
     assert result["learner"].get("version", 0) >= 3
     records = [json.loads(line) for line in (config.run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
@@ -243,7 +248,7 @@ def test_forge_up_trains_two_runs_on_one_actor_each_with_its_adapter(tmp_path):
     pool, named with its adapter, with the log-probs its own checkpoints recompute."""
     config = UpConfig(run_dir=tmp_path / "run", runs=("a", "b"), minutes=20.0, steps=2, eval_size=8,
                       eval_samples=1).with_services(learner={"lora_rank": 4, "checkpoint_every": 1,
-                                                             "keep_checkpoints": 5})
+                                                             "keep_checkpoints": 5, "max_staleness": 0})
     result = asyncio.run(run(config, Console(record=True, width=120)))
     assert set(result["runs"]) == {"a", "b"}
     assert json.loads((config.run_dir / "summary.json").read_text())["runs"].keys() == {"a", "b"}
@@ -263,7 +268,7 @@ def test_forge_up_on_the_moe_model_trains_with_replayed_routing(tmp_path):
     """The main job on tiny-moe, stopped by learner steps: every recorded call carries its actor's routing, the
     learner replays it and reports the mismatch and the expert load, and the actor applies its versions."""
     config = UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path="tiny-moe"), minutes=20.0, steps=4,
-                      eval_size=8, eval_samples=1)
+                      eval_size=8, eval_samples=1).with_services(learner=FRESH)
     result = asyncio.run(run(config, Console(record=True, width=120)))
     assert result["learner"].get("version", 0) >= 4
     with PoolReader(config.run_dir / "pool") as pool:
@@ -293,10 +298,10 @@ def test_forge_up_on_vllm_actors_trains(tmp_path, model):
                                                        max_position_embeddings=4096)[0]))
         config = UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path=path), minutes=20.0, steps=6,
                           eval_size=8, eval_samples=1).with_services(
-            learner={"lora_rank": 4, "lora_publish": "adapters"})
+            learner={"lora_rank": 4, "lora_publish": "adapters", **FRESH})
     else:
         config = UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path=model), minutes=20.0, steps=6,
-                          eval_size=8, eval_samples=1).with_services(actor={"backend": "vllm"})
+                          eval_size=8, eval_samples=1).with_services(actor={"backend": "vllm"}, learner=FRESH)
     console = Console(record=True, width=120)
     result = asyncio.run(run(config, console))
     if model == "llama":

@@ -138,6 +138,30 @@ def test_training_consumes_in_order_checkpoints_and_resumes(tmp_path):
     pool.close()
 
 
+def test_max_staleness_zero_trains_only_on_the_current_version(tmp_path):
+    """With ``max_staleness=0`` a step trains only samples wholly of the learner's version: a batch of older ones is
+    consumed without a step (no new version), and the learner waits for samples of its version."""
+    model = make_model()
+    pool = Pool(tmp_path / "pool")
+    engine = engine_of(model)
+    try:
+        fill_pool(pool, engine, groups=4, group_size=2, vocab=64)                    # sampled at version 0
+        trainer = Trainer(model, Distributed(), TrainerConfig(lr=1e-3, max_staleness=0), LossConfig(),
+                          RewardConfig(), WindowConfig(window=1, batch_groups=2, max_wait_s=0.2), pool)
+        first = trainer.step()
+        assert first["version"] == 1 and first["positions"] == [0, 1] and first["staleness_max"] == 0
+        taken = []
+        assert trainer.step(should_stop=lambda: taken.append(1) or len(taken) > 20) is None
+        assert trainer.state.version == 1 and trainer.state.trained_positions[-2:] == [2, 3]   # dropped, consumed
+        engine.load_weights(1, model.state_dict())
+        fill_pool(pool, engine, groups=2, group_size=2, vocab=64, seed=1)             # sampled at version 1
+        second = trainer.step()
+        assert second["version"] == 2 and second["positions"] == [4, 5] and second["dropped_stale"] == 0
+    finally:
+        engine.close()
+        pool.close()
+
+
 def test_a_step_moves_probability_toward_rewarded_tokens(tmp_path):
     model = make_model(3)
     pool = Pool(tmp_path / "pool")
