@@ -226,8 +226,10 @@ class Trainer:
         state: StemState | None = None
         if stem is not None:
             state = stem_forward(self.model, stem, mtp_k, routing_mode=self.config.routing,
-                                 balance_weight=balance * stem.num_nodes / computed * self.dist.world_size)
-            tally.add(state.routing)
+                                 balance_weight=balance * stem.num_nodes / computed * self.dist.world_size,
+                                 piece_tokens=self.config.micro_batch_tokens)
+            for routing in state.routings:
+                tally.add(routing)
         for micro in micros:
             real = micro.samples[0].position >= 0
             if self.config.tree:

@@ -8,8 +8,9 @@ summed gradient equals the sample-by-sample one. A single sample longer than the
 own, as in ``micro_batches``.
 
 With ``share`` (``pack_step``), the nodes that several sequences of a step would each recompute (the union of the
-duplicated contexts) form the step's ``Stem``: it runs once, and every sequence borrows its keys, values and hidden
-states from it instead of recomputing them (``forge.learner.tree.stem``), so the step computes every trie node once.
+duplicated contexts) form the step's ``Stem``: it runs once (in pieces of at most the budget when longer), and every
+sequence borrows its keys, values and hidden states from it instead of recomputing them (``forge.learner.tree.stem``),
+so the step computes every trie node once, whatever the budget.
 """
 
 from __future__ import annotations
@@ -55,12 +56,63 @@ class Stem:
     def num_nodes(self) -> int:
         return int(self.input_ids.shape[1])
 
-    def attention(self, impl: str = "auto", block_size: int = 256) -> TreeAttention:
-        return TreeAttention(self.end, impl=impl, block_size=block_size, record=True, depth=self.position_ids[0])
+    def pieces(self, token_budget: int) -> list[StemPiece]:
+        """The stem cut into runs of at most ``token_budget`` rows, in order: each piece computes its own rows and
+        borrows its ancestors' keys and values from the pieces before it (pre-order: they come earlier)."""
+        if token_budget < 1:
+            raise ValueError("token_budget must be positive")
+        end = self.end.cpu().numpy()
+        parent = self.parent.cpu().numpy()
+        pieces = []
+        for start in range(0, self.num_nodes, token_budget):
+            stop = min(start + token_budget, self.num_nodes)
+            # A row before ``start`` is an ancestor of a row in [start, stop) iff its subtree holds ``start``.
+            ancestors = np.flatnonzero(end[:start] > start)
+            rows = np.concatenate([ancestors, np.arange(start, stop, dtype=np.int64)])
+            borrowed = None
+            if ancestors.size:
+                count, own = ancestors.size, stop - start
+                borrowed = Borrowed(computed=_tensor(np.arange(count, count + own), self.input_ids.device),
+                                    slots=_tensor(np.arange(count), self.input_ids.device),
+                                    stem_rows=_tensor(ancestors, self.input_ids.device),
+                                    order=_tensor(np.concatenate([np.arange(own, own + count), np.arange(own)]),
+                                                  self.input_ids.device))
+            own_parent = parent[start:stop]
+            pieces.append(StemPiece(
+                start=start, stop=stop, input_ids=self.input_ids[:, start:stop],
+                position_ids=self.position_ids[:, start:stop],
+                source=_tensor(np.where(own_parent >= 0, own_parent, np.arange(start, stop)), self.input_ids.device),
+                end=_tensor(_local(rows, end[rows]), self.input_ids.device), depth=self.position_ids[0, rows],
+                borrowed=borrowed, routing=None if self.routing is None else self.routing[:, start:stop]))
+        return pieces
 
-    def mtp_attention(self, impl: str = "auto", block_size: int = 256) -> TreeAttention:
-        return TreeAttention(self.end, key_ok=self.position_ids[0] > 0, impl=impl, block_size=block_size, record=True,
-                             depth=self.position_ids[0])
+
+@dataclass
+class StemPiece:
+    """Rows [start, stop) of a step's stem, run as one pass: a tree of its own rows preceded by their ancestors in
+    earlier rows (borrowed: their keys and values come from the passes before)."""
+
+    start: int
+    stop: int
+    input_ids: Tensor           # [1, n] tokens of its own rows
+    position_ids: Tensor        # [1, n] their depths
+    source: Tensor              # [n] stem row whose hidden state the MTP layer takes at each own row (see mtp_edges)
+    end: Tensor                 # [L] per slot (ancestors, then own rows), its subtree end among the slots
+    depth: Tensor               # [L] per slot, its depth
+    borrowed: Borrowed | None   # the ancestor slots, from the stem's rows (None: the first piece)
+    routing: Tensor | None = None   # [layers, n, top_k] recorded expert ids of its own rows
+
+    def attention(self, impl: str, block_size: int, keys: dict[int, tuple[Tensor, Tensor]] | None,
+                  mtp: bool = False) -> TreeAttention:
+        """The main model's (or with ``mtp`` the MTP layer's) attention, recording the own rows' keys and values;
+        borrowed slots read ``keys`` (the stem's, per layer [1, Hkv, C, D])."""
+        borrowing = {}
+        if self.borrowed is not None:
+            assert keys is not None
+            borrowing = {"queries": self.borrowed.computed,
+                         "borrow": BorrowedKeys(keys, self.borrowed.stem_rows, self.borrowed.order)}
+        return TreeAttention(self.end, key_ok=self.depth > 0 if mtp else None, impl=impl, block_size=block_size,
+                             record=True, depth=self.depth, **borrowing)
 
 
 @dataclass
@@ -305,8 +357,8 @@ def pack_step(samples: Sequence[Sample], token_budget: int, device: torch.device
     """The packed trees of one training step: ``samples`` merged into one trie (``trie`` if given, built from all of
     ``samples``), packed under ``token_budget`` slots per sequence (the tree counterpart of ``micro_batches`` +
     ``make_micro_batch``). ``span``: only the sorted samples [a, b) of the trie (one rank's share, see
-    ``rank_spans``). With ``share``, the context several sequences need is computed once, in the step's stem (when
-    it fits the budget); without, each sequence recomputes it."""
+    ``rank_spans``). With ``share``, the context several sequences need is computed once, in the step's stem (run
+    in pieces of at most the budget); without, each sequence recomputes it."""
     for sample in samples:
         if sample.prompt_len < 1:
             raise ValueError("every sample needs a prompt of at least one token")
@@ -316,7 +368,7 @@ def pack_step(samples: Sequence[Sample], token_budget: int, device: torch.device
         trie = build_trie([s.tokens for s in samples], [s.routing for s in samples])
     runs = plan_runs(trie, token_budget, span)
     stem_nodes = shared_context(trie, runs) if share else np.zeros(0, dtype=np.int64)
-    if not 0 < stem_nodes.size <= token_budget:
+    if not stem_nodes.size:
         return TreeStep(None, [make_tree_batch(trie, samples, a, b, device) for a, b in runs])
     return TreeStep(make_stem(trie, stem_nodes, device),
                     [make_tree_batch(trie, samples, a, b, device, stem_nodes) for a, b in runs])

@@ -1,107 +1,162 @@
-"""The step's stem: the context several packed trees of a step share, computed once.
+"""The step's stem: the context several packed trees of a step share, computed once, whatever its length.
 
 Cut under a token budget, a step's trie becomes several sequences, and each would recompute the context it shares
-with the others (the system prompt at least). Instead ``stem_forward`` runs that context once and hands the trees
-what they read from it, as leaves: every layer's keys and values (main and MTP), the hidden states and the MTP
-draft. The trees' backward passes accumulate gradients into those leaves; ``StemState.backward`` then runs the
-stem's forward again, with its graph, and sends the sums through it, once. Every parameter gradient is therefore
-the sum over the trees of what each tree's terms give, exactly as if each tree had recomputed the stem.
+with the others (the system prompt at least, a long tool transcript at most). Instead ``stem_forward`` runs that
+context once and hands the trees what they read from it, as leaves: every layer's keys and values (main and MTP),
+the hidden states and the MTP draft. The trees' backward passes accumulate gradients into those leaves;
+``StemState.backward`` then runs the stem's forward again, with its graph, and sends the sums through it, once.
+Every parameter gradient is therefore the sum over the trees of what each tree's terms give, exactly as if each
+tree had recomputed the stem.
+
+A stem longer than the budget runs in pieces of at most the budget (``Stem.pieces``), in pre-order: each piece
+borrows its ancestors' keys and values from the pieces before it, as a tree borrows from the stem. The backward
+takes the pieces in reverse: a piece's pass sends gradients into the keys and values it borrowed, so that by the
+time an earlier piece runs its backward, its leaves hold every later reader's share. The budget bounds the
+activations of one pass, never what is shared.
 
 The second forward (as in activation checkpointing) keeps only the stem's keys, values and hidden states alive
-during the step, not its activations, and makes the stem's forward and backward one adjacent pair, as FSDP2 expects
-(a graph held across other passes would meet parameters FSDP has resharded since).
+during the step, not its activations, and makes each piece's forward and backward one adjacent pair, as FSDP2
+expects (a graph held across other passes would meet parameters FSDP has resharded since).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from forge.learner.expert_replay import routing_for
-from forge.learner.tree.packing import Stem, mtp_edges
+from forge.learner.tree.packing import Stem, StemPiece
 from forge.model.moe import Routing, load_balancing_loss
 from forge.model.qwen3 import CausalLM
-
-
-def _run(model: CausalLM, stem: Stem, mtp: bool, impl: str, block_size: int,
-         routing: Routing | None = None) -> tuple[list[Tensor], list[list[int]]]:
-    """hidden, [draft], then every recorded (key, value) of the main layers, then of the MTP layer; and the layer
-    numbers recorded, main and MTP."""
-    attention = stem.attention(impl, block_size)
-    hidden = model(stem.input_ids, stem.position_ids, attention, routing)[0]
-    outputs = [hidden]
-    recorded = [attention.recorded or {}]
-    if mtp:
-        rows = torch.arange(stem.num_nodes, device=hidden.device)
-        source, positions = mtp_edges(stem.parent, rows, stem.position_ids)
-        mtp_attention = stem.mtp_attention(impl, block_size)
-        outputs.append(model.mtp_forward(hidden[source].unsqueeze(0), stem.input_ids, position_ids=positions,
-                                         attention=mtp_attention, detach_trunk=True)[0])
-        recorded.append(mtp_attention.recorded or {})
-    for layers in recorded:
-        for layer in sorted(layers):
-            outputs += layers[layer]
-    return outputs, [sorted(layers) for layers in recorded]
 
 
 @dataclass
 class StemState:
     """What the trees of a step read from its stem, as leaves that collect their gradients."""
 
-    hidden: Tensor                                  # [C, H] the trunk's last hidden states
-    draft: Tensor | None                            # [C, H] the MTP layer's output (None without MTP)
-    keys: dict[int, tuple[Tensor, Tensor]]          # per main layer, rotated keys and values [1, Hkv, C, D]
-    mtp_keys: dict[int, tuple[Tensor, Tensor]]      # the same for the MTP layer
     model: CausalLM
     stem: Stem
+    pieces: list[StemPiece]
     impl: str
     block_size: int
     routing_mode: str = "replay"
-    routing: Routing | None = None          # how the first pass routed (a model with experts)
     balance_weight: float = 0.0             # the load-balancing loss's weight on the stem's tokens
+    hidden: Tensor | None = None            # [C, H] the trunk's last hidden states (None until the first pass)
+    draft: Tensor | None = None             # [C, H] the MTP layer's output (None without MTP)
+    keys: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)       # per main layer, rotated keys and
+                                                                                # values [1, Hkv, C, D]
+    mtp_keys: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)   # the same for the MTP layer
+    routings: list[Routing] = field(default_factory=list)   # how each piece's first pass routed (with experts)
 
     @property
     def leaves(self) -> list[Tensor]:
-        """In the order of ``_run``'s outputs."""
+        """In the order of ``run``'s outputs."""
+        assert self.hidden is not None
         leaves = [self.hidden] + ([self.draft] if self.draft is not None else [])
         for layers in (self.keys, self.mtp_keys):
             for layer in sorted(layers):
                 leaves += layers[layer]
         return leaves
 
+    def trunk(self, piece: StemPiece, routing: Routing | None) -> tuple[Tensor, dict[int, tuple[Tensor, Tensor]]]:
+        """A piece's pass through the model: its own rows' hidden states and the keys and values they recorded,
+        borrowing its ancestors' from the state's."""
+        attention = piece.attention(self.impl, self.block_size, self.keys)
+        hidden = self.model(piece.input_ids, piece.position_ids, attention, routing)[0]
+        return hidden, attention.recorded or {}
+
+    def drafted(self, piece: StemPiece) -> tuple[Tensor, dict[int, tuple[Tensor, Tensor]]]:
+        """A piece's pass through the MTP layer over its edges (the state's hidden states written for it first)."""
+        assert self.hidden is not None
+        attention = piece.attention(self.impl, self.block_size, self.mtp_keys, mtp=True)
+        # The MTP layer reads the trunk detached: the stem's stored hidden states are what this pass would give it.
+        draft = self.model.mtp_forward(self.hidden.detach()[piece.source].unsqueeze(0), piece.input_ids,
+                                       position_ids=(piece.position_ids - 1).clamp(min=0), attention=attention,
+                                       detach_trunk=True)[0]
+        return draft, attention.recorded or {}
+
+    def run(self, piece: StemPiece, routing: Routing | None) -> list[Tensor]:
+        """One piece's pass with its graph: its rows of every leaf, in ``leaves`` order."""
+        hidden, recorded = self.trunk(piece, routing)
+        outputs, layers = [hidden], [recorded]
+        if self.draft is not None:
+            draft, mtp_recorded = self.drafted(piece)
+            outputs.append(draft)
+            layers.append(mtp_recorded)
+        for recorded_layers in layers:
+            for layer in sorted(recorded_layers):
+                outputs += recorded_layers[layer]
+        return outputs
+
+    def write(self, piece: StemPiece, routing: Routing | None, mtp: bool) -> None:
+        """Run a piece without a graph and write its rows into the state's tensors (sized on the first piece)."""
+        total, rows = self.stem.num_nodes, slice(piece.start, piece.stop)
+        hidden, recorded = self.trunk(piece, routing)
+        if self.hidden is None:
+            self.hidden = hidden.new_zeros((total, *hidden.shape[1:]))
+            self.draft = hidden.new_zeros((total, *hidden.shape[1:])) if mtp else None
+        self.hidden[rows] = hidden
+        _store(self.keys, recorded, piece, total)
+        if self.draft is not None:
+            draft, mtp_recorded = self.drafted(piece)
+            self.draft[rows] = draft
+            _store(self.mtp_keys, mtp_recorded, piece, total)
+
     def backward(self) -> None:
-        """Run the stem again with its graph and back-propagate the gradients the trees left on the leaves (zeros
-        where none came, so that every rank runs the same collectives)."""
-        if not self.hidden.requires_grad:
+        """Run every piece again with its graph, the last first, and back-propagate the gradients the trees (and
+        the later pieces) left on its leaves (zeros where none came, so that every rank runs the same
+        collectives)."""
+        if self.hidden is None or not self.hidden.requires_grad:
             return
         leaves = self.leaves
-        routing = routing_for(self.model, self.stem.routing, self.routing_mode, self.balance_weight > 0)
-        outputs, _ = _run(self.model, self.stem, self.draft is not None, self.impl, self.block_size, routing)
-        if len(outputs) != len(leaves):
-            raise RuntimeError(f"the stem's second pass gave {len(outputs)} tensors, the first {len(leaves)}")
-        grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
-        if routing is not None and routing.logits:
-            outputs.append(load_balancing_loss(routing.logits, self.model.config.num_experts_per_tok))
-            grads.append(torch.tensor(self.balance_weight, device=outputs[-1].device))
-        torch.autograd.backward(outputs, grads)
+        for piece in reversed(self.pieces):
+            routing = routing_for(self.model, piece.routing, self.routing_mode, self.balance_weight > 0)
+            outputs = self.run(piece, routing)
+            if len(outputs) != len(leaves):
+                raise RuntimeError(f"the stem's second pass gave {len(outputs)} tensors, the first {len(leaves)}")
+            # Cloned: the backward below adds the earlier rows' gradients into the same tensors.
+            grads = [_rows(leaf.grad, piece).clone() if leaf.grad is not None else torch.zeros_like(out)
+                     for leaf, out in zip(leaves, outputs, strict=True)]
+            if routing is not None and routing.logits:
+                outputs.append(load_balancing_loss(routing.logits, self.model.config.num_experts_per_tok))
+                share = (piece.stop - piece.start) / self.stem.num_nodes
+                grads.append(torch.tensor(self.balance_weight * share, device=outputs[-1].device))
+            torch.autograd.backward(outputs, grads)
+
+
+def _rows(tensor: Tensor, piece: StemPiece) -> Tensor:
+    """A piece's rows of a stem tensor: hidden states [C, H] or keys [1, Hkv, C, D]."""
+    return tensor[piece.start:piece.stop] if tensor.dim() == 2 else tensor[:, :, piece.start:piece.stop]
+
+
+def _store(into: dict[int, tuple[Tensor, Tensor]], recorded: dict[int, tuple[Tensor, Tensor]], piece: StemPiece,
+           total: int) -> None:
+    """Write a piece's recorded keys and values into the stem's (each [1, Hkv, total, D], made on first sight)."""
+    for layer, pair in recorded.items():
+        if layer not in into:
+            into[layer] = tuple(t.new_zeros((*t.shape[:2], total, *t.shape[3:])) for t in pair)
+        for target, source in zip(into[layer], pair, strict=True):
+            _rows(target, piece).copy_(source)
 
 
 def stem_forward(model: CausalLM, stem: Stem, mtp_top_k: int = 0, impl: str = "auto",
-                 block_size: int = 256, routing_mode: str = "replay", balance_weight: float = 0.0) -> StemState:
-    """Run ``stem`` through the model (and the MTP layer with ``mtp_top_k`` > 0) without a graph; the leaves
-    require gradients when gradients are enabled. A model with experts routes as ``routing_mode`` says; with
-    ``balance_weight`` the backward adds that multiple of the stem tokens' load-balancing loss."""
+                 block_size: int = 256, routing_mode: str = "replay", balance_weight: float = 0.0,
+                 piece_tokens: int = 8192) -> StemState:
+    """Run ``stem`` through the model (and the MTP layer with ``mtp_top_k`` > 0) without a graph, in pieces of at
+    most ``piece_tokens`` rows; the leaves require gradients when gradients are enabled. A model with experts
+    routes as ``routing_mode`` says; with ``balance_weight`` the backward adds that multiple of the stem tokens'
+    load-balancing loss (each piece's loss weighted by its share of the stem's tokens)."""
     train = torch.is_grad_enabled()
     mtp = mtp_top_k > 0 and len(model.mtp) > 0
-    routing = routing_for(model, stem.routing, routing_mode, balance_weight > 0)
+    state = StemState(model, stem, stem.pieces(piece_tokens), impl, block_size, routing_mode, balance_weight)
     with torch.no_grad():
-        outputs, (main_layers, *mtp_layers) = _run(model, stem, mtp, impl, block_size, routing)
-    leaves = iter([out.requires_grad_(train) for out in outputs])
-    hidden = next(leaves)
-    draft = next(leaves) if mtp else None
-    keys = {layer: (next(leaves), next(leaves)) for layer in main_layers}
-    mtp_keys = {layer: (next(leaves), next(leaves)) for layer in (mtp_layers[0] if mtp_layers else [])}
-    return StemState(hidden, draft, keys, mtp_keys, model, stem, impl, block_size, routing_mode, routing,
-                     balance_weight)
+        for piece in state.pieces:
+            routing = routing_for(model, piece.routing, routing_mode, balance_weight > 0)
+            state.write(piece, routing, mtp)
+            if routing is not None:
+                state.routings.append(routing)
+    for leaf in state.leaves:
+        leaf.requires_grad_(train)
+    return state

@@ -94,7 +94,7 @@ def run(model: CausalLM, samples: list[Sample], config: LossConfig, masks: dict[
         batches = step.batches
         if step.stem is not None:
             stem = stem_forward(model, step.stem, config.mtp_top_k, impl=impl, block_size=16,
-                                routing_mode=routing_mode)
+                                routing_mode=routing_mode, piece_tokens=budget)
     else:
         batches = [make_micro_batch(g, device) for g in micro_batches(samples, budget)]
     total = 0.0

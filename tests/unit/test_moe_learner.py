@@ -19,7 +19,7 @@ from forge.learner.policy import policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import build_samples, make_micro_batch
 from forge.learner.trainer import Trainer, TrainerConfig
-from forge.learner.tree import build_trie
+from forge.learner.tree import build_trie, pack_step
 from forge.model import CausalLM
 from forge.model.moe import routing_of
 from forge.pool import Pool, WindowConfig
@@ -65,6 +65,19 @@ def test_tree_step_equals_sample_by_sample_with_replayed_routing(model, budget, 
     config = LossConfig(kind="cispo", eps_high=0.3, mtp_weight=0.5, mtp_top_k=5)
     assert_same_step(model, samples, config, random_masks(rng, samples), budget, linear_budget=budget * 2,
                      share=share)
+
+
+def test_a_stem_in_pieces_replays_each_piece_s_routing(model):
+    """A shared context several times the budget, run in pieces: each piece replays its own rows' recorded routing,
+    and the step equals sample-by-sample training."""
+    rng = random.Random(17)
+    other = random_model(CONFIG, seed=9, std=0.3)
+    samples = with_recorded_routing(model, agent_batch(model, rng, groups=2, group_size=2, calls=2, system_len=60),
+                                    other, rng)
+    step = pack_step(samples, 20, trie=build_trie([s.tokens for s in samples], [s.routing for s in samples]))
+    assert step.stem is not None and len(step.stem.pieces(20)) >= 3
+    config = LossConfig(kind="cispo", eps_high=0.3, mtp_weight=0.5, mtp_top_k=5)
+    assert_same_step(model, samples, config, random_masks(rng, samples), 20, linear_budget=4096)
 
 
 def test_tree_step_equals_sample_by_sample_when_the_routers_choose_again(model):

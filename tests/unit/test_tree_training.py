@@ -228,6 +228,42 @@ def test_a_tree_whose_slots_are_all_borrowed(model):
     assert_same_step(model, samples, config, random_masks(rng, samples), budget=20)
 
 
+@pytest.mark.parametrize("impl", ["segments", "gather", "dense"])
+def test_a_shared_prefix_longer_than_the_budget_is_computed_once_in_pieces(model, impl):
+    """A shared context several times the budget (every sample longer than the budget, so each packs alone): the
+    step still computes every trie node once, its stem in pieces that borrow their ancestors from the pieces before
+    (across the tasks' branches too), with the loss and gradients of sample-by-sample training."""
+    rng = random.Random(41)
+    samples = agent_batch(model, rng, groups=3, group_size=2, calls=3, system_len=70)[:-2]
+    samples = [s for s in samples if len(s.tokens) > 24]
+    budget = 24
+    step = pack_step(samples, budget)
+    assert step.stem is not None and step.stem.num_nodes > 3 * budget
+    assert step.num_nodes == build_trie([s.tokens for s in samples]).num_nodes
+    assert step.num_nodes < sum(b.num_nodes for b in pack_trees(samples, budget)) / 2
+    pieces = step.stem.pieces(budget)
+    assert len(pieces) >= 4 and all(p.stop - p.start <= budget for p in pieces)
+    assert pieces[0].borrowed is None and all(p.borrowed is not None for p in pieces[1:])
+    assert [p.start for p in pieces] == list(range(0, step.stem.num_nodes, budget))
+    config = LossConfig(kind="cispo", mtp_weight=0.5, mtp_top_k=5)
+    assert_same_step(model, samples, config, random_masks(rng, samples), budget, impl=impl)
+
+
+def test_the_pieces_of_a_stem_give_the_whole_stem_s_keys_and_hidden_states(model):
+    """Run in pieces, the stem's hidden states, drafts and every layer's keys and values equal one pass over it."""
+    rng = random.Random(43)
+    samples = agent_batch(model, rng, groups=3, group_size=2, calls=3, system_len=50)
+    step = pack_step(samples, 20)
+    assert step.stem is not None and step.stem.num_nodes > 40
+    with torch.no_grad():
+        whole = stem_forward(model, step.stem, mtp_top_k=5, impl="dense", piece_tokens=10_000)
+        pieces = stem_forward(model, step.stem, mtp_top_k=5, impl="dense", piece_tokens=7)
+    assert len(whole.pieces) == 1 and len(pieces.pieces) > 5
+    assert len(whole.leaves) == len(pieces.leaves) > 2
+    for one, split in zip(whole.leaves, pieces.leaves, strict=True):
+        torch.testing.assert_close(split, one, atol=1e-5, rtol=1e-5)
+
+
 def test_stem_state_is_required_and_matches_the_mtp_setting(model):
     samples = seeded_batch(model, 0)
     step = pack_step(samples, 40)
