@@ -108,6 +108,11 @@ class EngineConfig(Settings):
     max_num_seqs: int = setting(64, flag="max-batch", min=1, help="Sequences decoded together at most.")
     max_num_batched_tokens: int = setting(4096, flag="max-batched-tokens", min=16,
                                           help="Prompt tokens in one prefill step (longer prompts are chunked).")
+    prefill_share: float = setting(0.5, min=0, min_open=True, max=1,
+                                   help="While a prompt longer than --max-batched-tokens is prefilled in chunks, the "
+                                        "share of the engine's time its chunks take when other sequences are "
+                                        "decoding: between two chunks the others decode for the rest (1: chunks back "
+                                        "to back). The torch engine; vLLM mixes chunks into its own steps.")
     max_waiting: int = setting(1024, min=0, help="Queued requests beyond the running batch; more are refused with "
                                                  "RESOURCE_EXHAUSTED.")
     speculative: bool = setting(True, help="Draft with the checkpoint's MTP head and verify with the main model (when "

@@ -93,7 +93,8 @@ class TorchEngine(Backend):
                                   self.device, routing)
         self.blocks = BlockManager(num_blocks, config.block_size, prefix_caching=config.prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                                   speculative=self.speculative), self.blocks)
+                                                   speculative=self.speculative,
+                                                   prefill_share=config.prefill_share), self.blocks)
         self.runner = ModelRunner(model, self.cache, self.speculative, config.cpu_kernels, config.compile_decode,
                                   config.packed_linear)
         self._threads = config.threads or torch.get_num_threads()
@@ -408,6 +409,7 @@ class TorchEngine(Backend):
         with self.adapters.rows([item.seq.adapter for item in work]):
             results = self.runner.run(work)
         elapsed = time.perf_counter() - started
+        self.scheduler.ran(elapsed)
         self._counters["steps"] += 1
         produced, interval = 0, self._stream_interval()
         for item, result, drafted in zip(work, results, drafts, strict=True):

@@ -4,7 +4,10 @@ Sequences wait in FIFO order and are admitted while the KV budget, the batch siz
 allow. A request whose first uncached prompt block is one another request computes in the same step waits one step,
 so the G rollouts of one prompt compute its prefix once and share it (also behind a cached system prompt). A step
 is either a prefill step (prompts, or chunks of long prompts, of newly admitted sequences) or a decode step (one
-token, plus the MTP draft when speculating, for every running sequence). When a decode step runs out of KV blocks,
+token, plus the MTP draft when speculating, for every sequence whose prompt is done). While a prompt of many chunks
+is prefilled (100k tokens is 25 steps at the default budget), its chunks take ``prefill_share`` of the engine's time
+when other sequences are decoding: a chunk's step earns them (1 − share) / share of its duration in decode steps,
+run before the next chunk, so a long prompt slows the sequences beside it instead of stopping them. When a decode step runs out of KV blocks,
 the most recently admitted sequence is preempted: its blocks are freed and it returns to the front of the queue, to
 be recomputed (with whatever prefix blocks survived) when it is admitted again.
 """
@@ -25,6 +28,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64              # sequences running at once
     max_num_batched_tokens: int = 4096  # tokens fed in one prefill step (long prompts are chunked)
     speculative: bool = False          # MTP layer: recompute the last cached token, keep slots for draft and bonus
+    prefill_share: float = 1.0         # the time a long prompt's chunks take while others decode (1: all)
 
 
 class Scheduler:
@@ -34,6 +38,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
+        self.decode_credit = 0.0        # seconds of decode steps owed to the others by a long prompt's chunks
+        self._chunking = False          # the last step left a prompt unfinished
+        self._paying = False            # the last step was a decode step run on that credit
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -41,6 +48,11 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @staticmethod
+    def needs_prefill(seq: Sequence) -> bool:
+        """Whether the sequence still has prompt tokens to feed (rather than its last sampled token)."""
+        return seq.num_pending > 1 or (seq.num_pending == 1 and seq.num_output == 0)
 
     def _prefill_work(self, seq: Sequence, budget: int) -> Work:
         cached = seq.num_computed
@@ -51,11 +63,31 @@ class Scheduler:
 
     def schedule(self, salt_of: Callable[[Sequence], bytes]) -> list[Work]:
         """``salt_of``: what a sequence's KV blocks are hashed with (its weights' version, its adapter)."""
+        self._paying = False
+        if self.decode_credit > 0:
+            if work := self._decode_work():
+                self._paying = True
+                return work
+            self.decode_credit = 0.0
+        work = self._prefill_step(salt_of)
+        self._chunking = any(item.end < len(item.seq) for item in work)
+        return work or self._decode_work()
+
+    def ran(self, elapsed: float) -> None:
+        """The step just scheduled took ``elapsed`` seconds: one that left a prompt unfinished owes the decoding
+        sequences their share of the time; a decode step run on that credit spends it (the last one may overrun it:
+        no debt is carried, so every chunk is followed by a decode step at least)."""
+        if self._paying:
+            self.decode_credit = max(0.0, self.decode_credit - elapsed)
+        elif self._chunking and self.config.prefill_share < 1:
+            self.decode_credit += elapsed * (1 - self.config.prefill_share) / self.config.prefill_share
+
+    def _prefill_step(self, salt_of: Callable[[Sequence], bytes]) -> list[Work]:
         budget = self.config.max_num_batched_tokens
         work: list[Work] = []
         # Unfinished prompts of running sequences first (chunked prefill), then new admissions.
         for seq in self.running:
-            if seq.num_pending > 1 or (seq.num_pending == 1 and seq.num_output == 0):
+            if self.needs_prefill(seq):
                 item = self._prefill_work(seq, budget)
                 work.append(item)
                 budget -= item.end - item.start
@@ -82,14 +114,13 @@ class Scheduler:
             work.append(item)
             budget -= item.end - item.start
         self.waiting.extendleft(reversed(deferred))
-        if work:
-            return work
-        return self._decode_work()
+        return work
 
     def _decode_work(self) -> list[Work]:
+        """One token (and the draft's slots) for every running sequence whose prompt is done."""
         work: list[Work] = []
         for seq in list(self.running):
-            if seq.status is not Status.RUNNING:
+            if seq.status is not Status.RUNNING or self.needs_prefill(seq):
                 continue
             # With the MTP layer: the draft's slot and the MTP slot after the last token (or the bonus token).
             needed = len(seq) + (2 if self.config.speculative else 0)

@@ -3,6 +3,7 @@ MTP speculation), isolation of concurrent requests, abort, weight swaps at step 
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import threading
@@ -23,6 +24,7 @@ from helpers.engines import (
     assert_concurrent_greedy_equals,
     assert_logprobs_equal_a_full_forward_pass,
     engine_for,
+    full_forward_logprobs,
     make_model,
     run,
     transformers_reference,
@@ -87,6 +89,54 @@ def test_prefix_hits_chunked_prefill_and_preemption_do_not_change_outputs(model)
         assert tight.blocks.num_free == len(tight.blocks.blocks)
     finally:
         tight.close()
+
+
+@pytest.mark.parametrize("share", [0.5, 1.0])
+def test_a_long_prompt_is_prefilled_in_chunks_between_the_others_decode_steps(model, share):
+    """A prompt of many chunks arriving while another request decodes: with a prefill share below 1 (the default is
+    half) every chunk but the last is followed by decode steps of the other request, which keeps producing tokens;
+    with 1, its chunks run back to back. Both requests record the log-probs of a full forward pass either way."""
+    engine = engine_for(model, max_num_batched_tokens=32, prefill_share=share)
+    steps: list[list[tuple[str, int, int]]] = []
+    long_queued = threading.Event()
+    real_run = engine.runner.run
+    short_prompt = [3, 1, 4, 1, 5]
+
+    def recorded(work):                 # the real runner, its steps written down
+        step = [(item.seq.request_id, item.start, item.end) for item in work]
+        if any(rid == "short" and start >= len(short_prompt) for rid, start, _ in step):
+            long_queued.wait(600)       # the short request decodes no further until the long prompt is queued
+        steps.append(step)
+        return real_run(work)
+
+    engine.runner.run = recorded
+    rng = random.Random(17)
+    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    long_prompt = [rng.randrange(100) for _ in range(400)]
+    try:
+        short = engine.submit(GenerationRequest("short", short_prompt, params))
+        pending = engine.submit(GenerationRequest("long", long_prompt, SamplingParams(temperature=0, max_tokens=4,
+                                                                                    ignore_eos=True)))
+        long_queued.set()
+        chunks_of_long = list(pending)
+        chunks_of_short = list(short)
+    finally:
+        engine.close()
+    long_tokens = [t for c in chunks_of_long for t in c.token_ids]
+    long_logprobs = [v for c in chunks_of_long for v in c.logprobs]
+    chunks = [i for i, step in enumerate(steps) for rid, start, _ in step if rid == "long" and start < 400]
+    assert len(chunks) == math.ceil(400 / 32)
+    between = [steps[a + 1:b] for a, b in itertools.pairwise(chunks)]
+    if share < 1:       # as many decode steps as fill half the time: at least one, of the short request only
+        assert all(gap and all([rid for rid, _, _ in step] == ["short"] for step in gap) for gap in between), between
+    else:
+        assert all(not gap for gap in between), between
+    short_tokens = [t for c in chunks_of_short for t in c.token_ids]
+    short_logprobs = [v for c in chunks_of_short for v in c.logprobs]
+    assert len(short_tokens) == 120
+    greedy = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    assert short_logprobs == pytest.approx(full_forward_logprobs(model, short_prompt, short_tokens, greedy), abs=1e-4)
+    assert long_logprobs == pytest.approx(full_forward_logprobs(model, long_prompt, long_tokens, greedy), abs=1e-4)
 
 
 def test_speculative_sampling_keeps_the_exact_distribution():
