@@ -7,7 +7,8 @@ is either a prefill step (prompts, or chunks of long prompts, of newly admitted 
 token, plus the MTP draft when speculating, for every sequence whose prompt is done). While a prompt of many chunks
 is prefilled (100k tokens is 25 steps at the default budget), its chunks take ``prefill_share`` of the engine's time
 when other sequences are decoding: a chunk's step earns them (1 − share) / share of its duration in decode steps,
-run before the next chunk, so a long prompt slows the sequences beside it instead of stopping them. When a decode step runs out of KV blocks,
+run before the next chunk, so a long prompt slows the sequences beside it instead of stopping them; and new
+requests are admitted beside its chunks with half the step's budget. When a decode step runs out of KV blocks,
 the most recently admitted sequence is preempted: its blocks are freed and it returns to the front of the queue, to
 be recomputed (with whatever prefix blocks survived) when it is admitted again.
 """
@@ -83,17 +84,25 @@ class Scheduler:
             self.decode_credit += elapsed * (1 - self.config.prefill_share) / self.config.prefill_share
 
     def _prefill_step(self, salt_of: Callable[[Sequence], bytes]) -> list[Work]:
+        """Unfinished prompts of running sequences (chunked prefill) and new admissions, within the step's budget.
+        While a prompt is being chunked, new requests come first with half the budget: a long prompt neither keeps
+        them out for the whole of its prefill nor is starved by them."""
         budget = self.config.max_num_batched_tokens
-        work: list[Work] = []
-        # Unfinished prompts of running sequences first (chunked prefill), then new admissions.
-        for seq in self.running:
-            if self.needs_prefill(seq):
-                item = self._prefill_work(seq, budget)
-                work.append(item)
-                budget -= item.end - item.start
-                if budget <= 0:
-                    return work
+        continuing = [seq for seq in self.running if self.needs_prefill(seq)]
         computing: set[bytes] = set()     # prefix blocks this step computes: same-prefix requests wait one step
+        work = self._admit(salt_of, budget // 2, computing) if continuing else []
+        budget -= sum(item.end - item.start for item in work)
+        for seq in continuing:
+            if budget <= 0:
+                return work
+            item = self._prefill_work(seq, budget)
+            work.append(item)
+            budget -= item.end - item.start
+        return work + self._admit(salt_of, budget, computing)
+
+    def _admit(self, salt_of: Callable[[Sequence], bytes], budget: int, computing: set[bytes]) -> list[Work]:
+        """Admit waiting requests, in order, while the KV cache, the batch size and ``budget`` allow."""
+        work: list[Work] = []
         deferred: list[Sequence] = []
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             seq = self.waiting[0]

@@ -139,6 +139,46 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_the_others_decode_steps(mo
     assert long_logprobs == pytest.approx(full_forward_logprobs(model, long_prompt, long_tokens, greedy), abs=1e-4)
 
 
+def test_a_request_arriving_during_a_long_prefill_is_admitted_beside_its_chunks(model):
+    """A request arriving while a long prompt is chunked is admitted in the next step with half the budget, beside
+    the long prompt's next chunk, rather than after its last; both record the log-probs of a full forward pass."""
+    engine = engine_for(model, max_num_batched_tokens=32, prefill_share=1.0)
+    steps: list[list[tuple[str, int, int]]] = []
+    second_chunk, late_queued = threading.Event(), threading.Event()
+    real_run = engine.runner.run
+
+    def recorded(work):                 # the real runner, its steps written down
+        step = [(item.seq.request_id, item.start, item.end) for item in work]
+        if any(rid == "long" and 0 < start < 400 for rid, start, _ in step) and not late_queued.is_set():
+            second_chunk.set()
+            late_queued.wait(600)       # the second chunk waits until the late request is queued
+        steps.append(step)
+        return real_run(work)
+
+    engine.runner.run = recorded
+    rng = random.Random(19)
+    long_prompt, late_prompt = [rng.randrange(100) for _ in range(400)], [7, 8, 9, 10, 11, 12]
+    greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    try:
+        pending = engine.submit(GenerationRequest("long", long_prompt, greedy))
+        assert second_chunk.wait(600)
+        late = engine.submit(GenerationRequest("late", late_prompt, greedy))
+        late_queued.set()
+        chunks_of_long, chunks_of_late = list(pending), list(late)
+    finally:
+        engine.close()
+    long_chunks = [i for i, step in enumerate(steps) for rid, start, _ in step if rid == "long" and start < 400]
+    admitted = next(i for i, step in enumerate(steps) for rid, _, _ in step if rid == "late")
+    assert long_chunks[1] < admitted < long_chunks[-1], (admitted, long_chunks)
+    assert [rid for rid, _, _ in steps[admitted]] == ["late", "long"]          # new requests first, then the chunk
+    assert sum(end - start for _, start, end in steps[admitted]) == 32
+    for prompt, chunks in ((long_prompt, chunks_of_long), (late_prompt, chunks_of_late)):
+        tokens = [t for c in chunks for t in c.token_ids]
+        logprobs = [v for c in chunks for v in c.logprobs]
+        assert len(tokens) == 3
+        assert logprobs == pytest.approx(full_forward_logprobs(model, prompt, tokens, greedy), abs=1e-4)
+
+
 def test_speculative_sampling_keeps_the_exact_distribution():
     config = small_config(vocab_size=6, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                           num_key_value_heads=1)
