@@ -92,5 +92,11 @@ class LearnerConfig(Settings):
             raise SettingsError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's rendezvous address)")
         if self.node_rank >= self.nnodes:
             raise SettingsError(f"--node-rank {self.node_rank} is not below --nnodes {self.nnodes}")
+        context, processes = self.trainer.context_parallel, self.nproc * self.nnodes
+        if processes % context:
+            raise SettingsError(f"--context-parallel {context} must divide the job's {processes} processes "
+                                f"(--nproc {self.nproc} x --nnodes {self.nnodes})")
+        if context > 1 and not self.trainer.tree:
+            raise SettingsError("--context-parallel splits packed trees: it needs --tree")
         if (self.weights_key is None) != (self.weights_clients is None):
             raise SettingsError("--weights-key and --weights-clients go together")

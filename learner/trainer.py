@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from forge.learner.checkpoint import Checkpointer, set_rng_state
+from forge.learner.context_parallel import context_groups
 from forge.learner.expert_replay import MODES as ROUTING_MODES
 from forge.learner.expert_replay import RoutingTally
 from forge.learner.lora import (
@@ -40,6 +41,7 @@ from forge.learner.tree import (
     make_stem,
     pack_step,
     rank_spans,
+    sharded_tree_forward,
     stem_forward,
     tree_policy_forward,
 )
@@ -62,6 +64,10 @@ class TrainerConfig(Settings):
                                                          "with --tree).")
     tree: bool = setting(True, help="Merge the batch's shared prefixes into packed tries and train them once (exact); "
                                     "--no-tree trains sample by sample.")
+    context_parallel: int = setting(1, min=1, help="Split the tokens of every packed tree across this many "
+                                                   "consecutive ranks, which exchange keys and values layer by "
+                                                   "layer: a sequence needs 1 / N of a rank's memory (N must divide "
+                                                   "the job's processes; needs --tree).")
     tree_stem: bool = setting(True, help="With --tree: compute the context several packed trees of a step share once "
                                          "(its activations are held for the step); --no-tree-stem recomputes it in "
                                          "every tree.")
@@ -116,7 +122,10 @@ class Trainer:
         """``grammars`` replay the structured-output calls' grammars (None: such calls are left out). ``lora``: the
         model carries those adapters (``forge.learner.lora``), trained on ``base_model``; actors and checkpoints
         get its weights merged, checkpoints the adapter too."""
+        if config.context_parallel > 1 and not config.tree:
+            raise ValueError("--context-parallel splits packed trees: it needs --tree")
         self.model = model
+        self.context, self.dp_index, self.dp_size = context_groups(distributed, config.context_parallel)
         if config.activation_checkpointing:
             model.activation_checkpointing(True)
         self.grammars = grammars
@@ -222,17 +231,22 @@ class Trainer:
         config = self.model.config
         tally = RoutingTally(config.num_experts, config.num_experts_per_tok)
         balance = self.loss.router_balance_weight if config.sparse_layers else 0.0
-        computed = max(1.0, self.dist.sum(float(packed_tokens + (stem.num_nodes if stem is not None else 0))))
+        # The ranks of a context group hold the same trees and stem: each counts a share of them.
+        share = 1.0 / self.context.size
+        computed = max(1.0, self.dist.sum(float(packed_tokens + (stem.num_nodes if stem is not None else 0))) * share)
         state: StemState | None = None
-        if stem is not None:
+        if stem is not None:        # run whole by every rank of a context group, its gradient shared among them
             state = stem_forward(self.model, stem, mtp_k, routing_mode=self.config.routing,
-                                 balance_weight=balance * stem.num_nodes / computed * self.dist.world_size,
+                                 balance_weight=balance * stem.num_nodes / computed * self.dist.world_size * share,
                                  piece_tokens=self.config.micro_batch_tokens)
-            for routing in state.routings:
+            for routing in state.routings if self.context.index == 0 else []:
                 tally.add(routing)
         for micro in micros:
             real = micro.samples[0].position >= 0
-            if self.config.tree:
+            if self.context.enabled:
+                out = sharded_tree_forward(self.model, micro, self.context, mtp_k, stem=state,
+                                           routing_mode=self.config.routing, keep_router_logits=balance > 0)
+            elif self.config.tree:
                 out = tree_policy_forward(self.model, micro, mtp_k, stem=state, routing_mode=self.config.routing,
                                           keep_router_logits=balance > 0)
             else:
@@ -243,9 +257,9 @@ class Trainer:
             mtp = out.mtp_kl.sum() / total_mtp if out.mtp_kl is not None else None
             loss = policy if mtp is None else policy + self.loss.mtp_weight * mtp
             loss = loss + self._balance_term(out, tally, balance, computed, real)
-            if real:
-                policy_sum += float(policy.detach())
-                mtp_sum += float(mtp.detach()) if mtp is not None else 0.0
+            if real:                # the loss of the whole tree, on every rank of its context group
+                policy_sum += float(policy.detach()) * share
+                mtp_sum += float(mtp.detach()) * share if mtp is not None else 0.0
                 figures.append(loss_metrics(out.logprobs.detach(), micro.old_logprobs, mask, self.loss)
                                | {"count": float(micro.num_tokens)})
             # FSDP averages gradients over ranks: scale back to their sum (the losses use global counts).
@@ -265,8 +279,8 @@ class Trainer:
         self.state.pool_seq = batch.seq
         record = self._record(batch, rewards, samples, staleness, figures, grad_norm, train_s,
                               policy_sum=self.dist.sum(policy_sum), mtp_sum=self.dist.sum(mtp_sum),
-                              packed_tokens=int(self.dist.sum(float(packed_tokens))),
-                              stem_tokens=int(self.dist.sum(float(stem.num_nodes if stem is not None else 0))))
+                              packed_tokens=round(self.dist.sum(float(packed_tokens)) * share),
+                              stem_tokens=round(self.dist.sum(float(stem.num_nodes if stem is not None else 0)) * share))
         if config.sparse_layers:           # the same on every rank: the collectives run everywhere or nowhere
             sums = {name: self.dist.sum(value) for name, value in tally.sums().items()}
             sums["load_max"] /= self.dist.world_size
@@ -304,11 +318,11 @@ class Trainer:
         one has none, so every rank runs the same passes); and the number of real tokens the model runs over."""
         world, budget, device = self.dist.world_size, self.config.micro_batch_tokens, self.dist.device
         stem = None
-        if self.config.tree:        # one trie per step: split into rank spans of its sorted samples, then packed
+        if self.config.tree:        # one trie per step: split into data-parallel spans of its sorted samples, packed
             # With routing replay, samples merge only where their recorded routing agrees too.
             trie = build_trie([s.tokens for s in samples], [s.routing for s in samples],
                               split_by_routing=self.config.routing == "replay")
-            span = rank_spans(trie, world)[self.dist.rank]
+            span = rank_spans(trie, self.dp_size)[self.dp_index]      # a context group's ranks share theirs
             step = pack_step(samples, budget, device, trie, span, share=self.config.tree_stem)
             micros: list[Any] = step.batches
             stem, packed = step.stem, step.num_nodes

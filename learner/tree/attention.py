@@ -11,7 +11,8 @@ itself (``forge.learner.tree.mask``). It picks one of four exact implementations
 
 A tree that borrows slots from the step's stem computes queries for its own slots only (``queries``) and takes the
 borrowed slots' keys and values from the stem's (``BorrowedKeys``); a stem's pass keeps each layer's keys and values
-(``record``) for the trees to borrow.
+(``record``) for the trees to borrow. A rank computing its share of a tree under context parallelism takes the others'
+the same way (``forge.learner.tree.sharded.ShardKeys``).
 
 Windowed and soft-capped layers (``attend_windowed``: Mistral, Gemma, Phi-3 through transformers) take the slots'
 depths: a key is seen when it is an ancestor-or-self less than the window's positions above the query. They run
@@ -22,6 +23,7 @@ window, built once per tree).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +42,13 @@ def choose(device: torch.device, length: int, dense_below: int = 512) -> str:
     if device.type == "cuda":
         return "flex" if flex.flex_available(device) else "gather"
     return "segments" if device.type == "cpu" and segments.available() else "gather"
+
+
+class KeyCompletion(Protocol):
+    """What gives a tree's queries the keys and values of the slots they did not compute."""
+
+    def complete(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Every slot's keys and values [1, Hkv, L, D] (slot order), from those computed here."""
 
 
 @dataclass
@@ -70,7 +79,7 @@ class TreeAttention(AttentionBackend):
 
     def __init__(self, end: Tensor, key_ok: Tensor | None = None, impl: str = "auto", block_size: int = 256,
                  dense_below: int = 512, compile_flex: bool = True, queries: Tensor | None = None,
-                 borrow: BorrowedKeys | None = None, record: bool = False, depth: Tensor | None = None) -> None:
+                 borrow: KeyCompletion | None = None, record: bool = False, depth: Tensor | None = None) -> None:
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
         if (queries is None) != (borrow is None):

@@ -48,7 +48,7 @@ def _read(model: CausalLM, hidden: Tensor, draft: Tensor | None, select: Tensor 
     return token_logprobs, mtp_topk_kl(logits, model.mtp_logits(draft, detach_head=True), mtp_top_k)
 
 
-def _all_slots(batch: TreeBatch, computed: Tensor, stem: Tensor | None) -> Tensor:
+def all_slots(batch: TreeBatch, computed: Tensor, stem: Tensor | None) -> Tensor:
     """Rows per slot: the computed ones, and the borrowed ones from the stem's rows."""
     if batch.borrowed is None:
         return computed
@@ -71,7 +71,7 @@ def tree_policy_forward(model: CausalLM, batch: TreeBatch, mtp_top_k: int = 0, i
     keys = None if stem is None else stem.keys
     routing = routing_for(model, batch.routing, routing_mode, keep_router_logits)
     own = model(batch.input_ids, batch.position_ids, batch.attention(impl, block_size, keys), routing)[0]
-    hidden = _all_slots(batch, own, None if stem is None else stem.hidden)
+    hidden = all_slots(batch, own, None if stem is None else stem.hidden)
     draft = None
     if use_mtp:
         slots = (torch.arange(batch.num_nodes, device=own.device) if batch.borrowed is None
@@ -80,15 +80,27 @@ def tree_policy_forward(model: CausalLM, batch: TreeBatch, mtp_top_k: int = 0, i
         attention = batch.mtp_attention(impl, block_size, None if stem is None else stem.mtp_keys)
         own_draft = model.mtp_forward(hidden[source].unsqueeze(0), batch.input_ids, position_ids=positions,
                                       attention=attention, detach_trunk=True)[0]
-        draft = _all_slots(batch, own_draft, None if stem is None else stem.draft)
+        draft = all_slots(batch, own_draft, None if stem is None else stem.draft)
+    pieces, kls = read_terms(model, batch, hidden, draft, mtp_top_k, head_chunk, 0, batch.logit_nodes.numel())
+    order = torch.argsort(batch.term_sampling_row, stable=True)
+    token_logprobs = pieces.index_select(0, torch.argsort(order))
+    mtp_kl = None if draft is None else kls[batch.term_logit_row[batch.mtp_terms]]
+    return PolicyOutput(token_logprobs, mtp_kl, routing)
+
+
+def read_terms(model: CausalLM, batch: TreeBatch, hidden: Tensor, draft: Tensor | None, mtp_top_k: int,
+               head_chunk: int, first: int, last: int) -> tuple[Tensor, Tensor]:
+    """The log-probs of the terms read at logit nodes [first, last) (in the batch's terms sorted by sampling row,
+    which keeps them contiguous) and the draft's KL at those nodes, from every slot's ``hidden`` and ``draft``. The
+    output head runs over chunks of at most ``head_chunk`` logits, each under activation checkpointing."""
     nodes = batch.logit_nodes
-    count = nodes.numel()
-    identity = batch.sampling_rows.numel() == count       # one sampling setting per node: no row gather
+    identity = batch.sampling_rows.numel() == nodes.numel()     # one sampling setting per node: no row gather
     order = torch.argsort(batch.term_sampling_row, stable=True)
     sorted_rows = batch.term_sampling_row[order]
     sorted_targets = batch.targets[order]
     step = max(1, head_chunk // model.config.vocab_size)
-    bounds = [*range(0, max(count, 1), step), count]      # one (empty) chunk keeps the graph when there are no terms
+    bounds = [*range(first, max(last, first + 1), step), last]     # one (empty) chunk keeps the graph without terms
+    chunked = len(bounds) > 2 and torch.is_grad_enabled()
     pieces, kls = [], []
     for lo, hi in itertools.pairwise(bounds):
         # Chunk bounds from host offsets built with the batch: no read-back from the device to find them.
@@ -99,12 +111,7 @@ def tree_policy_forward(model: CausalLM, batch: TreeBatch, mtp_top_k: int = 0, i
                      batch.row_top_k[r_lo:r_hi], batch.row_top_p[r_lo:r_hi], sorted_rows[t_lo:t_hi] - r_lo,
                      sorted_targets[t_lo:t_hi], mtp_top_k, batch.truncates,
                      None if batch.edits is None else batch.edits.select(r_lo, r_hi))
-        if len(bounds) > 2 and torch.is_grad_enabled():
-            token_logprobs, kl = checkpoint(_read, *arguments, use_reentrant=False)
-        else:
-            token_logprobs, kl = _read(*arguments)
+        token_logprobs, kl = checkpoint(_read, *arguments, use_reentrant=False) if chunked else _read(*arguments)
         pieces.append(token_logprobs)
         kls.append(kl)
-    token_logprobs = torch.cat(pieces).index_select(0, torch.argsort(order))
-    mtp_kl = None if draft is None else torch.cat(kls)[batch.term_logit_row[batch.mtp_terms]]
-    return PolicyOutput(token_logprobs, mtp_kl, routing)
+    return torch.cat(pieces), torch.cat(kls)

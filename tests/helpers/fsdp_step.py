@@ -1,6 +1,7 @@
-"""One training step on a pool, alone or under torchrun with FSDP2, with LoRA adapters of a given rank (their B drawn
-at random, the same on every rank) or without; rank 0 saves the gradients the step used and the resulting
-parameters."""
+"""One training step on a pool, alone or under torchrun with FSDP2 (and context parallelism of a given size), with
+LoRA adapters of a given rank (their B drawn at random, the same on every rank) or without; rank 0 saves the
+gradients the step used and the resulting parameters. Arguments: MODEL POOL OUT MICRO_BATCH_TOKENS [LORA_RANK
+[CONTEXT_PARALLEL [ACTIVATION_CHECKPOINTING]]]."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from forge.pool import Pool
 from forge.pool.window import WindowConfig
 
 
-def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int, lora_rank: int = 0) -> None:
+def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int, lora_rank: int = 0,
+         context_parallel: int = 1, activation_checkpointing: int = 0) -> None:
     distributed = init_distributed("cpu")
     torch.manual_seed(0)
     model = load_model(model_dir)[0]        # Forge's own family, or transformers'
@@ -30,18 +32,19 @@ def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int, lora_
         randomize_adapters(add_adapters(model, lora), seed=1)
     model = shard_model(model, distributed)
     pool = Pool(pool_dir) if distributed.is_main else None
-    trainer = Trainer(model, distributed, TrainerConfig(lr=1e-3, micro_batch_tokens=micro_batch_tokens),
-                      LossConfig(mtp_weight=0.5, mtp_top_k=8), RewardConfig(), WindowConfig(window=16,
-                                                                                           batch_groups=4),
-                      pool, lora=lora)
+    trainer = Trainer(model, distributed, TrainerConfig(lr=1e-3, micro_batch_tokens=micro_batch_tokens,
+                                                        context_parallel=context_parallel,
+                                                        activation_checkpointing=bool(activation_checkpointing)),
+                      LossConfig(mtp_weight=0.5, mtp_top_k=8), RewardConfig(),
+                      WindowConfig(window=16, batch_groups=4), pool, lora=lora)
     grads = capture_gradients(trainer, model)
     record = trainer.step()
     state = full_state_dict(model, distributed)
     published = trainer.published() if lora is not None else {}
     if distributed.is_main:
         torch.save({"state": state, "published": published, "grads": grads, "loss": record["loss"],
-                    "tokens": record["tokens"],
-                    "stem_tokens": record.get("stem_tokens", 0)}, out)
+                    "tokens": record["tokens"], "stem_tokens": record.get("stem_tokens", 0),
+                    "packed_tokens": record["packed_tokens"]}, out)
         pool.close()
     distributed.close()
 

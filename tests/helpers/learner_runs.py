@@ -1,12 +1,17 @@
 """The learner's tests' small random model, an engine sampling from a copy of it (and a pool filled by one), and
-what learner processes are given and leave: a model and a pool of rollouts written for them, and the positions
-each step trained."""
+what learner processes are given and leave: a model and a pool of rollouts written for them, the positions each step
+trained, and one step under torchrun (``fsdp_step.py``) with the check that two such steps moved alike."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import torch
 
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
@@ -16,6 +21,7 @@ from forge.pool import Pool
 from helpers.random_model import EXPERTS, copy_of, random_model, small_config
 from helpers.rollouts import fill_pool
 
+HELPERS = Path(__file__).resolve().parent
 CONFIG = small_config(vocab_size=64, hidden_size=48, intermediate_size=96, head_dim=12, max_position_embeddings=256)
 MOE_CONFIG = dataclasses.replace(CONFIG, **EXPERTS)
 
@@ -55,3 +61,28 @@ def lineage(metrics: Path) -> dict[int, list[int]]:
         record = json.loads(line)
         steps[record["step"]] = record["positions"]
     return steps
+
+
+def stepped(tmp_path: Path, model_dir: Path, nproc: int, lora_rank: int = 0, context_parallel: int = 1,
+            micro_batch_tokens: int = 64, activation_checkpointing: bool = False) -> dict:
+    """What one training step on a copy of ``tmp_path/pool`` saved (``helpers/fsdp_step.py``) on ``nproc`` ranks,
+    ``context_parallel`` of them to a context group."""
+    name = f"{nproc}-{context_parallel}-{lora_rank}-{int(activation_checkpointing)}"
+    copy = tmp_path / f"pool-{name}"
+    shutil.copytree(tmp_path / "pool", copy)
+    out = tmp_path / f"params-{name}.pt"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               str(HELPERS / "fsdp_step.py"), str(model_dir), str(copy), str(out), str(micro_batch_tokens),
+               str(lora_rank), str(context_parallel), str(int(activation_checkpointing))]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(out)
+
+
+def assert_same_update(one: dict, two: dict, name: str, lr: float = 1e-3) -> None:
+    """Adam's first update is ±lr, except for a gradient near zero, where it is g / (|g| + eps) · lr and the
+    rounding that the gradients' tolerance allows moves it anywhere within ±lr: such elements agree within lr."""
+    ours, theirs = one["state"][name], two["state"][name]
+    settled = one["grads"][name].abs() > 1e-5 if name in one["grads"] else torch.ones_like(ours, dtype=torch.bool)
+    torch.testing.assert_close(theirs[settled], ours[settled], atol=5e-5, rtol=1e-5, msg=name)
+    assert (theirs - ours).abs().max() <= 2 * lr, name

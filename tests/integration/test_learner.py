@@ -3,10 +3,8 @@ kill -9 and a restart, and SIGTERM stopping after a step with a checkpoint. (In-
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +15,18 @@ from forge.learner.checkpoint import Checkpointer
 from forge.learner.lora import LoraConfig, adapter_version
 from forge.pool import Pool
 
-from conftest import HELPERS, script
+from conftest import script
 from helpers.families import FAMILIES, SMALL, fill_on_policy, write_family
-from helpers.learner_runs import CONFIG, MOE_CONFIG, fill_from, lineage, make_model, write_model_and_pool
+from helpers.learner_runs import (
+    CONFIG,
+    MOE_CONFIG,
+    assert_same_update,
+    fill_from,
+    lineage,
+    make_model,
+    stepped,
+    write_model_and_pool,
+)
 from helpers.waiting import wait_for
 
 
@@ -77,17 +84,7 @@ def stepped_on_rollouts(tmp_path: Path, config, seed: int, lora_rank: int = 0) -
 
 def one_and_two_processes(tmp_path: Path, model_dir: Path, lora_rank: int = 0) -> tuple[dict, dict]:
     """What one training step on a copy of ``tmp_path/pool`` saved (``helpers/fsdp_step.py``), on 1 and 2 ranks."""
-    results = {}
-    for nproc in (1, 2):
-        copy = tmp_path / f"pool-{nproc}"
-        shutil.copytree(tmp_path / "pool", copy)
-        out = tmp_path / f"params-{nproc}.pt"
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                   str(HELPERS / "fsdp_step.py"), str(model_dir), str(copy), str(out), "64", str(lora_rank)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        results[nproc] = torch.load(out)
-    return results[1], results[2]
+    return tuple(stepped(tmp_path, model_dir, nproc, lora_rank) for nproc in (1, 2))
 
 
 def assert_same_step(one: dict, two: dict, before: dict) -> None:
@@ -100,15 +97,6 @@ def assert_same_step(one: dict, two: dict, before: dict) -> None:
         assert_same_update(one, two, name)
         changed += int(not torch.equal(tensor, before[name]))
     assert changed > len(before) // 2
-
-
-def assert_same_update(one: dict, two: dict, name: str, lr: float = 1e-3) -> None:
-    """Adam's first update is ±lr, except for a gradient near zero, where it is g / (|g| + eps) · lr and the
-    rounding that the gradients' tolerance allows moves it anywhere within ±lr: such elements agree within lr."""
-    ours, theirs = one["state"][name], two["state"][name]
-    settled = one["grads"][name].abs() > 1e-5 if name in one["grads"] else torch.ones_like(ours, dtype=torch.bool)
-    torch.testing.assert_close(theirs[settled], ours[settled], atol=5e-5, rtol=1e-5, msg=name)
-    assert (theirs - ours).abs().max() <= 2 * lr, name
 
 
 def run_learner(pool_dir: Path, run_dir: Path, *extra: str) -> subprocess.Popen:

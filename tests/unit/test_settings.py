@@ -169,6 +169,12 @@ def test_settings_built_in_code_are_validated_too():
         build(LearnerConfig, {"pool": Path("p"), "lr": 0.0})
     with pytest.raises(SettingsError, match="exactly one of --pool and --pool-address"):
         LearnerConfig()
+    with pytest.raises(SettingsError, match="--context-parallel 2 must divide the job's 3 processes"):
+        build(LearnerConfig, {"pool": Path("p"), "nproc": 3, "context_parallel": 2})
+    with pytest.raises(SettingsError, match="--context-parallel splits packed trees: it needs --tree"):
+        build(LearnerConfig, {"pool": Path("p"), "nproc": 2, "context_parallel": 2, "tree": False})
+    assert build(LearnerConfig, {"pool": Path("p"), "nproc": 2, "nnodes": 2, "rdzv_endpoint": "h:1",
+                                 "context_parallel": 4}).trainer.context_parallel == 4
     built = build(LearnerConfig, {"pool": Path("p"), "eps_high": 0.3, "weight_decay": 0.1, "grad_clip": 0.5})
     assert (built.loss.eps_high, built.trainer.weight_decay, built.trainer.grad_clip) == (0.3, 0.1, 0.5)
 

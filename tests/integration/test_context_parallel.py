@@ -1,0 +1,62 @@
+"""Context parallelism as processes (torchrun, gloo): one step with every packed tree's tokens split across 2 and 4
+ranks (and 2 x 2 with data parallelism, and with activation checkpointing) equals the one-rank step, loss and
+gradients, on rollouts whose trees share prefixes and a stem, with the MTP draft, dense and with experts; and a family
+trained through transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from forge.builtin import load_model
+from forge.pool import Pool
+
+from helpers.families import SMALL, fill_on_policy, write_family
+from helpers.learner_runs import CONFIG, MOE_CONFIG, assert_same_update, fill_from, make_model, stepped
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("config", [CONFIG, MOE_CONFIG], ids=["dense", "experts"])
+def test_context_parallel_steps_equal_one_rank(tmp_path, config):
+    model = make_model(7, config)
+    model.save_pretrained(tmp_path / "model")
+    with Pool(tmp_path / "pool") as pool:
+        fill_from(pool, model, groups=4, group_size=3, calls=3, max_tokens=9)
+    one = stepped(tmp_path, tmp_path / "model", 1)
+    assert one["stem_tokens"] > 0 and one["tokens"] == 4 * 3 * 3 * 9
+    layouts = [(2, 2, False), (4, 4, False), (4, 2, False), (2, 2, True)] if config is CONFIG else [
+        (2, 2, False), (4, 4, False)]
+    for nproc, context, checkpointing in layouts:
+        other = stepped(tmp_path, tmp_path / "model", nproc, context_parallel=context,
+                        activation_checkpointing=checkpointing)
+        label = f"{nproc} processes, context groups of {context}, activation checkpointing {checkpointing}"
+        assert (other["tokens"], other["stem_tokens"]) == (one["tokens"], one["stem_tokens"]), label
+        if nproc == context:        # one data-parallel group: the same trees as one rank
+            assert other["packed_tokens"] == one["packed_tokens"], label
+        assert_equal_steps(one, other, label)
+
+
+def assert_equal_steps(one: dict, other: dict, label: str) -> None:
+    assert other["loss"] == pytest.approx(one["loss"], abs=1e-5), label
+    assert other["grads"].keys() == one["grads"].keys() and len(one["grads"]) > 10
+    for name, grad in one["grads"].items():
+        scale = max(1.0, float(grad.abs().max()))
+        torch.testing.assert_close(other["grads"][name], grad, atol=1e-4 * scale, rtol=1e-4, msg=f"{label}: {name}")
+    for name in one["state"]:
+        assert_same_update(one, other, name)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_context_parallel_steps_a_family_trained_through_transformers_as_one_rank(tmp_path):
+    """Llama through transformers' own modules, Forge's tree attention registered with them: 2 ranks of one
+    context group step as one rank does."""
+    model_dir, _ = write_family(tmp_path / "model", "llama", seed=5)
+    with Pool(tmp_path / "pool") as pool:
+        fill_on_policy(pool, load_model(model_dir)[0], groups=4, vocab=SMALL["vocab_size"], group_size=3,
+                       system_len=12)
+    one = stepped(tmp_path, model_dir, 1)
+    other = stepped(tmp_path, model_dir, 2, context_parallel=2)
+    assert one["stem_tokens"] > 0 and other["packed_tokens"] == one["packed_tokens"]
+    assert_equal_steps(one, other, "llama, 2 ranks of one context group")
