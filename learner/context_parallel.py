@@ -25,6 +25,7 @@ share, and FSDP's reduction sums them over the group along with the data-paralle
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -104,3 +105,45 @@ def gather_rows(own: Tensor, dim: int, counts: tuple[int, ...], group: ContextGr
     ranks use the result differently (keys, hidden states), so a row's gradient is the sum of theirs; otherwise
     they all compute the same function of it (the loss) and each keeps its own."""
     return _GatherRows.apply(own, dim, counts, group.index, group.group, summed)
+
+
+@dataclass
+class Share:
+    """This rank's share of ``count`` rows: ``rows`` (increasing), every rank's row count in rank order, and
+    ``to_computed``, the position in the gathered rows (rank order) of each row."""
+
+    rows: Tensor
+    counts: tuple[int, ...]
+    to_computed: Tensor
+
+    def gather(self, own: Tensor, dim: int, group: ContextGroup, summed: bool = True) -> Tensor:
+        """Every rank's rows of ``own`` along ``dim``, back in row order."""
+        return gather_rows(own, dim, self.counts, group, summed).index_select(dim, self.to_computed)
+
+
+def share_of(count: int, group: ContextGroup, device: torch.device | str) -> Share:
+    shares = shard_rows(count, group.size)
+    return Share(shares[group.index].to(device), tuple(int(s.numel()) for s in shares),
+                 torch.argsort(torch.cat(shares)).to(device))
+
+
+class KeyCompletion(Protocol):
+    """What gives a tree's queries the keys and values of the slots they did not compute (``TreeAttention``)."""
+
+    def complete(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Every slot's keys and values [1, Hkv, L, D] (slot order), from those computed here."""
+
+
+@dataclass
+class ShardKeys:
+    """Where a rank's queries find the keys and values of every slot of a tree it computes a share of: each rank's
+    computed rows gathered over the group, then (``then``, when the tree borrows slots from the step's stem) the
+    borrowed ones."""
+
+    group: ContextGroup
+    share: Share
+    then: KeyCompletion | None = None
+
+    def complete(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = self.share.gather(k, 2, self.group), self.share.gather(v, 2, self.group)
+        return (k, v) if self.then is None else self.then.complete(layer, k, v)

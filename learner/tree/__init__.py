@@ -16,14 +16,13 @@ from forge.learner.tree.packing import (
     rank_spans,
     shared_context,
 )
-from forge.learner.tree.sharded import ShardKeys, sharded_tree_forward
+from forge.learner.tree.sharded import sharded_tree_forward
 from forge.learner.tree.stem import StemState, stem_forward
 from forge.learner.tree.trie import Trie, build_trie
 
 __all__ = [
     "Borrowed",
     "BorrowedKeys",
-    "ShardKeys",
     "Stem",
     "StemState",
     "TreeAttention",

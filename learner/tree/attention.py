@@ -12,7 +12,7 @@ itself (``forge.learner.tree.mask``). It picks one of four exact implementations
 A tree that borrows slots from the step's stem computes queries for its own slots only (``queries``) and takes the
 borrowed slots' keys and values from the stem's (``BorrowedKeys``); a stem's pass keeps each layer's keys and values
 (``record``) for the trees to borrow. A rank computing its share of a tree under context parallelism takes the others'
-the same way (``forge.learner.tree.sharded.ShardKeys``).
+the same way (``forge.learner.context_parallel.ShardKeys``).
 
 Windowed and soft-capped layers (``attend_windowed``: Mistral, Gemma, Phi-3 through transformers) take the slots'
 depths: a key is seen when it is an ancestor-or-self less than the window's positions above the query. They run
@@ -23,12 +23,12 @@ window, built once per tree).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from forge.learner.context_parallel import KeyCompletion
 from forge.learner.tree import flex, gather, segments
 from forge.learner.tree.mask import allowed
 from forge.model.attention import AttentionBackend, masked_attention, window_mask
@@ -42,13 +42,6 @@ def choose(device: torch.device, length: int, dense_below: int = 512) -> str:
     if device.type == "cuda":
         return "flex" if flex.flex_available(device) else "gather"
     return "segments" if device.type == "cpu" and segments.available() else "gather"
-
-
-class KeyCompletion(Protocol):
-    """What gives a tree's queries the keys and values of the slots they did not compute."""
-
-    def complete(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Every slot's keys and values [1, Hkv, L, D] (slot order), from those computed here."""
 
 
 @dataclass
@@ -127,7 +120,7 @@ class TreeAttention(AttentionBackend):
             raise ValueError("a tree's windowed layer needs its slots' depths: build TreeAttention with depth=")
         k, v = self._all_keys(layer, q, k, v)
         if self.num_queries == 0:
-            return q.new_zeros(q.shape)
+            return _no_queries(q, k, v)
         plan = self.windowed_plans.get(window)
         if plan is None:
             plan = self.windowed_plans[window] = self._windowed_plan(window)
@@ -148,7 +141,7 @@ class TreeAttention(AttentionBackend):
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         k, v = self._all_keys(layer, q, k, v)
         if self.num_queries == 0:
-            return q.new_zeros(q.shape)
+            return _no_queries(q, k, v)
         if self.impl == "dense":
             if self.plan is None:
                 self.plan = self.dense_mask()
@@ -166,3 +159,9 @@ class TreeAttention(AttentionBackend):
         if self.plan is None:
             self.plan = gather.plan_gather(self.end, self.key_ok, self.block_size, q.dtype, self.queries)
         return gather.attend_gather(self.plan, q, k, v, scale)
+
+
+def _no_queries(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The (empty) output of a pass without queries, kept on the graph of the keys and values: under context
+    parallelism they were gathered from the group, and the gather's backward is a collective every rank must run."""
+    return q.new_zeros(q.shape) + 0.0 * (k.sum() + v.sum())

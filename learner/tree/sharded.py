@@ -13,36 +13,18 @@ does: each computes the same loss from them, and the gather hands every rank the
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from forge.learner.context_parallel import ContextGroup, gather_rows, shard_rows
+from forge.learner.context_parallel import ContextGroup, ShardKeys, gather_rows, share_of
 from forge.learner.expert_replay import routing_for
 from forge.learner.policy import PolicyOutput
 from forge.learner.tree.attention import BorrowedKeys, TreeAttention
-from forge.learner.tree.forward import all_slots, read_terms
+from forge.learner.tree.forward import all_slots, read_terms, tree_policy_forward
 from forge.learner.tree.packing import TreeBatch, mtp_edges
 from forge.learner.tree.stem import StemState
 from forge.model.qwen3 import CausalLM
-
-
-@dataclass
-class ShardKeys:
-    """Where a rank's queries find every slot's keys and values: each rank's computed rows gathered over the group
-    (``counts`` rows each, in rank order; ``to_computed`` puts them back in the tree's computed order), then the
-    stem's borrowed slots (``stem``, when the tree borrows)."""
-
-    group: ContextGroup
-    counts: tuple[int, ...]
-    to_computed: Tensor
-    stem: BorrowedKeys | None
-
-    def complete(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        k = gather_rows(k, 2, self.counts, self.group).index_select(2, self.to_computed)
-        v = gather_rows(v, 2, self.counts, self.group).index_select(2, self.to_computed)
-        return (k, v) if self.stem is None else self.stem.complete(layer, k, v)
 
 
 def sharded_tree_forward(model: CausalLM, batch: TreeBatch, group: ContextGroup, mtp_top_k: int = 0,
@@ -50,15 +32,20 @@ def sharded_tree_forward(model: CausalLM, batch: TreeBatch, group: ContextGroup,
                          stem: StemState | None = None, routing_mode: str = "replay",
                          keep_router_logits: bool = False) -> PolicyOutput:
     """``tree_policy_forward`` with this rank computing its share of the tree: the same ``logprobs`` and ``mtp_kl``
-    (all terms, on every rank of the group); ``routing`` covers this rank's tokens."""
+    (all terms, on every rank of the group); ``routing`` covers this rank's tokens. A tree of fewer than two tokens
+    per rank is not split: every rank computes it whole, and each passes back 1 / N of its terms' gradients."""
     if batch.borrowed is not None and stem is None:
         raise ValueError("this tree borrows slots from the step's stem: pass stem=stem_forward(model, step.stem)")
+    if batch.num_nodes < 2 * group.size:
+        whole = tree_policy_forward(model, batch, mtp_top_k, impl, block_size, head_chunk, stem, routing_mode,
+                                    keep_router_logits)
+        scale = 1.0 / group.size
+        return PolicyOutput(_scaled_grad(whole.logprobs, scale),
+                            None if whole.mtp_kl is None else _scaled_grad(whole.mtp_kl, scale), whole.routing)
     use_mtp = mtp_top_k > 0 and len(model.mtp) > 0
     device = batch.input_ids.device
-    shares = shard_rows(batch.num_nodes, group.size)
-    counts = tuple(int(share.numel()) for share in shares)
-    rows = shares[group.index].to(device)
-    to_computed = torch.argsort(torch.cat(shares)).to(device)
+    share = share_of(batch.num_nodes, group, device)
+    rows = share.rows
     computed_slots = batch.borrowed.computed if batch.borrowed is not None else torch.arange(batch.num_nodes,
                                                                                              device=device)
     queries = computed_slots[rows]
@@ -70,14 +57,13 @@ def sharded_tree_forward(model: CausalLM, batch: TreeBatch, group: ContextGroup,
                                     batch.borrowed.order)
         return TreeAttention(batch.end, key_ok=batch.depth > 0 if mtp else None, impl=impl, block_size=block_size,
                              depth=batch.depth, queries=queries,
-                             borrow=ShardKeys(group, counts, to_computed, borrowed))
+                             borrow=ShardKeys(group, share, borrowed))
 
     routing = routing_for(model, None if batch.routing is None else batch.routing[:, rows], routing_mode,
                           keep_router_logits)
     input_ids, position_ids = batch.input_ids[:, rows], batch.position_ids[:, rows]
     own = model(input_ids, position_ids, attention(mtp=False), routing)[0]
-    hidden = all_slots(batch, gather_rows(own, 0, counts, group).index_select(0, to_computed),
-                       None if stem is None else stem.hidden)
+    hidden = all_slots(batch, share.gather(own, 0, group), None if stem is None else stem.hidden)
     draft = None
     if use_mtp:
         if batch.borrowed is not None and stem.draft is None:
@@ -85,8 +71,7 @@ def sharded_tree_forward(model: CausalLM, batch: TreeBatch, group: ContextGroup,
         source, positions = mtp_edges(batch.parent[rows], queries, position_ids)
         own_draft = model.mtp_forward(hidden[source].unsqueeze(0), input_ids, position_ids=positions,
                                       attention=attention(mtp=True), detach_trunk=True)[0]
-        draft = all_slots(batch, gather_rows(own_draft, 0, counts, group).index_select(0, to_computed),
-                          None if stem is None else stem.draft)
+        draft = all_slots(batch, share.gather(own_draft, 0, group), None if stem is None else stem.draft)
 
     nodes = batch.logit_nodes.numel()
     bounds = [nodes * i // group.size for i in range(group.size + 1)]
@@ -103,3 +88,8 @@ def sharded_tree_forward(model: CausalLM, batch: TreeBatch, group: ContextGroup,
                                summed=False)
         mtp_kl = node_kls[batch.term_logit_row[batch.mtp_terms]]
     return PolicyOutput(token_logprobs, mtp_kl, routing)
+
+
+def _scaled_grad(values: Tensor, scale: float) -> Tensor:
+    """``values``, whose gradient is multiplied by ``scale`` on its way back."""
+    return values * scale + (values * (1.0 - scale)).detach()
