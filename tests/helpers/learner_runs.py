@@ -67,7 +67,7 @@ def stepped(tmp_path: Path, model_dir: Path, nproc: int, lora_rank: int = 0, con
             micro_batch_tokens: int = 64, activation_checkpointing: bool = False) -> dict:
     """What one training step on a copy of ``tmp_path/pool`` saved (``helpers/fsdp_step.py``) on ``nproc`` ranks,
     ``context_parallel`` of them to a context group."""
-    name = f"{nproc}-{context_parallel}-{lora_rank}-{int(activation_checkpointing)}"
+    name = f"{nproc}-{context_parallel}-{lora_rank}-{int(activation_checkpointing)}-{micro_batch_tokens}"
     copy = tmp_path / f"pool-{name}"
     shutil.copytree(tmp_path / "pool", copy)
     out = tmp_path / f"params-{name}.pt"
