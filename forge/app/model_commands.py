@@ -14,7 +14,7 @@ from forge.builtin import ModelRef, resolve_model
 from forge.cli.common import CONTEXT_SETTINGS
 from forge.cli.options import settings_command
 from forge.settings import Settings, SettingsError, setting
-from forge.tasks import DOMAINS
+from forge.tasks import ALL_DOMAINS, DOMAINS
 
 if TYPE_CHECKING:
     from forge.model import CausalLM
@@ -125,7 +125,8 @@ def generate_command(config: GenerateConfig) -> None:
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig(Settings):
     model: str = setting("tiny", argument=True, validate=resolve_model, help=MODEL_HELP)
-    domains: tuple[str, ...] = setting(DOMAINS, separator=",", choices=DOMAINS, help="Task domains to evaluate.")
+    domains: tuple[str, ...] = setting(DOMAINS, separator=",", choices=ALL_DOMAINS,
+                                       help="Task domains to evaluate.")
     size: int = setting(48, min=1, max=64, help="Held-out tasks per domain.")
     max_tokens: int = setting(48, min=1, help="Tokens per model call.")
     temperature: float = setting(0.0, min=0, max=100, help="0 = greedy; otherwise SAMPLES seeded episodes per task.")

@@ -25,11 +25,13 @@ batch_groups = 2
 '''
 
 
-def forge_up(tmp_path: Path, tables: str, timeout: float = 900, max_tokens: int = 96) -> subprocess.CompletedProcess:
-    """``forge up`` on a run file of ``tables`` (TOML) besides [model] tiny and a two-step [up], into tmp_path/run."""
+def forge_up(tmp_path: Path, tables: str, timeout: float = 900, max_tokens: int = 96,
+             args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``forge up`` on a run file of ``tables`` (TOML) besides [model] tiny and a two-step [up], into tmp_path/run,
+    with ``args`` on its command line."""
     path = tmp_path / "run.toml"
     path.write_text('[model]\npath = "tiny"\n\n' + tables + "\n" + UP.format(max_tokens=max_tokens))
-    return subprocess.run([script("forge"), "up", "--config", str(path), "--run-dir", str(tmp_path / "run")],
+    return subprocess.run([script("forge"), "up", "--config", str(path), "--run-dir", str(tmp_path / "run"), *args],
                           capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
 
 

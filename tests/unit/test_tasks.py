@@ -17,11 +17,13 @@ from forge.app.rollout.agent import run_episode
 from forge.app.rollout.llm import Reply
 from forge.model.sampling import SamplingParams
 from forge.tasks import (
+    ALL_DOMAINS,
     DOMAINS,
     HELD_OUT,
     agent,
     eval_set,
     final_answer,
+    long,
     make_task,
     prompt_key,
     qa,
@@ -37,7 +39,7 @@ def test_final_answer_reads_the_last_answer_line():
     assert final_answer("no answer here") is None and final_answer("") is None
 
 
-@pytest.mark.parametrize("domain", DOMAINS)
+@pytest.mark.parametrize("domain", ALL_DOMAINS)
 def test_verifiers_accept_the_answer_and_reject_others(domain):
     rng = random.Random(5)
     for index in range(50):
@@ -85,7 +87,7 @@ def test_qa_and_agent_teachers_are_right_without_noise():
 
 
 def test_held_out_sets_are_fixed_and_apart_from_the_training_stream():
-    for domain in DOMAINS:
+    for domain in ALL_DOMAINS:
         first, second = eval_set(domain, 32), eval_set(domain, 32)
         assert [t.messages for t in first] == [t.messages for t in second]
         assert all(t.task_id.startswith(f"eval-{domain}") for t in first)
@@ -101,11 +103,12 @@ def test_held_out_sets_are_fixed_and_apart_from_the_training_stream():
 def test_no_held_out_prompt_is_trained_on():
     """The task spaces are small: without the exclusion most evaluation prompts recur within a few thousand training
     tasks, so this would fail (it did, before the stream skipped them)."""
-    held_out = {d: {prompt_key(t) for t in eval_set(d, HELD_OUT)} for d in DOMAINS}
+    held_out = {d: {prompt_key(t) for t in eval_set(d, HELD_OUT)} for d in ALL_DOMAINS}
     unfiltered = random.Random(0)
     assert any(prompt_key(make_task("reasoning", unfiltered, "x")) in held_out["reasoning"] for _ in range(600))
-    stream = task_stream(DOMAINS, seed=0)
-    trained = [next(stream) for _ in range(3000)]
+    assert not held_out["long"] & held_out["agent"], "the tools tell long and agent prompts apart"
+    stream = task_stream(ALL_DOMAINS, seed=0, page_lines=2)
+    trained = [next(stream) for _ in range(4000)]
     assert not [t.task_id for t in trained if prompt_key(t) in held_out[t.domain]]
     rng = random.Random(0)
     demonstrations = [demonstration(DOMAINS[i % 3], rng, i)[0] for i in range(1500)]
@@ -244,3 +247,73 @@ def test_evaluation_reads_seeded_samples_or_one_greedy_episode_per_task():
     assert len(chat.calls) == 6 and all(c.temperature == 0 and c.seed is None for c in chat.calls)
     with pytest.raises(ValueError):
         asyncio.run(evaluate_with(chat, ("reasoning",), size=6, samples=0))
+
+
+def long_task(keys: int, page_lines: int = long.PAGE_LINES):
+    rng = random.Random(11)
+    while True:
+        task = long.make(rng, "l", page_lines)
+        if len(task.values) == keys:
+            return task
+
+
+def colors_read(messages) -> dict[str, list[str]]:
+    """What the records in ``messages`` state plainly ("The cup is red."), by object."""
+    stated: dict[str, list[str]] = {}
+    for message in messages:
+        if message["role"] == "tool":
+            for line in message["content"].splitlines():
+                words = line.rstrip(".").split()
+                if words[0] == "The":
+                    stated.setdefault(words[1], []).append(words[3])
+    return stated
+
+
+def test_a_long_page_states_its_fact_once_among_records_of_the_same_kinds():
+    rng = random.Random(2)
+    for index in range(40):
+        task = long.make(rng, f"l{index}", page_lines=60)
+        colors = task.answer.split()
+        assert task.tools == [long.RECORDS] and task.messages[0]["content"].startswith("Find the colors of ")
+        for (key, page), color in zip(task.values.items(), colors, strict=True):
+            lines = page.splitlines()
+            assert len(lines) == 60 and lines.count(long.fact(key, color)) == 1
+            stated = colors_read([{"role": "tool", "content": page}])
+            assert stated[key] == [color], "the asked object is stated plainly only by its fact"
+            assert not set(stated) & (set(task.values) - {key}), "no other asked object is stated plainly"
+            assert sum(f" {key} " in line for line in lines) > 1, "other owners' records name the same kind"
+    again = long.make(random.Random(7), "same", 30)
+    assert again.values == long.make(random.Random(7), "same", 30).values
+    assert next(task_stream(("long",), seed=0, page_lines=5)).values.popitem()[1].count("\n") == 4
+    with pytest.raises(ValueError, match="at least one line"):
+        make_task("long", random.Random(0), "x", page_lines=0)
+
+
+def answer_from_stated_facts(task):
+    return lambda messages: Reply("Answer: " + " ".join(colors_read(messages)[k][0] for k in task.values))
+
+
+def test_a_long_episode_keeps_each_fact_across_the_later_pages():
+    task = long_task(3)
+    keys = list(task.values)
+    llm = ScriptedChat(*(lambda m, k=k: lookups(k) for k in keys), answer_from_stated_facts(task))
+    episode = asyncio.run(run_episode(task, llm, SamplingParams(), tool_latency_s=0.0))
+    assert episode.reward == 1.0 and episode.tool_rounds == 3 and episode.context_rewrites == 2
+    last = [m for m in llm.prompts[-1] if m["role"] == "tool"]
+    assert last[-1]["content"] == task.values[keys[-1]], "the latest page stays whole"
+    for message, key, color in zip(last[:-1], keys[:-1], task.answer.split()[:-1], strict=True):
+        lines = message["content"].splitlines()
+        assert long.fact(key, color) in lines, "the fact is kept"
+        assert lines and all(any(f" {k} " in line for k in keys) for line in lines)
+        assert len(lines) < len(task.values[key].splitlines()), "the older pages were cut"
+    whole = sum(len(task.values[k]) for k in keys)
+    assert sum(len(m["content"]) for m in last) < 0.6 * whole
+
+
+def test_long_lookups_in_one_round_leave_the_pages_whole():
+    task = long_task(2)
+    keys = list(task.values)
+    llm = ScriptedChat(lambda m: lookups(*keys), answer_from_stated_facts(task))
+    episode = asyncio.run(run_episode(task, llm, SamplingParams(), tool_latency_s=0.0))
+    assert episode.reward == 1.0 and episode.context_rewrites == 0
+    assert [m["content"] for m in llm.prompts[-1] if m["role"] == "tool"] == [task.values[k] for k in keys]

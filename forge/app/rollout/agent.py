@@ -2,8 +2,10 @@
 
 Reasoning and QA episodes are one call. Agent episodes loop: the model's tool calls run in the tool environment
 (concurrently within a turn), their results go back as tool messages, a malformed call earns a process reward and a
-format hint (so does a last reply that gives no answer), and the agent manages its own context (past a few tool results it replaces the exchange by a note of
-the values found). The episode ends with an answer, or after ``max_turns``.
+format hint (so does a last reply that gives no answer), and the agent manages its own context as its task's domain
+does it (``forge.tasks.manage_context``: past a few tool results a note of the values found replaces the exchange;
+long tasks cut older pages down to the lines about what is asked). The episode ends with an answer, or after
+``max_turns``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Any
 
 from forge.app.rollout.llm import ChatLLM
 from forge.model.sampling import SamplingParams
-from forge.tasks import Task
-from forge.tasks.agent import FORMAT_HINT, MALFORMED_PENALTY, ToolEnvironment, manage_context
+from forge.tasks import Task, manage_context
+from forge.tasks.agent import FORMAT_HINT, MALFORMED_PENALTY, ToolEnvironment
 from forge.tasks.base import final_answer
 
 

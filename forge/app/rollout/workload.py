@@ -28,6 +28,7 @@ from forge.model.sampling import SamplingParams
 from forge.sandbox import SandboxConfig, SandboxPool
 from forge.sandbox.tripwires import describe
 from forge.tasks import DOMAINS, Task, task_stream
+from forge.tasks.long import PAGE_LINES
 from forge.tasks.source import task_cycle
 from forge.v1 import gateway_pb2
 
@@ -95,12 +96,13 @@ class BuiltinWorkload(Workload):
     black-box example agent (a program that knows nothing but the OpenAI client)."""
 
     def __init__(self, domains: tuple[str, ...] = DOMAINS, *, temperature: float = 1.0, max_tokens: int = 48,
-                 tool_latency_s: float = 0.3, blackbox_every: int = 0, seed: int = 0) -> None:
+                 tool_latency_s: float = 0.3, blackbox_every: int = 0, seed: int = 0,
+                 page_lines: int = PAGE_LINES) -> None:
         self.domains = domains
         self.sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens)
         self.tool_latency_s = tool_latency_s
         self.blackbox_every = blackbox_every
-        self._tasks = task_stream(domains, seed)
+        self._tasks = task_stream(domains, seed, page_lines)
         self._single_turn = 0
 
     def next_plan(self) -> Plan:

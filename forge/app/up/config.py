@@ -28,7 +28,8 @@ from forge.app.rollout.config import (
 from forge.cli.overrides import Overrides
 from forge.sandbox.config import SandboxConfig
 from forge.settings import Settings, SettingsError, group, log_level_setting, setting
-from forge.tasks import DOMAINS
+from forge.tasks import ALL_DOMAINS, DOMAINS
+from forge.tasks.long import PAGE_LINES
 
 # The services forge up runs, whose settings a run file's tables (and --set) override.
 SERVICE_KINDS = ("learner", "actor", "gateway", "cache")
@@ -102,7 +103,11 @@ class UpConfig(Settings):
     eval_samples: int = setting(4, min=1, help="Sampled episodes per held-out task (the greedy reading takes one).")
     blackbox_every: int = setting(6, min=0, help="Every n-th single-turn group is played by the black-box "
                                                  "OpenAI-client agent (0 = never).")
-    domains: tuple[str, ...] = setting(DOMAINS, separator=",", choices=DOMAINS, help="Task domains to train on.")
+    domains: tuple[str, ...] = setting(DOMAINS, separator=",", choices=ALL_DOMAINS,
+                                       help="Task domains to train on (long: agent tasks whose tool outputs are long "
+                                            "pages; not in the default mix).")
+    long_page_lines: int = setting(PAGE_LINES, min=1, help="Lines in each tool output of the long tasks (about 8 "
+                                                           "tokens a line on the built-in tokenizer).")
     seed: int = setting(0, help="Seed of the learner, the actors (the actor's own plus its index) and the rollouts, "
                                 "unless a service's settings give one.")
     cache: bool = setting(True, help="Start forge-cache (the global L3 KV cache) and connect the actors to it (torch "

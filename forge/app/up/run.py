@@ -36,7 +36,7 @@ def workload_for(config: UpConfig, team: Team | None):
         return team.workload(config.driver.sampling,
                              config.seed, load_tokenizer(config.model.path))
     return BuiltinWorkload(config.domains, temperature=config.driver.temperature, max_tokens=config.driver.max_tokens,
-                           blackbox_every=config.blackbox_every, seed=config.seed)
+                           blackbox_every=config.blackbox_every, seed=config.seed, page_lines=config.long_page_lines)
 
 
 @dataclass
