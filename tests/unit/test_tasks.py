@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 
 import pytest
 
 from forge.app.pretrain import demonstration
+from forge.app.rollout import agent as rollout_agent
 from forge.app.rollout.agent import run_episode
 from forge.app.rollout.llm import Reply
 from forge.model.sampling import SamplingParams
@@ -164,21 +164,36 @@ def test_an_agent_episode_solves_a_task_with_parallel_lookups():
     assert [m["content"] for m in tool_messages] == [task.values[k] for k in keys]
 
 
-def test_parallel_lookups_finish_sooner_than_one_by_one():
+def test_parallel_lookups_run_concurrently_and_one_by_one_do_not(monkeypatch):
+    """Lookups of one turn overlap (counted while they sleep, whatever the machine's speed); one by one, they do
+    not, and the episode lasts at least their latencies end to end."""
     task = agent_task(3)
     keys = list(task.values)
-    latency = 0.2
+    latency = 0.05
 
-    async def timed(*script) -> float:
-        started = time.perf_counter()
-        episode = await run_episode(task, ScriptedChat(*script), SamplingParams(), tool_latency_s=latency)
+    class Counting(ToolEnvironment):
+        in_flight = peak = 0
+
+        async def _lookup(self, call):
+            Counting.in_flight += 1
+            Counting.peak = max(Counting.peak, Counting.in_flight)
+            try:
+                return await super()._lookup(call)
+            finally:
+                Counting.in_flight -= 1
+
+    monkeypatch.setattr(rollout_agent, "ToolEnvironment", Counting)
+
+    def played(*script) -> tuple[int, float]:
+        Counting.peak = 0
+        episode = asyncio.run(run_episode(task, ScriptedChat(*script), SamplingParams(), tool_latency_s=latency))
         assert episode.reward == 1.0
-        return time.perf_counter() - started
+        return Counting.peak, episode.seconds
 
     answer = Reply("Answer: " + " ".join(task.values.values()))
-    together = asyncio.run(timed(lambda m: lookups(*keys), lambda m: answer))
-    apart = asyncio.run(timed(*(lambda m, k=k: lookups(k) for k in keys), lambda m: answer))
-    assert together < 2 * latency and apart >= 3 * latency
+    together, _ = played(lambda m: lookups(*keys), lambda m: answer)
+    apart, seconds = played(*(lambda m, k=k: lookups(k) for k in keys), lambda m: answer)
+    assert together == 3 and apart == 1 and seconds >= 3 * latency
 
 
 def test_malformed_calls_and_silent_replies_cost_a_process_reward():
