@@ -15,8 +15,7 @@ Each case runs in a process of its own, so that its peak resident memory is its 
 - ``transformers-ckpt``: the same with transformers' gradient checkpointing;
 - ``forge-ckpt-cp2``, ``forge-ckpt-cp4``: ``forge-ckpt`` with context parallelism, the trees' tokens split across 2
   or 4 processes (torchrun, gloo), each holding the whole model; the slowest rank's seconds and the largest rank's
-  memory. The step's stem is run whole by every rank, so these show what context parallelism saves on a trajectory
-  that shares no prefix: run them with ``--group 1``.
+  memory (the step's stem split across the ranks as the trees are).
 
 Reported per case: seconds per step (median of ``--repeats``), the process's peak resident memory, and what the step
 added to it (peak after the steps minus peak once the model was loaded); ratios against ``--baseline``.
@@ -97,7 +96,7 @@ def forge_step(model: CausalLM, samples: list[Sample], budget: int,
     ``group``, this rank's share of every tree."""
     tokens = float(sum(s.num_completion for s in samples))
     step = pack_step(samples, budget)
-    stem = None if step.stem is None else stem_forward(model, step.stem, piece_tokens=budget)
+    stem = None if step.stem is None else stem_forward(model, step.stem, piece_tokens=budget, group=group)
     for batch in step.batches:
         out = (sharded_tree_forward(model, batch, group, stem=stem) if group is not None
                else tree_policy_forward(model, batch, stem=stem))

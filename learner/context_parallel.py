@@ -138,12 +138,15 @@ class KeyCompletion(Protocol):
 class ShardKeys:
     """Where a rank's queries find the keys and values of every slot of a tree it computes a share of: each rank's
     computed rows gathered over the group, then (``then``, when the tree borrows slots from the step's stem) the
-    borrowed ones."""
+    borrowed ones. A piece of the stem keeps the gathered rows (``recorded``) for the trees to borrow."""
 
     group: ContextGroup
     share: Share
     then: KeyCompletion | None = None
+    recorded: dict[int, tuple[Tensor, Tensor]] | None = None   # when given, each layer's gathered keys and values
 
     def complete(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         k, v = self.share.gather(k, 2, self.group), self.share.gather(v, 2, self.group)
+        if self.recorded is not None:
+            self.recorded[layer] = (k, v)
         return (k, v) if self.then is None else self.then.complete(layer, k, v)

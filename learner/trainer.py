@@ -235,11 +235,11 @@ class Trainer:
         share = 1.0 / self.context.size
         computed = max(1.0, self.dist.sum(float(packed_tokens + (stem.num_nodes if stem is not None else 0))) * share)
         state: StemState | None = None
-        if stem is not None:        # run whole by every rank of a context group, its gradient shared among them
+        if stem is not None:        # each rank of a context group computes its share of every piece
             state = stem_forward(self.model, stem, mtp_k, routing_mode=self.config.routing,
-                                 balance_weight=balance * stem.num_nodes / computed * self.dist.world_size * share,
-                                 piece_tokens=self.config.micro_batch_tokens)
-            for routing in state.routings if self.context.index == 0 else []:
+                                 balance_weight=balance * stem.num_nodes / computed * self.dist.world_size,
+                                 piece_tokens=self.config.micro_batch_tokens, group=self.context)
+            for routing in state.routings:
                 tally.add(routing)
         for micro in micros:
             real = micro.samples[0].position >= 0
@@ -281,6 +281,7 @@ class Trainer:
                               policy_sum=self.dist.sum(policy_sum), mtp_sum=self.dist.sum(mtp_sum),
                               packed_tokens=round(self.dist.sum(float(packed_tokens)) * share),
                               stem_tokens=round(self.dist.sum(float(stem.num_nodes if stem is not None else 0)) * share))
+        record["stem_rank_tokens"] = self.dist.max(state.computed_rows if state is not None else 0)
         if config.sparse_layers:           # the same on every rank: the collectives run everywhere or nowhere
             sums = {name: self.dist.sum(value) for name, value in tally.sums().items()}
             sums["load_max"] /= self.dist.world_size

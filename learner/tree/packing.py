@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from forge.learner.context_parallel import ShardKeys
 from forge.learner.samples import Sample
 from forge.learner.tree.attention import BorrowedKeys, TreeAttention
 from forge.learner.tree.trie import Trie, build_trie
@@ -103,16 +104,23 @@ class StemPiece:
     routing: Tensor | None = None   # [layers, n, top_k] recorded expert ids of its own rows
 
     def attention(self, impl: str, block_size: int, keys: dict[int, tuple[Tensor, Tensor]] | None,
-                  mtp: bool = False) -> TreeAttention:
+                  mtp: bool = False, sharded: ShardKeys | None = None) -> TreeAttention:
         """The main model's (or with ``mtp`` the MTP layer's) attention, recording the own rows' keys and values;
-        borrowed slots read ``keys`` (the stem's, per layer [1, Hkv, C, D])."""
-        borrowing = {}
+        borrowed slots read ``keys`` (the stem's, per layer [1, Hkv, C, D]). With ``sharded`` (its share of the
+        own rows, unrecorded, empty ``then``) the queries are that share's and ``sharded.recorded`` gets every
+        rank's rows."""
+        borrow = None
         if self.borrowed is not None:
             assert keys is not None
-            borrowing = {"queries": self.borrowed.computed,
-                         "borrow": BorrowedKeys(keys, self.borrowed.stem_rows, self.borrowed.order)}
+            borrow = BorrowedKeys(keys, self.borrowed.stem_rows, self.borrowed.order)
+        own = self.borrowed.computed if self.borrowed is not None else None
+        if sharded is not None:
+            sharded.then, sharded.recorded = borrow, {}
+            rows = sharded.share.rows
+            return TreeAttention(self.end, key_ok=self.depth > 0 if mtp else None, impl=impl, block_size=block_size,
+                                 depth=self.depth, queries=rows if own is None else own[rows], borrow=sharded)
         return TreeAttention(self.end, key_ok=self.depth > 0 if mtp else None, impl=impl, block_size=block_size,
-                             record=True, depth=self.depth, **borrowing)
+                             record=True, depth=self.depth, queries=own, borrow=borrow)
 
 
 @dataclass

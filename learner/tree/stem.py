@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from forge.learner.context_parallel import ContextGroup, ShardKeys, Share, share_of
 from forge.learner.expert_replay import routing_for
 from forge.learner.tree.packing import Stem, StemPiece
 from forge.model.moe import Routing, load_balancing_loss
@@ -48,7 +49,9 @@ class StemState:
     keys: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)       # per main layer, rotated keys and
                                                                                 # values [1, Hkv, C, D]
     mtp_keys: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)   # the same for the MTP layer
-    routings: list[Routing] = field(default_factory=list)   # how each piece's first pass routed (with experts)
+    routings: list[Routing] = field(default_factory=list)   # how this rank's pieces routed (with experts), each
+                                                            # token counted on one rank of a context group
+    group: ContextGroup = field(default_factory=ContextGroup)
 
     @property
     def leaves(self) -> list[Tensor]:
@@ -60,29 +63,60 @@ class StemState:
                 leaves += layers[layer]
         return leaves
 
-    def trunk(self, piece: StemPiece, routing: Routing | None) -> tuple[Tensor, dict[int, tuple[Tensor, Tensor]]]:
-        """A piece's pass through the model: its own rows' hidden states and the keys and values they recorded,
-        borrowing its ancestors' from the state's."""
-        attention = piece.attention(self.impl, self.block_size, self.keys)
-        hidden = self.model(piece.input_ids, piece.position_ids, attention, routing)[0]
-        return hidden, attention.recorded or {}
+    @property
+    def computed_rows(self) -> int:
+        """The stem's rows this rank runs through the model (all of them without context parallelism)."""
+        shares = (self.share(piece) for piece in self.pieces)
+        return sum(piece.stop - piece.start if share is None else share.rows.numel()
+                   for piece, share in zip(self.pieces, shares, strict=True))
 
-    def drafted(self, piece: StemPiece) -> tuple[Tensor, dict[int, tuple[Tensor, Tensor]]]:
+    def share(self, piece: StemPiece) -> Share | None:
+        """This rank's share of a piece's rows under context parallelism (None: the piece runs whole here)."""
+        count = piece.stop - piece.start
+        if not self.group.enabled or count < 2 * self.group.size:
+            return None
+        return share_of(count, self.group, piece.input_ids.device)
+
+    def routing(self, piece: StemPiece, share: Share | None, keep_logits: bool) -> Routing | None:
+        recorded = piece.routing if piece.routing is None or share is None else piece.routing[:, share.rows]
+        return routing_for(self.model, recorded, self.routing_mode, keep_logits)
+
+    def trunk(self, piece: StemPiece, routing: Routing | None,
+              share: Share | None = None) -> tuple[Tensor, dict[int, tuple[Tensor, Tensor]]]:
+        """A piece's pass through the model: its own rows' hidden states and the keys and values they recorded,
+        borrowing its ancestors' from the state's (with ``share``: this rank computes that share, and every rank's
+        rows are gathered)."""
+        if share is None:
+            attention = piece.attention(self.impl, self.block_size, self.keys)
+            hidden = self.model(piece.input_ids, piece.position_ids, attention, routing)[0]
+            return hidden, attention.recorded or {}
+        sharded = ShardKeys(self.group, share)
+        attention = piece.attention(self.impl, self.block_size, self.keys, sharded=sharded)
+        own = self.model(piece.input_ids[:, share.rows], piece.position_ids[:, share.rows], attention, routing)[0]
+        return share.gather(own, 0, self.group), sharded.recorded or {}
+
+    def drafted(self, piece: StemPiece,
+                share: Share | None = None) -> tuple[Tensor, dict[int, tuple[Tensor, Tensor]]]:
         """A piece's pass through the MTP layer over its edges (the state's hidden states written for it first)."""
         assert self.hidden is not None
-        attention = piece.attention(self.impl, self.block_size, self.mtp_keys, mtp=True)
+        rows = slice(None) if share is None else share.rows
+        sharded = None if share is None else ShardKeys(self.group, share)
+        attention = piece.attention(self.impl, self.block_size, self.mtp_keys, mtp=True, sharded=sharded)
         # The MTP layer reads the trunk detached: the stem's stored hidden states are what this pass would give it.
-        draft = self.model.mtp_forward(self.hidden.detach()[piece.source].unsqueeze(0), piece.input_ids,
-                                       position_ids=(piece.position_ids - 1).clamp(min=0), attention=attention,
-                                       detach_trunk=True)[0]
-        return draft, attention.recorded or {}
+        draft = self.model.mtp_forward(self.hidden.detach()[piece.source[rows]].unsqueeze(0),
+                                       piece.input_ids[:, rows],
+                                       position_ids=(piece.position_ids[:, rows] - 1).clamp(min=0),
+                                       attention=attention, detach_trunk=True)[0]
+        if share is None:
+            return draft, attention.recorded or {}
+        return share.gather(draft, 0, self.group), sharded.recorded or {}
 
-    def run(self, piece: StemPiece, routing: Routing | None) -> list[Tensor]:
+    def run(self, piece: StemPiece, routing: Routing | None, share: Share | None = None) -> list[Tensor]:
         """One piece's pass with its graph: its rows of every leaf, in ``leaves`` order."""
-        hidden, recorded = self.trunk(piece, routing)
+        hidden, recorded = self.trunk(piece, routing, share)
         outputs, layers = [hidden], [recorded]
         if self.draft is not None:
-            draft, mtp_recorded = self.drafted(piece)
+            draft, mtp_recorded = self.drafted(piece, share)
             outputs.append(draft)
             layers.append(mtp_recorded)
         for recorded_layers in layers:
@@ -90,30 +124,33 @@ class StemState:
                 outputs += recorded_layers[layer]
         return outputs
 
-    def write(self, piece: StemPiece, routing: Routing | None, mtp: bool) -> None:
+    def write(self, piece: StemPiece, routing: Routing | None, mtp: bool, share: Share | None = None) -> None:
         """Run a piece without a graph and write its rows into the state's tensors (sized on the first piece)."""
         total, rows = self.stem.num_nodes, slice(piece.start, piece.stop)
-        hidden, recorded = self.trunk(piece, routing)
+        hidden, recorded = self.trunk(piece, routing, share)
         if self.hidden is None:
             self.hidden = hidden.new_zeros((total, *hidden.shape[1:]))
             self.draft = hidden.new_zeros((total, *hidden.shape[1:])) if mtp else None
         self.hidden[rows] = hidden
         _store(self.keys, recorded, piece, total)
         if self.draft is not None:
-            draft, mtp_recorded = self.drafted(piece)
+            draft, mtp_recorded = self.drafted(piece, share)
             self.draft[rows] = draft
             _store(self.mtp_keys, mtp_recorded, piece, total)
 
     def backward(self) -> None:
         """Run every piece again with its graph, the last first, and back-propagate the gradients the trees (and
         the later pieces) left on its leaves (zeros where none came, so that every rank runs the same
-        collectives)."""
+        collectives). Under context parallelism a leaf's gradient is this rank's readers' share: the gathers of
+        a sharded piece sum them over the group; a piece run whole passes them on, and the ranks' parameter
+        gradients add up."""
         if self.hidden is None or not self.hidden.requires_grad:
             return
         leaves = self.leaves
         for piece in reversed(self.pieces):
-            routing = routing_for(self.model, piece.routing, self.routing_mode, self.balance_weight > 0)
-            outputs = self.run(piece, routing)
+            share = self.share(piece)
+            routing = self.routing(piece, share, self.balance_weight > 0)
+            outputs = self.run(piece, routing, share)
             if len(outputs) != len(leaves):
                 raise RuntimeError(f"the stem's second pass gave {len(outputs)} tensors, the first {len(leaves)}")
             # Cloned: the backward below adds the earlier rows' gradients into the same tensors.
@@ -121,8 +158,9 @@ class StemState:
                      for leaf, out in zip(leaves, outputs, strict=True)]
             if routing is not None and routing.logits:
                 outputs.append(load_balancing_loss(routing.logits, self.model.config.num_experts_per_tok))
-                share = (piece.stop - piece.start) / self.stem.num_nodes
-                grads.append(torch.tensor(self.balance_weight * share, device=outputs[-1].device))
+                computed = piece.stop - piece.start if share is None else share.rows.numel()
+                weight = computed / self.stem.num_nodes / (self.group.size if share is None else 1)
+                grads.append(torch.tensor(self.balance_weight * weight, device=outputs[-1].device))
             torch.autograd.backward(outputs, grads)
 
 
@@ -143,19 +181,23 @@ def _store(into: dict[int, tuple[Tensor, Tensor]], recorded: dict[int, tuple[Ten
 
 def stem_forward(model: CausalLM, stem: Stem, mtp_top_k: int = 0, impl: str = "auto",
                  block_size: int = 256, routing_mode: str = "replay", balance_weight: float = 0.0,
-                 piece_tokens: int = 8192) -> StemState:
+                 piece_tokens: int = 8192, group: ContextGroup | None = None) -> StemState:
     """Run ``stem`` through the model (and the MTP layer with ``mtp_top_k`` > 0) without a graph, in pieces of at
     most ``piece_tokens`` rows; the leaves require gradients when gradients are enabled. A model with experts
     routes as ``routing_mode`` says; with ``balance_weight`` the backward adds that multiple of the stem tokens'
-    load-balancing loss (each piece's loss weighted by its share of the stem's tokens)."""
+    load-balancing loss (each piece's loss weighted by its share of the stem's tokens). With a context ``group``
+    each rank computes its share of every piece of at least two rows per rank (``shard_rows``), the keys and values
+    gathered per layer; every rank holds the whole stem's leaves."""
     train = torch.is_grad_enabled()
     mtp = mtp_top_k > 0 and len(model.mtp) > 0
-    state = StemState(model, stem, stem.pieces(piece_tokens), impl, block_size, routing_mode, balance_weight)
+    state = StemState(model, stem, stem.pieces(piece_tokens), impl, block_size, routing_mode, balance_weight,
+                      group=group or ContextGroup())
     with torch.no_grad():
         for piece in state.pieces:
-            routing = routing_for(model, piece.routing, routing_mode, balance_weight > 0)
-            state.write(piece, routing, mtp)
-            if routing is not None:
+            share = state.share(piece)
+            routing = state.routing(piece, share, balance_weight > 0)
+            state.write(piece, routing, mtp, share)
+            if routing is not None and (share is not None or state.group.index == 0):
                 state.routings.append(routing)
     for leaf in state.leaves:
         leaf.requires_grad_(train)

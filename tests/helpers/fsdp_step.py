@@ -44,7 +44,7 @@ def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int, lora_
     if distributed.is_main:
         torch.save({"state": state, "published": published, "grads": grads, "loss": record["loss"],
                     "tokens": record["tokens"], "stem_tokens": record.get("stem_tokens", 0),
-                    "packed_tokens": record["packed_tokens"]}, out)
+                    "packed_tokens": record["packed_tokens"], "stem_rank_tokens": record["stem_rank_tokens"]}, out)
         pool.close()
     distributed.close()
 

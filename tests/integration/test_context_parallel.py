@@ -1,7 +1,7 @@
 """Context parallelism as processes (torchrun, gloo): one step with every packed tree's tokens split across 2 and 4
 ranks (and 2 x 2 with data parallelism, and with activation checkpointing) equals the one-rank step, loss and
-gradients, on rollouts whose trees share prefixes and a stem, with the MTP draft, dense and with experts; and a family
-trained through transformers."""
+gradients, on rollouts whose trees share prefixes and a stem (split across the ranks too, whole or in pieces), with
+the MTP draft, dense and with experts; and a family trained through transformers."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def test_context_parallel_steps_equal_one_rank(tmp_path, config):
         fill_from(pool, model, groups=4, group_size=3, calls=3, max_tokens=9)
     one = stepped(tmp_path, tmp_path / "model", 1)
     assert one["stem_tokens"] > 0 and one["tokens"] == 4 * 3 * 3 * 9
+    assert one["stem_rank_tokens"] == one["stem_tokens"]
     # (processes, context group, activation checkpointing, budget): a budget of 16 runs the stem in pieces and
     # leaves trees too small to split across 4 ranks
     layouts = [(2, 2, False, 64), (4, 4, False, 64), (4, 2, False, 64), (2, 2, True, 64), (4, 4, False, 16)]
@@ -35,6 +36,8 @@ def test_context_parallel_steps_equal_one_rank(tmp_path, config):
         assert other["tokens"] == one["tokens"], label
         if nproc == context and budget == 64:       # one data-parallel group: the same trees as one rank
             assert (other["packed_tokens"], other["stem_tokens"]) == (one["packed_tokens"], one["stem_tokens"])
+            # the stem split as the trees are: each rank computes its zig-zag share of it
+            assert other["stem_rank_tokens"] <= -(-one["stem_tokens"] // context) + 1, label
         assert_equal_steps(one, other, label)
 
 
