@@ -238,7 +238,8 @@ class Trainer:
         if stem is not None:        # each rank of a context group computes its share of every piece
             state = stem_forward(self.model, stem, mtp_k, routing_mode=self.config.routing,
                                  balance_weight=balance * stem.num_nodes / computed * self.dist.world_size,
-                                 piece_tokens=self.config.micro_batch_tokens, group=self.context)
+                                 piece_tokens=self.config.micro_batch_tokens, group=self.context,
+                                 passes=self.dist.max(stem.piece_count(self.config.micro_batch_tokens)))
             for routing in state.routings:
                 tally.add(routing)
         for micro in micros:

@@ -57,6 +57,20 @@ class Stem:
     def num_nodes(self) -> int:
         return int(self.input_ids.shape[1])
 
+    def piece_count(self, token_budget: int) -> int:
+        """How many pieces ``pieces(token_budget)`` cuts."""
+        return -(-self.num_nodes // token_budget)
+
+    def phantom(self) -> StemPiece:
+        """A pass over the stem's first row alone whose results go nowhere: what a rank whose stem needs fewer
+        pieces than another's runs instead, so that every rank runs the same passes (FSDP gathers and reduces the
+        parameters in each one)."""
+        device = self.input_ids.device
+        return StemPiece(start=0, stop=1, input_ids=self.input_ids[:, :1], position_ids=self.position_ids[:, :1],
+                         source=torch.zeros(1, dtype=torch.long, device=device),
+                         end=torch.ones(1, dtype=torch.long, device=device), depth=self.position_ids[0, :1],
+                         borrowed=None)
+
     def pieces(self, token_budget: int) -> list[StemPiece]:
         """The stem cut into runs of at most ``token_budget`` rows, in order: each piece computes its own rows and
         borrows its ancestors' keys and values from the pieces before it (pre-order: they come earlier)."""

@@ -52,6 +52,7 @@ class StemState:
     routings: list[Routing] = field(default_factory=list)   # how this rank's pieces routed (with experts), each
                                                             # token counted on one rank of a context group
     group: ContextGroup = field(default_factory=ContextGroup)
+    phantoms: int = 0                       # passes run after the pieces for symmetry with other ranks (discarded)
 
     @property
     def leaves(self) -> list[Tensor]:
@@ -146,6 +147,10 @@ class StemState:
         gradients add up."""
         if self.hidden is None or not self.hidden.requires_grad:
             return
+        for _ in range(self.phantoms):
+            phantom = self.stem.phantom()
+            outputs = self.run(phantom, self.routing(phantom, None, False))
+            torch.autograd.backward(outputs, [torch.zeros_like(out) for out in outputs])
         leaves = self.leaves
         for piece in reversed(self.pieces):
             share = self.share(piece)
@@ -181,17 +186,19 @@ def _store(into: dict[int, tuple[Tensor, Tensor]], recorded: dict[int, tuple[Ten
 
 def stem_forward(model: CausalLM, stem: Stem, mtp_top_k: int = 0, impl: str = "auto",
                  block_size: int = 256, routing_mode: str = "replay", balance_weight: float = 0.0,
-                 piece_tokens: int = 8192, group: ContextGroup | None = None) -> StemState:
+                 piece_tokens: int = 8192, group: ContextGroup | None = None, passes: int = 0) -> StemState:
     """Run ``stem`` through the model (and the MTP layer with ``mtp_top_k`` > 0) without a graph, in pieces of at
     most ``piece_tokens`` rows; the leaves require gradients when gradients are enabled. A model with experts
     routes as ``routing_mode`` says; with ``balance_weight`` the backward adds that multiple of the stem tokens'
     load-balancing loss (each piece's loss weighted by its share of the stem's tokens). With a context ``group``
     each rank computes its share of every piece of at least two rows per rank (``shard_rows``), the keys and values
-    gathered per layer; every rank holds the whole stem's leaves."""
+    gathered per layer; every rank holds the whole stem's leaves. ``passes``: the most pieces any rank's stem
+    needs (every rank must run as many passes, forward and backward: the rest are ``Stem.phantom``)."""
     train = torch.is_grad_enabled()
     mtp = mtp_top_k > 0 and len(model.mtp) > 0
-    state = StemState(model, stem, stem.pieces(piece_tokens), impl, block_size, routing_mode, balance_weight,
-                      group=group or ContextGroup())
+    pieces = stem.pieces(piece_tokens)
+    state = StemState(model, stem, pieces, impl, block_size, routing_mode, balance_weight,
+                      group=group or ContextGroup(), phantoms=max(0, passes - len(pieces)))
     with torch.no_grad():
         for piece in state.pieces:
             share = state.share(piece)
@@ -199,6 +206,11 @@ def stem_forward(model: CausalLM, stem: Stem, mtp_top_k: int = 0, impl: str = "a
             state.write(piece, routing, mtp, share)
             if routing is not None and (share is not None or state.group.index == 0):
                 state.routings.append(routing)
+        for _ in range(state.phantoms):
+            phantom = stem.phantom()
+            state.trunk(phantom, state.routing(phantom, None, False))
+            if mtp:
+                state.drafted(phantom)
     for leaf in state.leaves:
         leaf.requires_grad_(train)
     return state

@@ -1,15 +1,20 @@
 """Context parallelism as processes (torchrun, gloo): one step with every packed tree's tokens split across 2 and 4
 ranks (and 2 x 2 with data parallelism, and with activation checkpointing) equals the one-rank step, loss and
 gradients, on rollouts whose trees share prefixes and a stem (split across the ranks too, whole or in pieces), with
-the MTP draft, dense and with experts; and a family trained through transformers."""
+the MTP draft, dense and with experts; a family trained through transformers; and data-parallel ranks whose stems
+need different numbers of pieces."""
 
 from __future__ import annotations
+
+import random
+from pathlib import Path
 
 import pytest
 import torch
 
 from forge.builtin import load_model
 from forge.pool import Pool
+from forge.v1 import common_pb2, pool_pb2
 
 from helpers.families import SMALL, fill_on_policy, write_family
 from helpers.learner_runs import CONFIG, MOE_CONFIG, assert_same_update, fill_from, make_model, stepped
@@ -64,3 +69,36 @@ def test_context_parallel_steps_a_family_trained_through_transformers_as_one_ran
     other = stepped(tmp_path, model_dir, 2, context_parallel=2)
     assert one["stem_tokens"] > 0 and other["packed_tokens"] == one["packed_tokens"]
     assert_equal_steps(one, other, "llama, 2 ranks of one context group")
+
+
+def write_uneven_stems(pool_dir: Path, vocab: int) -> None:
+    """Four groups, two whose shared prompts are 60 tokens long, two 5 (their trie sizes alike): under a 16-token
+    budget, the two data-parallel ranks' stems (two prompts each) need 8 pieces and 1."""
+    rng = random.Random(3)
+    with Pool(pool_dir) as pool:
+        for group, (first, prompt_len, completion_len) in enumerate([(1, 60, 10), (2, 60, 10), (3, 5, 28),
+                                                                     (4, 5, 28)]):
+            prompt = [first] + [rng.randrange(3, vocab) for _ in range(prompt_len - 1)]
+            for index in range(3):
+                session = pool.open_session(task_id=f"t{group}", group_id=f"g{group}", group_size=3).session_id
+                completion = [rng.randrange(3, vocab) for _ in range(completion_len)]
+                pool.append_call(pool_pb2.CallRecord(
+                    session_id=session, index=0, prompt_ids=prompt, completion_ids=completion,
+                    logprobs=[-3.0] * completion_len, weight_versions=[0] * completion_len,
+                    finish_reason=common_pb2.FINISH_REASON_STOP))
+                pool.close_session(session_id=session, outcome_rewards={"correct": float(index)})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("context", [1, 2], ids=["data-parallel", "context-parallel"])
+def test_ranks_whose_stems_need_different_piece_counts_step_as_one_rank(tmp_path, context):
+    """Every rank runs as many stem passes as the rank needing the most (the others' extra ones discarded): FSDP
+    gathers and reduces the parameters in each pass, so a rank running fewer would leave the others waiting."""
+    model = make_model(7, CONFIG)
+    model.save_pretrained(tmp_path / "model")
+    write_uneven_stems(tmp_path / "pool", CONFIG.vocab_size)
+    one = stepped(tmp_path, tmp_path / "model", 1, micro_batch_tokens=16)
+    assert one["stem_tokens"] >= 130
+    other = stepped(tmp_path, tmp_path / "model", 2 * context, context_parallel=context, micro_batch_tokens=16)
+    assert_equal_steps(one, other, f"{2 * context} processes, context groups of {context}, budget 16")
