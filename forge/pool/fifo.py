@@ -66,14 +66,23 @@ def cursor_of(state: PoolState) -> pool_pb2.Cursor:
                            committed_head=state.committed_head)
 
 
-def fetch(tx: Txn, window: int, max_entries: int = 0, include_calls: bool = False) -> pool_pb2.FetchResponse:
-    """Completed entries in [head, head + window - 1], in queue order; nothing beyond the window."""
+def _field_bytes(size: int) -> int:
+    """Bytes a message of ``size`` bytes takes as an element of a repeated field numbered below 16."""
+    return 1 + (max(size.bit_length(), 1) + 6) // 7 + size
+
+
+def fetch(tx: Txn, window: int, max_entries: int = 0, include_calls: bool = False,
+          max_bytes: int = 0) -> pool_pb2.FetchResponse:
+    """Completed entries in [head, head + window - 1], in queue order; nothing beyond the window. With ``max_bytes``
+    (a message limit), only the leading entries whose response fits in it: the caller fetches again for the others;
+    an entry that alone does not fit is refused (InvalidRequestError), since no response could carry it."""
     if window < 1:
         raise InvalidRequestError(f"window must be at least 1 (got {window})")
     if max_entries < 0:
         raise InvalidRequestError(f"max_entries must be >= 0 (got {max_entries})")
     state = tx.state()
     response = pool_pb2.FetchResponse(head=state.head, tail=state.tail, seq=state.seq)
+    size = response.ByteSize()
     for entry in tx.entries(state.head, min(state.tail, state.head + window)):
         if entry.status != COMPLETED:
             continue
@@ -81,6 +90,15 @@ def fetch(tx: Txn, window: int, max_entries: int = 0, include_calls: bool = Fals
         if include_calls:
             for session_id in entry.members:
                 tx.session_with_calls(session_id, out.sessions.add())
+        if max_bytes:
+            size += _field_bytes(out.ByteSize())
+            if size > max_bytes:
+                if len(response.entries) == 1:
+                    raise InvalidRequestError(
+                        f"queue entry {entry.position} with its calls takes {size} bytes, more than one response may "
+                        f"carry ({max_bytes}); read this pool in process (PoolReader or Pool on its directory)")
+                del response.entries[-1]
+                break
         if max_entries and len(response.entries) >= max_entries:
             break
     return response

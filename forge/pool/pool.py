@@ -38,11 +38,13 @@ class PoolReader:
             raise PoolClosedError("the pool is closed")
         return self.store.read()
 
-    def fetch(self, window: int, max_entries: int = 0, include_calls: bool = False) -> pool_pb2.FetchResponse:
+    def fetch(self, window: int, max_entries: int = 0, include_calls: bool = False,
+              max_bytes: int = 0) -> pool_pb2.FetchResponse:
         """Completed entries in [head, head + window - 1], in queue order (nothing beyond the window, even if
-        complete); with ``include_calls`` each entry carries its sessions and their calls."""
+        complete); with ``include_calls`` each entry carries its sessions and their calls. ``max_bytes`` (> 0): only
+        the leading entries that fit a response of that size (see ``fifo.fetch``)."""
         with self._read() as tx:
-            return fifo.fetch(tx, window, max_entries, include_calls)
+            return fifo.fetch(tx, window, max_entries, include_calls, max_bytes)
 
     def get_session(self, session_id: str) -> pool_pb2.SessionWithCalls:
         with self._read() as tx:

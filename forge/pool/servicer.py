@@ -37,9 +37,13 @@ def _guarded(method: Callable) -> Callable:
 
 
 class PoolServicer(pool_pb2_grpc.PoolServicer):
-    def __init__(self, pool: Pool, instance: str = "pool") -> None:
+    """``max_fetch_bytes``: the largest Fetch response (the server's message limit; ``serve_pool`` sets it): a fetch
+    answers with the leading entries that fit, and the client fetches again for the others."""
+
+    def __init__(self, pool: Pool, instance: str = "pool", max_fetch_bytes: int = 0) -> None:
         self.pool = pool
         self.instance = instance
+        self.max_fetch_bytes = max_fetch_bytes
         self.started = time.time()
 
     @_guarded
@@ -61,7 +65,7 @@ class PoolServicer(pool_pb2_grpc.PoolServicer):
 
     @_guarded
     def Fetch(self, request, context):
-        return self.pool.fetch(request.window, request.max_entries, request.include_calls)
+        return self.pool.fetch(request.window, request.max_entries, request.include_calls, self.max_fetch_bytes)
 
     @_guarded
     def Consume(self, request, context):
@@ -105,7 +109,9 @@ def pool_binding(servicer: PoolServicer) -> ServiceBinding:
 def serve_pool(pool: Pool, options: ServerOptions | None = None, servicer: PoolServicer | None = None) -> GrpcServer:
     """A started gRPC server for ``pool`` (loopback and any free port unless ``options`` say otherwise), through
     ``servicer`` when given (a servicer of ``pool``)."""
+    options = options or ServerOptions()
     servicer = servicer or PoolServicer(pool)
-    server = GrpcServer([pool_binding(servicer)], options or ServerOptions())
+    servicer.max_fetch_bytes = options.max_message_bytes
+    server = GrpcServer([pool_binding(servicer)], options)
     servicer.instance = server.address
     return server.start()
