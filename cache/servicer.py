@@ -9,14 +9,12 @@ import time
 import grpc
 
 from forge.cache.store import BlockStore
-from forge.kv.blocks import MAX_BLOCK_BYTES, Assembler, InvalidBlock, check_hashes, to_chunks
+from forge.kv.blocks import MAX_BLOCK_BYTES, MAX_HASHES, Assembler, InvalidBlock, check_hashes, to_chunks
 from forge.meters import RateMeter
 from forge.telemetry import stats_report
 from forge.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
-
-MAX_HASHES = 1 << 16
 
 
 class CacheServicer(cache_pb2_grpc.CacheServicer):

@@ -19,6 +19,7 @@ from forge.v1 import cache_pb2
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
                "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1}
 MAX_BLOCK_BYTES = 256 * 1024 * 1024
+MAX_HASHES = 1 << 16            # block hashes one Lookup or Get request may carry (a client splits longer chains)
 MAX_DIMS = 8
 CHUNK_BYTES = 1024 * 1024
 

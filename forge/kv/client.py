@@ -4,6 +4,10 @@ hash to its server on a consistent-hash ring (``HashRing``) and fans requests ou
 A server that cannot be reached (or times out) counts as holding nothing: lookups end at its first block, its
 blocks are not fetched and puts to it are dropped, so a cache outage costs recomputation, never a failed request.
 Payloads are checked (size, shape, SHA-256) on arrival; a corrupted block is dropped, as if missing.
+
+A long prompt's chain is asked for in requests of at most ``max_request_hashes`` hashes (the servers' limit,
+``MAX_HASHES``), one after another on each server: a lookup stops at the first request not wholly held, and a fetch
+keeps the blocks of the requests answered before one that failed.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import TypeVar
 
 import grpc
 
-from forge.kv.blocks import CHUNK_BYTES, Assembler, InvalidBlock, KVBlock, check_hashes, to_chunks
+from forge.kv.blocks import CHUNK_BYTES, MAX_HASHES, Assembler, InvalidBlock, KVBlock, check_hashes, to_chunks
 from forge.kv.ring import HashRing
 from forge.kvhash import leading
 from forge.rpc import connect
@@ -40,10 +44,13 @@ def parse_addresses(addresses: str | Sequence[str]) -> list[str]:
 
 class CacheClient:
     def __init__(self, addresses: str | Sequence[str], api_key: str | None = None, timeout_s: float = 10.0,
-                 chunk_bytes: int = CHUNK_BYTES) -> None:
+                 chunk_bytes: int = CHUNK_BYTES, max_request_hashes: int = MAX_HASHES) -> None:
+        if not 0 < max_request_hashes <= MAX_HASHES:
+            raise ValueError(f"max_request_hashes must be in [1, {MAX_HASHES}], got {max_request_hashes}")
         self.ring = HashRing(parse_addresses(addresses))
         self.timeout_s = timeout_s
         self.chunk_bytes = chunk_bytes
+        self.max_request_hashes = max_request_hashes
         self._channels = {a: connect(a, api_key) for a in self.ring.servers}
         self.stubs = {a: cache_pb2_grpc.CacheStub(c) for a, c in self._channels.items()}
         self._pool = ThreadPoolExecutor(max_workers=len(self.stubs), thread_name_prefix="cache-client") \
@@ -77,23 +84,32 @@ class CacheClient:
         futures = {server: self._pool.submit(guarded, server, group) for server, group in groups.items()}
         return {server: future.result() for server, future in futures.items()}
 
+    def _parts(self, indices: list[int]) -> list[list[int]]:
+        """``indices`` cut into the requests that carry them, in order."""
+        step = self.max_request_hashes
+        return [indices[start:start + step] for start in range(0, len(indices), step)]
+
     def lookup(self, hashes: Sequence[bytes]) -> int:
         """Length of the leading run of ``hashes`` (a chain) held by the servers."""
         hashes = check_hashes(hashes)
         if not hashes:
             return 0
         groups = self.ring.split(hashes)
+        held = dict.fromkeys(groups, 0)           # per server: its leading blocks known to be held (kept on failure)
 
-        def ask(server: str, indices: list[int]) -> int:
-            request = cache_pb2.LookupRequest(block_hashes=[hashes[i] for i in indices])
-            return self.stubs[server].Lookup(request, timeout=self.timeout_s).num_cached_blocks
+        def ask(server: str, indices: list[int]) -> None:
+            for part in self._parts(indices):
+                request = cache_pb2.LookupRequest(block_hashes=[hashes[i] for i in part])
+                found = self.stubs[server].Lookup(request, timeout=self.timeout_s).num_cached_blocks
+                held[server] += found
+                if found < len(part):
+                    return
 
-        answers = self._fan_out(groups, ask)
+        self._fan_out(groups, ask)
         prefix = len(hashes)
         for server, indices in groups.items():
-            held = answers[server] or 0
-            if held < len(indices):               # the server's first missing block ends the chain there
-                prefix = min(prefix, indices[held])
+            if held[server] < len(indices):       # the server's first missing block ends the chain there
+                prefix = min(prefix, indices[held[server]])
         return prefix
 
     def put(self, blocks: Sequence[KVBlock]) -> tuple[int, int]:
@@ -114,28 +130,25 @@ class CacheClient:
         """The blocks the servers hold among ``hashes``, checked; missing and corrupted ones are absent."""
         hashes = check_hashes(hashes)
         groups = self.ring.split(hashes)
+        found: list[KVBlock] = []                 # what arrived, also from servers that failed after some requests
 
-        def fetch(server: str, indices: list[int]) -> list[KVBlock]:
-            request = cache_pb2.GetRequest(block_hashes=[hashes[i] for i in indices])
-            assembler, found = Assembler(), []
-            for chunk in self.stubs[server].Get(request, timeout=self.timeout_s):
-                try:
-                    block = assembler.feed(chunk)
-                except InvalidBlock as exc:
-                    log.error("cache server %s sent a bad block: %s", server, exc)
-                    assembler = Assembler()
-                    continue
-                if block is not None:
-                    found.append(block)
-            return found
+        def fetch(server: str, indices: list[int]) -> None:
+            for part in self._parts(indices):
+                request = cache_pb2.GetRequest(block_hashes=[hashes[i] for i in part])
+                assembler = Assembler()
+                for chunk in self.stubs[server].Get(request, timeout=self.timeout_s):
+                    try:
+                        block = assembler.feed(chunk)
+                    except InvalidBlock as exc:
+                        log.error("cache server %s sent a bad block: %s", server, exc)
+                        assembler = Assembler()
+                        continue
+                    if block is not None:
+                        found.append(block)
 
+        self._fan_out(groups, fetch)
         wanted = set(hashes)
-        blocks: dict[bytes, KVBlock] = {}
-        for answer in self._fan_out(groups, fetch).values():
-            for block in answer or ():
-                if block.block_hash in wanted:
-                    blocks[block.block_hash] = block
-        return blocks
+        return {block.block_hash: block for block in found if block.block_hash in wanted}
 
     def get_prefix(self, hashes: Sequence[bytes]) -> list[KVBlock]:
         """The leading run of ``hashes`` whose blocks arrived intact."""
