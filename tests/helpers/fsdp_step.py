@@ -1,7 +1,7 @@
 """One training step on a pool, alone or under torchrun with FSDP2 (and context parallelism of a given size), with
 LoRA adapters of a given rank (their B drawn at random, the same on every rank) or without; rank 0 saves the
 gradients the step used and the resulting parameters. Arguments: MODEL POOL OUT MICRO_BATCH_TOKENS [LORA_RANK
-[CONTEXT_PARALLEL [ACTIVATION_CHECKPOINTING]]]."""
+[CONTEXT_PARALLEL [ACTIVATION_CHECKPOINTING [DEVICE]]]] (DEVICE: cpu, the default, or cuda: a GPU per rank, NCCL)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from forge.pool.window import WindowConfig
 
 
 def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int, lora_rank: int = 0,
-         context_parallel: int = 1, activation_checkpointing: int = 0) -> None:
-    distributed = init_distributed("cpu")
+         context_parallel: int = 1, activation_checkpointing: int = 0, device: str = "cpu") -> None:
+    distributed = init_distributed(device)
     torch.manual_seed(0)
     model = load_model(model_dir)[0]        # Forge's own family, or transformers'
     lora = LoraConfig(rank=lora_rank, alpha=8.0, publish="adapters") if lora_rank else None
@@ -50,5 +50,5 @@ def main(model_dir: str, pool_dir: str, out: str, micro_batch_tokens: int, lora_
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), *map(int, sys.argv[5:]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), *map(int, sys.argv[5:8]), *sys.argv[8:9])
     Path(sys.argv[3] + ".done").touch()

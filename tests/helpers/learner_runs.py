@@ -64,19 +64,20 @@ def lineage(metrics: Path) -> dict[int, list[int]]:
 
 
 def stepped(tmp_path: Path, model_dir: Path, nproc: int, lora_rank: int = 0, context_parallel: int = 1,
-            micro_batch_tokens: int = 64, activation_checkpointing: bool = False) -> dict:
+            micro_batch_tokens: int = 64, activation_checkpointing: bool = False, device: str = "cpu") -> dict:
     """What one training step on a copy of ``tmp_path/pool`` saved (``helpers/fsdp_step.py``) on ``nproc`` ranks,
-    ``context_parallel`` of them to a context group."""
-    name = f"{nproc}-{context_parallel}-{lora_rank}-{int(activation_checkpointing)}-{micro_batch_tokens}"
+    ``context_parallel`` of them to a context group (on ``device``: cpu, or cuda with a GPU per rank), read back
+    onto the CPU."""
+    name = f"{nproc}-{context_parallel}-{lora_rank}-{int(activation_checkpointing)}-{micro_batch_tokens}-{device}"
     copy = tmp_path / f"pool-{name}"
     shutil.copytree(tmp_path / "pool", copy)
     out = tmp_path / f"params-{name}.pt"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                str(HELPERS / "fsdp_step.py"), str(model_dir), str(copy), str(out), str(micro_batch_tokens),
-               str(lora_rank), str(context_parallel), str(int(activation_checkpointing))]
+               str(lora_rank), str(context_parallel), str(int(activation_checkpointing)), device]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    return torch.load(out)
+    return torch.load(out, map_location="cpu")
 
 
 def assert_same_update(one: dict, two: dict, name: str, lr: float = 1e-3) -> None:

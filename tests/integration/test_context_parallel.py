@@ -102,3 +102,20 @@ def test_ranks_whose_stems_need_different_piece_counts_step_as_one_rank(tmp_path
     assert one["stem_tokens"] >= 130
     other = stepped(tmp_path, tmp_path / "model", 2 * context, context_parallel=context, micro_batch_tokens=16)
     assert_equal_steps(one, other, f"{2 * context} processes, context groups of {context}, budget 16")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_context_parallel_over_nccl_steps_as_one_gpu(tmp_path):
+    """The same split on GPUs, a rank per GPU, the keys and values gathered over NCCL."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"context parallelism over NCCL needs two CUDA GPUs (this machine has {torch.cuda.device_count()})")
+    model = make_model(7, CONFIG)
+    model.save_pretrained(tmp_path / "model")
+    with Pool(tmp_path / "pool") as pool:
+        fill_from(pool, model, groups=4, group_size=3, calls=3, max_tokens=9)
+    one = stepped(tmp_path, tmp_path / "model", 1, micro_batch_tokens=16, device="cuda")
+    other = stepped(tmp_path, tmp_path / "model", 2, context_parallel=2, micro_batch_tokens=16, device="cuda")
+    assert one["stem_tokens"] > 0 and other["stem_rank_tokens"] < one["stem_tokens"]
+    assert_equal_steps(one, other, "2 GPUs, one context group, budget 16")
