@@ -3,8 +3,7 @@ trains one step on a pool whose group holds a session of 65,536 tokens (two call
 first's transcript by a long tool output) and a short one sharing its first prompt, at the default
 ``--micro-batch-tokens`` with activation checkpointing; the kernel's count of the process's peak resident memory
 stays under ``MEMORY_BOUND_MB`` (4 GiB), where one T×T matrix of attention scores over the session would alone take
-16 GiB.
-Measured, not timed."""
+16 GiB. Measured, not timed."""
 
 from __future__ import annotations
 
