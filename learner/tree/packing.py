@@ -117,24 +117,25 @@ class StemPiece:
     borrowed: Borrowed | None   # the ancestor slots, from the stem's rows (None: the first piece)
     routing: Tensor | None = None   # [layers, n, top_k] recorded expert ids of its own rows
 
+    def borrowed_keys(self, keys: dict[int, tuple[Tensor, Tensor]] | None) -> BorrowedKeys | None:
+        """Where its ancestor slots find their keys and values: ``keys``, the stem's (per layer [1, Hkv, C, D])."""
+        if self.borrowed is None:
+            return None
+        assert keys is not None
+        return BorrowedKeys(keys, self.borrowed.stem_rows, self.borrowed.order)
+
     def attention(self, impl: str, block_size: int, keys: dict[int, tuple[Tensor, Tensor]] | None,
                   mtp: bool = False, sharded: ShardKeys | None = None) -> TreeAttention:
         """The main model's (or with ``mtp`` the MTP layer's) attention, recording the own rows' keys and values;
-        borrowed slots read ``keys`` (the stem's, per layer [1, Hkv, C, D]). With ``sharded`` (its share of the
-        own rows, unrecorded, empty ``then``) the queries are that share's and ``sharded.recorded`` gets every
-        rank's rows."""
-        borrow = None
-        if self.borrowed is not None:
-            assert keys is not None
-            borrow = BorrowedKeys(keys, self.borrowed.stem_rows, self.borrowed.order)
+        borrowed slots read ``keys``. With ``sharded`` (a share of the own rows; it completes the keys and records
+        every rank's) the queries are that share's."""
         own = self.borrowed.computed if self.borrowed is not None else None
+        common = {"key_ok": self.depth > 0 if mtp else None, "impl": impl, "block_size": block_size,
+                  "depth": self.depth}
         if sharded is not None:
-            sharded.then, sharded.recorded = borrow, {}
             rows = sharded.share.rows
-            return TreeAttention(self.end, key_ok=self.depth > 0 if mtp else None, impl=impl, block_size=block_size,
-                                 depth=self.depth, queries=rows if own is None else own[rows], borrow=sharded)
-        return TreeAttention(self.end, key_ok=self.depth > 0 if mtp else None, impl=impl, block_size=block_size,
-                             record=True, depth=self.depth, queries=own, borrow=borrow)
+            return TreeAttention(self.end, queries=rows if own is None else own[rows], borrow=sharded, **common)
+        return TreeAttention(self.end, record=True, queries=own, borrow=self.borrowed_keys(keys), **common)
 
 
 @dataclass

@@ -53,6 +53,7 @@ class StemState:
                                                             # token counted on one rank of a context group
     group: ContextGroup = field(default_factory=ContextGroup)
     phantoms: int = 0                       # passes run after the pieces for symmetry with other ranks (discarded)
+    shares: list[Share | None] = field(default_factory=list)    # per piece, this rank's share (None: run whole)
 
     @property
     def leaves(self) -> list[Tensor]:
@@ -67,16 +68,8 @@ class StemState:
     @property
     def computed_rows(self) -> int:
         """The stem's rows this rank runs through the model (all of them without context parallelism)."""
-        shares = (self.share(piece) for piece in self.pieces)
         return sum(piece.stop - piece.start if share is None else share.rows.numel()
-                   for piece, share in zip(self.pieces, shares, strict=True))
-
-    def share(self, piece: StemPiece) -> Share | None:
-        """This rank's share of a piece's rows under context parallelism (None: the piece runs whole here)."""
-        count = piece.stop - piece.start
-        if not self.group.enabled or count < 2 * self.group.size:
-            return None
-        return share_of(count, self.group, piece.input_ids.device)
+                   for piece, share in zip(self.pieces, self.shares, strict=True))
 
     def routing(self, piece: StemPiece, share: Share | None, keep_logits: bool) -> Routing | None:
         recorded = piece.routing if piece.routing is None or share is None else piece.routing[:, share.rows]
@@ -91,17 +84,18 @@ class StemState:
             attention = piece.attention(self.impl, self.block_size, self.keys)
             hidden = self.model(piece.input_ids, piece.position_ids, attention, routing)[0]
             return hidden, attention.recorded or {}
-        sharded = ShardKeys(self.group, share)
+        sharded = ShardKeys(self.group, share, piece.borrowed_keys(self.keys), recorded={})
         attention = piece.attention(self.impl, self.block_size, self.keys, sharded=sharded)
         own = self.model(piece.input_ids[:, share.rows], piece.position_ids[:, share.rows], attention, routing)[0]
-        return share.gather(own, 0, self.group), sharded.recorded or {}
+        return share.gather(own, 0, self.group), sharded.recorded
 
     def drafted(self, piece: StemPiece,
                 share: Share | None = None) -> tuple[Tensor, dict[int, tuple[Tensor, Tensor]]]:
         """A piece's pass through the MTP layer over its edges (the state's hidden states written for it first)."""
         assert self.hidden is not None
         rows = slice(None) if share is None else share.rows
-        sharded = None if share is None else ShardKeys(self.group, share)
+        sharded = None if share is None else ShardKeys(self.group, share, piece.borrowed_keys(self.mtp_keys),
+                                                       recorded={})
         attention = piece.attention(self.impl, self.block_size, self.mtp_keys, mtp=True, sharded=sharded)
         # The MTP layer reads the trunk detached: the stem's stored hidden states are what this pass would give it.
         draft = self.model.mtp_forward(self.hidden.detach()[piece.source[rows]].unsqueeze(0),
@@ -110,7 +104,7 @@ class StemState:
                                        attention=attention, detach_trunk=True)[0]
         if share is None:
             return draft, attention.recorded or {}
-        return share.gather(draft, 0, self.group), sharded.recorded or {}
+        return share.gather(draft, 0, self.group), sharded.recorded
 
     def run(self, piece: StemPiece, routing: Routing | None, share: Share | None = None) -> list[Tensor]:
         """One piece's pass with its graph: its rows of every leaf, in ``leaves`` order."""
@@ -147,13 +141,12 @@ class StemState:
         gradients add up."""
         if self.hidden is None or not self.hidden.requires_grad:
             return
+        phantom = self.stem.phantom()
         for _ in range(self.phantoms):
-            phantom = self.stem.phantom()
             outputs = self.run(phantom, self.routing(phantom, None, False))
             torch.autograd.backward(outputs, [torch.zeros_like(out) for out in outputs])
         leaves = self.leaves
-        for piece in reversed(self.pieces):
-            share = self.share(piece)
+        for piece, share in zip(reversed(self.pieces), reversed(self.shares), strict=True):
             routing = self.routing(piece, share, self.balance_weight > 0)
             outputs = self.run(piece, routing, share)
             if len(outputs) != len(leaves):
@@ -196,18 +189,19 @@ def stem_forward(model: CausalLM, stem: Stem, mtp_top_k: int = 0, impl: str = "a
     needs (every rank must run as many passes, forward and backward: the rest are ``Stem.phantom``)."""
     train = torch.is_grad_enabled()
     mtp = mtp_top_k > 0 and len(model.mtp) > 0
-    pieces = stem.pieces(piece_tokens)
-    state = StemState(model, stem, pieces, impl, block_size, routing_mode, balance_weight,
-                      group=group or ContextGroup(), phantoms=max(0, passes - len(pieces)))
+    pieces, group = stem.pieces(piece_tokens), group or ContextGroup()
+    shares = [share_of(piece.stop - piece.start, group, piece.input_ids.device)
+              if group.enabled and piece.stop - piece.start >= 2 * group.size else None for piece in pieces]
+    state = StemState(model, stem, pieces, impl, block_size, routing_mode, balance_weight, group=group,
+                      phantoms=max(0, passes - len(pieces)), shares=shares)
     with torch.no_grad():
-        for piece in state.pieces:
-            share = state.share(piece)
+        for piece, share in zip(state.pieces, shares, strict=True):
             routing = state.routing(piece, share, balance_weight > 0)
             state.write(piece, routing, mtp, share)
             if routing is not None and (share is not None or state.group.index == 0):
                 state.routings.append(routing)
+        phantom = stem.phantom()
         for _ in range(state.phantoms):
-            phantom = stem.phantom()
             state.trunk(phantom, state.routing(phantom, None, False))
             if mtp:
                 state.drafted(phantom)
