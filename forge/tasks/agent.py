@@ -24,12 +24,18 @@ MAX_TOOL_MESSAGES = 2
 FORMAT_HINT = 'Malformed tool call. Use <tool_call>{"name": "lookup", "arguments": {"key": KEY}}</tool_call>.'
 
 
-def make(rng: random.Random, task_id: str) -> Task:
+def asked(rng: random.Random) -> tuple[dict[str, str], str]:
+    """Two or three objects with their hidden colors, and the prompt asking for them."""
     keys = rng.sample(OBJECTS, rng.choice((2, 2, 3)))
     values = {key: rng.choice(COLORS) for key in keys}
     listed = " and ".join(keys) if len(keys) == 2 else f"{keys[0]}, {keys[1]} and {keys[2]}"
-    return Task(task_id, DOMAIN, [{"role": "user", "content": f"Find the colors of {listed}."}],
-                " ".join(values.values()), tools=[LOOKUP], values=values)
+    return values, f"Find the colors of {listed}."
+
+
+def make(rng: random.Random, task_id: str) -> Task:
+    values, prompt = asked(rng)
+    return Task(task_id, DOMAIN, [{"role": "user", "content": prompt}], " ".join(values.values()), tools=[LOOKUP],
+                values=values)
 
 
 def call_message(keys: list[str], ids: list[str]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import random
 import re
 from typing import Any
 
-from forge.tasks.agent import COLORS, OBJECTS
+from forge.tasks.agent import COLORS, OBJECTS, asked
 from forge.tasks.base import Task
 from forge.tasks.names import name
 
@@ -53,12 +53,10 @@ def page(rng: random.Random, key: str, color: str, asked: list[str], lines: int)
 def make(rng: random.Random, task_id: str, page_lines: int = PAGE_LINES) -> Task:
     if page_lines < 1:
         raise ValueError(f"a page holds at least one line, got {page_lines}")
-    keys = rng.sample(OBJECTS, rng.choice((2, 2, 3)))
-    colors = {key: rng.choice(COLORS) for key in keys}
-    listed = " and ".join(keys) if len(keys) == 2 else f"{keys[0]}, {keys[1]} and {keys[2]}"
-    pages = {key: page(rng, key, color, keys, page_lines) for key, color in colors.items()}
-    return Task(task_id, DOMAIN, [{"role": "user", "content": f"Find the colors of {listed}."}],
-                " ".join(colors.values()), tools=[RECORDS], values=pages)
+    colors, prompt = asked(rng)
+    pages = {key: page(rng, key, color, list(colors), page_lines) for key, color in colors.items()}
+    return Task(task_id, DOMAIN, [{"role": "user", "content": prompt}], " ".join(colors.values()), tools=[RECORDS],
+                values=pages)
 
 
 def _naming(keys: list[str]) -> re.Pattern[str]:
