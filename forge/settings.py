@@ -28,6 +28,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
+from forge.structured.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
+
 SETTING = "forge.setting"
 GROUP_DEFAULTS = "forge.group_defaults"
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()      # no default given by a group
@@ -376,3 +378,16 @@ def flatten(cls: type, table: Mapping[str, Any], where: str) -> dict[str, Any]:
 
     walk(cls, table, "")
     return flat
+
+
+def grammar_memory_setting() -> Any:
+    """The ``grammar_memory_mb`` field of a service that checks grammars from the network (the gateway, actors)."""
+    return setting(DEFAULT_MEMORY_MB, flag="grammar-memory-mb", min=64, unit="MiB",
+                   help="Memory a grammar (structured output, a strict tool) may take to compile, in a process of "
+                        "its own; a grammar that needs more is refused with the reason.")
+
+
+def grammar_timeout_setting() -> Any:
+    """The ``grammar_timeout_s`` field of a service that checks grammars from the network."""
+    return setting(DEFAULT_TIMEOUT_S, flag="grammar-timeout", min=0.1,
+                   help="Seconds a grammar may take to compile; a grammar that takes longer is refused.")

@@ -22,6 +22,8 @@ from typing import Literal
 
 import numpy as np
 
+from forge.structured.bounds import lark_problem, schema_text_problem
+
 ANY_OBJECT = '{"type": "object"}'
 MAX_GRAMMAR_BYTES = 64 * 1024
 _CACHED_GRAMMARS = 64
@@ -49,10 +51,21 @@ class Grammar:
             return self.text
         return "start: " + json_lark(self.text)
 
+    def bounds_problem(self) -> str | None:
+        """Why the grammar is beyond the bounds every compiler of it keeps (``forge.structured.bounds``), or None;
+        cheap, and safe for any input: nothing is compiled."""
+        if len(self.text.encode()) > MAX_GRAMMAR_BYTES:
+            return f"the {self.kind.replace('_', ' ')} is larger than {MAX_GRAMMAR_BYTES // 1024} KiB"
+        return schema_text_problem(self.text) if self.kind == "json_schema" else lark_problem(self.text)
+
     def problem(self) -> str | None:
-        """Why the grammar cannot constrain a completion, or None (checked without a tokenizer)."""
+        """Why the grammar cannot constrain a completion, or None: its bounds, then compiled without a tokenizer
+        (a process serving the network checks with its tokenizer in ``forge.structured.sandbox`` instead)."""
         import llguidance
 
+        bounds = self.bounds_problem()
+        if bounds is not None:
+            return bounds
         try:
             compiled = llguidance.LLMatcher.grammar_from_lark(self.lark())
         except (GrammarError, ValueError) as exc:
@@ -126,11 +139,15 @@ class Grammars:
         self._lock = threading.Lock()
 
     def matcher(self, grammar: Grammar) -> Matcher:
-        """A fresh matcher of ``grammar`` at the start of a completion; GrammarError if it cannot compile."""
+        """A fresh matcher of ``grammar`` at the start of a completion; GrammarError if it is beyond the bounds or
+        cannot compile."""
         lark = grammar.lark()
         with self._lock:
             compiled = self._compiled.get(lark)
             if compiled is None:
+                bounds = grammar.bounds_problem()
+                if bounds is not None:
+                    raise GrammarError(bounds)
                 compiled = self._compile(lark)
                 self._compiled[lark] = compiled
                 if len(self._compiled) > _CACHED_GRAMMARS:
