@@ -115,9 +115,10 @@ class Parts:
     relay: Any = None
     metrics: Any = None
     servers: list = field(default_factory=list)         # stopped if the engine process dies
+    grammars: Any = None                                # the grammar sandbox (forge.structured.sandbox)
 
     def close(self) -> None:
-        for part in (self.metrics, self.subscriber, *self.adapter_subscribers, self.relay):
+        for part in (self.metrics, self.subscriber, *self.adapter_subscribers, self.relay, self.grammars):
             if part is not None:
                 part.close()
         self.serving.backend.close()
@@ -167,6 +168,17 @@ def _follow_adapters(config: ActorConfig, context: StartContext, parts: Parts) -
         time.sleep(0.05)
 
 
+def _grammar_sandbox(config: ActorConfig):
+    """Where requests' grammars are compiled first (forge.structured.sandbox); None for a model without a
+    tokenizer.json."""
+    from forge.builtin import resolve_model
+    from forge.structured.sandbox import GrammarSandbox, SandboxSpec
+
+    spec = SandboxSpec.of_checkpoint(resolve_model(config.model).directory, config.grammar_memory_mb,
+                                     config.grammar_timeout_s)
+    return None if spec is None else GrammarSandbox(spec)
+
+
 def _serve(config: ActorConfig, context: StartContext, parts: Parts) -> None:
     """Serve the Actor service (and the backend's KV events) until a signal, announcing it in the ready file."""
     from forge.actors.servicer import ActorServicer
@@ -177,7 +189,9 @@ def _serve(config: ActorConfig, context: StartContext, parts: Parts) -> None:
     serving = parts.serving
     servicer = ActorServicer(serving.backend, config.name or "actor",
                              {"model": serving.model_id, "device": context.device}, config.role,
-                             figures=parts.relay.figures if parts.relay is not None else None)
+                             figures=parts.relay.figures if parts.relay is not None else None,
+                             grammars=_grammar_sandbox(config))
+    parts.grammars = servicer.grammars
     bindings = [ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2, "Actor")]
     event_source = None
     if serving.kv_events is not None:

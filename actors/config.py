@@ -14,6 +14,8 @@ from forge.settings import (
     Settings,
     SettingsError,
     check_metrics_port,
+    grammar_memory_setting,
+    grammar_timeout_setting,
     log_level_setting,
     metrics_port_setting,
     ready_file_setting,
@@ -199,6 +201,8 @@ class ActorConfig(Settings):
                                  "held, or never.")
     l3_api_key: str | None = setting(None, env="FORGE_ACTOR_L3_API_KEY", secret=True,
                                      help="API key of the cache servers.")
+    grammar_memory_mb: int = grammar_memory_setting()
+    grammar_timeout_s: float = grammar_timeout_setting()
     role: str = setting("both", choices=ROLES,
                         help="Disaggregated serving (torch): prefill serves only prefill-only requests (the first "
                              "token, the prompt's KV handed over through --l3-cache); decode serves continuations "

@@ -5,6 +5,10 @@ backend's queue, not by a thread pool, and a step's chunks for many streams cost
 plain functions (a backend may block on them), run in the server's thread pool. Requests are validated before they
 are queued; bad ones get INVALID_ARGUMENT with the reason, a full queue gets RESOURCE_EXHAUSTED. A client that goes
 away (cancel, deadline, dropped connection) aborts its request, which frees its KV blocks.
+
+A request's grammar is checked as the gateway checks it (the same bounds, then compiled in the grammar sandbox,
+``forge.structured``) before any backend compiles it in this process: a grammar whose compilation would exhaust
+memory ends the sandbox's process, never the actor.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from forge.actors.backend import (
     TokenChunk,
 )
 from forge.expert_routing import encode as encode_routing
+from forge.model.grammar import GrammarError
 from forge.model.sampling import SamplingError
-from forge.rpc.sampling import sampling_from_proto
+from forge.rpc.sampling import grammar_of, sampling_from_proto
+from forge.structured.sandbox import GrammarSandbox, SandboxUnavailable
 from forge.telemetry import stats_report
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
@@ -73,10 +79,14 @@ def request_from_proto(request: actor_pb2.GenerateRequest) -> GenerationRequest:
 
 class ActorServicer(actor_pb2_grpc.ActorServicer):
     def __init__(self, backend: Backend, instance: str, labels: dict[str, str] | None = None,
-                 role: str = "both", figures: Callable[[], dict[str, float]] | None = None) -> None:
-        """``figures``: more gauges for Stats beside the backend's (e.g. a weight relay's ``relay_*``)."""
+                 role: str = "both", figures: Callable[[], dict[str, float]] | None = None,
+                 grammars: GrammarSandbox | None = None) -> None:
+        """``figures``: more gauges for Stats beside the backend's (e.g. a weight relay's ``relay_*``);
+        ``grammars``: the sandbox requests' grammars are compiled in first (None: the model has no tokenizer.json,
+        and the backend refuses structured output)."""
         self.backend = backend
         self.figures = figures
+        self.grammars = grammars
         self.instance = instance
         self.role = role
         self.labels = {"backend": backend.name, "role": role, **(labels or {})}
@@ -93,10 +103,31 @@ class ActorServicer(actor_pb2_grpc.ActorServicer):
             return "this is a decode actor (--role decode): send prefill-only requests to a prefill actor"
         return None
 
+    async def _grammar_problem(self, sampling: common_pb2.SamplingParams) -> str | None:
+        """Why the request's grammar (if any) may not be compiled here, or None."""
+        if not sampling.HasField("grammar"):
+            return None
+        try:
+            grammar = grammar_of(sampling.grammar)
+            lark = grammar.lark()
+        except (GrammarError, SamplingError) as exc:
+            return str(exc)
+        problem = grammar.bounds_problem()
+        if problem is not None or self.grammars is None:
+            return problem
+        try:
+            return await self.grammars.check(lark)
+        except SandboxUnavailable as exc:
+            log.error("structured output cannot be checked: %s", exc)
+            return f"structured output is unavailable on this actor: {exc}"
+
     async def Generate(self, request: actor_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         refusal = self._role_refusal(request)
         if refusal is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+        problem = await self._grammar_problem(request.sampling)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"grammar: {problem}")
         try:
             stream = self.backend.submit(request_from_proto(request))
         except (InvalidRequest, SamplingError) as exc:
@@ -128,4 +159,6 @@ class ActorServicer(actor_pb2_grpc.ActorServicer):
         figures = self.backend.stats()
         if self.figures is not None:
             figures = {**figures, **self.figures()}
+        if self.grammars is not None:
+            figures = {**figures, **self.grammars.gauges()}
         return stats_report("actor", self.instance, self.started, figures, self.labels)
