@@ -173,6 +173,7 @@ class CallRunner:
             self._lark_text = LarkText({token.content: token_id for token_id, token in added.items()})
         if forced:
             lark = forced_call_lark(layout, call.tools or [], call.forced_function, self._lark_text)
+            call.grammar_param = "tools"
         else:
             lark = reply_or_call_lark(json_lark(reply_schema(call.sampling.grammar)), layout, call.tools or [],
                                       self._lark_text)

@@ -11,7 +11,15 @@ from forge.gateway.parsers import TOOL_PARSERS
 from forge.gateway.reasoning import REASONING_PARSERS
 from forge.gateway.routing import DEFAULT_ROUTER, router_class
 from forge.rpc.client import check_address, check_addresses
-from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
+from forge.settings import (
+    Settings,
+    SettingsError,
+    grammar_memory_setting,
+    grammar_timeout_setting,
+    log_level_setting,
+    ready_file_setting,
+    setting,
+)
 
 LOOPBACK = "127.0.0.1"
 
@@ -89,6 +97,8 @@ class GatewayConfig(Settings):
                                               help="Seconds between looks for idle sessions [default: a quarter of "
                                                    "--session-timeout, at most 30].")
     max_body_bytes: int = setting(16 * 1024 * 1024, min=1024, help="Largest HTTP request body accepted (larger: 413).")
+    grammar_memory_mb: int = grammar_memory_setting()
+    grammar_timeout_s: float = grammar_timeout_setting()
     tool_parser: str = setting("auto", choices=("auto", *TOOL_PARSERS, "none"),
                                help="Tool-call syntax parsed out of completions: a model family's, or auto (read from "
                                     "the chat template, else config.json's model_type; hermes if neither says).")

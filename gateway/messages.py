@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 
 from forge.gateway.errors import BadRequest
 from forge.gateway.forced_calls import check_tool_choice
+from forge.gateway.json_values import check_json, has_surrogate
 from forge.model.grammar import Grammar
 from forge.model.sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS, repetition_problem, temperature_problem
+from forge.structured.bounds import schema_problem
 from forge.tokenizer.tokenizer import NAMED_SPECIAL_TOKENS
 from forge.v1 import common_pb2, gateway_pb2
 
 ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-SURROGATE = re.compile("[\ud800-\udfff]")
 WHOLE_TEXT_ROLES = ("system", "user", "tool")      # chat templates show these messages' content whole
 MAX_SEED = 2**63
 INT32_MAX = 2**31 - 1
@@ -39,6 +39,7 @@ class ChatCall:
     parallel_tool_calls: bool = True        # False: at most one tool call is returned
     force_tool_call: bool = False           # tool_choice "required" or a named function: the answer opens a call
     forced_function: str | None = None      # the named function, if any
+    grammar_param: str = "grammar"          # the request's field the grammar came in (its errors name it)
 
 
 def shown_chars(call: ChatCall) -> int:
@@ -53,36 +54,10 @@ def shown_chars(call: ChatCall) -> int:
     return total
 
 
-def has_surrogate(text: str) -> bool:
-    """A lone UTF-16 surrogate (JSON "\\ud800", or an undecodable header byte): no UTF-8 form, so neither the
-    tokenizer nor a protobuf string can take it."""
-    return not text.isascii() and SURROGATE.search(text) is not None
-
-
 def check_text(text: str, where: str) -> str:
     if has_surrogate(text):
         raise BadRequest(f"{where} contains a lone surrogate (not valid Unicode text)", where)
     return text
-
-
-def surrogate_path(value: object) -> str | None:
-    """Where in decoded JSON the first string (or key) with a lone surrogate is, e.g. ``messages[0].content``;
-    None when there is none. Iterative, so any depth that decoded can be walked."""
-    stack: list[tuple[object, str]] = [(value, "")]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, str):
-            if has_surrogate(item):
-                return path or "body"
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                here = f"{path}.{key}" if path else str(key)
-                if has_surrogate(str(key)):
-                    return path or "body"
-                stack.append((child, here))
-        elif isinstance(item, list):
-            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
-    return None
 
 
 def finite_number(value: object) -> bool:
@@ -139,6 +114,10 @@ def tool_function(where: str, function: dict) -> dict:
         raise BadRequest(f"{where}.function.description must be a string", f"{where}.function.description")
     if not isinstance(function.get("parameters"), dict | None):
         raise BadRequest(f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters")
+    if function.get("strict") and function.get("parameters") is not None:
+        problem = schema_problem(function["parameters"])
+        if problem:
+            raise BadRequest(f"{where}.function.parameters (strict): {problem}", f"{where}.function.parameters")
     return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
 
 
@@ -199,16 +178,14 @@ def logit_bias_problem(token: int, bias: float, vocab_size: int) -> str | None:
 
 
 def grammar_problem(grammar: common_pb2.Grammar) -> str | None:
-    """Why ``grammar`` cannot constrain a completion, or None; it is compiled to find out."""
+    """Why ``grammar`` is beyond the bounds of a grammar (``forge.structured.bounds``), or None. Nothing is compiled
+    here: the call's final grammar is compiled in the grammar sandbox before it is routed (``grammar_check``)."""
     kind = grammar.WhichOneof("kind")
     if kind == "json_object" and grammar.json_object:
         return None
     if kind not in ("json_schema", "lark"):
         return "a grammar needs json_schema, json_object or lark"
-    try:
-        return Grammar(kind, getattr(grammar, kind)).problem()
-    except RecursionError:
-        return "the grammar is nested too deeply"
+    return Grammar(kind, getattr(grammar, kind)).bounds_problem()
 
 
 def check_logit_edits(sampling: common_pb2.SamplingParams, vocab_size: int, grammar_param: str = "grammar") -> None:
@@ -298,6 +275,7 @@ def chat_call_from_proto(request: gateway_pb2.ChatRequest, vocab_size: int, cont
             except RecursionError as exc:
                 raise BadRequest(f"tools[{i}].parameters_json is nested too deeply", f"tools[{i}].parameters_json"
                                  ) from exc
+            check_json(function["parameters"], f"tools[{i}].parameters_json")
         tools.append(tool_function(f"tools[{i}]", function))
     choice = request.tool_choice or "auto"
     if choice not in ("auto", "none", "required"):          # else the name of a function among the tools
@@ -309,6 +287,9 @@ def chat_call_from_proto(request: gateway_pb2.ChatRequest, vocab_size: int, cont
             template_kwargs = json.loads(request.chat_template_kwargs_json)
         except ValueError as exc:
             raise BadRequest(f"chat_template_kwargs_json is not JSON: {exc}", "chat_template_kwargs") from exc
+        except RecursionError as exc:
+            raise BadRequest("chat_template_kwargs_json is nested too deeply", "chat_template_kwargs") from exc
+        check_json(template_kwargs, "chat_template_kwargs_json")
     parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
     sampling = check_sampling(request.sampling, vocab_size, context_length)
     check_grammar_with_tools(sampling, tools, mode, "grammar")

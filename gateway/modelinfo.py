@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from forge.builtin import resolve_model
 from forge.gateway.prompt_limits import PromptLimits
@@ -36,6 +37,7 @@ class ModelInfo:
     chars_per_token: int | None = None      # the most characters one token covers (None: no sound bound)
     eos_token_ids: tuple[int, ...] = ()     # the model's end-of-sequence ids (config.json)
     model_type: str | None = None           # config.json's model_type (llama, qwen3_moe, ...)
+    directory: Path | None = None           # the checkpoint's directory (tokenizer.json: grammars compile with it)
 
     @classmethod
     def load(cls, model: str) -> ModelInfo:
@@ -54,7 +56,7 @@ class ModelInfo:
         eos_ids = (eos,) if isinstance(eos, int) else tuple(i for i in eos or () if isinstance(i, int))
         model_type = config.get("model_type")
         return cls(tokenizer, context, ref.model_id, chars_per_token(tokenizer), eos_ids,
-                   model_type if isinstance(model_type, str) else None)
+                   model_type if isinstance(model_type, str) else None, path)
 
     @property
     def limits(self) -> PromptLimits:

@@ -21,6 +21,7 @@ from forge.gateway.auth import KeyPolicy
 from forge.gateway.calls import CallRunner, ChatDelta, ChatResult
 from forge.gateway.config import GatewayConfig
 from forge.gateway.errors import BadRequest, GatewayError, NotFound
+from forge.gateway.grammar_check import GrammarCheck
 from forge.gateway.keys import KeyRing
 from forge.gateway.messages import ChatCall, check_sampling
 from forge.gateway.metrics import Metrics
@@ -78,6 +79,7 @@ class Gateway:
         self.sessions.on_forget.append(self.actors.router.forget)
         self.parser = CompletionParser(self._tool_parser(), self._reasoning_parser())
         self.work = OffLoop()
+        self.grammars = GrammarCheck.of_model(model, config.grammar_memory_mb, config.grammar_timeout_s)
         self.runner = CallRunner(model, self.actors, self.sessions, self.parser, self.metrics, self.work)
         self.http_url = ""          # set once the HTTP server is bound, e.g. http://127.0.0.1:8000
         self.grpc_address = ""
@@ -94,6 +96,7 @@ class Gateway:
             self._expiry.cancel()
         await self.actors.close()
         self.work.close()
+        self.grammars.close()
 
     async def _expire_forever(self) -> None:
         while True:
@@ -143,6 +146,7 @@ class Gateway:
         if open_as is None:
             _required(session_id)
         prompt = await self.work.run(size, self.runner.render, call)
+        await self.grammars.check(call.sampling, call.grammar_param)
         state = await self.sessions.resolve(session_id or uuid.uuid4().hex, open_as)
         streams = [self.runner.chat(state, sample_call(call, i), prompt, stream) for i in range(samples)]
         if session_id is None:
@@ -189,6 +193,7 @@ class Gateway:
         session = _required(session_id)
         checked = await self.work.run(sampling.ByteSize(), check_sampling, sampling, self.model.vocab_size,
                                       self.model.context_length)
+        await self.grammars.check(checked, "grammar")
         state = await self.sessions.resolve(session)
         return CallStream(state.session_id, self.runner.generate(state, prompt_ids, checked))
 
@@ -216,6 +221,7 @@ class Gateway:
     def gauges(self) -> dict[str, float]:
         figures = self.metrics.gauges()
         figures.update(self.actors.gauges())
+        figures.update(self.grammars.gauges())
         figures["sessions_open"] = float(self.sessions.open_count())
         figures["sessions_in_memory"] = float(len(self.sessions.sessions))
         return figures

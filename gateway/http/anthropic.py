@@ -216,7 +216,7 @@ def parse_messages_request(body: dict, vocab_size: int, context_length: int | No
                               vocab_size, context_length, output_format_grammar(body), "output_config.format")
     check_grammar_with_tools(sampling, tools, mode, "output_config.format")
     call = ChatCall(messages, tools, bool(tools) and mode != "none", sampling, stop, template_kwargs(body), parallel,
-                    mode == "required", function)
+                    mode == "required", function, "output_config.format")
     return call, MessagesOptions(field_value(body, "stream", "bool", False), "msg_" + uuid.uuid4().hex)
 
 

@@ -10,7 +10,8 @@ from typing import Any
 from forge.gateway.errors import BadRequest, ModelNotServed
 from forge.gateway.http.anthropic import parse_messages_request
 from forge.gateway.http.formats import WIRE_FORMATS
-from forge.gateway.messages import ChatCall, surrogate_path
+from forge.gateway.json_values import check_json
+from forge.gateway.messages import ChatCall
 from forge.gateway.off_loop import INLINE_SIZE
 from forge.gateway.prompt_limits import PromptLimits
 
@@ -20,7 +21,7 @@ def _object(pairs: list[tuple[str, Any]]) -> dict:
 
 
 def decode_json(raw: bytes | bytearray) -> Any:
-    """The JSON value of a body, refused where it is not JSON or a string holds a lone surrogate. A large one is
+    """The JSON value of a body, refused where it is not JSON or beyond the bounds of ``json_values``. A large one is
     decoded with an object hook written in Python: where it runs in a thread, the GIL can pass to the event loop
     each time the hook runs (the C decoder alone holds the GIL from start to end)."""
     try:
@@ -29,9 +30,7 @@ def decode_json(raw: bytes | bytearray) -> Any:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
     except RecursionError as exc:
         raise BadRequest("the request body is nested too deeply") from exc
-    where = surrogate_path(body)
-    if where is not None:
-        raise BadRequest(f"{where} contains a lone surrogate (not valid Unicode text)", where)
+    check_json(body)
     return body
 
 

@@ -353,7 +353,7 @@ def parse_chat_request(body: Any, vocab_size: int, context_length: int | None = 
     sampling = parse_sampling(body, vocab_size, context_length, grammar, "response_format")
     check_grammar_with_tools(sampling, tools, mode, "response_format")
     call = ChatCall(messages, tools, bool(tools) and mode != "none", sampling, parse_stop(body), template_kwargs(body),
-                    field_value(body, "parallel_tool_calls", "bool", True), mode == "required", function)
+                    field_value(body, "parallel_tool_calls", "bool", True), mode == "required", function, "response_format")
     return call, options
 
 

@@ -323,7 +323,7 @@ def parse_responses_request(body: Any, vocab_size: int, context_length: int | No
     sampling = parse_limits(body, vocab_size, context_length)
     check_grammar_with_tools(sampling, tools, mode, "text.format")
     call = ChatCall(messages, tools, bool(tools) and mode != "none", sampling, parse_stop(body), kwargs, parallel,
-                    mode == "required", function)
+                    mode == "required", function, "text.format")
     echo = {"instructions": instructions, "tools": echoed_tools, "tool_choice": body.get("tool_choice") or "auto",
             "parallel_tool_calls": parallel, "temperature": field_value(body, "temperature", "number", 1.0),
             "top_p": field_value(body, "top_p", "number", 1.0), "max_output_tokens": body.get("max_output_tokens"),

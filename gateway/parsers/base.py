@@ -104,7 +104,7 @@ def split_blocks(text: str, open_tag: str, close_tag: str) -> tuple[str, list[st
 def json_object(text: str) -> dict | None:
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):         # text the model wrote: nested past decoding's depth is not JSON
         return None
     return value if isinstance(value, dict) else None
 
@@ -182,7 +182,7 @@ def typed_value(text: str, schema: Any) -> Any:
         if kind in ("number", "object", "array"):
             try:
                 value = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             wanted = {"number": (int, float), "object": (dict,), "array": (list,)}[kind]
             if isinstance(value, wanted) and not isinstance(value, bool):

@@ -32,7 +32,7 @@ from helpers.recompute import learner_and_recorded
 from helpers.waiting import wait_for
 
 TOK = Tokenizer.from_dir(TINY_DIR)
-INFO = ModelInfo(TOK, 2048, "tiny")
+INFO = ModelInfo(TOK, 2048, "tiny", directory=TINY_DIR)
 MAX_BODY = 64 * 1024
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "look a key up",
                                            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}}]
