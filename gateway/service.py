@@ -153,6 +153,14 @@ class Gateway:
             streams = self._closing_after_all(state.session_id, streams)
         return [CallStream(state.session_id, events) for events in streams]
 
+    def call_unanswered(self, session_id: str, reason: str) -> None:
+        """A recorded call of ``session_id`` whose answer could not be sent: the session has a failed call (it is
+        closed as failed, as after an actor's failure mid-call)."""
+        self.metrics.count("unanswered_calls")
+        state = self.sessions.sessions.get(session_id)
+        if state is not None:
+            state.failures.append(reason)
+
     async def prompt_tokens(self, call: ChatCall, size: int = 0) -> int:
         """How many tokens ``call``'s prompt is, rendered as it would run (nothing is sampled or recorded)."""
         prompt = await self.work.run(size, self.runner.render, call)

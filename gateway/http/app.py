@@ -143,8 +143,7 @@ class HttpFrontEnd:
         except Exception:
             metrics.count("errors")
             log.exception("%s %s failed", request.method, request.path)
-            return web.json_response({"error": {"message": "internal error", "type": "internal_error",
-                                                "param": None, "code": None}}, status=500)
+            return json_error(GatewayError("internal error"), wire_of(request.path))
 
     def _allowed(self, operation: Operation, handler: Handler) -> Handler:
         """``handler`` once the key policy allows the caller ``operation`` on the session in the path; it finds the
@@ -288,12 +287,23 @@ class HttpFrontEnd:
             if stream:
                 return await self._stream(request, wire, (call, options), [c.events for c in calls], headers)
             results = await all_results([c.events for c in calls])
-            for result in results:
-                wire.remember(call, options, result, self.conversations)
-            headers["X-Forge-Call-Index"] = str(results[0].call_index)
-            return web.json_response(wire.answer_samples(results, self.answering, options), headers=headers)
+            try:
+                for result in results:
+                    wire.remember(call, options, result, self.conversations)
+                headers["X-Forge-Call-Index"] = str(results[0].call_index)
+                return web.json_response(wire.answer_samples(results, self.answering, options), headers=headers)
+            except Exception as exc:
+                self._unanswered(results, exc)
+                raise
 
         return model_call
+
+    def _unanswered(self, results: list[ChatResult], error: BaseException) -> None:
+        """Recorded calls whose answer could not be sent: their session is marked as having a failed call (closed as
+        failed, as after an actor's failure mid-call), so the pool never holds a call its agent did not get."""
+        for result in results:
+            self.gateway.call_unanswered(result.session_id, f"the answer to call {result.call_index} could not be "
+                                                            f"sent: {type(error).__name__}")
 
     async def _stream(self, request: web.Request, wire: WireFormat, asked: tuple[ChatCall, Any],
                       streams: list[Any], headers: dict) -> web.StreamResponse:
@@ -337,6 +347,15 @@ class HttpFrontEnd:
         except DISCONNECTED:
             self.gateway.metrics.count("client_disconnects")
             log.debug("client of session %s went away mid-stream", headers[SESSION_HEADER])
+            return response
+        except Exception as exc:
+            if response is None:
+                raise
+            self.gateway.metrics.count("errors")
+            log.exception("streamed call of session %s failed after its first byte", headers[SESSION_HEADER])
+            self._unanswered([r for r in results if r is not None], exc)
+            with contextlib.suppress(*DISCONNECTED):
+                await send(writers[0].failed(GatewayError("internal error")))
             return response
         with contextlib.suppress(*DISCONNECTED):
             await response.write_eof()
