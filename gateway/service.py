@@ -26,7 +26,7 @@ from forge.gateway.keys import KeyRing
 from forge.gateway.messages import ChatCall, check_sampling
 from forge.gateway.metrics import Metrics
 from forge.gateway.modelinfo import ModelInfo
-from forge.gateway.off_loop import OffLoop
+from forge.gateway.off_loop import MEMORY_BYTES, OffLoop
 from forge.gateway.parsing import CompletionParser, pick_tool_parser
 from forge.gateway.reasoning import pick_reasoning_parser
 from forge.gateway.sessions import SessionRegistry
@@ -36,6 +36,8 @@ from forge.v1 import actor_pb2, common_pb2, pool_pb2
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# What the front ends run in the decoding process (forge.gateway.off_loop), imported as it starts.
+DECODING_MODULES = ("forge.gateway.http.decode",)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class Gateway:
                                         config.fail_sessions_on_call_error)
         self.sessions.on_forget.append(self.actors.router.forget)
         self.parser = CompletionParser(self._tool_parser(), self._reasoning_parser())
-        self.work = OffLoop()
+        self.work = OffLoop(memory_bytes=max(MEMORY_BYTES, 64 * config.max_body_bytes), preload=DECODING_MODULES)
         self.grammars = GrammarCheck.of_model(model, config.grammar_memory_mb, config.grammar_timeout_s)
         self.runner = CallRunner(model, self.actors, self.sessions, self.parser, self.metrics, self.work)
         self.http_url = ""          # set once the HTTP server is bound, e.g. http://127.0.0.1:8000

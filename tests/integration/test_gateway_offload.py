@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from forge.gateway.errors import BadRequest, ModelNotServed, Unavailable
+from forge.gateway.errors import BadRequest, ModelNotServed, TooLarge, Unavailable
 from forge.gateway.http.decode import decode_json, prepare_call
 from forge.gateway.off_loop import PROCESS_SIZE as OFFLOAD_SIZE
 from forge.gateway.off_loop import OffLoop
@@ -47,6 +47,26 @@ def test_only_the_largest_inputs_run_in_a_separate_process_at_a_lower_priority(w
     inline, threaded, isolated, niceness = asyncio.run(scenario())
     assert inline == threaded == os.getpid() != isolated
     assert niceness == min(19, os.nice(0) + work.niceness)
+
+
+def test_a_body_whose_decoding_passes_the_memory_limit_fails_alone():
+    """The decoding process runs under a memory limit: a body whose values take more fails that request with a
+    413, and the same process decodes the next one."""
+    work = OffLoop(process_size=PROCESS_SIZE, memory_bytes=64 << 20, preload=("forge.gateway.http.decode",))
+    try:
+        many = b"[" + b"{}," * 2_000_000 + b"{}]"           # 6 MB of JSON, about 130 MB of Python objects
+
+        async def scenario() -> tuple[int, object]:
+            first = await work.run_isolated(PROCESS_SIZE + 1, os.getpid)
+            with pytest.raises(TooLarge, match="64 MiB"):
+                await work.run_isolated(len(many), decode_json, many)
+            assert await work.run_isolated(PROCESS_SIZE + 1, os.getpid) == first
+            return first, await work.run_isolated(2 * PROCESS_SIZE, decode_json, padded({"a": [1, 2]}))
+
+        pid, value = asyncio.run(scenario())
+        assert pid != os.getpid() and value == {"a": [1, 2]}
+    finally:
+        work.close()
 
 
 def test_a_body_decoded_apart_gives_the_same_values_and_refusals_as_inline(work):
