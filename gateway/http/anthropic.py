@@ -152,8 +152,11 @@ def parse_tools(body: dict) -> list[dict] | None:
         if tool.get("type", "custom") != "custom":
             raise BadRequest(f"tools[{i}]: Anthropic's server tools ({tool['type']!r}) are not supported; declare a "
                              "client tool with name, description and input_schema", f"tools[{i}]")
+        if not isinstance(tool.get("strict", False), bool):
+            raise BadRequest(f"tools[{i}].strict must be a boolean", f"tools[{i}].strict")
         checked.append(tool_function(f"tools[{i}]", {"name": tool.get("name"), "description": tool.get("description"),
-                                                     "parameters": tool.get("input_schema")}))
+                                                     "parameters": tool.get("input_schema"),
+                                                     "strict": tool.get("strict") or None}))
     return checked
 
 
