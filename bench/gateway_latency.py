@@ -19,9 +19,15 @@ another for ``--seconds``; the same probe runs first on the idle gateway. Report
 loaded side by side, the big bodies refused per second, the gateway's CPU and its peak and final resident memory,
 and the same of its child processes (the one that decodes large bodies).
 
+``--case hostile`` runs the same probe while ``--senders`` processes post small hostile requests in a loop, each
+refused with a 400: schemas whose compilation would exhaust memory (``minItems: 1000000000``, as a response format
+and as a strict tool), ``$ref`` cycles, huge pattern repetitions, values 600 levels deep, and a schema the grammar
+sandbox has not seen (a new invalid type each time, so each one is compiled there).
+
 Usage: python bench/gateway_latency.py [--concurrency 1 32 256] [--calls-per-session 4] [--max-tokens 8]
        [--repeats 3] [--paths direct http grpc] [--actor-threads 1] [--json]
        python bench/gateway_latency.py --case big-bodies [--senders 4] [--body-mib 16] [--seconds 20]
+       python bench/gateway_latency.py --case hostile [--senders 4] [--seconds 20]
 """
 
 from __future__ import annotations
@@ -157,6 +163,45 @@ def send_big_bodies(http_address: str, body_mib: int, stop: multiprocessing.sync
             refused.value += 1
 
 
+def hostile_bodies(i: int) -> list[dict]:
+    """The hostile requests of round ``i``: each must be refused with a 400."""
+    def formatted(schema: dict) -> dict:
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+    deep: object = "x"
+    for _ in range(600):
+        deep = {"a": deep}
+    base = {"model": "forge-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    strict = {"tools": [{"type": "function", "function": {"name": "f", "strict": True,
+                                                          "parameters": {"type": "array", "minItems": 10**9}}}],
+              "tool_choice": {"type": "function", "function": {"name": "f"}}}
+    return [{**base, **formatted({"type": "array", "minItems": 10**9})}, {**base, **strict},
+            {**base, **formatted({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                                  "$ref": "#/$defs/a"})},
+            {**base, **formatted({"type": "string", "pattern": "^a{1000000000}$"})},
+            {**base, "chat_template_kwargs": {"deep": deep}},
+            {**base, **formatted({"type": "object", "properties": {f"k{i}": {"type": f"foo{i}"}}})}]
+
+
+def send_hostile(http_address: str, stop: multiprocessing.synchronize.Event,
+                 refused: multiprocessing.sharedctypes.Synchronized) -> None:
+    """A client process: posts hostile requests until ``stop``; counts the refusals."""
+    host, port = http_address.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=600)
+    i = os.getpid() * 1_000_000
+    while not stop.is_set():
+        for body in hostile_bodies(i):
+            connection.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
+                               {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            answer = response.read()
+            if response.status != 400:
+                raise RuntimeError(f"a hostile request got HTTP {response.status}: {answer[:300]!r}")
+            with refused.get_lock():
+                refused.value += 1
+        i += 1
+
+
 async def probe(base: str, seconds: float) -> dict[str, list[float]]:
     """``GET /health`` and a small chat call, one after the other, for ``seconds``: their latencies."""
     took: dict[str, list[float]] = {"health": [], "chat": []}
@@ -194,14 +239,16 @@ def children(pid: int) -> list[int]:
     return kids
 
 
-def big_bodies(args: argparse.Namespace, gateway_info: dict, gateway_pid: int) -> None:
+def under_load(args: argparse.Namespace, gateway_info: dict, gateway_pid: int) -> None:
+    """The probe on the idle gateway, then beside ``--senders`` clients of ``--case``."""
     http_address = gateway_info["http_address"]
     asyncio.run(probe(http_address, 2))                                    # warm up
     idle = asyncio.run(probe(http_address, args.seconds))
     context = multiprocessing.get_context("spawn")
     stop, refused = context.Event(), context.Value("i", 0)
-    senders = [context.Process(target=send_big_bodies, args=(http_address, args.body_mib, stop, refused))
-               for _ in range(args.senders)]
+    sender, sent = ((send_big_bodies, (http_address, args.body_mib, stop, refused)) if args.case == "big-bodies"
+                    else (send_hostile, (http_address, stop, refused)))
+    senders = [context.Process(target=sender, args=sent) for _ in range(args.senders)]
     for sender in senders:
         sender.start()
     while refused.value < args.senders:                                    # every sender is under way
@@ -221,12 +268,13 @@ def big_bodies(args: argparse.Namespace, gateway_info: dict, gateway_pid: int) -
     if args.json:
         figures = {phase: {name: dict(zip(("p50_ms", "p99_ms"), np.percentile(ts, [50, 99]) * 1e3, strict=True))
                            for name, ts in took.items()} for phase, took in (("idle", idle), ("loaded", loaded))}
-        print(json.dumps({"senders": args.senders, "body_mib": args.body_mib, "refused_per_s": rate,
+        print(json.dumps({"case": args.case, "senders": args.senders, "body_mib": args.body_mib, "refused_per_s": rate,
                           "gateway_cpu_cores": cpu_share, "gateway_memory_mib": memory,
                           "helper_cpu_cores": helper_cpu, "helper_peak_mib": helper_peak, "latency": figures},
                          indent=2))
         return
-    print(f"{args.senders} clients posting {args.body_mib} MiB chat bodies in a loop ({rate:.1f} refused/s); "
+    what = f"{args.body_mib} MiB chat bodies" if args.case == "big-bodies" else "hostile requests"
+    print(f"{args.senders} clients posting {what} in a loop ({rate:.1f} refused/s); "
           f"probe: GET /health and a 1-token chat call in turn for {args.seconds:.0f} s")
     print(f"{'call':>7} {'idle n':>7} {'p50 ms':>7} {'p99 ms':>7} {'loaded n':>9} {'p50 ms':>7} {'p99 ms':>7}")
     for name in ("health", "chat"):
@@ -235,24 +283,24 @@ def big_bodies(args: argparse.Namespace, gateway_info: dict, gateway_pid: int) -
               f"{busy[0]:>7.1f} {busy[1]:>7.1f}")
     print(f"gateway while loaded: {cpu_share:.2f} cores of CPU; resident memory: peak {memory['peak']:.0f} MiB, "
           f"at the end {memory['now']:.0f} MiB")
-    print(f"its {len(helpers)} child processes (decoding large bodies): {helper_cpu:.2f} cores of CPU, resident "
+    print(f"its {len(helpers)} child processes (decoding, grammar sandbox): {helper_cpu:.2f} cores of CPU, resident "
           f"memory peak {helper_peak:.0f} MiB")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=["paths", "big-bodies"], default="paths",
-                        help="paths: the gateway against direct actor calls; big-bodies: /health and small calls "
-                             "while clients post huge bodies")
+    parser.add_argument("--case", choices=["paths", "big-bodies", "hostile"], default="paths",
+                        help="paths: the gateway against direct actor calls; big-bodies / hostile: /health and small "
+                             "calls while clients post huge bodies / hostile requests")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--calls-per-session", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--paths", nargs="+", default=["direct", "http", "grpc"], choices=["direct", "http", "grpc"])
     parser.add_argument("--actor-threads", type=int, default=1)
-    parser.add_argument("--senders", type=int, default=4, help="big-bodies: client processes posting huge bodies")
+    parser.add_argument("--senders", type=int, default=4, help="big-bodies, hostile: client processes posting")
     parser.add_argument("--body-mib", type=int, default=16, help="big-bodies: size of each huge body")
-    parser.add_argument("--seconds", type=float, default=20.0, help="big-bodies: how long each probe runs")
+    parser.add_argument("--seconds", type=float, default=20.0, help="big-bodies, hostile: how long each probe runs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="forge-gateway-bench-"))
@@ -267,9 +315,9 @@ def main() -> None:
                "grpc": gateway_info["grpc_address"]}
     pids = {"actor": actor.proc.pid, "gateway": gateway.proc.pid}
     results: dict[int, dict[str, dict[str, float]]] = {}
-    if args.case == "big-bodies":
+    if args.case in ("big-bodies", "hostile"):
         try:
-            big_bodies(args, gateway_info, gateway.proc.pid)
+            under_load(args, gateway_info, gateway.proc.pid)
         finally:
             gateway.stop()
             actor.stop()
