@@ -251,7 +251,8 @@ def under_load(args: argparse.Namespace, gateway_info: dict, gateway_pid: int) -
     senders = [context.Process(target=sender, args=sent) for _ in range(args.senders)]
     for sender in senders:
         sender.start()
-    while refused.value < args.senders:                                    # every sender is under way
+    round_size = 1 if args.case == "big-bodies" else len(hostile_bodies(0))
+    while refused.value < args.senders * round_size:                       # every sender is under way
         time.sleep(0.05)
     helpers = children(gateway_pid)
     counted_from, started = refused.value, time.perf_counter()
