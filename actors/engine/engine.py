@@ -417,6 +417,9 @@ class TorchEngine(Backend):
                 self._counters["drafts"] += 1
                 self._counters["drafts_accepted"] += int(bool(result.draft_accepted))
             self.blocks.register_full_blocks(item.seq, self.salt_of(item.seq, item.seq.kv_version))
+            if item.seq.failure is not None:          # its token was drawn without its grammar: not kept
+                self._finish(item.seq, FinishReason.ERROR, error=item.seq.failure)
+                continue
             if result is not None:
                 produced += len(result.tokens)
                 self._emit(item, result, interval)

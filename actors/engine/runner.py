@@ -26,6 +26,7 @@ from forge.actors.engine.graph import CompiledDecode
 from forge.actors.engine.packed_linear import Pack, pack_linears
 from forge.actors.engine.paged_attention import PagedAttention, PagedKVCache, StepLayout
 from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft, Sequence, uniforms
+from forge.model.grammar import GrammarError
 from forge.model.logit_edits import LogitEdits
 from forge.model.moe import Routing
 from forge.model.qwen3 import CausalLM
@@ -217,8 +218,12 @@ class ModelRunner:
         outputs after the ones its sequence has."""
         rows = []
         for row, (seq, ahead) in enumerate(row_seqs):
-            edits = seq.current_edits()
-            edit = edits.row(ahead) if edits is not None else None
+            try:
+                edits = seq.current_edits()
+                edit = edits.row(ahead) if edits is not None else None
+            except GrammarError as exc:     # this sequence's grammar failed: it alone ends (the step finishes it)
+                seq.failure = f"the grammar failed at output token {seq.num_output}: {str(exc).splitlines()[0]}"
+                edit = None
             if edit is not None:
                 rows.append((row, edit))
         return LogitEdits.of_rows(rows)

@@ -62,6 +62,7 @@ class Sequence:
     handover_version: int | None = None  # a continuation: the weight version that sampled its first token
     forced: tuple[int, float] | None = None  # a continuation's first token and its log-prob, taken instead of a draw
     adapter: str = ""                   # the named adapter it is sampled with ("": the engine's own weights)
+    failure: str | None = None          # why its grammar failed in a step: the step ends it with this error
 
     def __len__(self) -> int:
         return len(self.token_ids)
