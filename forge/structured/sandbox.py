@@ -5,7 +5,7 @@ llguidance aborts its process when an allocation fails (``memory allocation of 2
 grammars compile but fail at their first token (a schema that is only a ``$ref`` to itself). The gateway and the
 actors therefore compile each grammar they have not seen here first: a child process (spawned, light: neither torch
 nor the model) holds the tokenizer, runs under ``RLIMIT_AS``, compiles the grammar with tighter limits than the
-engines use and computes its first mask. An allocation past the limit ends the child, not the service: that grammar
+engines use and computes its masks along a short walk. An allocation past the limit ends the child, not the service: that grammar
 is refused ("needs more than N MiB to compile") and the next check starts a new child. A compilation past the time
 limit is ended the same way. Verdicts are kept by grammar text, so a schema an agent sends with every call is
 compiled once.
@@ -37,6 +37,7 @@ DEFAULT_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 120.0        # the child's start (imports, the tokenizer): long on a loaded machine, never in a test
 CACHED_VERDICTS = 1024
 MAX_GRAMMAR_SYMBOLS = 50_000   # a tenth of llguidance's default: what passes here compiles in the engines with room
+WALK_TOKENS = 16               # masks computed along the check's walk through a grammar
 
 
 @dataclass(frozen=True)
@@ -73,14 +74,24 @@ def _short(error: str) -> str:
     for line in error.splitlines():
         if line.lstrip()[:1].isdigit() and " | " in line:
             break
-        if line.strip() and line.strip() != "^":
+        if line.strip() and line.strip() not in ("^", "<non-verbose/>"):
             kept.append(line.strip())
     return " ".join(kept).removeprefix("at 1(8): ")
 
 
-def first_mask_problem(tokenizer: object, lark: str) -> str | None:
+def _lowest_allowed(mask: bytes) -> int | None:
+    """The smallest token id a bitmask (llguidance's, little-endian bits) allows, or None."""
+    for index, byte in enumerate(mask):
+        if byte:
+            return index * 8 + (byte & -byte).bit_length() - 1
+    return None
+
+
+def grammar_problem(tokenizer: object, lark: str, walk_tokens: int = WALK_TOKENS) -> str | None:
     """Why ``lark`` cannot constrain a completion under ``tokenizer`` (an ``llguidance.LLTokenizer``), or None:
-    it must compile within the check's limits, and its first mask must be computable and allow some token."""
+    it must compile within the check's limits, its first mask must allow some token, and a short walk (the lowest
+    allowed token each time, up to ``walk_tokens``) must find a mask at every step, as the engines will compute
+    them (a rule that only refers to itself fails at the second)."""
     import llguidance
 
     limits = llguidance.LLParserLimits(max_grammar_size=MAX_GRAMMAR_SYMBOLS, verbose_errors=False)
@@ -91,11 +102,16 @@ def first_mask_problem(tokenizer: object, lark: str) -> str | None:
         return f"the grammar cannot be compiled: {_short(str(exc))}"
     if matcher.is_error():
         return f"the grammar cannot be compiled: {_short(matcher.get_error())}"
-    mask = matcher.compute_bitmask()
-    if matcher.is_error():
-        return f"the grammar fails before its first token: {_short(matcher.get_error())}"
-    if not any(mask):
-        return "the grammar allows no first token"
+    for step in range(walk_tokens):
+        mask = matcher.compute_bitmask()
+        if matcher.is_error():
+            where = "before its first token" if step == 0 else f"after {step} token{'s' * (step > 1)}"
+            return f"the grammar fails {where}: {_short(matcher.get_error())}"
+        token = _lowest_allowed(mask)
+        if token is None:
+            return "the grammar allows no first token" if step == 0 else f"the grammar allows nothing at token {step}"
+        if matcher.is_stopped() or not matcher.consume_token(token) or matcher.is_stopped():
+            break
     return None
 
 
@@ -119,7 +135,7 @@ def _serve(connection: Connection, spec: SandboxSpec) -> None:
         except (EOFError, OSError):        # the parent closed its end, or is gone
             return
         try:
-            verdict = first_mask_problem(tokenizer, lark)
+            verdict = grammar_problem(tokenizer, lark)
         except MemoryError:
             verdict = f"compiling the grammar needs more than {spec.memory_mb} MiB"
         connection.send(verdict)
@@ -278,4 +294,4 @@ if __name__ == "__main__":
     main()
 
 __all__ = ["DEFAULT_MEMORY_MB", "DEFAULT_TIMEOUT_S", "GrammarSandbox", "SandboxSpec", "SandboxUnavailable",
-           "first_mask_problem"]
+           "grammar_problem"]

@@ -101,6 +101,7 @@ def generate(actor_address: str, grammar: common_pb2.Grammar) -> list[actor_pb2.
     (common_pb2.Grammar(json_schema=json.dumps({"$ref": "#"})), "no finite document"),
     (common_pb2.Grammar(json_schema=json.dumps({"type": "foo"})), "Invalid type: foo"),
     (common_pb2.Grammar(lark="start: x"), "cannot be compiled"),
+    (common_pb2.Grammar(lark='start: "{" a\na: b\nb: a'), "fails after 1 token"),
     (common_pb2.Grammar(json_schema=json.dumps(HEAVY_SCHEMA)), "needs more than 64 MiB"),
 ])
 def test_an_actor_refuses_grammars_it_cannot_run_and_serves_on(services, grammar, says):

@@ -55,6 +55,12 @@ def test_grammars_that_cannot_run_are_refused_with_the_reason(sandbox, schema, s
     assert "x-guidance" not in problem                  # the layout Forge adds is not echoed back
 
 
+def test_a_grammar_failing_after_its_first_token_is_refused(sandbox):
+    """Compiles and takes "{", then only refers to itself: the engines would fail at the second mask."""
+    assert sandbox.problem('start: "{" a\na: b\nb: a') == "the grammar fails after 1 token: NoExtensionBias"
+    assert sandbox.problem('start: "{" a "}"\na: "x" | "y" a') is None           # recursion that ends
+
+
 def test_verdicts_are_kept_so_a_schema_is_compiled_once(sandbox):
     lark = lark_of({"type": "object", "properties": {"a": {"type": "integer"}}})
     assert sandbox.known(lark) == (False, None)
