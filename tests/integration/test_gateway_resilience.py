@@ -27,6 +27,15 @@ def actor(tmp_path_factory):
     proc.stop()
 
 
+# The Responses and Messages APIs: a request, and where its error (answered whole, or the stream's last event) is.
+OTHER_APIS = [
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 4},
+     lambda answer: answer.get("error") or answer.get("response", {}).get("error")),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+     lambda answer: answer["type"] == "error" and answer["error"]),
+]
+
+
 def chat(http: httpx.Client, url: str, messages: list[dict], **extra) -> httpx.Response:
     return http.post(url, json={"messages": messages, "max_tokens": 4, **extra})
 
@@ -120,11 +129,17 @@ def test_an_actor_failing_after_the_first_token_fails_the_call_and_marks_the_ses
             events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
             assert streamed.status_code == 200 and "[DONE]" not in events
             assert "mid-stream" in json.loads(events[-1])["error"]["message"]
+            for path, body, last_error in OTHER_APIS:          # the same, in each API's own shape
+                whole = http.post(f"{failing.http}/s/{session_id}{path}", json=body)
+                assert whole.status_code == 502 and "mid-stream" in str(last_error(whole.json())), whole.text
+                streamed = http.post(f"{failing.http}/s/{session_id}{path}", json={**body, "stream": True})
+                data = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+                assert streamed.status_code == 200 and "mid-stream" in str(last_error(data[-1])), streamed.text
             ended = http.post(f"{failing.http}/v1/sessions/{session_id}/end", json={"outcome_rewards": {"r": 1}})
             session = ended.json()["session"]
             assert session["status"] == "failed" and "mid-stream" in session["failure_reason"]
-            assert session["metrics"]["gateway_failed_calls"] == 2 and session["num_calls"] == 0
-            assert http.get(f"{failing.http}/v1/stats").json()["gauges"]["call_failures"] == 2
+            assert session["metrics"]["gateway_failed_calls"] == 6 and session["num_calls"] == 0
+            assert http.get(f"{failing.http}/v1/stats").json()["gauges"]["call_failures"] == 6
             fake.stop(0)
             response = chat(http, f"{failing.base_url}/chat/completions", [{"role": "user", "content": "hi"}])
             assert response.status_code == 503 and "no actor could take the call" in response.json()["error"]["message"]
