@@ -58,21 +58,6 @@ class Grammar:
             return f"the {self.kind.replace('_', ' ')} is larger than {MAX_GRAMMAR_BYTES // 1024} KiB"
         return schema_text_problem(self.text) if self.kind == "json_schema" else lark_problem(self.text)
 
-    def problem(self) -> str | None:
-        """Why the grammar cannot constrain a completion, or None: its bounds, then compiled without a tokenizer
-        (a process serving the network checks with its tokenizer in ``forge.structured.sandbox`` instead)."""
-        import llguidance
-
-        bounds = self.bounds_problem()
-        if bounds is not None:
-            return bounds
-        try:
-            compiled = llguidance.LLMatcher.grammar_from_lark(self.lark())
-        except (GrammarError, ValueError) as exc:
-            return str(exc)
-        error = llguidance.LLMatcher.validate_grammar(compiled)
-        return f"the {self.kind.replace('_', ' ')} cannot be compiled: {error}" if error else None
-
 
 def json_lark(json_schema: str) -> str:
     """A Lark expression matching the JSON documents of ``json_schema`` (JSON text), laid out as ``JSON_LAYOUT``."""
@@ -85,11 +70,6 @@ def json_lark(json_schema: str) -> str:
     if not isinstance(schema, dict):
         raise GrammarError("a JSON schema must be an object (or true)")
     return "%json " + json.dumps({**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_LAYOUT}})
-
-
-def schema_problem(json_schema: str) -> str | None:
-    """Why ``json_schema`` cannot constrain a completion, or None (checked without a tokenizer)."""
-    return Grammar("json_schema", json_schema).problem()
 
 
 class Matcher:
@@ -183,5 +163,5 @@ def unpack_bitmask(bits, vocab_size: int):
     return allowed.reshape(bits.shape[0], -1)[:, :vocab_size].bool()
 
 
-__all__ = ["ANY_OBJECT", "JSON_LAYOUT", "Grammar", "GrammarError", "Grammars", "Matcher", "json_lark", "schema_problem",
+__all__ = ["ANY_OBJECT", "JSON_LAYOUT", "Grammar", "GrammarError", "Grammars", "Matcher", "json_lark",
            "unpack_bitmask"]

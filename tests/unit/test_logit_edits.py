@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from forge.builtin import TINY_DIR, tiny_config, tiny_tokenizer
-from forge.model.grammar import Grammar, GrammarError, Grammars, json_lark, schema_problem
+from forge.model.grammar import Grammar, GrammarError, Grammars, json_lark
 from forge.model.logit_edits import CompletionEdits, LogitEdits, RowEdit, call_edits
 from forge.model.sampling import SamplingError, SamplingParams
 
@@ -141,10 +141,11 @@ def test_a_token_the_grammar_refuses_is_an_error():
 
 
 def test_bad_schemas_are_explained():
-    assert "not valid JSON" in schema_problem("{")
-    assert "must be an object" in schema_problem("[1, 2]")
-    assert "nonsense" in schema_problem('{"type": "nonsense"}')
-    assert schema_problem(SCHEMA) is None
+    assert "not valid JSON" in Grammar("json_schema", "{").bounds_problem()
+    assert "must be an object" in Grammar("json_schema", "[1, 2]").bounds_problem()
+    assert Grammar("json_schema", SCHEMA).bounds_problem() is None
+    with pytest.raises(GrammarError, match="nonsense"):
+        tiny_grammars().matcher(Grammar("json_schema", '{"type": "nonsense"}'))
     with pytest.raises(ValueError, match="tokenizer"):
         call_edits(SamplingParams(grammar=Grammar("json_schema", SCHEMA)), [1], (0,), None)
 
@@ -154,7 +155,7 @@ def test_a_lark_grammar_holds_a_schema_between_fixed_text_and_special_tokens():
     tokenizer, closing = tiny_tokenizer(), tiny_tokenizer().backend.token_to_id("</tool_call>")
     schema = '{"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}'
     grammar = Grammar("lark", f'start: {json_lark(schema)} "}}" <[{closing}]>')
-    assert grammar.problem() is None
+    assert grammar.bounds_problem() is None
     matcher = tiny_grammars().matcher(grammar)
     for token in [*tokenizer.backend.encode('{"key": "Bo"}}').ids, closing]:
         assert matcher.allows(token)
