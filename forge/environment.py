@@ -27,8 +27,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("HOSTNAME", "The pod's name where FORGE_POD_NAME is not set (the learner's health probe).", ""),
     Variable("RANK", "Set by torchrun: the learner process's global rank (rank 0 reads the pool, publishes weights "
                      "and serves Stats)."),
-    Variable("WORLD_SIZE", "Set by torchrun: the learner job's processes; unset, the learner starts torchrun itself "
-                           "when --nproc or --nnodes asks for more than one.", "1"),
+    Variable("WORLD_SIZE", "Set by torchrun: the learner job's processes, which --context-parallel must divide; "
+                           "unset, the learner starts torchrun itself when --nproc or --nnodes asks for more than "
+                           "one.", "1"),
     Variable("LOCAL_RANK", "Set by torchrun: the learner process's rank on its node (its GPU).", "0"),
     Variable("PATH", "Where a black-box agent's program is looked up.", os.defpath),
     Variable("PYTHONPATH", "Where Python looks for modules: a verifiers environment given as a file has its folder "

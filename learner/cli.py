@@ -13,23 +13,21 @@ import click
 
 from forge import environment
 from forge.cli.common import check_port_option, entry_point, setup_logging, start_metrics, write_ready_file
-from forge.cli.options import settings_command
+from forge.cli.options import envvars_of, given_args, settings_command
 from forge.learner.config import LearnerConfig
+from forge.settings import entries
 
 log = logging.getLogger("forge.learner")
 
 
-def _torchrun_command(config: LearnerConfig) -> list[str]:
-    """This command as this node's ``--nproc`` data-parallel processes under torchrun: one host alone
-    (``--standalone``), or node ``--node-rank`` of ``--nnodes`` with a static rendezvous at ``--rdzv-endpoint``, so
-    that node 0 holds global rank 0 (the rank that reads the pool and serves weights and Stats). A rank that fails
-    ends the whole job (no in-place restarts): the job is started again, and every node resumes from the last
-    checkpoint."""
-    args = list(sys.argv[1:])
-    while "--nproc" in args:
-        index = args.index("--nproc")
-        del args[index:index + 2]
-    args = [a for a in args if not a.startswith("--nproc=")]
+def _torchrun_command(config: LearnerConfig, args: tuple[str, ...]) -> list[str]:
+    """This command, given ``args``, as this node's ``--nproc`` data-parallel processes under torchrun: one host
+    alone (``--standalone``), or node ``--node-rank`` of ``--nnodes`` with a static rendezvous at
+    ``--rdzv-endpoint``, so that node 0 holds global rank 0 (the rank that reads the pool and serves weights and
+    Stats). The ranks are given ``args`` but ``--nproc``, which torchrun's parser refuses wherever it stands (an
+    ambiguous abbreviation of its --nproc-per-node): they read it from their environment (``_rank_environment``).
+    A rank that fails ends the whole job (no in-place restarts): the job is started again, and every node resumes
+    from the last checkpoint."""
     if config.nnodes == 1:
         placement = ["--standalone"]
     else:
@@ -37,15 +35,38 @@ def _torchrun_command(config: LearnerConfig) -> list[str]:
         placement = [f"--nnodes={config.nnodes}", f"--node-rank={config.node_rank}",
                      f"--master-addr={host.strip('[]')}", f"--master-port={port}", "--max-restarts=0"]
     return [sys.executable, "-m", "torch.distributed.run", *placement, f"--nproc-per-node={config.nproc}",
-            "-m", "forge.learner", *args]
+            "-m", "forge.learner", *_without_nproc(args)]
+
+
+def _without_nproc(args: tuple[str, ...]) -> list[str]:
+    """``args`` less their ``--nproc N`` and ``--nproc=N``."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            kept.append(arg)
+    return kept
+
+
+def _rank_environment(config: LearnerConfig) -> dict[str, str]:
+    """What the ranks' environment adds to this command's: ``--nproc`` in its variable, so that every rank has
+    this command's settings (its arguments give the rest) and checks them against the world torchrun launched."""
+    nproc = next(entry for entry in entries(LearnerConfig) if entry.name == "nproc")
+    return {envvars_of(nproc, learner.settings_table)[0]: str(config.nproc)}
 
 
 def _run_under_torchrun(config: LearnerConfig) -> None:
     """Run the torchrun job and exit with its status. SIGTERM and SIGINT go to the ranks themselves, which stop
-    together after the current step with a checkpoint; torchrun's own agent would end them as failed."""
+    together after the current step with a checkpoint; torchrun's own agent would end them as failed. The ranks
+    run ``forge.learner`` with this command's own arguments, whether it was started as ``forge-learner`` or as
+    ``forge learner``."""
     from forge.learner.launch import TorchrunJob
 
-    sys.exit(TorchrunJob(_torchrun_command(config)).run())
+    command = _torchrun_command(config, given_args(click.get_current_context()))
+    sys.exit(TorchrunJob(command, _rank_environment(config)).run())
 
 
 def _open_pool(config: LearnerConfig):
@@ -174,7 +195,7 @@ def learner(config: LearnerConfig) -> None:
     if config.pool_path is not None and not config.create_pool and not (config.pool_path / "data.mdb").exists():
         raise click.BadParameter(f"{config.pool_path} holds no pool (no data.mdb): check the path, or give "
                                  f"--create-pool to start a new pool there", param_hint="'--pool'")
-    if (config.nproc > 1 or config.nnodes > 1) and not environment.is_set("WORLD_SIZE"):
+    if config.planned_processes > 1 and not environment.is_set("WORLD_SIZE"):
         _run_under_torchrun(config)
     setup_logging(config.log_level)
     if environment.read("RANK") in (None, "0"):      # rank 0 serves Stats and metrics

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge import environment
 from forge.builtin import IMPLS, check_impl, trainable_model
 from forge.learner.lora import LoraConfig
 from forge.learner.losses import LossConfig
@@ -92,11 +93,29 @@ class LearnerConfig(Settings):
             raise SettingsError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's rendezvous address)")
         if self.node_rank >= self.nnodes:
             raise SettingsError(f"--node-rank {self.node_rank} is not below --nnodes {self.nnodes}")
-        context, processes = self.trainer.context_parallel, self.nproc * self.nnodes
-        if processes % context:
-            raise SettingsError(f"--context-parallel {context} must divide the job's {processes} processes "
-                                f"(--nproc {self.nproc} x --nnodes {self.nnodes})")
-        if context > 1 and not self.trainer.tree:
+        self._check_world()
+        if self.trainer.context_parallel > 1 and not self.trainer.tree:
             raise SettingsError("--context-parallel splits packed trees: it needs --tree")
         if (self.weights_key is None) != (self.weights_clients is None):
             raise SettingsError("--weights-key and --weights-clients go together")
+
+    @property
+    def planned_processes(self) -> int:
+        """The processes this command launches: --nproc on each of --nnodes nodes."""
+        return self.nproc * self.nnodes
+
+    def _check_world(self) -> None:
+        """--context-parallel against the job's processes: under torchrun the world it launched (WORLD_SIZE), which
+        --nproc and --nnodes must then describe where they ask for more than one process (torchrun started by hand
+        may leave them out); else the processes this command will launch."""
+        context, planned = self.trainer.context_parallel, self.planned_processes
+        flags = f"--nproc {self.nproc} x --nnodes {self.nnodes}"
+        if environment.is_set("WORLD_SIZE"):
+            world, counted = int(environment.read("WORLD_SIZE")), "launched by torchrun (WORLD_SIZE)"
+            if planned > 1 and planned != world:
+                raise SettingsError(f"{flags} asks for {planned} processes, but torchrun launched {world} "
+                                    f"(WORLD_SIZE): give the same, or leave --nproc and --nnodes to torchrun")
+        else:
+            world, counted = planned, f"({flags})"
+        if world % context:
+            raise SettingsError(f"--context-parallel {context} must divide the job's {world} processes {counted}")

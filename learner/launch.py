@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import subprocess
+from collections.abc import Mapping
 
 from forge.reaper import child_pids
 
@@ -24,14 +25,17 @@ def _stop_when_parent_dies() -> None:
 
 
 class TorchrunJob:
-    """``command`` (a torchrun invocation) in a session of its own; ``run`` waits for it and returns its status."""
+    """``command`` (a torchrun invocation) in a session of its own, with ``env`` on top of this process's
+    environment; ``run`` waits for it and returns its status."""
 
-    def __init__(self, command: list[str]) -> None:
+    def __init__(self, command: list[str], env: Mapping[str, str] | None = None) -> None:
         self.command = command
+        self.env = {**os.environ, **(env or {})}
         self.process: subprocess.Popen | None = None
 
     def run(self) -> int:
-        self.process = subprocess.Popen(self.command, start_new_session=True, preexec_fn=_stop_when_parent_dies)
+        self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True,
+                                        preexec_fn=_stop_when_parent_dies)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
         return self.process.wait()

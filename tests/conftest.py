@@ -22,7 +22,8 @@ BIN = Path(sys.executable).parent
 HEAVY = frozenset({"tests/integration/test_e2e.py", "tests/integration/test_multihost.py",
                    "tests/integration/test_multinode_learner.py", "tests/integration/test_team_run.py",
                    "tests/integration/test_verifiers_env.py", "tests/integration/test_openenv_env.py",
-                   "tests/integration/test_mcp_agent.py", "tests/integration/test_long_tasks.py"})
+                   "tests/integration/test_mcp_agent.py", "tests/integration/test_long_tasks.py",
+                   "tests/integration/test_learner_launch.py"})
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -24,6 +24,7 @@ from forge.settings import Entry, SettingsError, build, entries, flatten
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 RUN_FILE = "forge.run_file"          # the click context's meta key holding the --config path
+GIVEN_ARGS = "forge.given_args"      # the click context's meta key holding the words a settings command was given
 SOURCE_NAMES = {ParameterSource.COMMANDLINE: "flag", ParameterSource.ENVIRONMENT: "environment",
                 ParameterSource.DEFAULT_MAP: "file", ParameterSource.DEFAULT: "default"}
 
@@ -247,6 +248,11 @@ class SettingsCommand(click.Command):
         self.params.insert(0, self.params.pop())
         self._run = run
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Parse ``args`` as click does, keeping them (``given_args``)."""
+        ctx.meta[GIVEN_ARGS] = tuple(args)
+        return super().parse_args(ctx, args)
+
     def own_table(self, ctx: click.Context, section: dict[str, Any]) -> dict[str, Any]:
         """The run file's table of this command as its settings read it (a subclass may take keys out first)."""
         return section
@@ -285,6 +291,12 @@ class SettingsCommand(click.Command):
                 if name in os.environ and not os.environ[name].strip():
                     raise click.UsageError(f"{name} is set but empty: give a real value or unset it (an empty "
                                            f"{entry.flag} would mean none at all)")
+
+
+def given_args(ctx: click.Context) -> tuple[str, ...]:
+    """The words the settings command of ``ctx`` was given, below its program and group: ``forge learner ARGS`` and
+    ``forge-learner ARGS`` both give ARGS."""
+    return ctx.meta[GIVEN_ARGS]
 
 
 def settings_command(name: str, settings_class: type, *, table: str | None = None,

@@ -15,6 +15,7 @@ import torch
 
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
+from forge.builtin import load_model
 from forge.model import CausalLM, ModelConfig
 from forge.pool import Pool
 
@@ -52,6 +53,14 @@ def write_model_and_pool(directory: Path, seed: int, groups: int) -> None:
     model.save_pretrained(directory / "model")
     with Pool(directory / "pool") as pool:
         fill_from(pool, model, groups=groups, group_size=2)
+
+
+def write_tiny_pool(directory: Path, groups: int, calls: int = 1) -> None:
+    """A pool in DIRECTORY of ``groups`` finished groups of 2 sessions of ``calls`` calls each (a call's prompt
+    extends the previous call's), sampled from the built-in tiny model, which a learner given ``--model tiny``
+    trains."""
+    with Pool(directory) as pool:
+        fill_from(pool, load_model("tiny")[0], groups=groups, group_size=2, calls=calls)
 
 
 def lineage(metrics: Path) -> dict[int, list[int]]:
