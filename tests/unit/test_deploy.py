@@ -262,6 +262,8 @@ def test_slurm_script_holds_no_key(tmp_path):
      "[gateway] sets pool_address, which forge deploy wires"),
     (["--target", "k8s"], TEAM.replace("[pool]", "[pool]\napi_key_file = '/k'"), "[pool] sets api_key_file"),
     (["--target", "slurm", "--shared-dir", "/s"], TEAM.replace("lr = 2e-4", "nproc = 4"), "[learner] sets nproc"),
+    (["--target", "k8s", "--learner-gpus", "3"], TEAM.replace("lr = 2e-4", "context_parallel = 2"),
+     "[learner] context_parallel = 2 must divide the learner job's 3 processes"),
     (["--target", "k8s"], TEAM.split("[agent]")[0], "give [tasks] (train or source, and verifier) and [agent]"),
     (["--target", "k8s"], TEAM.replace('verifier = "verify.py:score"\n', ""), "need a verifier"),
     (["--target", "k8s"], TEAM + '\n[env]\nverifiers = "env.py:load"\n', "give [env] or [tasks] and [agent]"),

@@ -18,8 +18,20 @@ CONFIGMAP_LIMIT = 1 << 20                      # Kubernetes keeps an object belo
 MANIFEST_NAME = re.compile(r"\d\d-[a-z-]+\.yaml")
 
 
+def check_learner_job(config: DeployConfig, run: RunFile) -> None:
+    """RunFileError for a ``[learner] context_parallel`` that does not divide the learner job's processes (its nodes
+    times each node's processes): every rank of the job would refuse it at start."""
+    context = run.options("learner").get("context_parallel", 1)
+    processes = config.learner_nodes * config.learner_processes
+    if processes % context:
+        raise RunFileError(f"{run.path}: [learner] context_parallel = {context} must divide the learner job's "
+                           f"{processes} processes ({config.learner_nodes} learner_nodes x "
+                           f"{config.learner_processes} per node, one per learner_gpus)")
+
+
 def render(config: DeployConfig, run: RunFile) -> list[OutFile]:
     """The target's files for ``run``; RunFileError for a run file the target cannot take."""
+    check_learner_job(config, run)
     if config.target == "k8s":
         from forge.app.deploy import k8s
 
