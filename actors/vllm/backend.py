@@ -402,7 +402,7 @@ class VllmBackend(Backend):
         if grammar is not None:
             if self.structured_problem is not None:
                 raise InvalidRequest(f"this vLLM actor serves no structured output: {self.structured_problem}")
-            problem = grammar.bounds_problem()         # compiled in the sandbox first (ActorServicer)
+            problem = grammar.problem()          # in the sandbox first, when served (ActorServicer)
             if problem is not None:
                 raise InvalidRequest(problem)
         request_id = request.request_id or uuid.uuid4().hex

@@ -58,6 +58,22 @@ class Grammar:
             return f"the {self.kind.replace('_', ' ')} is larger than {MAX_GRAMMAR_BYTES // 1024} KiB"
         return schema_text_problem(self.text) if self.kind == "json_schema" else lark_problem(self.text)
 
+    def problem(self) -> str | None:
+        """Why the grammar cannot constrain a completion, or None: its bounds, then validated by llguidance without
+        a tokenizer, in this process (a process serving the network compiles new grammars in
+        ``forge.structured.sandbox`` first; this is what a backend checks beside it)."""
+        import llguidance
+
+        bounds = self.bounds_problem()
+        if bounds is not None:
+            return bounds
+        try:
+            compiled = llguidance.LLMatcher.grammar_from_lark(self.lark())
+        except (GrammarError, ValueError) as exc:
+            return str(exc)
+        error = llguidance.LLMatcher.validate_grammar(compiled)
+        return f"the {self.kind.replace('_', ' ')} cannot be compiled: {error}" if error else None
+
 
 def json_lark(json_schema: str) -> str:
     """A Lark expression matching the JSON documents of ``json_schema`` (JSON text), laid out as ``JSON_LAYOUT``."""
