@@ -37,7 +37,8 @@ import torch
 
 from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig
-from forge.actors.engine.engine import TorchEngine, reserve_cpu_threads
+from forge.actors.engine.cpu_threads import reserve_cpu_threads
+from forge.actors.engine.engine import TorchEngine
 from forge.model import CausalLM
 from forge.model.sampling import SamplingParams
 

@@ -36,7 +36,8 @@ def engine_alone(batches: list[int], new_tokens: int, repeats: int, threads: int
     process (see main)."""
     from forge.actors.backend import GenerationRequest
     from forge.actors.config import EngineConfig
-    from forge.actors.engine.engine import TorchEngine, reserve_cpu_threads
+    from forge.actors.engine.cpu_threads import reserve_cpu_threads
+    from forge.actors.engine.engine import TorchEngine
     from forge.actors.engine.policy import load_policy
     from forge.model.sampling import SamplingParams
 

@@ -8,6 +8,7 @@ served. BLAKE2b with a 16-byte digest: fast, stable across processes and machine
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 from array import array
@@ -17,8 +18,10 @@ from itertools import islice, takewhile
 DIGEST_BYTES = 16
 
 
+@functools.lru_cache(maxsize=64)
 def kv_salt(model_id: str, weight_version: int, variant: str = "") -> bytes:
-    """The root of every chain: KV of another model, version or variant never matches."""
+    """The root of every chain: KV of another model, version or variant never matches. Cached: an engine asks for
+    it for every sequence at every step."""
     return hashlib.blake2b(f"{model_id}\0{weight_version}\0{variant}".encode(), digest_size=DIGEST_BYTES).digest()
 
 

@@ -3,7 +3,6 @@ streams sampled tokens to their requests, and swaps weight versions between step
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import threading
@@ -48,20 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MESSAGES_PER_STEP = 4          # adaptive streaming's target (EngineConfig.stream_interval = 0)
-
-
-def reserve_cpu_threads(threads: int = 0) -> int:
-    """Leave the process's torch CPU threads to the engine's loop: make the calling thread single-threaded and
-    return the count for ``EngineConfig.threads`` (``threads``, or what the caller had). Call it before any torch
-    work in a process that serves from an engine.
-
-    Why: GNU OpenMP, which torch's CPU kernels use, keeps a team of worker threads for every thread that ran
-    parallel work. Once the teams together outnumber the cores it stops spinning between parallel regions, and every
-    small op of a decode step then pays a futex wake-up: with the model loaded on the main thread at 2 threads, the
-    engine's loop thread decoded 2-3x slower than on the main thread."""
-    threads = threads or torch.get_num_threads()
-    torch.set_num_threads(1)
-    return threads
 
 
 class TorchEngine(Backend):
@@ -140,7 +125,7 @@ class TorchEngine(Backend):
         return self._variant
 
     def salt(self, version: int | None = None) -> bytes:
-        return _salt(self.config.model_id, self._version if version is None else version, self._variant)
+        return kv_salt(self.config.model_id, self._version if version is None else version, self._variant)
 
     @property
     def adapter_versions(self) -> dict[str, int]:
@@ -156,7 +141,7 @@ class TorchEngine(Backend):
         if not seq.adapter:
             return self.salt(version)
         version = self.adapters.version(seq.adapter) if version is None else version
-        return _salt(f"{self.config.model_id}+{seq.adapter}", version, self._variant)
+        return kv_salt(f"{self.config.model_id}+{seq.adapter}", version, self._variant)
 
     def wake(self) -> None:
         """Make the loop look at its inputs again (the L3 connector has requests ready)."""
@@ -510,7 +495,3 @@ class TorchEngine(Backend):
         chunk.decode_s, chunk.total_s = now - first, now - seq.arrived
         deliver(chunk)
 
-
-@functools.lru_cache(maxsize=64)
-def _salt(model_id: str, version: int, variant: str) -> bytes:
-    return kv_salt(model_id, version, variant)            # asked for every sequence at every step

@@ -23,7 +23,7 @@ class TorchFactory(BackendFactory):
                              f"{config.model} is {model_type(config.model)!r}: serve it with --backend vllm")
 
     def threads(self, config: ActorConfig) -> int:
-        from forge.actors.engine.engine import reserve_cpu_threads
+        from forge.actors.engine.cpu_threads import reserve_cpu_threads
 
         return reserve_cpu_threads(config.engine.threads)
 

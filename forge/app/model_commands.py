@@ -144,7 +144,8 @@ def eval_command(config: EvalConfig) -> None:
     import asyncio
 
     from forge.actors.config import EngineConfig
-    from forge.actors.engine.engine import TorchEngine, reserve_cpu_threads
+    from forge.actors.engine.cpu_threads import reserve_cpu_threads
+    from forge.actors.engine.engine import TorchEngine
     from forge.app.rollout.evaluate import evaluate_with
     from forge.app.rollout.llm import EngineChat
 

@@ -484,7 +484,7 @@ def test_decoding_right_after_a_weight_swap_drops_drafts_safely(model):
 
 
 def test_the_engine_loop_owns_the_cpu_threads_it_is_given(model):
-    from forge.actors.engine.engine import reserve_cpu_threads
+    from forge.actors.engine.cpu_threads import reserve_cpu_threads
 
     before = torch.get_num_threads()
     try:
