@@ -18,7 +18,8 @@ from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest, GatewayError
 from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.http.conversations import Conversations
-from forge.gateway.http.openai import field_value, parse_sampling, refuse_unsupported, schema_grammar
+from forge.gateway.http.json_schemas import schema_grammar
+from forge.gateway.http.openai import field_value, parse_sampling, refuse_unsupported
 from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat, forge_json
 from forge.gateway.messages import ChatCall, chat_message, check_grammar_with_tools, check_stop, tool_function
 from forge.v1 import common_pb2

@@ -3,7 +3,6 @@ field named in the error), and the response objects (``chat.completion``, ``chat
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import uuid
@@ -13,6 +12,7 @@ from typing import Any
 from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest
 from forge.gateway.forced_calls import check_tool_choice
+from forge.gateway.http.json_schemas import json_object_grammar, named_schema_grammar
 from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat, forge_json
 from forge.gateway.messages import (
     PENALTIES,
@@ -182,31 +182,6 @@ def parse_stop(body: dict) -> list[str]:
     if not isinstance(stop, str | list):
         raise BadRequest("stop must be a string or a list of strings", "stop")
     return check_stop([stop] if isinstance(stop, str) else stop)
-
-
-def schema_grammar(schema: Any, param: str, where: str) -> common_pb2.Grammar:
-    """The grammar of a JSON schema sent at ``where``, errors naming ``param`` (it is compiled by
-    ``check_sampling``)."""
-    if not isinstance(schema, dict):
-        raise BadRequest(f"{where} is required: the JSON schema (an object) the output must match", param)
-    try:
-        return common_pb2.Grammar(json_schema=json.dumps(schema))
-    except RecursionError:
-        raise BadRequest(f"{where}: the JSON schema is nested too deeply", param) from None
-
-
-def json_object_grammar() -> common_pb2.Grammar:
-    return common_pb2.Grammar(json_object=True)
-
-
-def named_schema_grammar(spec: dict, param: str, where: str) -> common_pb2.Grammar:
-    """The grammar of OpenAI's named JSON schema (``name``, ``description``, ``schema``, ``strict``) at ``where``;
-    ``strict`` changes nothing: the schema is always followed."""
-    for name, kinds, what in (("name", str, "a string"), ("description", str, "a string"),
-                              ("strict", bool, "a boolean")):
-        if not isinstance(spec.get(name), kinds | None):
-            raise BadRequest(f"{where}.{name} must be {what}", param)
-    return schema_grammar(spec.get("schema"), param, f"{where}.schema")
 
 
 def response_format_grammar(body: dict) -> common_pb2.Grammar | None:

@@ -22,11 +22,10 @@ from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest, GatewayError, NotFound
 from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.http.conversations import Conversations, StoredResponse
+from forge.gateway.http.json_schemas import json_object_grammar, named_schema_grammar
 from forge.gateway.http.openai import (
     field_value,
-    json_object_grammar,
     message_json,
-    named_schema_grammar,
     parse_sampling,
     parse_stop,
     refuse_unsupported,
