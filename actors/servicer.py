@@ -29,9 +29,9 @@ from forge.actors.backend import (
     TokenChunk,
 )
 from forge.expert_routing import encode as encode_routing
-from forge.model.grammar import GrammarError
 from forge.model.sampling import SamplingError
-from forge.rpc.sampling import grammar_of, sampling_from_proto
+from forge.rpc.sampling import sampling_from_proto
+from forge.structured.check import wire_grammar_problem
 from forge.structured.sandbox import GrammarSandbox, SandboxUnavailable
 from forge.telemetry import stats_report
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
@@ -108,15 +108,7 @@ class ActorServicer(actor_pb2_grpc.ActorServicer):
         if not sampling.HasField("grammar"):
             return None
         try:
-            grammar = grammar_of(sampling.grammar)
-            lark = grammar.lark()
-        except (GrammarError, SamplingError) as exc:
-            return str(exc)
-        problem = grammar.bounds_problem()
-        if problem is not None or self.grammars is None:
-            return problem
-        try:
-            return await self.grammars.check(lark)
+            return await wire_grammar_problem(sampling.grammar, self.grammars)
         except SandboxUnavailable as exc:
             log.error("structured output cannot be checked: %s", exc)
             return f"structured output is unavailable on this actor: {exc}"

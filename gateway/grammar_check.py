@@ -12,9 +12,7 @@ import logging
 
 from forge.gateway.errors import BadRequest, Unavailable
 from forge.gateway.modelinfo import ModelInfo
-from forge.model.grammar import GrammarError
-from forge.model.sampling import SamplingError
-from forge.rpc.sampling import grammar_of
+from forge.structured.check import wire_grammar_problem
 from forge.structured.sandbox import GrammarSandbox, SandboxSpec, SandboxUnavailable
 from forge.v1 import common_pb2
 
@@ -39,17 +37,10 @@ class GrammarCheck:
         if not sampling.HasField("grammar"):
             return
         try:
-            grammar = grammar_of(sampling.grammar)
-            lark = grammar.lark()
-        except (GrammarError, SamplingError) as exc:
-            raise BadRequest(f"{param}: {exc}", param) from None
-        problem = grammar.bounds_problem()
-        if problem is None:
-            try:
-                problem = await self.sandbox.check(lark)
-            except SandboxUnavailable as exc:
-                log.error("structured output cannot be checked: %s", exc)
-                raise Unavailable(f"structured output is unavailable: {exc}") from None
+            problem = await wire_grammar_problem(sampling.grammar, self.sandbox)
+        except SandboxUnavailable as exc:
+            log.error("structured output cannot be checked: %s", exc)
+            raise Unavailable(f"structured output is unavailable: {exc}") from None
         if problem is not None:
             raise BadRequest(f"{param}: {problem}", param)
 
