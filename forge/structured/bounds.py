@@ -18,6 +18,7 @@ What these cannot see, the sandbox (``forge.structured.sandbox``) finds by compi
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -240,8 +241,10 @@ def schema_problem(schema: object) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)
 def schema_text_problem(text: str) -> str | None:
-    """Why the JSON schema given as JSON text is not valid JSON or is beyond the bounds, or None."""
+    """Why the JSON schema given as JSON text is not valid JSON or is beyond the bounds, or None. Cached: an agent
+    sends the same schema with every call."""
     try:
         return schema_problem(json.loads(text))
     except ValueError as exc:
@@ -250,6 +253,7 @@ def schema_text_problem(text: str) -> str | None:
         return f"the JSON schema is nested too deeply (at most {MAX_SCHEMA_DEPTH} levels are supported)"
 
 
+@functools.lru_cache(maxsize=256)
 def lark_problem(lark: str) -> str | None:
     """Why a Lark grammar is beyond the bounds, or None: each JSON schema it embeds (``%json {...}``) is checked."""
     decoder = json.JSONDecoder()
