@@ -3,32 +3,21 @@ interface, so that ``forge-actor --backend vllm`` serves the same Actor service 
 
 Generation maps one-to-one: token ids in (``TokensPrompt``), token ids out (``detokenize=False``), streamed as
 deltas, each with the log-probability it was sampled under and the weight version that produced it. End of sequence
-is given to vLLM as stop token ids, so it stops exactly where the torch engine does.
-
-The log-probabilities are vLLM's ``processed_logprobs``: those of the distribution the token was drawn from, after
-every edit of the logits, in the order ``forge.model.logit_edits`` describes and the learner replays: the grammar's
-mask and ``min_tokens`` (stop and end-of-sequence ids banned), ``logit_bias``, the repetition penalty (over prompt
-and output tokens), the frequency and presence penalties (over output tokens); then temperature, top-k and top-p.
-``top_logprobs`` come from the same processed log-probs. Structured output goes to vLLM's ``guidance`` backend as
-the Lark text ``forge.model.grammar.Grammar.lark()`` gives (JSON layout included), the grammar the torch engine and
-the learner compile, so vLLM masks exactly as they do. It needs vLLM's tokenizer, which is loaded from the checkpoint's
-``tokenizer.json`` where it gives the same masks as Forge's grammars (a fast tokenizer, no larger than the model's
-vocabulary, whose end-of-sequence id is the model's only one: llguidance lets a complete document end with the
-tokenizer's end of sequence alone); elsewhere vLLM runs without a tokenizer and structured output is refused.
+is given to vLLM as stop token ids, so it stops exactly where the torch engine does. The log-probabilities,
+structured output and the engine's figures: ``forge.actors.vllm.outputs``.
 
 Weight versions load between steps, never during one: the scheduler is paused (``pause_generation``, requests in
 flight kept or aborted per ``on_weight_swap``, the prefix cache and running requests' KV cleared, so that KV of an
 old version is never reused), the outputs of the old version's last step are drained to their streams, the
 tensors are reloaded in place (vLLM's ``reload_weights`` from a safetensors file in a private directory, through
 ``forge.actors.vllm.worker``: a path crosses vLLM's worker RPC, tensors do not on its CPU build), and the scheduler
-resumes. Tensors vLLM does not know (the MTP
-head, ``mtp.*``) are left out of what it loads; the learner keeps training them.
+resumes. Tensors vLLM does not know (the MTP head, ``mtp.*``) are left out of what it loads; the learner keeps
+training them.
 
-Named adapters (several runs on one actor, ``--adapter``) are vLLM's own LoRA adapters: vLLM starts with LoRA enabled
-and two adapter slots per run (a run's new version loads while requests of its previous one finish); each adapter
-version is written as a PEFT directory (``forge.model.lora_weights.write_peft_directory``) and added to vLLM under an
-id of its own, and a request naming the adapter is sampled with its newest version, which stamps all its tokens.
-The base weights do not change under them (such an actor follows no weight stream of its own).
+Named adapters (several runs on one actor, ``--adapter``) are vLLM's own LoRA adapters, two slots per run (a run's
+new version loads while requests of its previous one finish); each version is written as a PEFT directory and added
+under an id of its own, and a request naming the adapter is sampled with its newest version, which stamps all its
+tokens. The base weights do not change under them (such an actor follows no weight stream of its own).
 
 vLLM is imported lazily, so everything else works without it.
 """
@@ -37,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -45,10 +33,9 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +50,12 @@ from forge.actors.backend import (
     Overloaded,
     RequestLimits,
     RequestStream,
-    RoutedExperts,
     TokenChunk,
     check_adapter_named,
     check_weights,
 )
 from forge.actors.config import VLLM_INSTALL_HINT, EngineConfig
+from forge.actors.vllm import checkpoint, outputs
 from forge.builtin import ModelRef
 from forge.model.lora_weights import (
     adapter_rank,
@@ -80,183 +67,6 @@ from forge.model.lora_weights import (
 from forge.reaper import Reaper
 
 log = logging.getLogger(__name__)
-
-VLLM_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
-CPU_BLOCK_MULTIPLE = 32               # vLLM's CPU attention kernel takes blocks of a multiple of this
-UNKNOWN_TO_VLLM = ("mtp.",)            # checkpoint tensors vLLM's Qwen3 does not load (Forge's MTP heads)
-
-
-def vllm_tensor(name: str) -> bool:
-    return not name.startswith(UNKNOWN_TO_VLLM)
-
-
-def serving_checkpoint(source: Path, staging: Path) -> tuple[Path, dict[str, tuple[int, ...]]]:
-    """A checkpoint directory vLLM can load, and the shapes of the tensors it serves: ``source`` itself when every
-    tensor is one vLLM knows, else a copy in ``staging`` without the others (config and tokenizer files linked)."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    shards = sorted(source.glob("*.safetensors"))
-    if not shards:
-        raise ValueError(f"{source} holds no *.safetensors weights")
-    shapes: dict[str, tuple[int, ...]] = {}
-    unknown = False
-    for shard in shards:
-        with safe_open(shard, "pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is no mapping)
-                if vllm_tensor(name):
-                    shapes[name] = tuple(f.get_slice(name).get_shape())
-                else:
-                    unknown = True
-    if not unknown:
-        return source, shapes
-    staging.mkdir(parents=True, exist_ok=True)
-    for item in source.iterdir():
-        if item.suffix != ".safetensors" and item.name != "model.safetensors.index.json" and item.is_file():
-            (staging / item.name).symlink_to(item.resolve())
-    weight_map: dict[str, str] = {}
-    for shard in shards:
-        with safe_open(shard, "pt") as f:
-            kept = {name: f.get_tensor(name) for name in f.keys() if vllm_tensor(name)}  # noqa: SIM118
-        if kept:
-            save_file(kept, staging / shard.name, metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(kept, shard.name))
-    if len(shards) > 1:
-        (staging / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return staging, shapes
-
-
-def sampling_kwargs(params, max_tokens: int, stops: frozenset[int]) -> dict[str, Any]:
-    """Our sampling parameters (resolved max tokens and stop ids) as vLLM ``SamplingParams`` keyword arguments."""
-    # ignore_eos: the end-of-sequence ids come in ``stops`` (unless the request ignores them); vLLM still bans them
-    # from the first min_tokens tokens, as the torch engine does.
-    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "logprobs": params.top_logprobs, "detokenize": False,
-                              "stop_token_ids": sorted(stops), "ignore_eos": True, "seed": params.seed,
-                              "min_tokens": params.min_tokens, "logit_bias": dict(params.logit_bias) or None,
-                              "frequency_penalty": params.frequency_penalty,
-                              "presence_penalty": params.presence_penalty,
-                              "repetition_penalty": params.repetition_penalty}
-    if params.grammar is not None:
-        from vllm.sampling_params import StructuredOutputsParams
-
-        kwargs["structured_outputs"] = StructuredOutputsParams(grammar=params.grammar.lark())
-    if params.greedy:
-        kwargs.update(temperature=0.0)
-    else:
-        kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0)
-    return kwargs
-
-
-def structured_output_problem(directory: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) -> str | None:
-    """Why vLLM's ``guidance`` backend, with the tokenizer vLLM loads from ``directory``, would not mask structured
-    output as ``forge.model.grammar.Grammars`` does for this model (tokenizer.json, ``vocab_size``, every id of
-    ``eos_token_ids`` ending a complete document), or None when it would."""
-    if not (directory / "tokenizer.json").is_file():
-        return f"{directory} has no tokenizer.json"
-    from vllm.tokenizers import get_tokenizer
-    from vllm.v1.structured_output.backend_guidance import GuidanceBackend
-
-    try:
-        tokenizer = get_tokenizer(str(directory))
-    except Exception as exc:          # any failure to load it means: no tokenizer
-        return f"vLLM cannot load the tokenizer of {directory}: {exc}"
-    if not GuidanceBackend.is_tokenizer_supported(tokenizer):
-        return "vLLM's guidance backend takes fast (tokenizer.json) tokenizers only"
-    if len(tokenizer) > vocab_size:
-        return f"the tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary of {vocab_size}"
-    if set(eos_token_ids) != {tokenizer.eos_token_id}:
-        return (f"the model's end-of-sequence ids are {list(eos_token_ids)}, but vLLM's grammars end a document with "
-                f"the tokenizer's ({tokenizer.eos_token_id}) alone")
-    return None
-
-
-def chunk_of(completion: Any, version: int, top_logprobs: int = 0) -> TokenChunk:
-    """The delta of one streamed ``CompletionOutput`` as a chunk stamped with ``version``; with ``top_logprobs``,
-    each token's most likely alternatives (vLLM's processed log-probs, ranked)."""
-    tokens = list(completion.token_ids)
-    entries = list(completion.logprobs or [])
-    logprobs = [float(entry[token].logprob) for entry, token in zip(entries, tokens, strict=True)]
-    chunk = TokenChunk(tokens, logprobs, [version] * len(tokens))
-    if top_logprobs:
-        for entry in entries:
-            ranked = sorted((lp.rank, token, float(lp.logprob)) for token, lp in entry.items()
-                            if lp.rank is not None and lp.rank <= top_logprobs and lp.logprob != float("-inf"))
-            chunk.top_logprobs.append(([t for _, t, _ in ranked[:top_logprobs]],
-                                       [v for _, _, v in ranked[:top_logprobs]]))
-    return chunk
-
-
-def routing_of_rows(rows: Any, positions: int, sparse_layers: tuple[int, ...], num_experts: int) -> RoutedExperts:
-    """vLLM's routed experts of a finished request (``CompletionOutput.routed_experts``: one row per position it
-    fed, [rows, every decoder layer, top_k]) as the record's ``RoutedExperts`` over ``positions`` (the prompt and
-    every sampled token but the last): the sparse layers only, -1 where vLLM sent no row."""
-    import numpy as np
-
-    given = np.asarray(rows)
-    if given.ndim != 3:
-        raise ValueError(f"vLLM's routed experts have shape {given.shape}, not [positions, layers, top_k]")
-    if given.shape[1] <= max(sparse_layers, default=-1):
-        raise ValueError(f"vLLM's routed experts cover {given.shape[1]} layers; the model's sparse layers go to "
-                         f"{max(sparse_layers)}")
-    ids = np.full((positions, len(sparse_layers), given.shape[2]), -1, dtype=np.int32)
-    kept = min(positions, given.shape[0])
-    ids[:kept] = given[:kept][:, list(sparse_layers)]
-    return RoutedExperts(ids, num_experts)
-
-
-@dataclass
-class _Figures:
-    """What vLLM's stat logger and the backend count, read by ``stats()``."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_used_frac: float = 0.0
-    prefix_queries: int = 0
-    prefix_hits: int = 0
-    tokens: int = 0
-    preemptions: int = 0
-    recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=4096))
-
-    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
-        if scheduler_stats is not None:
-            self.running = scheduler_stats.num_running_reqs
-            self.waiting = scheduler_stats.num_waiting_reqs
-            self.kv_used_frac = float(scheduler_stats.kv_cache_usage)
-            prefix = scheduler_stats.prefix_cache_stats
-            if prefix is not None:
-                self.prefix_queries += prefix.queries
-                self.prefix_hits += prefix.hits
-        if iteration_stats is not None:
-            self.tokens += iteration_stats.num_generation_tokens
-            self.preemptions += iteration_stats.num_preempted_reqs
-            self.recent.append((time.perf_counter(), self.tokens))
-
-    def tokens_per_s(self) -> float:
-        now = time.perf_counter()
-        while self.recent and now - self.recent[0][0] > 10.0:
-            self.recent.popleft()
-        if len(self.recent) < 2:
-            return 0.0
-        (t0, n0), (t1, n1) = self.recent[0], self.recent[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
-
-
-def _stat_logger_class(figures: _Figures) -> type:
-    """A vLLM stat logger (its interface) that feeds ``figures``."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class ForgeStatLogger(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            self.engine_index = engine_index
-
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-                   engine_idx: int = 0) -> None:
-            figures.record(scheduler_stats, iteration_stats)
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return ForgeStatLogger
 
 
 class VllmBackend(Backend):
@@ -276,14 +86,14 @@ class VllmBackend(Backend):
             raise RuntimeError(VLLM_INSTALL_HINT) from exc
         self.config = config
         self.model_id = ref.model_id
-        self._dir = Path(tempfile.mkdtemp(prefix="forge-vllm-", dir=_fast_tmp()))    # mode 0700
-        model_config = served_model(ref.directory)
+        self._dir = Path(tempfile.mkdtemp(prefix="forge-vllm-", dir=checkpoint.fast_tmp()))    # mode 0700
+        model_config = checkpoint.served_model(ref.directory)
         # vLLM returns routed experts from its GPU model runner only; elsewhere the record carries none
         self.routing = (model_config.sparse_layers, model_config.num_experts) if (
             model_config.is_moe and device.startswith("cuda")) else None
-        self.served_dir, self.weight_shapes = serving_checkpoint(ref.directory, self._dir / "checkpoint")
+        self.served_dir, self.weight_shapes = checkpoint.serving_checkpoint(ref.directory, self._dir / "checkpoint")
         # structured output needs vLLM's tokenizer: loaded only where its grammars mask as ours do
-        self.structured_problem = structured_output_problem(self.served_dir, model_config.vocab_size,
+        self.structured_problem = checkpoint.structured_output_problem(self.served_dir, model_config.vocab_size,
                                                             tuple(model_config.eos_token_ids))
         if self.structured_problem is not None:
             log.info("vLLM runs without a tokenizer; structured output is refused: %s", self.structured_problem)
@@ -297,7 +107,7 @@ class VllmBackend(Backend):
         self._adapter_ids = 0
         self._request_adapters: dict[str, str] = {}
         self._retired: dict[str, tuple[int, Any]] = {}        # name -> its version before the newest, still held
-        self._figures = _Figures()
+        self._figures = outputs.Figures()
         self._counters = {"weight_swaps": 0, "finished": 0, "refused": 0, "aborted_by_swap": 0}
         self._last_swap_ms = 0.0
         self._streams: dict[str, RequestStream] = {}
@@ -308,7 +118,7 @@ class VllmBackend(Backend):
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
         self._thread.start()
         events_endpoint = f"ipc://{self._dir}/kv-events" if kv_events and config.prefix_caching else None
-        max_len = min(model_config.max_position_embeddings, kv_token_capacity(model_config, dtype, config))
+        max_len = min(model_config.max_position_embeddings, checkpoint.kv_token_capacity(model_config, dtype, config))
         if max_len < model_config.max_position_embeddings:
             log.info("the KV cache (%d MiB) holds %d tokens: requests are limited to that, not to the model's %d",
                      config.kv_cache_bytes >> 20, max_len, model_config.max_position_embeddings)
@@ -343,15 +153,10 @@ class VllmBackend(Backend):
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         config = self.config
-        block_size = config.block_size
-        if not device.startswith("cuda") and block_size % CPU_BLOCK_MULTIPLE:
-            block_size += CPU_BLOCK_MULTIPLE - block_size % CPU_BLOCK_MULTIPLE
-            log.info("vLLM's CPU attention takes blocks of a multiple of %d tokens: blocks of %d",
-                     CPU_BLOCK_MULTIPLE, block_size)
         kwargs: dict[str, Any] = dict(
             model=str(self.served_dir), skip_tokenizer_init=self.structured_problem is not None, dtype=dtype,
-            seed=config.seed,
-            max_model_len=max_len, block_size=block_size, kv_cache_memory_bytes=config.kv_cache_bytes,
+            seed=config.seed, max_model_len=max_len, block_size=checkpoint.block_size_on(device, config.block_size),
+            kv_cache_memory_bytes=config.kv_cache_bytes,
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             enable_prefix_caching=config.prefix_caching, logprobs_mode="processed_logprobs",
             enforce_eager=not config.compile_decode, disable_log_stats=True,
@@ -384,7 +189,7 @@ class VllmBackend(Backend):
     async def _start(self, engine_args: Any) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_stat_logger_class(self._figures)])
+        return AsyncLLM.from_engine_args(engine_args, stat_loggers=[outputs.stat_logger_class(self._figures)])
 
     # ------------------------------------------------------------------ interface
 
@@ -426,7 +231,7 @@ class VllmBackend(Backend):
 
         try:
             params = VllmSamplingParams(output_kind=RequestOutputKind.DELTA,
-                                        **sampling_kwargs(request.params, max_tokens, stops))
+                                        **outputs.sampling_kwargs(request.params, max_tokens, stops))
         except ValueError as exc:
             with self._lock:
                 self._streams.pop(request_id, None)
@@ -453,11 +258,11 @@ class VllmBackend(Backend):
                 completion = output.outputs[0]
                 generated += len(completion.token_ids)          # outputs are deltas
                 version = adapter[0] if adapter is not None else self._version
-                chunk = chunk_of(completion, version, request.params.top_logprobs)
+                chunk = outputs.chunk_of(completion, version, request.params.top_logprobs)
                 if first is None:
                     first = time.perf_counter()
                     if every > 1 and len(chunk.token_ids) > 1:     # vLLM merged steps: the first token goes alone
-                        head, chunk = _split_first(chunk)
+                        head, chunk = outputs.split_first(chunk)
                         head.cached_prompt_tokens = int(output.num_cached_tokens or 0)
                         stream.put(head)
                         if len(chunk.token_ids) < every and not output.finished:
@@ -466,18 +271,18 @@ class VllmBackend(Backend):
                     else:
                         chunk.cached_prompt_tokens = int(output.num_cached_tokens or 0)
                 elif every > 1:
-                    chunk = _joined(held, chunk)
+                    chunk = outputs.joined(held, chunk)
                     if len(chunk.token_ids) < every and not output.finished:
                         held = chunk
                         continue
                     held = TokenChunk()
                 if output.finished:
-                    chunk.finish_reason = VLLM_FINISH.get(str(completion.finish_reason), FinishReason.STOP)
-                    _timing(chunk, output.metrics, started, first)
+                    chunk.finish_reason = outputs.VLLM_FINISH.get(str(completion.finish_reason), FinishReason.STOP)
+                    outputs.chunk_timing(chunk, output.metrics, started, first)
                     rows = getattr(completion, "routed_experts", None)
                     if self.routing is not None and rows is not None:
                         fed = len(request.prompt_ids) + generated - 1
-                        chunk.routed_experts = routing_of_rows(rows, fed, *self.routing)
+                        chunk.routed_experts = outputs.routing_of_rows(rows, fed, *self.routing)
                 stream.put(chunk)
         except asyncio.CancelledError:
             raise
@@ -511,7 +316,7 @@ class VllmBackend(Backend):
             state_dict = self._merged(state_dict)
         else:
             self._took_full_weights = True
-        served = {name: tensor for name, tensor in hub_layout(dict(state_dict)).items() if vllm_tensor(name)}
+        served = checkpoint.vllm_tensors(hub_layout(dict(state_dict)))
         check_weights(version, served, self.weight_shapes)
         with self._swap_lock:
             if version <= self._accepted_version:
@@ -549,7 +354,7 @@ class VllmBackend(Backend):
             if current is not None and version <= current[0]:
                 raise ValueError(f"version {version} of adapter {name!r} is not newer than {current[0]}")
             self._adapter_ids += 1
-            directory = write_peft_directory({n: t for n, t in adapter_version.items() if vllm_tensor(n)},
+            directory = write_peft_directory(checkpoint.vllm_tensors(adapter_version),
                                              self._dir / "adapters" / f"{name}-{version}")
             request = LoRARequest(f"{name}@{version}", self._adapter_ids, str(directory))
             try:
@@ -589,11 +394,9 @@ class VllmBackend(Backend):
                                  "(restart the actor from the learner's base model)")
             from forge.model.checkpoint import load_state_dict
 
-            self._base = {name: tensor for name, tensor in
-                          load_state_dict(self.served_dir, dtype=getattr(torch, self._dtype)).items()
-                          if vllm_tensor(name)}
+            self._base = checkpoint.vllm_tensors(load_state_dict(self.served_dir, dtype=getattr(torch, self._dtype)))
             log.info("weight versions are LoRA adapters: merging each onto the checkpoint's weights")
-        return merge_adapter_version(self._base, {n: t for n, t in adapter_version.items() if vllm_tensor(n)})
+        return merge_adapter_version(self._base, checkpoint.vllm_tensors(adapter_version))
 
     async def _swap(self, version: int, staged: Path) -> None:
         paused = time.perf_counter()
@@ -694,80 +497,3 @@ class VllmBackend(Backend):
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
 
-
-@dataclass(frozen=True)
-class ServedModel:
-    """What the backend reads of the model it serves, whatever its family."""
-
-    vocab_size: int
-    eos_token_ids: tuple[int, ...]
-    max_position_embeddings: int
-    num_hidden_layers: int
-    num_key_value_heads: int
-    head_dim: int
-    sparse_layers: tuple[int, ...] = ()
-    num_experts: int = 0
-
-    @property
-    def is_moe(self) -> bool:
-        return bool(self.sparse_layers)
-
-
-def served_model(directory: Path) -> ServedModel:
-    """The facts of the checkpoint in ``directory``: Forge's own config for the families it implements, else the
-    family's transformers config (its text part)."""
-    from forge.builtin import is_native
-
-    if is_native(directory):
-        from forge.model import ModelConfig
-
-        c = ModelConfig.from_file(directory)
-        return ServedModel(c.vocab_size, tuple(c.eos_token_ids), c.max_position_embeddings, c.num_hidden_layers,
-                           c.num_key_value_heads, c.head_dim, tuple(c.sparse_layers), c.num_experts)
-    from transformers import AutoConfig
-
-    c = AutoConfig.from_pretrained(directory).get_text_config()
-    eos = c.eos_token_id
-    heads = c.num_attention_heads
-    return ServedModel(c.vocab_size, (eos,) if isinstance(eos, int) else tuple(eos or ()), c.max_position_embeddings,
-                       c.num_hidden_layers, getattr(c, "num_key_value_heads", None) or heads,
-                       getattr(c, "head_dim", None) or c.hidden_size // heads)
-
-
-def kv_token_capacity(model_config: Any, dtype: str, config: EngineConfig) -> int:
-    """Tokens the KV cache of ``config.kv_cache_bytes`` holds (vLLM refuses to start when one request of its
-    maximum length would not fit)."""
-    element = torch.finfo(getattr(torch, dtype)).bits // 8
-    per_token = 2 * model_config.num_hidden_layers * model_config.num_key_value_heads * model_config.head_dim * element
-    blocks = config.kv_cache_bytes // per_token // CPU_BLOCK_MULTIPLE - 1       # vLLM keeps one block back
-    return max(1, blocks) * CPU_BLOCK_MULTIPLE
-
-
-def _split_first(chunk: TokenChunk) -> tuple[TokenChunk, TokenChunk]:
-    """``chunk``'s first token as a chunk of its own, and the rest."""
-    tops = chunk.top_logprobs
-    return (TokenChunk(chunk.token_ids[:1], chunk.logprobs[:1], chunk.weight_versions[:1], tops[:1]),
-            TokenChunk(chunk.token_ids[1:], chunk.logprobs[1:], chunk.weight_versions[1:], tops[1:]))
-
-
-def _joined(held: TokenChunk, chunk: TokenChunk) -> TokenChunk:
-    if not held.token_ids:
-        return chunk
-    return TokenChunk(held.token_ids + chunk.token_ids, held.logprobs + chunk.logprobs,
-                      held.weight_versions + chunk.weight_versions, held.top_logprobs + chunk.top_logprobs)
-
-
-def _timing(chunk: TokenChunk, metrics: Any, started: float, first: float) -> None:
-    now = time.perf_counter()
-    chunk.total_s = now - started
-    chunk.prefill_s, chunk.decode_s = first - started, now - first
-    queued, scheduled = getattr(metrics, "queued_ts", 0.0), getattr(metrics, "scheduled_ts", 0.0)
-    if queued and scheduled >= queued:
-        chunk.queue_s = scheduled - queued
-        chunk.prefill_s = max(0.0, chunk.prefill_s - chunk.queue_s)
-
-
-def _fast_tmp() -> str | None:
-    """Memory-backed scratch space for staged weight versions where the machine has one."""
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None

@@ -303,7 +303,7 @@ def test_structured_output_is_served_only_where_vllms_grammars_mask_as_forges(tm
     """vLLM loads the checkpoint's tokenizer (and serves structured output) only where its guidance backend masks as
     Forge's grammars do: the tiny model; not a checkpoint without tokenizer.json, nor one whose end-of-sequence id is
     not the tokenizer's (llguidance would end a document with the tokenizer's alone)."""
-    from forge.actors.vllm.backend import structured_output_problem
+    from forge.actors.vllm.checkpoint import structured_output_problem
 
     tiny = random_tiny(tmp_path)
     assert structured_output_problem(tiny, 1024, (1017,)) is None

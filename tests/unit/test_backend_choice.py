@@ -10,7 +10,7 @@ def test_vllms_routed_experts_become_the_records_sparse_layers_with_unsent_posit
     the request fed (-1 past the rows vLLM sent)."""
     import numpy as np
 
-    from forge.actors.vllm.backend import routing_of_rows
+    from forge.actors.vllm.outputs import routing_of_rows
 
     rows = np.random.default_rng(0).integers(0, 8, size=(5, 4, 2), dtype=np.int16)
     record = routing_of_rows(rows, 7, (1, 3), 8)
