@@ -24,7 +24,7 @@ AGENTS_STAMP := $(AGENTS_VENV)/.forge-installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
@@ -49,7 +49,7 @@ test-vllm: vllm-venv
 
 vllm-venv: $(VLLM_STAMP)
 
-$(VLLM_STAMP): pyproject.toml
+$(VLLM_STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH)

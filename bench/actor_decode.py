@@ -445,7 +445,7 @@ def rollout_prompts(model_name: str, count: int) -> list[list[int]]:
     import random
 
     from forge.builtin import load_tokenizer
-    from forge.tasks import DOMAINS, make_task
+    from forge.rollout.tasks import DOMAINS, make_task
 
     tokenizer = load_tokenizer(model_name)
     rng = random.Random(0)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import click
 
-from forge.sandbox import SandboxConfig, SandboxPool
+from forge.rollout.sandbox import SandboxConfig, SandboxPool
 
 COMMANDS = ("echo data > out.txt", f"{sys.executable} -c 'print(sum(range(1000)))'", "ls -la")
 

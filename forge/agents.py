@@ -11,7 +11,7 @@ between calls, each call being its own sample — and attach process rewards to 
             reply = await llm.chat(task["messages"], task.get("tools"))
             return AgentResult(reply.content)
 
-The built-in agents (``forge.app.rollout.agent``) talk to the model through the same ``chat``.
+The built-in agents (``forge.rollout.agent``) talk to the model through the same ``chat``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The environment variables Forge reads besides its settings' own (``FORGE_<COMMAND>_<OPTION>``, which each
 setting declares), each declared once here with what it does. Code reads them through ``read``, which refuses an
-undeclared name; ``tests/unit/test_layers.py`` checks that nothing reads the environment any other way, and
+undeclared name; ``tests/unit/core/test_layers.py`` checks that nothing reads the environment any other way, and
 docs/config.md lists them."""
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 _loaded = itertools.count()
+# Modules that moved, by their old names: a run file written before the move names the same code.
+RENAMED_MODULES = {"forge.tasks": "forge.rollout.tasks", "forge.sandbox": "forge.rollout.sandbox",
+                   "forge.app.rollout": "forge.rollout"}
 
 
 class PluginError(ValueError):
@@ -47,6 +50,7 @@ def load_object(spec: str, *, what: str, base_dir: Path | None = None) -> Any:
         module = _load_file(spec, what, target, base_dir)
         where = f"file {target!r}"
     else:
+        target = current_module_name(target)
         try:
             module = importlib.import_module(target)
         except (Exception, SystemExit) as exc:       # whatever the import raised, the spec names nothing usable
@@ -57,6 +61,14 @@ def load_object(spec: str, *, what: str, base_dir: Path | None = None) -> Any:
     if found is missing:
         raise PluginError(what, spec, f"{where} has no attribute {attribute!r}")
     return found
+
+
+def current_module_name(name: str) -> str:
+    """``name``, or where the module it names lives now if it moved."""
+    for old, new in RENAMED_MODULES.items():
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old):]
+    return name
 
 
 def _load_file(spec: str, what: str, target: str, base_dir: Path | None) -> Any:

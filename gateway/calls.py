@@ -20,7 +20,6 @@ from forge.gateway.messages import ChatCall
 from forge.gateway.metrics import Metrics
 from forge.gateway.modelinfo import ModelInfo
 from forge.gateway.off_loop import OffLoop
-from forge.gateway.parsing import CompletionParser, ParsedCompletion
 from forge.gateway.routing import RouteRequest
 from forge.gateway.sessions import SessionRegistry, SessionState
 from forge.gateway.tito import FALLBACK, FRESH, PARTIAL, SPLICE
@@ -33,6 +32,7 @@ from forge.gateway.tool_grammar import (
     reply_schema,
 )
 from forge.model.grammar import json_lark
+from forge.parsing.completion import CompletionParser, ParsedCompletion
 from forge.pool import InvalidRequestError, check_call
 from forge.tokenizer import ChatTemplateError, RenderLimitExceeded
 from forge.v1 import actor_pb2, common_pb2, pool_pb2
@@ -71,7 +71,7 @@ class Completion:
 class Prompt:
     """What the model continues: the rendered chat, ending with ``opener``, the forced beginning of the answer
     (a forced tool call's, or empty). ``lead`` is the opening tag of a reasoning block the rendered chat left open
-    for the answer to continue (templates that start the model's thinking, see ``forge.gateway.reasoning``), or
+    for the answer to continue (templates that start the model's thinking, see ``forge.parsing.reasoning``), or
     empty. Both are parsed together with what is sampled after them (``answer_start``)."""
 
     text: str

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from forge.adapter_names import check_adapter_name
 from forge.builtin import resolve_model
-from forge.gateway.parsers import TOOL_PARSERS
-from forge.gateway.reasoning import REASONING_PARSERS
 from forge.gateway.routing import DEFAULT_ROUTER, router_class
+from forge.parsing.reasoning import REASONING_PARSERS
+from forge.parsing.tools import TOOL_PARSERS
 from forge.rpc.client import check_address, check_addresses
 from forge.settings import (
     Settings,

@@ -27,9 +27,9 @@ from forge.gateway.messages import ChatCall, check_sampling
 from forge.gateway.metrics import Metrics
 from forge.gateway.modelinfo import ModelInfo
 from forge.gateway.off_loop import MEMORY_BYTES, OffLoop
-from forge.gateway.parsing import CompletionParser, pick_tool_parser
-from forge.gateway.reasoning import pick_reasoning_parser
 from forge.gateway.sessions import SessionRegistry
+from forge.parsing.completion import CompletionParser, pick_tool_parser
+from forge.parsing.reasoning import pick_reasoning_parser
 from forge.telemetry import stats_report
 from forge.v1 import actor_pb2, common_pb2, pool_pb2
 

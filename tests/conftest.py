@@ -19,11 +19,11 @@ BIN = Path(sys.executable).parent
 # The heavy multi-process runs (forge up, several hosts' services, torchrun jobs), each module marked
 # xdist_group("heavy"): on a loaded machine two of them side by side could run past their timeouts, so make test's
 # workers run them one after another (see pytest_xdist_make_scheduler).
-HEAVY = frozenset({"tests/integration/test_e2e.py", "tests/integration/test_multihost.py",
-                   "tests/integration/test_multinode_learner.py", "tests/integration/test_team_run.py",
-                   "tests/integration/test_verifiers_env.py", "tests/integration/test_openenv_env.py",
-                   "tests/integration/test_mcp_agent.py", "tests/integration/test_long_tasks.py",
-                   "tests/integration/test_learner_launch.py"})
+HEAVY = frozenset({"tests/integration/app/test_e2e.py", "tests/integration/app/test_multihost.py",
+                   "tests/integration/learner/test_multinode_learner.py", "tests/integration/app/test_team_run.py",
+                   "tests/integration/rollout/test_verifiers_env.py", "tests/integration/rollout/test_openenv_env.py",
+                   "tests/integration/rollout/test_mcp_agent.py", "tests/integration/rollout/test_long_tasks.py",
+                   "tests/integration/learner/test_learner_launch.py"})
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -92,7 +92,7 @@ def _importable(name: str) -> bool:
 
 def _bwrap() -> str | None:
     """Why sandboxes cannot run here, or None."""
-    from forge.sandbox import find_bwrap
+    from forge.rollout.sandbox import find_bwrap
 
     try:
         find_bwrap()

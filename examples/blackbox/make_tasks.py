@@ -10,9 +10,9 @@ import json
 import random
 from pathlib import Path
 
-from forge.tasks import eval_set, unseen
-from forge.tasks.agent import make
-from forge.tasks.builtin_source import task_dict
+from forge.rollout.tasks import eval_set, unseen
+from forge.rollout.tasks.agent import make
+from forge.rollout.tasks.builtin_source import task_dict
 
 HERE = Path(__file__).resolve().parent
 

@@ -3,7 +3,7 @@ left its fix. The task's own tests are put back first, so an agent that edits th
 
 from pathlib import Path
 
-from forge.sandbox.verify import tests_pass_rate
+from forge.rollout.sandbox.verify import tests_pass_rate
 
 HERE = Path(__file__).parent
 

@@ -33,7 +33,7 @@ from forge.gateway.http.openai import (
 )
 from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat, forge_json
 from forge.gateway.messages import ChatCall, chat_message, check_grammar_with_tools, tool_function
-from forge.gateway.parsing import ToolCall
+from forge.parsing.completion import ToolCall
 from forge.v1 import common_pb2
 
 SUPPORTED = frozenset({

@@ -19,8 +19,8 @@ import httpx
 import pytest
 import torch
 
-from forge.app.rollout.blackbox import AgentCommand, BlackBoxRunner
 from forge.pool import PoolReader
+from forge.rollout.blackbox import AgentCommand, BlackBoxRunner
 
 from conftest import REPO, script
 from helpers.gateway_procs import start_actor, start_gateway
