@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from forge.gateway.off_loop import PROCESS_SIZE
-from integration.test_gateway_properties import pool_snapshot, settle_one_call_session
+from integration.gateway.test_gateway_properties import pool_snapshot, settle_one_call_session
 
 from helpers.gateway_procs import Proc, Stack, start_actor, start_gateway
 from helpers.waiting import WAIT_S

@@ -116,7 +116,7 @@ def test_the_example_environment_loads_and_holds_out_its_share():
     from forge.rollout.config import EnvConfig
     from forge.rollout.team import Team
 
-    example = Path(__file__).parents[2] / "examples" / "openenv"
+    example = Path(__file__).parents[3] / "examples" / "openenv"
     table = tomllib.loads((example / "run.toml").read_text())["env"]
     team = Team.load_env(EnvConfig(**table), example)
     assert team.environment.interface.text_field == "text" and team.environment.interface.name == "GuessEnvironment"

@@ -104,7 +104,7 @@ def test_the_example_environment_loads_and_holds_out_its_share(monkeypatch):
 
     monkeypatch.setattr(sys, "path", [*sys.path])                     # the example's folder goes on both
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    example = Path(__file__).parents[2] / "examples" / "verifiers"
+    example = Path(__file__).parents[3] / "examples" / "verifiers"
     table = tomllib.loads((example / "run.toml").read_text())["env"]
     team = Team.load_env(EnvConfig(**table), example)
     assert len(team.tasks.train) == 180 and len(team.tasks.eval) == 20

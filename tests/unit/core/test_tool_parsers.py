@@ -16,7 +16,7 @@ from forge.parsing.tools import TOOL_PARSERS, ToolCallParser, pick_tool_parser
 from forge.tokenizer import Tokenizer
 from forge.tokenizer.tokenizer import reads_string_arguments
 
-TEMPLATES = Path(__file__).parent.parent / "assets" / "templates"
+TEMPLATES = Path(__file__).parents[2] / "assets" / "templates"
 TOOLS = [
     {"type": "function", "function": {"name": "add", "description": "add numbers", "parameters": {
         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}}}}},
