@@ -39,7 +39,7 @@ def _calls(body: str) -> list[ToolCall]:
         at = len(body) - len(body[at:].lstrip())
         try:
             _, end = _DECODER.raw_decode(body, at)
-        except ValueError:
+        except (ValueError, RecursionError):     # nested past decoding's depth: not JSON
             return []
         call = name_and_arguments(body[at:end], keys=("parameters", "arguments"))
         if call is None:

@@ -41,7 +41,7 @@ def _listed(segment: str) -> list[ToolCall]:
             return []
         try:
             _, end = _DECODER.raw_decode(segment, at)
-        except ValueError:
+        except (ValueError, RecursionError):     # nested past decoding's depth: not JSON
             return []
         call = _listed_call(segment[at:end])
         if call is None:

@@ -165,6 +165,13 @@ def test_malformed_calls_stay_content(name, text):
         assert streamed(parser, list(body)) == (body, [])
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_json_nested_past_decodings_depth_stays_content(name):
+    parser, deep = TOOL_PARSERS[name](), "[" * 100_000
+    for text in (parser.start + deep, '{"name": "add", "parameters": ' + deep, "[TOOL_CALLS] [" + deep):
+        assert parser.parse(text, TOOLS) == (text, [])
+
+
 @pytest.mark.parametrize("name", ["qwen3_coder", "glm45", "minimax_m2"])
 def test_untyped_values_follow_the_schema(name):
     parser = TOOL_PARSERS[name]()
