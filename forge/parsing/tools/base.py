@@ -1,5 +1,6 @@
-"""What every tool-call parser shares: the call it yields, its interface, and the helpers the syntaxes have in common
-(holding back a marker that may still be arriving, keeping the arguments' own text, typing a value by its schema).
+"""What every tool-call parser shares: the call it yields, its interface, the block and section layouts most syntaxes
+write their calls in, and the JSON helpers (holding back a marker that may still be arriving, decoding a run of JSON
+values, keeping the arguments' own text). Values written as bare text are in ``forge.parsing.tools.parameters``.
 
 A parser reads the part of a completion after the reasoning. Its final ``parse`` returns the content and the calls,
 or the whole text as content (and no calls) when a call is malformed or unfinished: it never raises on what a model
@@ -10,7 +11,6 @@ content streamed adds up to the final one; calls go out once the completion is c
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
@@ -63,12 +63,13 @@ class ToolCallParser(ABC):
 
 class BlockToolParser(ToolCallParser):
     """A syntax whose calls come in ``start…end`` blocks: the content is what comes before the first block, and a
-    block that holds no well-formed call makes the whole text content."""
+    block that holds no well-formed call makes the whole text content. A syntax with one call per block writes
+    ``block_call``, one with several ``block_calls``."""
 
     end: ClassVar[str]
 
     def parse(self, text: str, tools: Tools | None = None) -> tuple[str, list[ToolCall]]:
-        split = split_blocks(text, self.start, self.end)
+        split = self.blocks(text)
         if split is None:
             return text, []
         content, blocks = split
@@ -80,9 +81,40 @@ class BlockToolParser(ToolCallParser):
             calls += found
         return (content, calls) if calls else (text, [])
 
-    @abstractmethod
+    def blocks(self, text: str) -> tuple[str, list[str]] | None:
+        """(content, the inner text of each block) of ``text``; None when it is malformed."""
+        return split_blocks(text, self.start, self.end)
+
     def block_calls(self, block: str, tools: Tools | None) -> list[ToolCall]:
         """The calls one block holds (none: it is malformed)."""
+        call = self.block_call(block, tools)
+        return [] if call is None else [call]
+
+    def block_call(self, block: str, tools: Tools | None) -> ToolCall | None:
+        """The one call a block holds (None: it is malformed)."""
+        raise NotImplementedError(f"{type(self).__name__} reads neither block_calls nor block_call")
+
+
+class SectionToolParser(BlockToolParser):
+    """A syntax whose calls come in one ``start…end`` section (a model may leave out its ``end``), each call a
+    ``call_start…call_end`` block, with nothing but whitespace before the first: the content is what comes before
+    the section."""
+
+    call_start: ClassVar[str]
+    call_end: ClassVar[str]
+
+    def blocks(self, text: str) -> tuple[str, list[str]] | None:
+        first = text.find(self.start)
+        if first < 0:
+            return text, []
+        section = text[first + len(self.start):]
+        end = section.find(self.end)
+        if end >= 0:
+            section = section[:end]
+        split = split_blocks(section, self.call_start, self.call_end)
+        if split is None or split[0].strip():
+            return None
+        return text[:first], split[1]
 
 
 def split_blocks(text: str, open_tag: str, close_tag: str) -> tuple[str, list[str]] | None:
@@ -107,6 +139,28 @@ def json_object(text: str) -> dict | None:
     except (ValueError, RecursionError):         # text the model wrote: nested past decoding's depth is not JSON
         return None
     return value if isinstance(value, dict) else None
+
+
+_DECODER = json.JSONDecoder()
+
+
+def json_values(text: str, at: int, separator: str, close: str = "") -> list[str] | None:
+    """The texts of the JSON values ``text`` holds from ``at`` on, ``separator`` between them, then ``close`` and
+    nothing else (whitespace may come around each); None when anything else is there, or when there are none."""
+    values = []
+    while True:
+        at = len(text) - len(text[at:].lstrip())
+        try:
+            _, end = _DECODER.raw_decode(text, at)
+        except (ValueError, RecursionError):     # nested past decoding's depth: not JSON
+            return None
+        values.append(text[at:end])
+        rest = text[end:].lstrip()
+        if rest.startswith(close) and not rest[len(close):].strip():
+            return values
+        if not rest.startswith(separator):
+            return None
+        at = len(text) - len(rest) + len(separator)
 
 
 def raw_arguments(body: str, head: str, tail: str) -> str | None:
@@ -137,59 +191,3 @@ def name_and_arguments(body: str, keys: Iterable[str] = ("arguments",)) -> tuple
         if raw is not None:
             return name, raw
     return name, json.dumps(arguments, ensure_ascii=False)
-
-
-def parameter_schemas(tools: Tools | None, name: str) -> Mapping[str, Any]:
-    """The JSON schemas of the parameters of function ``name`` among ``tools`` (empty if it is not there)."""
-    for tool in tools or ():
-        function = tool.get("function", tool) if isinstance(tool, Mapping) else None
-        if isinstance(function, Mapping) and function.get("name") == name:
-            parameters = function.get("parameters")
-            properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
-            return properties if isinstance(properties, Mapping) else {}
-    return {}
-
-
-_INTEGER = re.compile(r"-?\d+")
-
-
-def _types(schema: Any) -> list[str]:
-    if not isinstance(schema, Mapping):
-        return []
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return [kind]
-    if isinstance(kind, list):
-        return [k for k in kind if isinstance(k, str)]
-    for key in ("anyOf", "oneOf"):
-        if isinstance(schema.get(key), list):
-            return [k for option in schema[key] for k in _types(option)]
-    return []
-
-
-def typed_value(text: str, schema: Any) -> Any:
-    """A parameter value written as bare text, as the type its JSON schema gives it (the first type it parses as);
-    the text itself when it has no schema, is a string, or parses as none of its types."""
-    for kind in _types(schema):
-        if kind == "string":
-            return text
-        if kind == "integer" and _INTEGER.fullmatch(text.strip()):
-            return int(text)
-        if kind == "boolean" and text.strip() in ("true", "false"):
-            return text.strip() == "true"
-        if kind == "null" and text.strip() == "null":
-            return None
-        if kind in ("number", "object", "array"):
-            try:
-                value = json.loads(text)
-            except (ValueError, RecursionError):
-                continue
-            wanted = {"number": (int, float), "object": (dict,), "array": (list,)}[kind]
-            if isinstance(value, wanted) and not isinstance(value, bool):
-                return value
-    return text
-
-
-def typed_arguments(pairs: Iterable[tuple[str, str]], schemas: Mapping[str, Any]) -> str:
-    """The arguments of a call written as (name, bare text) pairs, as a JSON object typed by ``schemas``."""
-    return json.dumps({key: typed_value(value, schemas.get(key)) for key, value in pairs}, ensure_ascii=False)

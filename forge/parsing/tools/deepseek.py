@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from forge.parsing.tools.base import ToolCall, ToolCallParser, Tools, json_object, new_call_id, split_blocks
+from forge.parsing.tools.base import SectionToolParser, ToolCall, Tools, json_object, new_call_id
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -14,26 +14,13 @@ _V3 = re.compile(r"(\w+)" + SEP + r"([^\n]+)\n```json\n(.*)\n```", re.DOTALL)
 _V31 = re.compile(r"([^\n<]+)" + SEP + r"(.*)", re.DOTALL)
 
 
-class DeepSeekV3ToolParser(ToolCallParser):
+class DeepSeekV3ToolParser(SectionToolParser):
     name = "deepseek_v3"
-    start = CALLS_BEGIN
+    start, end = CALLS_BEGIN, CALLS_END
+    call_start, call_end = CALL_BEGIN, CALL_END
 
-    def parse(self, text: str, tools: Tools | None = None) -> tuple[str, list[ToolCall]]:
-        first = text.find(CALLS_BEGIN)
-        if first < 0:
-            return text, []
-        section = text[first + len(CALLS_BEGIN):]
-        end = section.find(CALLS_END)
-        if end >= 0:
-            section = section[:end]
-        split = split_blocks(section, CALL_BEGIN, CALL_END)
-        if split is None or split[0].strip():
-            return text, []
-        calls = []
-        for block in split[1]:
-            match = _V3.fullmatch(block) or _V31.fullmatch(block)
-            arguments = match.groups()[-1] if match else ""
-            if match is None or json_object(arguments) is None:
-                return text, []
-            calls.append(ToolCall(new_call_id(), match.groups()[-2], arguments))
-        return (text[:first], calls) if calls else (text, [])
+    def block_call(self, block: str, tools: Tools | None) -> ToolCall | None:
+        match = _V3.fullmatch(block) or _V31.fullmatch(block)
+        if match is None or json_object(match.groups()[-1]) is None:
+            return None
+        return ToolCall(new_call_id(), match.groups()[-2], match.groups()[-1])

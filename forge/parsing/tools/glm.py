@@ -5,14 +5,8 @@ from __future__ import annotations
 
 import re
 
-from forge.parsing.tools.base import (
-    BlockToolParser,
-    ToolCall,
-    Tools,
-    new_call_id,
-    parameter_schemas,
-    typed_arguments,
-)
+from forge.parsing.tools.base import BlockToolParser, ToolCall, Tools
+from forge.parsing.tools.parameters import only_matches, parameter_call
 
 _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
@@ -22,23 +16,10 @@ class Glm45ToolParser(BlockToolParser):
     start = "<tool_call>"
     end = "</tool_call>"
 
-    def block_calls(self, block: str, tools: Tools | None) -> list[ToolCall]:
-        call = _call(block, tools)
-        return [] if call is None else [call]
-
-
-def _call(block: str, tools: Tools | None) -> ToolCall | None:
-    head, _, _ = block.partition("<arg_key>")
-    name = head.strip()
-    if not name or "<" in name or "\n" in name:
-        return None
-    body = block[len(head):]
-    pairs, at = [], 0
-    for pair in _PAIR.finditer(body):
-        if body[at:pair.start()].strip():
+    def block_call(self, block: str, tools: Tools | None) -> ToolCall | None:
+        head, _, _ = block.partition("<arg_key>")
+        name = head.strip()
+        pairs = only_matches(_PAIR, block[len(head):])
+        if not name or "<" in name or "\n" in name or pairs is None:
             return None
-        pairs.append((pair.group(1).strip(), pair.group(2)))
-        at = pair.end()
-    if body[at:].strip():
-        return None
-    return ToolCall(new_call_id(), name, typed_arguments(pairs, parameter_schemas(tools, name)))
+        return parameter_call(name, [(p.group(1).strip(), p.group(2)) for p in pairs], tools)

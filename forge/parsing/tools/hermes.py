@@ -10,6 +10,6 @@ class HermesToolParser(BlockToolParser):
     start = "<tool_call>"
     end = "</tool_call>"
 
-    def block_calls(self, block: str, tools: Tools | None) -> list[ToolCall]:
+    def block_call(self, block: str, tools: Tools | None) -> ToolCall | None:
         call = name_and_arguments(block)
-        return [] if call is None else [ToolCall(new_call_id(), *call)]
+        return None if call is None else ToolCall(new_call_id(), *call)

@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-import json
-
-from forge.parsing.tools.base import ToolCall, ToolCallParser, Tools, name_and_arguments, new_call_id
+from forge.parsing.tools.base import ToolCall, ToolCallParser, Tools, json_values, name_and_arguments, new_call_id
 
 PYTHON_TAG = "<|python_tag|>"
-_DECODER = json.JSONDecoder()
 
 
 class Llama3JsonToolParser(ToolCallParser):
@@ -34,20 +31,10 @@ class Llama3JsonToolParser(ToolCallParser):
 
 def _calls(body: str) -> list[ToolCall]:
     """The ``;``-separated objects of ``body``, or none if anything else is there."""
-    calls, at = [], 0
-    while True:
-        at = len(body) - len(body[at:].lstrip())
-        try:
-            _, end = _DECODER.raw_decode(body, at)
-        except (ValueError, RecursionError):     # nested past decoding's depth: not JSON
-            return []
-        call = name_and_arguments(body[at:end], keys=("parameters", "arguments"))
+    calls = []
+    for value in json_values(body, 0, ";") or ():
+        call = name_and_arguments(value, keys=("parameters", "arguments"))
         if call is None:
             return []
         calls.append(ToolCall(new_call_id(), *call))
-        rest = body[end:].lstrip()
-        if not rest:
-            return calls
-        if not rest.startswith(";"):
-            return []
-        at = len(body) - len(rest) + 1
+    return calls

@@ -5,14 +5,8 @@ from __future__ import annotations
 
 import re
 
-from forge.parsing.tools.base import (
-    BlockToolParser,
-    ToolCall,
-    Tools,
-    new_call_id,
-    parameter_schemas,
-    typed_arguments,
-)
+from forge.parsing.tools.base import BlockToolParser, ToolCall, Tools
+from forge.parsing.tools.parameters import only_matches, parameter_call, trim_newlines
 
 _INVOKE = re.compile(r'<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
 _PARAMETER = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
@@ -24,24 +18,11 @@ class MiniMaxM2ToolParser(BlockToolParser):
     end = "</minimax:tool_call>"
 
     def block_calls(self, block: str, tools: Tools | None) -> list[ToolCall]:
-        return _invokes(block, tools)
-
-
-def _invokes(block: str, tools: Tools | None) -> list[ToolCall]:
-    calls, at = [], 0
-    for invoke in _INVOKE.finditer(block):
-        if block[at:invoke.start()].strip():
-            return []
-        name, body = invoke.groups()
-        pairs = [(p.group(1), _value(p.group(2))) for p in _PARAMETER.finditer(body)]
-        if _PARAMETER.sub("", body).strip():
-            return []
-        calls.append(ToolCall(new_call_id(), name, typed_arguments(pairs, parameter_schemas(tools, name))))
-        at = invoke.end()
-    return [] if block[at:].strip() else calls
-
-
-def _value(text: str) -> str:
-    """The value without the newline the template puts on each side of a multi-line one."""
-    text = text[1:] if text.startswith("\n") else text
-    return text[:-1] if text.endswith("\n") else text
+        calls = []
+        for invoke in only_matches(_INVOKE, block) or ():
+            parameters = only_matches(_PARAMETER, invoke.group(2))
+            if parameters is None:
+                return []
+            pairs = [(p.group(1), trim_newlines(p.group(2))) for p in parameters]
+            calls.append(parameter_call(invoke.group(1), pairs, tools))
+        return calls

@@ -7,11 +7,18 @@ from __future__ import annotations
 import json
 import re
 
-from forge.parsing.tools.base import ToolCall, ToolCallParser, Tools, json_object, new_call_id, raw_arguments
+from forge.parsing.tools.base import (
+    ToolCall,
+    ToolCallParser,
+    Tools,
+    json_object,
+    json_values,
+    new_call_id,
+    raw_arguments,
+)
 
 TOOL_CALLS = "[TOOL_CALLS]"
 _NAMED = re.compile(r"\s*([\w.\-]+)(?:\[CALL_ID\](\w+))?\[ARGS\](.*)", re.DOTALL)
-_DECODER = json.JSONDecoder()
 
 
 class MistralToolParser(ToolCallParser):
@@ -34,26 +41,12 @@ class MistralToolParser(ToolCallParser):
 def _listed(segment: str) -> list[ToolCall]:
     """The calls of a JSON list of ``{"name", "arguments"[, "id"]}`` objects, each kept as written."""
     calls = []
-    at = segment.index("[") + 1
-    while True:
-        at = len(segment) - len(segment[at:].lstrip())
-        if segment.startswith("]", at) and not calls:
-            return []
-        try:
-            _, end = _DECODER.raw_decode(segment, at)
-        except (ValueError, RecursionError):     # nested past decoding's depth: not JSON
-            return []
-        call = _listed_call(segment[at:end])
+    for body in json_values(segment, segment.index("[") + 1, ",", "]") or ():
+        call = _listed_call(body)
         if call is None:
             return []
         calls.append(call)
-        rest = segment[end:].lstrip()
-        if rest.startswith(","):
-            at = len(segment) - len(rest) + 1
-        elif rest.startswith("]") and not rest[1:].strip():
-            return calls
-        else:
-            return []
+    return calls
 
 
 def _listed_call(body: str) -> ToolCall | None:

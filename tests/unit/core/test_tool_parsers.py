@@ -186,6 +186,47 @@ def test_model_written_ids_are_kept_where_templates_write_them_back():
     assert [c.id for c in TOOL_PARSERS["mistral"]().parse(CASES["mistral"][1][0])[1]][1] == "abcdef123"
 
 
+# ------------------------------------------------------------------------------------------- shared helpers
+
+
+def test_json_values_reads_a_separated_run_and_nothing_else():
+    from forge.parsing.tools.base import json_values
+
+    assert json_values(' {"a": 1} ;\n[2] ', 0, ";") == ['{"a": 1}', "[2]"]
+    assert json_values('x[ {"a": 1}, "b" ]\n', 2, ",", "]") == ['{"a": 1}', '"b"']
+    for text, at, separator, close in [("[]", 1, ",", "]"), ("[1,]", 1, ",", "]"), ("[1] x", 1, ",", "]"),
+                                       ("[1 2]", 1, ",", "]"), ("1;", 0, ";", ""), ("1 2", 0, ";", ""), ("", 0, ";", "")]:
+        assert json_values(text, at, separator, close) is None, text
+
+
+def test_only_matches_allows_whitespace_alone_around_the_elements():
+    import re
+
+    from forge.parsing.tools.parameters import only_matches
+
+    pattern = re.compile(r"<p>(.*?)</p>")
+    assert [m.group(1) for m in only_matches(pattern, " <p>a</p>\n<p>b</p> ")] == ["a", "b"]
+    assert only_matches(pattern, " \n") == []
+    assert only_matches(pattern, "<p>a</p>x<p>b</p>") is None
+    assert only_matches(pattern, "<p>a</p> x") is None
+
+
+def test_trim_newlines_takes_one_newline_off_each_side():
+    from forge.parsing.tools.parameters import trim_newlines
+
+    assert [trim_newlines(t) for t in ("\n\na\n\n", "\na", "a\n", "\n", " a ")] == ["\na\n", "a", "a", "", " a "]
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "kimi_k2"])
+def test_sections_may_leave_out_their_end_but_hold_only_calls(name):
+    parser = TOOL_PARSERS[name]()
+    text = CASES[name][-1][0]
+    section_end = type(parser).end
+    assert calls_of(parser, text.replace(section_end, "")) == calls_of(parser, text)
+    assert calls_of(parser, text.replace(section_end, section_end + " trailing")) == calls_of(parser, text)
+    assert parser.parse(text.replace(parser.start, parser.start + "x"), TOOLS)[1] == []
+
+
 # ------------------------------------------------------------------------------------------- splice
 
 
