@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from forge.model.lora_weights import is_adapter_version
-from forge.model.sampling import SamplingParams
+from forge.sampling.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from forge.actors.config import ActorConfig

@@ -29,8 +29,8 @@ from forge.actors.backend import (
     TokenChunk,
 )
 from forge.expert_routing import encode as encode_routing
-from forge.model.sampling import SamplingError
-from forge.rpc.sampling import sampling_from_proto
+from forge.sampling.sampling import SamplingError
+from forge.sampling.wire import sampling_from_proto
 from forge.structured.check import wire_grammar_problem
 from forge.structured.sandbox import GrammarSandbox, SandboxUnavailable
 from forge.telemetry import stats_report

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from forge.actors.backend import Backend, GenerationRequest
-from forge.model.sampling import SamplingParams
 from forge.rollout.llm import LocalChat
+from forge.sampling.sampling import SamplingParams
 from forge.tokenizer import Tokenizer
 
 

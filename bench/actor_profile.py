@@ -24,7 +24,7 @@ from actor_decode import load, matmul_floor, model_reference, prompt_ids
 from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
-from forge.model.sampling import SamplingParams
+from forge.sampling.sampling import SamplingParams
 
 KERNELS = ("linear", "scaled_dot_product_attention", "index_select", "rms_norm", "index_copy_", "cat", "embedding",
            "silu", "mul", "add", "softmax", "multinomial", "exponential_", "argmax", "log_softmax", "topk", "sort")

@@ -44,7 +44,7 @@ from forge.learner.policy import policy_forward
 from forge.learner.samples import make_micro_batch
 from forge.model import CausalLM
 from forge.model.random_checkpoint import SIZES, write_qwen3
-from forge.model.sampling import SamplingParams
+from forge.sampling.sampling import SamplingParams
 from forge.weights import WeightPublisher, WeightSubscriber
 
 

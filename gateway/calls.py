@@ -31,9 +31,9 @@ from forge.gateway.tool_grammar import (
     reply_or_call_lark,
     reply_schema,
 )
-from forge.model.grammar import json_lark
 from forge.parsing.completion import CompletionParser, ParsedCompletion
 from forge.pool import InvalidRequestError, check_call
+from forge.sampling.grammar import json_lark
 from forge.tokenizer import ChatTemplateError, RenderLimitExceeded
 from forge.v1 import actor_pb2, common_pb2, pool_pb2
 

@@ -1,5 +1,5 @@
 """The gateway's check of a call's grammar before the call is routed: the grammar an actor would compile (a response
-format's schema, a strict tool's call layout) must keep the bounds (``forge.structured.bounds``) and compile against
+format's schema, a strict tool's call layout) must keep the bounds (``forge.sampling.bounds``) and compile against
 the model's tokenizer in the grammar sandbox (``forge.structured.sandbox``), or the call is a 400 naming the field it
 came in. No actor receives a grammar the gateway did not accept.
 

@@ -11,9 +11,15 @@ from dataclasses import dataclass, field
 from forge.gateway.errors import BadRequest
 from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.json_values import check_json, has_surrogate
-from forge.model.grammar import Grammar
-from forge.model.sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS, repetition_problem, temperature_problem
-from forge.structured.bounds import schema_problem
+from forge.sampling.bounds import schema_problem
+from forge.sampling.grammar import Grammar
+from forge.sampling.sampling import (
+    MAX_LOGIT_BIAS,
+    MAX_PENALTY,
+    MAX_TOP_LOGPROBS,
+    repetition_problem,
+    temperature_problem,
+)
 from forge.tokenizer.tokenizer import NAMED_SPECIAL_TOKENS
 from forge.v1 import common_pb2, gateway_pb2
 
@@ -178,7 +184,7 @@ def logit_bias_problem(token: int, bias: float, vocab_size: int) -> str | None:
 
 
 def grammar_problem(grammar: common_pb2.Grammar) -> str | None:
-    """Why ``grammar`` is beyond the bounds of a grammar (``forge.structured.bounds``), or None. Nothing is compiled
+    """Why ``grammar`` is beyond the bounds of a grammar (``forge.sampling.bounds``), or None. Nothing is compiled
     here: the call's final grammar is compiled in the grammar sandbox before it is routed (``grammar_check``)."""
     kind = grammar.WhichOneof("kind")
     if kind == "json_object" and grammar.json_object:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from forge.gateway.errors import BadRequest
 from forge.gateway.forced_calls import PROBE_ARGUMENTS, probe_turn, tool_names
-from forge.model.grammar import ANY_OBJECT, json_lark
+from forge.sampling.grammar import ANY_OBJECT, json_lark
 from forge.v1 import common_pb2
 
 

@@ -209,7 +209,7 @@ def learner(config: LearnerConfig) -> None:
     from forge.learner.metrics import MetricsWriter, summary
     from forge.learner.parallel import check_shared_run_dir, init_distributed, shard_model
     from forge.learner.trainer import Trainer
-    from forge.model.grammar import Grammars
+    from forge.sampling.grammar import Grammars
 
     distributed = init_distributed(config.device, timeout_s=config.collective_timeout_s)
     check_shared_run_dir(config.run_dir, distributed)

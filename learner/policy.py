@@ -13,7 +13,7 @@ from forge.learner.losses import mtp_topk_kl
 from forge.learner.samples import MicroBatch
 from forge.model.moe import Routing
 from forge.model.qwen3 import CausalLM
-from forge.model.sampling import batched_sampling_logprobs
+from forge.sampling.sampling import batched_sampling_logprobs
 
 
 @dataclass

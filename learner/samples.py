@@ -13,9 +13,9 @@ from torch import Tensor
 
 from forge import expert_routing
 from forge.learner.rewards import SessionRewards
-from forge.model.grammar import Grammars
-from forge.model.logit_edits import LogitEdits, call_edits
-from forge.rpc.sampling import sampling_from_proto
+from forge.sampling.grammar import Grammars
+from forge.sampling.logit_edits import LogitEdits, call_edits
+from forge.sampling.wire import sampling_from_proto
 from forge.v1 import pool_pb2
 
 log = logging.getLogger(__name__)

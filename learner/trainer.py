@@ -45,9 +45,9 @@ from forge.learner.tree import (
     stem_forward,
     tree_policy_forward,
 )
-from forge.model.grammar import Grammars
 from forge.model.qwen3 import CausalLM
 from forge.pool import Batch, PoolSource, WindowConfig, WindowedFifo
+from forge.sampling.grammar import Grammars
 from forge.settings import Settings, setting
 from forge.v1 import pool_pb2
 

@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge.model.sampling import SamplingParams
 from forge.rollout.llm import ChatLLM
 from forge.rollout.tasks import Task, manage_context
 from forge.rollout.tasks.agent import FORMAT_HINT, MALFORMED_PENALTY, ToolEnvironment
 from forge.rollout.tasks.base import final_answer
+from forge.sampling.sampling import SamplingParams
 
 
 @dataclass

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge.builtin import IMPLS, resolve_model
-from forge.model.sampling import SamplingParams
 from forge.rollout.sandbox.config import SandboxConfig
+from forge.sampling.sampling import SamplingParams
 from forge.settings import Settings, SettingsError, log_level_setting, setting
 
 

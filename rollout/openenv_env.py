@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from forge.loading import PluginError, first_line
-from forge.model.sampling import SamplingParams
 from forge.rollout.openenv_server import WHAT, environment_class, wire_classes
 from forge.rollout.tasks.source import TaskSet, split, task_cycle
 from forge.rollout.workload import SESSION_MODEL, Outcome, Plan, Session, Workload
+from forge.sampling.sampling import SamplingParams
 
 CALL_TOOL = "call_tool"
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge.model.sampling import SamplingParams
 from forge.rollout.config import AgentConfig, EnvConfig, TasksConfig
 from forge.rollout.sandbox.config import SandboxConfig
+from forge.sampling.sampling import SamplingParams
 
 
 @dataclass

@@ -32,10 +32,10 @@ from typing import Any
 
 from forge import environment
 from forge.loading import PluginError, first_line, load_object
-from forge.model.sampling import SamplingParams
 from forge.rollout.held import Held
 from forge.rollout.tasks.source import TaskSet, split, task_cycle
 from forge.rollout.workload import SESSION_MODEL, Outcome, Plan, Session, Workload
+from forge.sampling.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

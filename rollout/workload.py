@@ -20,7 +20,6 @@ from typing import Any
 import aiohttp
 
 from forge.agents import AgentResult
-from forge.model.sampling import SamplingParams
 from forge.rollout.agent import Episode, run_episode
 from forge.rollout.blackbox import AgentFailed, BlackBoxRunner
 from forge.rollout.llm import GatewayChat
@@ -30,6 +29,7 @@ from forge.rollout.tasks import DOMAINS, Task, task_stream
 from forge.rollout.tasks.long import PAGE_LINES
 from forge.rollout.tasks.source import task_cycle
 from forge.rollout.verifier import VerificationFailed, Verifier
+from forge.sampling.sampling import SamplingParams
 from forge.v1 import gateway_pb2
 
 log = logging.getLogger(__name__)

@@ -36,10 +36,10 @@ from forge.actors.engine.runner import ModelRunner, PreparedWeights, Sampled, Wo
 from forge.actors.engine.scheduler import Scheduler, SchedulerConfig
 from forge.actors.engine.sequence import Sequence, Status
 from forge.kvhash import kv_salt
-from forge.model.grammar import Grammars
-from forge.model.logit_edits import call_edits
 from forge.model.lora_weights import is_adapter_version, merge_adapter_version
 from forge.model.qwen3 import CausalLM
+from forge.sampling.grammar import Grammars
+from forge.sampling.logit_edits import call_edits
 
 if TYPE_CHECKING:
     from forge.actors.engine.connector import EngineConnector

@@ -3,7 +3,7 @@ serves under and the loaded policy. Shared by the actor's factory, the engine co
 
 from __future__ import annotations
 
-from forge.model.grammar import Grammars
+from forge.sampling.grammar import Grammars
 
 
 def model_id_of(model: str) -> str:

@@ -26,11 +26,11 @@ from forge.actors.engine.graph import CompiledDecode
 from forge.actors.engine.packed_linear import Pack, pack_linears
 from forge.actors.engine.paged_attention import PagedAttention, PagedKVCache, StepLayout
 from forge.actors.engine.sequence import ACCEPT, DRAFT, RESIDUAL, SAMPLE, Draft, Sequence, uniforms
-from forge.model.grammar import GrammarError
-from forge.model.logit_edits import LogitEdits
 from forge.model.moe import Routing
 from forge.model.qwen3 import CausalLM
-from forge.model.sampling import batched_sampling_logprobs, top_logprobs
+from forge.sampling.grammar import GrammarError
+from forge.sampling.logit_edits import LogitEdits
+from forge.sampling.sampling import batched_sampling_logprobs, top_logprobs
 
 PreparedWeights = dict[int, Pack] | None
 
@@ -214,7 +214,7 @@ class ModelRunner:
 
     @staticmethod
     def _edits(row_seqs: list[tuple[Sequence, int]]) -> LogitEdits | None:
-        """The edits of each row's logits (see ``forge.model.logit_edits``): a row samples the output ``ahead``
+        """The edits of each row's logits (see ``forge.sampling.logit_edits``): a row samples the output ``ahead``
         outputs after the ones its sequence has."""
         rows = []
         for row, (seq, ahead) in enumerate(row_seqs):

@@ -11,8 +11,8 @@ import torch
 
 from forge.actors.backend import RequestStream, TokenChunk
 from forge.kvhash import block_hash
-from forge.model.logit_edits import CompletionEdits
-from forge.model.sampling import SamplingParams
+from forge.sampling.logit_edits import CompletionEdits
+from forge.sampling.sampling import SamplingParams
 
 
 class Status(Enum):
@@ -56,7 +56,7 @@ class Sequence:
     admitted: float | None = None
     first_token: float | None = None
     preemptions: int = 0
-    edits: CompletionEdits | None = None  # min_tokens, grammar, logit_bias, penalties (see forge.model.logit_edits)
+    edits: CompletionEdits | None = None  # min_tokens, grammar, logit_bias, penalties (see forge.sampling.logit_edits)
     prefill_only: bool = False          # finish after the first token, once the prompt's blocks are in L3
     room: int = 0                       # prefill_only: the tokens the request may have in all, its first included
     handover_version: int | None = None  # a continuation: the weight version that sampled its first token

@@ -167,7 +167,7 @@ class VllmBackend(Backend):
         if self.structured_problem is None:
             from vllm.config import StructuredOutputsConfig
 
-            # llguidance, the engine forge.model.grammar compiles with (the JSON layout travels in the grammar)
+            # llguidance, the engine forge.sampling.grammar compiles with (the JSON layout travels in the grammar)
             kwargs["structured_outputs_config"] = StructuredOutputsConfig(backend="guidance")
         if kv_events_endpoint is not None:
             from vllm.config import KVEventsConfig

@@ -68,7 +68,7 @@ def serving_checkpoint(source: Path, staging: Path) -> tuple[Path, dict[str, tup
 
 def structured_output_problem(directory: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) -> str | None:
     """Why vLLM's ``guidance`` backend, with the tokenizer vLLM loads from ``directory``, would not mask structured
-    output as ``forge.model.grammar.Grammars`` does for this model (tokenizer.json, ``vocab_size``, every id of
+    output as ``forge.sampling.grammar.Grammars`` does for this model (tokenizer.json, ``vocab_size``, every id of
     ``eos_token_ids`` ending a complete document), or None when it would."""
     if not (directory / "tokenizer.json").is_file():
         return f"{directory} has no tokenizer.json"

@@ -2,11 +2,11 @@
 token chunks (log-probabilities, expert routing, timings), and the engine figures its stat logger records.
 
 The log-probabilities are vLLM's ``processed_logprobs``: those of the distribution the token was drawn from, after
-every edit of the logits, in the order ``forge.model.logit_edits`` describes and the learner replays: the grammar's
+every edit of the logits, in the order ``forge.sampling.logit_edits`` describes and the learner replays: the grammar's
 mask and ``min_tokens`` (stop and end-of-sequence ids banned), ``logit_bias``, the repetition penalty (over prompt
 and output tokens), the frequency and presence penalties (over output tokens); then temperature, top-k and top-p.
 ``top_logprobs`` come from the same processed log-probs. Structured output goes to vLLM's ``guidance`` backend as
-the Lark text ``forge.model.grammar.Grammar.lark()`` gives (JSON layout included), the grammar the torch engine and
+the Lark text ``forge.sampling.grammar.Grammar.lark()`` gives (JSON layout included), the grammar the torch engine and
 the learner compile, so vLLM masks exactly as they do. It needs vLLM's tokenizer, which is loaded from the checkpoint's
 ``tokenizer.json`` where it gives the same masks as Forge's grammars (a fast tokenizer, no larger than the model's
 vocabulary, whose end-of-sequence id is the model's only one: llguidance lets a complete document end with the

@@ -9,7 +9,7 @@ import torch
 
 from forge.model.attention import DenseKVCache
 from forge.model.qwen3 import CausalLM
-from forge.model.sampling import SamplingParams, sample, sampling_logprobs
+from forge.sampling.sampling import SamplingParams, sample, sampling_logprobs
 
 
 @dataclass

@@ -155,7 +155,7 @@ class SandboxUnavailable(RuntimeError):
 
 
 class GrammarSandbox:
-    """Checks grammar texts (Lark, as ``forge.model.grammar.Grammar.lark`` gives) in a child process; thread-safe
+    """Checks grammar texts (Lark, as ``forge.sampling.grammar.Grammar.lark`` gives) in a child process; thread-safe
     (checks of new grammars take turns)."""
 
     def __init__(self, spec: SandboxSpec, cached: int = CACHED_VERDICTS) -> None:

@@ -29,9 +29,9 @@ from forge.learner.losses import mtp_topk_kl
 from forge.learner.policy import PolicyOutput
 from forge.learner.tree.packing import TreeBatch, mtp_edges
 from forge.learner.tree.stem import StemState
-from forge.model.logit_edits import LogitEdits
 from forge.model.qwen3 import CausalLM
-from forge.model.sampling import batched_sampling_logprobs
+from forge.sampling.logit_edits import LogitEdits
+from forge.sampling.sampling import batched_sampling_logprobs
 
 
 def _read(model: CausalLM, hidden: Tensor, draft: Tensor | None, select: Tensor | None, temperature: Tensor,

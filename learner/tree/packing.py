@@ -27,7 +27,7 @@ from forge.learner.context_parallel import ShardKeys
 from forge.learner.samples import Sample
 from forge.learner.tree.attention import BorrowedKeys, TreeAttention
 from forge.learner.tree.trie import Trie, build_trie
-from forge.model.logit_edits import LogitEdits
+from forge.sampling.logit_edits import LogitEdits
 
 
 @dataclass
@@ -170,7 +170,7 @@ class TreeBatch:
     num_sample_tokens: int      # tokens of the samples, each counted once per sample
     borrowed: Borrowed | None = None   # slots taken from the step's stem (None: every slot is computed)
     routing: Tensor | None = None      # [layers, T, top_k] recorded expert ids of the computed nodes (-1: none)
-    edits: LogitEdits | None = None     # host: edits of the sampling rows' logits (see forge.model.logit_edits)
+    edits: LogitEdits | None = None     # host: edits of the sampling rows' logits (see forge.sampling.logit_edits)
 
     @property
     def num_tokens(self) -> int:

@@ -11,8 +11,8 @@ import torch
 
 from forge.learner.policy import recompute_logprobs
 from forge.learner.samples import Sample, edits_of, make_micro_batch, sampling_of
-from forge.model.grammar import Grammars
 from forge.model.qwen3 import CausalLM
+from forge.sampling.grammar import Grammars
 from forge.v1 import pool_pb2
 
 

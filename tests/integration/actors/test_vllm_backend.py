@@ -21,10 +21,10 @@ from forge.actors.engine.engine import TorchEngine
 from forge.builtin import load_model, resolve_model
 from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM
-from forge.model.grammar import Grammar, Grammars
-from forge.model.logit_edits import LogitEdits, call_edits
 from forge.model.random_checkpoint import write_qwen3
-from forge.model.sampling import SamplingParams, batched_sampling_logprobs, sampling_logprobs
+from forge.sampling.grammar import Grammar, Grammars
+from forge.sampling.logit_edits import LogitEdits, call_edits
+from forge.sampling.sampling import SamplingParams, batched_sampling_logprobs, sampling_logprobs
 from forge.tokenizer.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 

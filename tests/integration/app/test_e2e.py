@@ -28,7 +28,7 @@ from forge.builtin import TINY_DIR, load_model
 from forge.pool import PoolReader
 from forge.rollout.config import ModelChoice
 from forge.rpc import connect
-from forge.rpc.sampling import sampling_from_proto
+from forge.sampling.wire import sampling_from_proto
 from forge.v1 import actor_pb2_grpc, cache_pb2_grpc, common_pb2, pool_pb2
 from forge.weights.curve import load_key_pair
 

@@ -12,8 +12,8 @@ from forge.actors.backend import FinishReason
 from forge.actors.engine.engine import EngineConfig, TorchEngine
 from forge.actors.engine.policy import grammars_of
 from forge.builtin import load_model
-from forge.model.grammar import Grammar
-from forge.model.sampling import SamplingParams
+from forge.sampling.grammar import Grammar
+from forge.sampling.sampling import SamplingParams
 
 from helpers.engines import run
 

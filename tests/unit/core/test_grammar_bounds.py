@@ -1,4 +1,4 @@
-"""The bounds a grammar keeps before anything compiles it (forge.structured.bounds): counts, patterns, depth, and a
+"""The bounds a grammar keeps before anything compiles it (forge.sampling.bounds): counts, patterns, depth, and a
 finite document for every subschema; on any JSON the check answers (a reason or None) and never raises."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge.builtin import resolve_model
-from forge.model.grammar import Grammar, GrammarError, Grammars, json_lark
-from forge.structured.bounds import (
+from forge.sampling.bounds import (
     MAX_COUNT,
     MAX_REPEAT,
     MAX_SCHEMA_DEPTH,
@@ -20,6 +19,7 @@ from forge.structured.bounds import (
     schema_problem,
     schema_text_problem,
 )
+from forge.sampling.grammar import Grammar, GrammarError, Grammars, json_lark
 
 CYCLE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
 SELF = {"$ref": "#"}

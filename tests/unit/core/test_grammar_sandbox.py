@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from forge.builtin import resolve_model
-from forge.model.grammar import json_lark
+from forge.sampling.grammar import json_lark
 from forge.structured.sandbox import GrammarSandbox, SandboxSpec
 
 TINY = resolve_model("tiny").directory

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from forge.builtin import TINY_DIR, tiny_config, tiny_tokenizer
-from forge.model.grammar import Grammar, GrammarError, Grammars, json_lark
-from forge.model.logit_edits import CompletionEdits, LogitEdits, RowEdit, call_edits
-from forge.model.sampling import SamplingError, SamplingParams
+from forge.sampling.grammar import Grammar, GrammarError, Grammars, json_lark
+from forge.sampling.logit_edits import CompletionEdits, LogitEdits, RowEdit, call_edits
+from forge.sampling.sampling import SamplingError, SamplingParams
 
 V = 50
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from forge.model.generate import generate
-from forge.model.logit_edits import LogitEdits, RowEdit
-from forge.model.sampling import (
+from forge.sampling.logit_edits import LogitEdits, RowEdit
+from forge.sampling.sampling import (
     MAX_TEMPERATURE,
     MIN_TEMPERATURE,
     SamplingError,
@@ -167,8 +167,8 @@ def test_the_engine_draw_never_picks_a_token_outside_the_support(uniform):
 
 def test_the_smallest_temperature_survives_the_float32_of_the_wire():
     """0.01 travels as protobuf float32 (0.0099999998): the gateway's check and the actor both accept it."""
-    from forge.model.sampling import temperature_problem
-    from forge.rpc.sampling import sampling_from_proto
+    from forge.sampling.sampling import temperature_problem
+    from forge.sampling.wire import sampling_from_proto
     from forge.v1 import common_pb2
 
     wire = common_pb2.SamplingParams(temperature=MIN_TEMPERATURE)

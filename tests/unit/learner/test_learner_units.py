@@ -23,11 +23,11 @@ from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import build_samples, make_micro_batch
 from forge.learner.trainer import Trainer, TrainerConfig
 from forge.model import CausalLM
-from forge.model.grammar import Grammar, Grammars
-from forge.model.logit_edits import CompletionEdits
-from forge.model.sampling import SamplingParams
 from forge.pool import Pool
 from forge.pool.window import WindowConfig
+from forge.sampling.grammar import Grammar, Grammars
+from forge.sampling.logit_edits import CompletionEdits
+from forge.sampling.sampling import SamplingParams
 
 from helpers.gradients import capture_gradients
 from helpers.learner_runs import CONFIG, engine_of, fill_from, make_model

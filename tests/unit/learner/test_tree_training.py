@@ -18,8 +18,8 @@ from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.samples import Sample, build_samples, make_micro_batch
 from forge.learner.tree import build_trie, pack_step, pack_trees, rank_spans, stem_forward, tree_policy_forward
 from forge.model import CausalLM
-from forge.model.sampling import SamplingParams
 from forge.pool import Pool
+from forge.sampling.sampling import SamplingParams
 
 from helpers.learner_runs import engine_of
 from helpers.random_model import random_model, small_config

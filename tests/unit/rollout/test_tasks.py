@@ -12,7 +12,6 @@ import random
 import pytest
 
 from forge.app.pretrain import demonstration
-from forge.model.sampling import SamplingParams
 from forge.rollout import agent as rollout_agent
 from forge.rollout.agent import run_episode
 from forge.rollout.llm import Reply
@@ -31,6 +30,7 @@ from forge.rollout.tasks import (
     task_stream,
 )
 from forge.rollout.tasks.agent import FORMAT_HINT, MALFORMED_PENALTY, ToolEnvironment
+from forge.sampling.sampling import SamplingParams
 
 
 def test_final_answer_reads_the_last_answer_line():

@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from forge.structured.bounds import lark_problem, schema_text_problem
+from forge.sampling.bounds import lark_problem, schema_text_problem
 
 ANY_OBJECT = '{"type": "object"}'
 MAX_GRAMMAR_BYTES = 64 * 1024
@@ -52,7 +52,7 @@ class Grammar:
         return "start: " + json_lark(self.text)
 
     def bounds_problem(self) -> str | None:
-        """Why the grammar is beyond the bounds every compiler of it keeps (``forge.structured.bounds``), or None;
+        """Why the grammar is beyond the bounds every compiler of it keeps (``forge.sampling.bounds``), or None;
         cheap, and safe for any input: nothing is compiled."""
         if len(self.text.encode()) > MAX_GRAMMAR_BYTES:
             return f"the {self.kind.replace('_', ' ')} is larger than {MAX_GRAMMAR_BYTES // 1024} KiB"

@@ -3,8 +3,8 @@ actors read them and their clients (the gateway, the rollout drivers) write them
 
 from __future__ import annotations
 
-from forge.model.grammar import ANY_OBJECT, Grammar
-from forge.model.sampling import SamplingError, SamplingParams
+from forge.sampling.grammar import ANY_OBJECT, Grammar
+from forge.sampling.sampling import SamplingError, SamplingParams
 from forge.v1 import common_pb2
 
 

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from forge.model.grammar import Grammars, Matcher, unpack_bitmask
-from forge.model.sampling import SamplingParams
+from forge.sampling.grammar import Grammars, Matcher, unpack_bitmask
+from forge.sampling.sampling import SamplingParams
 
 _INT = np.int64
 _FLOAT = np.float32

@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from forge.model.grammar import Grammar
+from forge.sampling.grammar import Grammar
 
 
 class SamplingError(ValueError):
@@ -163,7 +163,7 @@ def top_logprobs(logprobs: Tensor, k: int) -> tuple[list[list[int]], list[list[f
 
 
 class Edits(Protocol):
-    """Edits of a batch's logits before temperature and truncation (``forge.model.logit_edits.LogitEdits``)."""
+    """Edits of a batch's logits before temperature and truncation (``forge.sampling.logit_edits.LogitEdits``)."""
 
     def apply(self, logits: Tensor) -> Tensor: ...
 
@@ -174,7 +174,7 @@ def batched_sampling_logprobs(logits: Tensor, temperature: Tensor, top_k: Tensor
     """``sampling_logprobs`` with per-row parameters ([N] tensors; temperature 0 = greedy, top_k 0 = off).
     ``truncates`` — whether any row has top-k on, whether any has top-p < 1 — spares a device sync per call when the
     caller knows it on the host (a True that could be False only costs a sort). ``edits`` (min_tokens, a grammar,
-    logit_bias, penalties: see ``forge.model.logit_edits``) come before temperature and truncation."""
+    logit_bias, penalties: see ``forge.sampling.logit_edits``) come before temperature and truncation."""
     logits = logits.float()
     if edits is not None:
         logits = edits.apply(logits)
