@@ -14,11 +14,15 @@ class RoundRobinRouter(Router):
         self._turn = itertools.count()
 
     def choose(self, request: RouteRequest, exclude: set[str]) -> ActorEndpoint:
-        allowed = {id(a) for a in candidates(self.actors, exclude)}
+        return self.next_in_turn(candidates(self.actors, exclude))
+
+    def next_in_turn(self, allowed: Sequence[ActorView]) -> ActorEndpoint:
+        """The first of ``allowed`` (never empty) from this call's turn on, in the actors' order."""
+        ids = {id(a) for a in allowed}
         start = next(self._turn)
         n = len(self.actors)
         for step in range(n):
             actor = self.actors[(start + step) % n]
-            if id(actor) in allowed:
+            if id(actor) in ids:
                 return actor.endpoint
         raise NoActorAvailable("no actor left to try")  # pragma: no cover - candidates is never empty here
