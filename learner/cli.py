@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from forge import environment
+from forge import variables
 from forge.cli.common import check_port_option, entry_point, setup_logging, start_metrics, write_ready_file
 from forge.cli.options import envvars_of, given_args, settings_command
 from forge.learner.config import LearnerConfig
@@ -195,10 +195,10 @@ def learner(config: LearnerConfig) -> None:
     if config.pool_path is not None and not config.create_pool and not (config.pool_path / "data.mdb").exists():
         raise click.BadParameter(f"{config.pool_path} holds no pool (no data.mdb): check the path, or give "
                                  f"--create-pool to start a new pool there", param_hint="'--pool'")
-    if config.planned_processes > 1 and not environment.is_set("WORLD_SIZE"):
+    if config.planned_processes > 1 and not variables.is_set("WORLD_SIZE"):
         _run_under_torchrun(config)
     setup_logging(config.log_level)
-    if environment.read("RANK") in (None, "0"):      # rank 0 serves Stats and metrics
+    if variables.read("RANK") in (None, "0"):      # rank 0 serves Stats and metrics
         check_port_option(config.host, config.port, "--port")
         check_port_option(config.host, config.metrics_port, "--metrics-port")
     stop = _stop_on_signals()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forge import environment
+from forge import variables
 from forge.builtin import IMPLS, check_impl, trainable_model
 from forge.learner.lora import LoraConfig
 from forge.learner.losses import LossConfig
@@ -110,8 +110,8 @@ class LearnerConfig(Settings):
         may leave them out); else the processes this command will launch."""
         context, planned = self.trainer.context_parallel, self.planned_processes
         flags = f"--nproc {self.nproc} x --nnodes {self.nnodes}"
-        if environment.is_set("WORLD_SIZE"):
-            world, counted = int(environment.read("WORLD_SIZE")), "launched by torchrun (WORLD_SIZE)"
+        if variables.is_set("WORLD_SIZE"):
+            world, counted = int(variables.read("WORLD_SIZE")), "launched by torchrun (WORLD_SIZE)"
             if planned > 1 and planned != world:
                 raise SettingsError(f"{flags} asks for {planned} processes, but torchrun launched {world} "
                                     f"(WORLD_SIZE): give the same, or leave --nproc and --nnodes to torchrun")

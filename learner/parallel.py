@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from forge import environment
+from forge import variables
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,8 @@ def _let_go(tensors: list[torch.Tensor], alone: list[int], deadline: float) -> b
 def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> Distributed:
     """Join the torchrun job described by the environment, or run alone when there is none. A collective waits at
     most ``timeout_s`` for a silent peer."""
-    world_size = int(environment.read("WORLD_SIZE"))
-    local_rank = int(environment.read("LOCAL_RANK"))
+    world_size = int(variables.read("WORLD_SIZE"))
+    local_rank = int(variables.read("LOCAL_RANK"))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     target = torch.device(device)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge import environment
+from forge import variables
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ WITHHELD_PREFIXES = ("FORGE_", "OPENAI_", "ANTHROPIC_")
 def agent_path() -> str:
     """The PATH agent programs run with: Forge's own interpreter's folder first, so that ``python`` in a command
     is the Python Forge runs in (with its packages, the openai client among them), then the inherited PATH."""
-    inherited = environment.read("PATH")
+    inherited = variables.read("PATH")
     return os.pathsep.join([str(Path(sys.executable).parent), inherited])
 
 

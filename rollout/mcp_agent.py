@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from forge import environment
+from forge import variables
 from forge.agents import LLM, Agent, AgentResult
 from forge.loading import first_line
 from forge.rollout.config import McpConfig
@@ -36,7 +36,7 @@ def is_url(server: str) -> bool:
 
 
 def search_path() -> str:
-    return os.pathsep.join([str(Path(sys.executable).parent), environment.read("PATH") or os.defpath])
+    return os.pathsep.join([str(Path(sys.executable).parent), variables.read("PATH") or os.defpath])
 
 
 def check_servers(config: McpConfig, base_dir: Path) -> None:

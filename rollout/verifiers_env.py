@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge import environment
+from forge import variables
 from forge.loading import PluginError, first_line, load_object
 from forge.rollout.held import Held
 from forge.rollout.tasks.source import TaskSet, split, task_cycle
@@ -59,7 +59,7 @@ def importable_from(folder: Path) -> None:
     entry = str(folder)
     if entry not in sys.path:
         sys.path.insert(0, entry)
-    paths = [p for p in (environment.read("PYTHONPATH") or "").split(os.pathsep) if p]
+    paths = [p for p in (variables.read("PYTHONPATH") or "").split(os.pathsep) if p]
     if entry not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([entry, *paths])
 

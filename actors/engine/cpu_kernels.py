@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from forge import environment
+from forge import variables
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,9 @@ def _flags() -> tuple[str, ...]:
 
 
 def _cache_dir() -> Path:
-    if environment.is_set("FORGE_KERNEL_DIR"):
-        return Path(environment.read("FORGE_KERNEL_DIR"))
-    return Path(environment.read("XDG_CACHE_HOME") or Path.home() / ".cache") / "forge" / "kernels"
+    if variables.is_set("FORGE_KERNEL_DIR"):
+        return Path(variables.read("FORGE_KERNEL_DIR"))
+    return Path(variables.read("XDG_CACHE_HOME") or Path.home() / ".cache") / "forge" / "kernels"
 
 
 def _build(compiler: str, flags: tuple[str, ...], target: Path) -> None:
@@ -67,12 +67,12 @@ def _build(compiler: str, flags: tuple[str, ...], target: Path) -> None:
 
 
 def _switched_off() -> bool:
-    return environment.read("FORGE_CPU_KERNELS") == "0"
+    return variables.read("FORGE_CPU_KERNELS") == "0"
 
 
 def _compiler() -> str | None:
     """The C compiler to build with (``$CC``, default ``cc``), or None when there is none."""
-    return shutil.which(environment.read("CC"))
+    return shutil.which(variables.read("CC"))
 
 
 def compiler_present() -> bool:

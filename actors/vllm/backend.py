@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from forge import environment
+from forge import variables
 from forge.actors.backend import (
     Backend,
     FinishReason,
@@ -181,7 +181,7 @@ class VllmBackend(Backend):
         elif config.threads:
             # vLLM's CPU workers read their thread count from OpenMP's variable; binding them to cores would fight
             # the other services of a machine, so they float as torch's own threads do.
-            if not environment.is_set("VLLM_CPU_OMP_THREADS_BIND"):
+            if not variables.is_set("VLLM_CPU_OMP_THREADS_BIND"):
                 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
             os.environ["OMP_NUM_THREADS"] = str(config.threads)
         return AsyncEngineArgs(**kwargs)

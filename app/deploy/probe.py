@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from forge import environment
+from forge import variables
 
 
 def serving(address: str, timeout_s: float) -> bool:
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="pass at once unless this pod's name (FORGE_POD_NAME, else HOSTNAME) ends in -0")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
     args = parser.parse_args(argv)
-    pod = environment.read("FORGE_POD_NAME") or environment.read("HOSTNAME")
+    pod = variables.read("FORGE_POD_NAME") or variables.read("HOSTNAME")
     if args.rank0_only and pod.rsplit("-", 1)[-1] != "0":
         return 0
     return 0 if serving(args.address, args.timeout) else 1

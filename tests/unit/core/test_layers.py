@@ -1,6 +1,6 @@
 """The layer contract (pyproject.toml's ``[tool.forge.layers]``, docs/design.md's code map): entry points above the
 services above the shared core, no service importing another, no import cycle, no function over its length limit,
-and no environment variable read that forge.environment does not declare. Imports inside functions and under
+and no environment variable read that forge.variables does not declare. Imports inside functions and under
 TYPE_CHECKING count."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import ast
 import shutil
 from pathlib import Path
 
-from forge.environment import VARIABLES
+from forge.variables import VARIABLES
 
 from conftest import REPO
 from helpers.import_graph import Contract, cycles, imports, layer_violations, long_functions, modules, package_dirs
@@ -18,7 +18,7 @@ CONTRACT = Contract.read(REPO / "pyproject.toml")
 MODULES = modules(REPO)
 IMPORTS = list(imports(MODULES))
 # The settings' own machinery reads the variables every setting declares (FORGE_<COMMAND>_<OPTION>).
-READS_SETTINGS_VARIABLES = {"forge.cli.options", "forge.environment"}
+READS_SETTINGS_VARIABLES = {"forge.cli.options", "forge.variables"}
 
 
 def test_every_module_is_in_a_room():
@@ -57,7 +57,7 @@ def environment_reads(path: Path) -> list[int]:
 def test_the_environment_is_read_through_its_declarations():
     reads = [f"{path}:{line}" for name, path in MODULES.items() if name not in READS_SETTINGS_VARIABLES
              for line in environment_reads(path)]
-    assert reads == [], "read declared variables with forge.environment.read"
+    assert reads == [], "read declared variables with forge.variables.read"
 
 
 # The checks see what they must: each is shown failing on a planted breach.

@@ -1,5 +1,6 @@
-"""The environment variables Forge reads besides its settings' own (``FORGE_<COMMAND>_<OPTION>``, which each
-setting declares), each declared once here with what it does. Code reads them through ``read``, which refuses an
+"""The process environment's variables Forge reads besides its settings' own (``FORGE_<COMMAND>_<OPTION>``, which
+each setting declares), each declared once here with what it does. (Named for the variables: an environment in Forge
+is an RL environment, a run file's ``[env]``.) Code reads them through ``read``, which refuses an
 undeclared name; ``tests/unit/core/test_layers.py`` checks that nothing reads the environment any other way, and
 docs/config.md lists them."""
 
@@ -45,12 +46,12 @@ def read(name: str) -> str | None:
     try:
         variable = VARIABLES[name]
     except KeyError:
-        raise KeyError(f"{name} is not declared in forge.environment") from None
+        raise KeyError(f"{name} is not declared in forge.variables") from None
     return os.environ.get(name, variable.default)
 
 
 def is_set(name: str) -> bool:
     """Whether the declared variable ``name`` is set (to anything)."""
     if name not in VARIABLES:
-        raise KeyError(f"{name} is not declared in forge.environment")
+        raise KeyError(f"{name} is not declared in forge.variables")
     return name in os.environ
