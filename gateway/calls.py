@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from forge import expert_routing
-from forge.gateway.actors import ActorCall, ActorSet
+from forge.gateway.actor_calls import ActorCall
+from forge.gateway.actors import ActorSet
 from forge.gateway.detokenize import TextAssembler
 from forge.gateway.errors import BadRequest, UpstreamFailed
 from forge.gateway.forced_calls import tool_call_opener
