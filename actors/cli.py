@@ -171,7 +171,7 @@ def _follow_adapters(config: ActorConfig, context: StartContext, parts: Parts) -
 def _grammar_sandbox(config: ActorConfig):
     """Where requests' grammars are compiled first (forge.structured.sandbox); None for a model without a
     tokenizer.json."""
-    from forge.builtin import resolve_model
+    from forge.checkpoints import resolve_model
     from forge.structured.sandbox import GrammarSandbox, SandboxSpec
 
     spec = SandboxSpec.of_checkpoint(resolve_model(config.model).directory, config.grammar_memory_mb,

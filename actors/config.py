@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge.adapter_names import check_adapter_name
-from forge.builtin import resolve_model
+from forge.checkpoints import resolve_model
 from forge.kv.client import FETCH_POLICIES, parse_addresses
 from forge.settings import (
     Settings,
@@ -37,7 +37,7 @@ def pick_backend(backend: str, model: str) -> tuple[str, str]:
     for the families Forge implements and vLLM for any other."""
     if backend != "auto":
         return backend, "as asked"
-    from forge.builtin import is_native, model_type
+    from forge.checkpoints import is_native, model_type
 
     if is_native(model):
         return "torch", f"the embedded engine implements {model_type(model)}"

@@ -14,7 +14,7 @@ from typing import Any
 import click
 import torch
 
-from forge.builtin import ModelNotFound, ModelRef, is_native, model_type, resolve_model, trainable_model
+from forge.checkpoints import ModelNotFound, ModelRef, is_native, model_type, resolve_model, trainable_model
 from forge.cli.options import settings_command
 from forge.settings import Settings, setting
 
@@ -80,7 +80,7 @@ def _tree_gap(policy: Any, config: CheckConfig) -> float:
 
 def _template(ref: ModelRef) -> tuple[str | None, str, str]:
     """(why the chat template cannot serve tool calls, or None; the tool parser and why; the reasoning parser)."""
-    from forge.builtin import load_tokenizer
+    from forge.checkpoints import load_tokenizer
     from forge.parsing.reasoning import pick_reasoning_parser
     from forge.parsing.tools import pick_tool_parser
 
@@ -111,7 +111,7 @@ def check_command(config: CheckConfig) -> None:
         raise click.ClickException(str(exc)) from None
     from transformers.utils import logging as transformers_logging
 
-    from forge.builtin import load_model
+    from forge.checkpoints import load_model
 
     transformers_logging.set_verbosity_error()      # its load report lists tensors it ignores (Forge's MTP head)
     transformers_logging.disable_progress_bar()

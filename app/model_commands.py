@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from forge.app.model_check import check_command
-from forge.builtin import ModelRef, resolve_model
+from forge.checkpoints import ModelRef, resolve_model
 from forge.cli.common import CONTEXT_SETTINGS
 from forge.cli.options import settings_command
 from forge.rollout.tasks import ALL_DOMAINS, DOMAINS
@@ -25,7 +25,7 @@ MODEL_HELP = "Checkpoint directory (HF layout: config.json + safetensors), or 't
 
 def _load(model: str) -> tuple[CausalLM, Tokenizer, ModelRef]:
     """MODEL's tokenizer and weights (CPU, float32); a checkpoint that cannot be loaded is an error (exit 1)."""
-    from forge.builtin import load_model, load_tokenizer
+    from forge.checkpoints import load_model, load_tokenizer
 
     ref = resolve_model(model)
     try:
@@ -86,7 +86,7 @@ class InitConfig(Settings):
 @settings_command("init", InitConfig, table="model.init")
 def init(config: InitConfig) -> None:
     """Write the built-in tiny architecture with freshly initialised weights, and its tokenizer, to OUT."""
-    from forge.builtin import write_tiny_checkpoint
+    from forge.checkpoints import write_tiny_checkpoint
 
     write_tiny_checkpoint(config.out, seed=config.seed)
     click.echo(f"wrote {config.out}")

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from forge.builtin import BUILTIN_MODELS, builtin_model, resolve_model, tiny_tokenizer
+from forge.checkpoints import BUILTIN_MODELS, builtin_model, resolve_model, tiny_tokenizer
 from forge.cli.options import settings_command
 from forge.model.moe import Routing, load_balancing_loss
 from forge.rollout.tasks.demonstrations import demonstration

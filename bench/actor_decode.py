@@ -44,14 +44,14 @@ from forge.sampling.sampling import SamplingParams
 
 
 def load(model: str) -> CausalLM:
-    from forge.builtin import load_model
+    from forge.checkpoints import load_model
 
     return load_model(model)[0]
 
 
 def model_reference(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
-    """--model checked up front: 'tiny' or a checkpoint directory (forge.builtin.resolve_model)."""
-    from forge.builtin import ModelNotFound, resolve_model
+    """--model checked up front: 'tiny' or a checkpoint directory (forge.checkpoints.resolve_model)."""
+    from forge.checkpoints import ModelNotFound, resolve_model
 
     try:
         resolve_model(value)
@@ -354,7 +354,7 @@ def start_backend(side: str, model_name: str, threads: int):
                           stream_interval=1)
     if side == "vllm":
         from forge.actors.vllm.backend import VllmBackend
-        from forge.builtin import resolve_model
+        from forge.checkpoints import resolve_model
 
         return VllmBackend(resolve_model(model_name), config, kv_events=False)
     return TorchEngine(load(model_name).eval(), config)
@@ -444,7 +444,7 @@ def rollout_prompts(model_name: str, count: int) -> list[list[int]]:
     """``count`` prompts of the built-in tasks (reasoning, QA and agent in turn), chat-rendered for the model."""
     import random
 
-    from forge.builtin import load_tokenizer
+    from forge.checkpoints import load_tokenizer
     from forge.rollout.tasks import DOMAINS, make_task
 
     tokenizer = load_tokenizer(model_name)

@@ -54,7 +54,7 @@ import torch
 from forge.actors.backend import GenerationRequest, RequestStream
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
-from forge.builtin import TINY_DIR
+from forge.checkpoints import TINY_DIR
 from forge.learner.context_parallel import ContextGroup, context_groups
 from forge.learner.losses import LossConfig, policy_loss
 from forge.learner.parallel import init_distributed

@@ -39,7 +39,7 @@ def learner_pass(model_name: str, device: str, threads: int, sequences: int, len
     """(median training tokens/s, peak MiB the pass adds) of one model, in this process."""
     import random
 
-    from forge.builtin import load_model
+    from forge.checkpoints import load_model
     from forge.learner.losses import LossConfig, policy_loss
     from forge.learner.policy import policy_forward
     from forge.learner.samples import Sample, make_micro_batch

@@ -52,7 +52,7 @@ WIDE = ModelConfig(vocab_size=1024, hidden_size=1024, intermediate_size=2816, nu
 
 
 def load(name: str, device: str) -> CausalLM:
-    from forge.builtin import load_model
+    from forge.checkpoints import load_model
 
     if name in ("medium", "wide"):
         model = CausalLM(MEDIUM if name == "medium" else WIDE)
@@ -63,8 +63,8 @@ def load(name: str, device: str) -> CausalLM:
 
 
 def model_reference(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
-    """--model checked up front: medium, wide, or what forge.builtin.resolve_model accepts."""
-    from forge.builtin import ModelNotFound, resolve_model
+    """--model checked up front: medium, wide, or what forge.checkpoints.resolve_model accepts."""
+    from forge.checkpoints import ModelNotFound, resolve_model
 
     if value in ("medium", "wide"):
         return value

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forge.adapter_names import check_adapter_name
-from forge.builtin import resolve_model
+from forge.checkpoints import resolve_model
 from forge.gateway.routing import DEFAULT_ROUTER, router_class
 from forge.parsing.reasoning import REASONING_PARSERS
 from forge.parsing.tools import TOOL_PARSERS

@@ -1,6 +1,6 @@
 """What the gateway needs of the served model: its tokenizer and chat template, its context length, the longest
 prompt text that can fit it, and the byte content of each token (for OpenAI logprobs). Loaded from a model
-reference (a checkpoint directory or 'tiny', see forge.builtin.resolve_model) without torch."""
+reference (a checkpoint directory or 'tiny', see forge.checkpoints.resolve_model) without torch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from forge.builtin import resolve_model
+from forge.checkpoints import resolve_model
 from forge.gateway.prompt_limits import PromptLimits
 from forge.gateway.token_bound import chars_per_token
 from forge.tokenizer import Tokenizer
@@ -41,7 +41,7 @@ class ModelInfo:
 
     @classmethod
     def load(cls, model: str) -> ModelInfo:
-        """Raises forge.builtin.ModelNotFound (a ValueError) for a bad reference, FileNotFoundError for a checkpoint without a
+        """Raises forge.checkpoints.ModelNotFound (a ValueError) for a bad reference, FileNotFoundError for a checkpoint without a
         tokenizer.json, ValueError for one without a context length."""
         ref = resolve_model(model)
         path = ref.directory

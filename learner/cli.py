@@ -83,7 +83,7 @@ def _initial_model(config: LearnerConfig, restored, seed: int):
     """(policy, directory its tokenizer comes from): the checkpoint resumed from, else the initial policy. With LoRA,
     the initial policy with the run's adapters, the checkpoint's when resuming. UsageError when the checkpoint was
     written with LoRA and the run is not, or the other way round, or on another base model."""
-    from forge.builtin import load_model
+    from forge.checkpoints import load_model
     from forge.learner.lora import add_adapters, load_adapter, set_adapter, trainable_parameters
 
     lora = config.lora

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge import variables
-from forge.builtin import IMPLS, check_impl, trainable_model
+from forge.checkpoints import IMPLS, check_impl, trainable_model
 from forge.learner.lora import LoraConfig
 from forge.learner.losses import LossConfig
 from forge.learner.rewards import RewardConfig

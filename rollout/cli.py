@@ -40,7 +40,7 @@ def rollout(config: RolloutConfig) -> None:
 
 
 async def _roll_out(config: RolloutConfig, team: Team):
-    from forge.builtin import load_tokenizer
+    from forge.checkpoints import load_tokenizer
     from forge.rollout.driver import DriverConfig, RolloutDriver
 
     workload = team.workload(config.driver.sampling,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge.builtin import IMPLS, resolve_model
+from forge.checkpoints import IMPLS, resolve_model
 from forge.rollout.sandbox.config import SandboxConfig
 from forge.sampling.sampling import SamplingParams
 from forge.settings import Settings, SettingsError, log_level_setting, setting

@@ -15,7 +15,7 @@ class TorchFactory(BackendFactory):
     name = "torch"
 
     def check(self, config: ActorConfig) -> None:
-        from forge.builtin import is_native, model_type
+        from forge.checkpoints import is_native, model_type
         from forge.model import SUPPORTED_MODEL_TYPES
 
         if not is_native(config.model):

@@ -9,7 +9,7 @@ from forge.sampling.grammar import Grammars
 def model_id_of(model: str) -> str:
     """The id ``model`` serves under (KV salts, stats); raises ModelNotFound (a ValueError) when it names no
     model. Loads nothing."""
-    from forge.builtin import resolve_model
+    from forge.checkpoints import resolve_model
 
     return resolve_model(model).model_id
 
@@ -17,7 +17,7 @@ def model_id_of(model: str) -> str:
 def load_policy(model: str, device: str, dtype: str):
     """(model, id) for ``model``: a checkpoint directory, or a built-in model (its shipped weights, else a fresh
     init)."""
-    from forge.builtin import load_model
+    from forge.checkpoints import load_model
 
     policy, ref = load_model(model, dtype=dtype, device=device)
     return policy, ref.model_id
@@ -25,7 +25,7 @@ def load_policy(model: str, device: str, dtype: str):
 
 def grammars_of(model: str, policy) -> Grammars:
     """Structured-output grammars compiled against the tokenizer of ``model`` (the loaded ``policy``)."""
-    from forge.builtin import resolve_model
+    from forge.checkpoints import resolve_model
 
     config = policy.config
     return Grammars(resolve_model(model).directory, config.vocab_size, tuple(config.eos_token_ids))

@@ -14,7 +14,7 @@ def trtllm_backend(model: str, max_waiting: int):
     """(backend, id): TensorRT-LLM over ``model``; raises ModelNotFound (a ValueError) for a bad reference,
     RuntimeError where TensorRT-LLM cannot run."""
     from forge.actors.trtllm.backend import TrtllmBackend
-    from forge.builtin import resolve_model, write_builtin_checkpoint
+    from forge.checkpoints import resolve_model, write_builtin_checkpoint
     from forge.model import ModelConfig
 
     ref = resolve_model(model)

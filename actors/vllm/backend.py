@@ -56,7 +56,7 @@ from forge.actors.backend import (
 )
 from forge.actors.config import VLLM_INSTALL_HINT, EngineConfig
 from forge.actors.vllm import checkpoint, outputs
-from forge.builtin import ModelRef
+from forge.checkpoints import ModelRef
 from forge.model.lora_weights import (
     adapter_rank,
     check_named_adapter_version,

@@ -110,7 +110,7 @@ class ServedModel:
 def served_model(directory: Path) -> ServedModel:
     """The facts of the checkpoint in ``directory``: Forge's own config for the families it implements, else the
     family's transformers config (its text part)."""
-    from forge.builtin import is_native
+    from forge.checkpoints import is_native
 
     if is_native(directory):
         from forge.model import ModelConfig

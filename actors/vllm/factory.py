@@ -25,7 +25,7 @@ class VllmFactory(BackendFactory):
 
     def build(self, config: ActorConfig, context: StartContext) -> Serving:
         from forge.actors.vllm.backend import VllmBackend
-        from forge.builtin import checkpoint_dtype, resolve_model, write_builtin_checkpoint
+        from forge.checkpoints import checkpoint_dtype, resolve_model, write_builtin_checkpoint
 
         ref = resolve_model(config.model)
         if ref.builtin and not ref.has_weights:

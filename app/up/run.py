@@ -31,7 +31,7 @@ def workload_for(config: UpConfig, team: Team | None):
     from forge.rollout.workload import BuiltinWorkload
 
     if team is not None:
-        from forge.builtin import load_tokenizer
+        from forge.checkpoints import load_tokenizer
 
         return team.workload(config.driver.sampling,
                              config.seed, load_tokenizer(config.model.path))
@@ -60,7 +60,7 @@ class Lanes:
                               RunState(gauges=self.gauges)) for lane in lanes_of(config)]
 
     async def evaluate(self, part: LaneRun) -> tuple[dict[str, float], dict[str, float]]:
-        from forge.builtin import load_tokenizer
+        from forge.checkpoints import load_tokenizer
 
         config, system = self.config, self.system
         if self.team is None:

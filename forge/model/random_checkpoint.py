@@ -33,7 +33,7 @@ def write_qwen3(directory: str | Path, size: str = "100m", seed: int = 0) -> Pat
     import torch
     import transformers
 
-    from forge.builtin import TINY_DIR
+    from forge.checkpoints import TINY_DIR
 
     directory = Path(directory)
     stamp = directory / "forge-random.json"

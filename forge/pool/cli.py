@@ -132,7 +132,7 @@ def entries_command(config: EntriesConfig) -> None:
 
 
 def _tokenizer(model: str) -> Any:
-    from forge.builtin import ModelNotFound, load_tokenizer
+    from forge.checkpoints import ModelNotFound, load_tokenizer
 
     try:
         return load_tokenizer(model)

@@ -29,7 +29,7 @@ ANSWER = '<tool_call>\n' + json.dumps({"name": "bash", "arguments": {"command": 
 
 
 def test_mini_swe_agent_fixes_the_bug_in_its_sandbox_and_the_tests_there_pass(tmp_path):
-    from forge.builtin import TINY_DIR
+    from forge.checkpoints import TINY_DIR
 
     mini = Path(os.environ["FORGE_AGENTS_PYTHON"]).absolute().parent / "mini"
     example = tmp_path / "code"

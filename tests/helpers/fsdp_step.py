@@ -12,7 +12,7 @@ import torch
 from gradients import capture_gradients
 from lora import randomize_adapters
 
-from forge.builtin import load_model
+from forge.checkpoints import load_model
 from forge.learner.lora import LoraConfig, add_adapters
 from forge.learner.losses import LossConfig
 from forge.learner.parallel import full_state_dict, init_distributed, shard_model

@@ -15,7 +15,7 @@ import torch
 
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
-from forge.builtin import load_model
+from forge.checkpoints import load_model
 from forge.model import CausalLM, ModelConfig
 from forge.pool import Pool
 

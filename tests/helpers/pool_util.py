@@ -42,7 +42,7 @@ def snapshot(reader) -> dict[str, dict[bytes, bytes]]:
 def cli_pool(path: Path) -> Iterator[Pool]:
     """A pool open for writing at ``path``: a group of two closed sessions (g0's two calls are text encoded by
     the built-in tokenizer, with a process reward on the second; g1 has one call), and a session left open."""
-    from forge.builtin import tiny_tokenizer  # imports torch: not for the pool's helper processes
+    from forge.checkpoints import tiny_tokenizer  # imports torch: not for the pool's helper processes
 
     tokenizer = tiny_tokenizer()
     with Pool(path) as opened:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from forge.builtin import write_builtin_checkpoint, write_tiny_checkpoint
+from forge.checkpoints import write_builtin_checkpoint, write_tiny_checkpoint
 from forge.model import CausalLM, ModelConfig
 
 # A small dense shape with one MTP layer; a test names what it changes.

@@ -18,7 +18,7 @@ import torch
 from forge.actors.backend import GenerationRequest, InvalidRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
-from forge.builtin import load_model, resolve_model
+from forge.checkpoints import load_model, resolve_model
 from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM
 from forge.model.random_checkpoint import write_qwen3

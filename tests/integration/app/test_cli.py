@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from forge.builtin import ModelNotFound
+from forge.checkpoints import ModelNotFound
 
 from conftest import script
 

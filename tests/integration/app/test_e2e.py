@@ -24,7 +24,7 @@ from rich.console import Console
 from forge import expert_routing
 from forge.app.up.config import UpConfig
 from forge.app.up.run import report, run
-from forge.builtin import TINY_DIR, load_model
+from forge.checkpoints import TINY_DIR, load_model
 from forge.pool import PoolReader
 from forge.rollout.config import ModelChoice
 from forge.rpc import connect

@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from forge.app.model_check import CheckConfig, _logprob_gap, check_command
-from forge.builtin import load_model, resolve_model
+from forge.checkpoints import load_model, resolve_model
 
 from conftest import script
 from helpers.families import FAMILIES, with_tiny_tokenizer, write_family

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from forge.app.registry import stats_method
-from forge.builtin import TINY_DIR
+from forge.checkpoints import TINY_DIR
 from forge.launch import ServiceProcess
 from forge.v1 import common_pb2
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.builtin import TINY_DIR
+from forge.checkpoints import TINY_DIR
 from forge.pool import PoolReader
 from forge.v1 import pool_pb2
 

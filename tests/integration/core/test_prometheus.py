@@ -135,7 +135,7 @@ def test_cache_metrics_are_its_stats(tmp_path):
 def test_learner_metrics_are_its_stats(tmp_path):
     from forge.actors.config import EngineConfig
     from forge.actors.engine.engine import TorchEngine
-    from forge.builtin import load_model
+    from forge.checkpoints import load_model
     from forge.pool import Pool
 
     from helpers.rollouts import fill_pool

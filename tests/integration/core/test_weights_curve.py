@@ -11,7 +11,7 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
-from forge.builtin import tiny_model
+from forge.checkpoints import tiny_model
 from forge.launch import ServiceProcess
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 from forge.weights import WeightSubscriber

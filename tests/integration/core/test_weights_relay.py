@@ -9,7 +9,7 @@ import shutil
 import grpc
 import torch
 
-from forge.builtin import tiny_model
+from forge.checkpoints import tiny_model
 from forge.model.generate import generate
 from forge.sampling.sampling import SamplingParams
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2

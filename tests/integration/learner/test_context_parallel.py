@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from forge.builtin import load_model
+from forge.checkpoints import load_model
 from forge.pool import Pool
 from forge.v1 import common_pb2, pool_pb2
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from forge.builtin import load_model
+from forge.checkpoints import load_model
 from forge.learner.checkpoint import Checkpointer
 from forge.learner.lora import LoraConfig, adapter_version
 from forge.pool import Pool

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from forge.app.up.config import UpConfig
 from forge.app.up.run import run
-from forge.builtin import TINY_DIR, load_model
+from forge.checkpoints import TINY_DIR, load_model
 from forge.learner.checkpoint import Checkpointer
 
 from conftest import free_port, script

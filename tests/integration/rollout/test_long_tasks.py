@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from forge.builtin import load_tokenizer
+from forge.checkpoints import load_tokenizer
 from forge.v1 import pool_pb2
 
 from helpers import short_runs

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.builtin import load_tokenizer
+from forge.checkpoints import load_tokenizer
 from forge.v1 import pool_pb2
 
 from helpers import short_runs

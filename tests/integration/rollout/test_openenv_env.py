@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from forge.builtin import load_tokenizer
+from forge.checkpoints import load_tokenizer
 
 from conftest import free_port, script
 from helpers import short_runs

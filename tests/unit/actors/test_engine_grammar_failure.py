@@ -11,7 +11,7 @@ import pytest
 from forge.actors.backend import FinishReason
 from forge.actors.engine.engine import EngineConfig, TorchEngine
 from forge.actors.engine.policy import grammars_of
-from forge.builtin import load_model
+from forge.checkpoints import load_model
 from forge.sampling.grammar import Grammar
 from forge.sampling.sampling import SamplingParams
 

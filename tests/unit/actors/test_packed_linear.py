@@ -18,7 +18,7 @@ from forge.actors.config import EngineConfig
 from forge.actors.engine import packed_linear
 from forge.actors.engine.engine import TorchEngine
 from forge.actors.engine.packed_linear import LinearPacks, PackableLinear, linear, pack_linears, supported
-from forge.builtin import load_model, tiny_model
+from forge.checkpoints import load_model, tiny_model
 from forge.model import CausalLM
 from forge.sampling.sampling import SamplingParams
 

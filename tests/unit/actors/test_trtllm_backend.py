@@ -45,7 +45,7 @@ def test_trtllm_greedy_matches_the_torch_engine(tmp_path):
     from forge.actors.backend import GenerationRequest
     from forge.actors.engine.engine import TorchEngine
     from forge.actors.trtllm.backend import TrtllmBackend
-    from forge.builtin import write_tiny_checkpoint
+    from forge.checkpoints import write_tiny_checkpoint
     from forge.model import CausalLM
 
     directory = write_tiny_checkpoint(tmp_path / "tiny")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from forge.app.pretrain import batches, losses, pretrain
-from forge.builtin import builtin_model, tiny_tokenizer
+from forge.checkpoints import builtin_model, tiny_tokenizer
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-moe"])

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge.builtin import resolve_model
+from forge.checkpoints import resolve_model
 from forge.sampling.bounds import (
     MAX_COUNT,
     MAX_REPEAT,

@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from forge.builtin import resolve_model
+from forge.checkpoints import resolve_model
 from forge.sampling.grammar import json_lark
 from forge.structured.sandbox import GrammarSandbox, SandboxSpec
 

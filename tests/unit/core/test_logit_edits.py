@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from forge.builtin import TINY_DIR, tiny_config, tiny_tokenizer
+from forge.checkpoints import TINY_DIR, tiny_config, tiny_tokenizer
 from forge.sampling.grammar import Grammar, GrammarError, Grammars, json_lark
 from forge.sampling.logit_edits import CompletionEdits, LogitEdits, RowEdit, call_edits
 from forge.sampling.sampling import SamplingError, SamplingParams

@@ -1,4 +1,4 @@
-"""Model references: a built-in model (``tiny``, ``tiny-moe`` or their ids) or a checkpoint directory, resolved by forge.builtin.resolve_model
+"""Model references: a built-in model (``tiny``, ``tiny-moe`` or their ids) or a checkpoint directory, resolved by forge.checkpoints.resolve_model
 with one error message that every entry point reports unchanged."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import forge.builtin
+import forge.checkpoints.reference
 from forge.actors.engine.policy import load_policy, model_id_of
 from forge.assets import TINY_DIR, TINY_MOE_DIR, TINY_MOE_NAME, TINY_NAME, TOKENIZER_FILES
-from forge.builtin import (
+from forge.checkpoints import (
     ModelNotFound,
     ModelRef,
     builtin_model,
@@ -95,8 +95,8 @@ def test_load_model_reads_the_weights(checkpoint):
 def test_the_builtin_model_without_weights_is_a_fresh_init(tmp_path, monkeypatch, caplog):
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         (tmp_path / name).write_bytes((TINY_DIR / name).read_bytes())
-    monkeypatch.setattr(forge.builtin, "TINY_DIR", tmp_path)
-    with caplog.at_level(logging.WARNING, logger="forge.builtin"):
+    monkeypatch.setattr(forge.checkpoints.reference, "TINY_DIR", tmp_path)
+    with caplog.at_level(logging.WARNING, logger="forge.checkpoints.load"):
         model, ref = load_model("tiny", dtype=torch.float64, seed=5)
     assert ref.builtin and ref.model_id == TINY_NAME and not ref.has_weights
     assert "no trained weights" in caplog.text
@@ -135,7 +135,7 @@ def test_auto_dtype_is_the_checkpoints_own(tmp_path):
 
     import torch
 
-    from forge.builtin import checkpoint_dtype, load_model, write_tiny_checkpoint
+    from forge.checkpoints import checkpoint_dtype, load_model, write_tiny_checkpoint
 
     assert checkpoint_dtype("tiny") == "float32"
     directory = write_tiny_checkpoint(tmp_path / "bf16")

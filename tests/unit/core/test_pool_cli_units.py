@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from forge.builtin import ModelNotFound
+from forge.checkpoints import ModelNotFound
 from forge.pool.cli import pool_group
 
 from helpers.pool_util import cli_pool

@@ -13,7 +13,7 @@ import transformers
 
 from forge.actors.config import ActorConfig
 from forge.actors.engine.factory import TorchFactory
-from forge.builtin import ModelNotFound, is_native, load_model, trainable_model
+from forge.checkpoints import ModelNotFound, is_native, load_model, trainable_model
 from forge.learner.checkpoint import Checkpointer
 from forge.learner.losses import LossConfig, policy_loss
 from forge.learner.parallel import Distributed
@@ -186,7 +186,7 @@ def test_a_tree_step_on_cuda_equals_sample_by_sample(tmp_path, family):
 
 
 def test_impl_transformers_trains_a_native_family_through_transformers_with_the_same_log_probs(tmp_path):
-    from forge.builtin import write_builtin_checkpoint
+    from forge.checkpoints import write_builtin_checkpoint
     from forge.model import CausalLM
 
     directory = write_builtin_checkpoint(tmp_path / "tiny", "tiny")

@@ -14,7 +14,7 @@ import torch
 
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
-from forge.builtin import TINY_DIR, tiny_config, tiny_tokenizer
+from forge.checkpoints import TINY_DIR, tiny_config, tiny_tokenizer
 from forge.learner.checkpoint import Checkpointer
 from forge.learner.losses import LossConfig
 from forge.learner.parallel import Distributed

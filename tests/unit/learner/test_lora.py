@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from forge.builtin import load_model
+from forge.checkpoints import load_model
 from forge.learner.lora import (
     ADAPTER,
     LoraConfig,

@@ -12,7 +12,7 @@ import click
 import pytest
 import torch
 
-from forge.builtin import load_model
+from forge.checkpoints import load_model
 from forge.learner.checkpoint import Checkpointer
 from forge.learner.cli import _initial_model, check_lora_resume
 from forge.learner.config import LearnerConfig
