@@ -16,7 +16,8 @@ from openai.types.responses import Response, ResponseStreamEvent
 from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest, NotFound
 from forge.gateway.http.conversations import Conversations
-from forge.gateway.http.responses import Responses, parse_responses_request
+from forge.gateway.http.responses import Responses
+from forge.gateway.http.responses_request import parse_responses_request
 from forge.gateway.http.wire import Answering
 from forge.parsing.completion import ParsedCompletion, ToolCall
 from forge.v1 import common_pb2
