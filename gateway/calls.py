@@ -8,7 +8,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from forge import expert_routing
@@ -220,8 +220,7 @@ class CallRunner:
         out = Completion(t0)
         shown = ChatDelta()
         last: actor_pb2.GenerateChunk | None = None
-        state.in_flight += 1
-        try:
+        with self._running(state):
             async with contextlib.aclosing(actor_call.chunks()) as chunks:
                 async for chunk in chunks:
                     out.add(chunk)
@@ -266,13 +265,6 @@ class CallRunner:
                 session_id=state.session_id,
                 prompt_ids=build.ids, completion_ids=out.token_ids, all_logprobs=out.logprobs,
                 all_top_logprobs=out.top_logprobs, tito=build.kind)
-        except UpstreamFailed as exc:
-            state.failures.append(exc.message)
-            self.metrics.count("call_failures")
-            raise
-        finally:
-            state.in_flight -= 1
-            state.touch()
 
     async def generate(self, state: SessionState, prompt_ids: Sequence[int], sampling: common_pb2.SamplingParams
                        ) -> AsyncIterator[tuple[actor_pb2.GenerateChunk, int | None]]:
@@ -289,8 +281,7 @@ class CallRunner:
         actor_call = self.actors.call(RouteRequest(state.session_id, prompt, sampling.max_tokens, state.group_id),
                                       sampling)
         out = Completion(t0)
-        state.in_flight += 1
-        try:
+        with self._running(state):
             async with contextlib.aclosing(actor_call.chunks()) as chunks:
                 async for chunk in chunks:
                     out.add(chunk)
@@ -308,6 +299,13 @@ class CallRunner:
                         yield chunk, index
                         return
                     yield chunk, None
+
+    @contextlib.contextmanager
+    def _running(self, state: SessionState) -> Iterator[None]:
+        """Count a call of ``state`` in flight while it runs, and its failure upstream (an actor or the record)."""
+        state.in_flight += 1
+        try:
+            yield
         except UpstreamFailed as exc:
             state.failures.append(exc.message)
             self.metrics.count("call_failures")
