@@ -47,13 +47,18 @@ def check_tool_choice(choice: Any, tools: list[dict] | None) -> tuple[str, str |
     return "required", name
 
 
-def probe_turn(render: Callable[..., str], messages: list[dict], prompt: str, name: str) -> str | None:
+def probe_turn(render: Callable[..., str], messages: list[dict], prompt: str, name: str, unreadable: BadRequest
+               ) -> tuple[str, int]:
     """The assistant turn the template writes after ``messages`` (``prompt``: them rendered with the generation
-    prompt) for one call of ``name`` with ``PROBE_ARGUMENTS``; None when it does not extend ``prompt``."""
+    prompt) for one call of ``name`` with ``PROBE_ARGUMENTS``, and where those arguments begin in it (-1: not
+    written as given); ``unreadable`` is raised when the turn does not extend ``prompt``."""
     probe = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_probe", "type": "function", "function": {"name": name, "arguments": PROBE_ARGUMENTS}}]}
     whole = render([*messages, probe], add_generation_prompt=False)
-    return whole[len(prompt):] if whole.startswith(prompt) else None
+    if not whole.startswith(prompt):
+        raise unreadable
+    turn = whole[len(prompt):]
+    return turn, turn.find(PROBE_ARGUMENTS)
 
 
 def tool_call_opener(render: Callable[..., str], messages: list[dict], prompt: str, function: str | None,
@@ -62,12 +67,9 @@ def tool_call_opener(render: Callable[..., str], messages: list[dict], prompt: s
     generation prompt by ``render(messages, add_generation_prompt=...)``): up to the arguments of ``function``,
     or with ``function`` None up to the name of whichever function the model picks."""
     name = function or tool_names(tools)[0]
-    turn = probe_turn(render, messages, prompt, name)
     unreadable = BadRequest("forced tool calls (tool_choice 'required' or a named function) are not supported with "
                             "this model's chat template: its tool-call layout could not be read", "tool_choice")
-    if turn is None:
-        raise unreadable
-    end = turn.find(PROBE_ARGUMENTS)
+    turn, end = probe_turn(render, messages, prompt, name, unreadable)
     if function is None:
         end = turn.find(json.dumps(name, ensure_ascii=False), 0, max(end, 0))
     if end <= 0:

@@ -40,12 +40,9 @@ def call_layout(render: Callable[..., str], messages: list[dict], prompt: str, t
     """The template's layout of a tool call after ``messages`` (``prompt``: them rendered with the generation
     prompt); ``end_texts`` are the end-of-sequence tokens' texts, where the turn's text stops."""
     name = tool_names(tools)[0]
-    turn = probe_turn(render, messages, prompt, name)
     unreadable = BadRequest("strict tool calls and response_format with tools are not supported with this model's "
                             "chat template: its tool-call layout could not be read", "tools")
-    if turn is None:
-        raise unreadable
-    arguments = turn.find(PROBE_ARGUMENTS)
+    turn, arguments = probe_turn(render, messages, prompt, name, unreadable)
     quoted = json.dumps(name, ensure_ascii=False)
     at, quoted_name = turn.rfind(quoted, 0, max(arguments, 0)), True
     if at < 0:
