@@ -342,9 +342,6 @@ class Messages(WireFormat):
     def parse(self, body: dict, vocab_size: int, context_length: int | None) -> tuple[ChatCall, MessagesOptions]:
         return parse_messages_request(body, vocab_size, context_length)
 
-    def streams(self, options: MessagesOptions) -> bool:
-        return options.stream
-
     def complete(self, call: ChatCall, options: MessagesOptions, conversations: Conversations,
                  session_id: str | None) -> tuple[ChatCall, str | None]:
         for message in call.messages:

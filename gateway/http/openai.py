@@ -463,9 +463,6 @@ class ChatCompletions(WireFormat):
     def parse(self, body: dict, vocab_size: int, context_length: int | None) -> tuple[ChatCall, ChatOptions]:
         return parse_chat_request(body, vocab_size, context_length)
 
-    def streams(self, options: ChatOptions) -> bool:
-        return options.stream
-
     def samples(self, options: ChatOptions) -> int:
         return options.n
 

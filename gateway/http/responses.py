@@ -213,9 +213,6 @@ class Responses(WireFormat):
     def parse(self, body: dict, vocab_size: int, context_length: int | None) -> tuple[ChatCall, ResponsesOptions]:
         return parse_responses_request(body, vocab_size, context_length)
 
-    def streams(self, options: ResponsesOptions) -> bool:
-        return options.stream
-
     def complete(self, call: ChatCall, options: ResponsesOptions, conversations: Conversations,
                  session_id: str | None) -> tuple[ChatCall, str | None]:
         """The stored conversation of ``previous_response_id`` put after the instructions, in its session unless

@@ -74,9 +74,9 @@ class WireFormat(abc.ABC):
         """The call and the format's options of a request body (a pure function of its arguments: it may run in
         another process)."""
 
-    @abc.abstractmethod
     def streams(self, options: Any) -> bool:
-        """Whether the request asked for a stream."""
+        """Whether the request asked for a stream (its options' ``stream``)."""
+        return options.stream
 
     def samples(self, options: Any) -> int:
         """How many answers to its prompt the request asked for (each is a call of the session)."""
