@@ -22,12 +22,12 @@ from pathlib import Path
 import click
 import torch
 
+from forge.checkpoints.random_qwen3 import SIZES, write_qwen3
 from forge.learner.losses import LossConfig, policy_loss
 from forge.learner.policy import policy_forward
 from forge.learner.samples import Sample, make_micro_batch
 from forge.learner.tree import pack_trees, tree_policy_forward
 from forge.model import CausalLM
-from forge.model.random_checkpoint import SIZES, write_qwen3
 from forge.model.transformers_policy import TransformersCausalLM
 
 

@@ -38,12 +38,12 @@ from learner_impl import samples_of
 from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
+from forge.checkpoints.random_qwen3 import SIZES, write_qwen3
 from forge.learner.lora import LoraConfig, adapter_version, add_adapters, merged_state_dict
 from forge.learner.losses import LossConfig, policy_loss
 from forge.learner.policy import policy_forward
 from forge.learner.samples import make_micro_batch
 from forge.model import CausalLM
-from forge.model.random_checkpoint import SIZES, write_qwen3
 from forge.sampling.sampling import SamplingParams
 from forge.weights import WeightPublisher, WeightSubscriber
 

@@ -31,8 +31,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from forge.checkpoints.random_qwen3 import write_qwen3
 from forge.launch import ServiceProcess
-from forge.model.random_checkpoint import write_qwen3
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 VOCAB = 1000                      # token ids drawn below the small shape's vocabulary (1,024)

@@ -28,8 +28,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from forge.structured.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
-
 SETTING = "forge.setting"
 GROUP_DEFAULTS = "forge.group_defaults"
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()      # no default given by a group
@@ -378,6 +376,11 @@ def flatten(cls: type, table: Mapping[str, Any], where: str) -> dict[str, Any]:
 
     walk(cls, table, "")
     return flat
+
+
+# The grammar sandbox's limits by default (forge.structured.sandbox): the settings below, and the sandbox's own.
+DEFAULT_MEMORY_MB = 1024
+DEFAULT_TIMEOUT_S = 10.0
 
 
 def grammar_memory_setting() -> Any:

@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from forge.settings import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
+
 log = logging.getLogger(__name__)
 
-DEFAULT_MEMORY_MB = 1024
-DEFAULT_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 120.0        # the child's start (imports, the tokenizer): long on a loaded machine, never in a test
 CACHED_VERDICTS = 1024
 MAX_GRAMMAR_SYMBOLS = 50_000   # a tenth of llguidance's default: what passes here compiles in the engines with room

@@ -1,6 +1,7 @@
 """The import graph of the installed package ``forge``, read from the source (every import statement counts: at the
 top of a module, inside a function, or under ``TYPE_CHECKING``), and the checks the layer contract makes of it:
-imports that go up a floor or across rooms of one floor, import cycles, and functions over a length.
+imports that go up a floor or across rooms of one floor, the same inside the shared core between its layers, import
+cycles, and functions over a length.
 
 The contract itself is declared in pyproject.toml (``[tool.forge.layers]``): where each package's folder is comes
 from ``[tool.setuptools.package-dir]``.
@@ -23,26 +24,43 @@ class Import:
     line: int
 
 
+CORE = "forge"      # the floor room whose modules the core layers order
+
+
 @dataclass(frozen=True)
 class Contract:
     floors: tuple[tuple[str, ...], ...]          # rooms (package names), the top floor first
     max_function_lines: int
+    core: tuple[tuple[str, ...], ...] = ()       # the shared core's rooms (modules, packages), its top layer first
 
     @classmethod
     def read(cls, pyproject: Path) -> Contract:
         table = tomllib.loads(pyproject.read_text())["tool"]["forge"]["layers"]
-        return cls(tuple(tuple(floor) for floor in table["floors"]), int(table["max_function_lines"]))
+        return cls(tuple(tuple(floor) for floor in table["floors"]), int(table["max_function_lines"]),
+                   tuple(tuple(layer) for layer in table.get("core", ())))
 
     def room(self, module: str) -> str:
         """The room ``module`` belongs to: the longest room name that is it or a package above it."""
-        found = [r for floor in self.floors for r in floor if module == r or module.startswith(r + ".")]
-        if not found:
-            raise ValueError(f"{module} is in no room of the contract")
-        return max(found, key=len)
+        return _longest(self.floors, module, "the contract")
 
     def floor(self, room: str) -> int:
         """0 for the top floor."""
         return next(i for i, floor in enumerate(self.floors) if room in floor)
+
+    def core_room(self, module: str) -> str:
+        """The room of the core layers ``module`` (a module of the core) belongs to."""
+        return _longest(self.core, module, "the core's layers")
+
+    def core_layer(self, room: str) -> int:
+        """0 for the core's top layer."""
+        return next(i for i, layer in enumerate(self.core) if room in layer)
+
+
+def _longest(levels: tuple[tuple[str, ...], ...], module: str, what: str) -> str:
+    found = [r for level in levels for r in level if module == r or module.startswith(r + ".")]
+    if not found:
+        raise ValueError(f"{module} is in no room of {what}")
+    return max(found, key=len)
 
 
 def package_dirs(root: Path) -> dict[str, Path]:
@@ -98,16 +116,21 @@ def _existing(name: str, known: dict[str, Path]) -> str:
 
 
 def layer_violations(contract: Contract, found: Iterable[Import]) -> list[str]:
-    """Imports that go up a floor, or from one room into another of the same floor."""
+    """Imports that go up a floor, or from one room into another of the same floor; inside the shared core, imports
+    that go up a core layer or across rooms of one."""
     bad = []
     for each in found:
         here, there = contract.room(each.importer), contract.room(each.imported)
+        if here == there == CORE and contract.core:
+            here, there = contract.core_room(each.importer), contract.core_room(each.imported)
+            level, name = contract.core_layer, "core layer"
+        else:
+            level, name = contract.floor, "floor"
         if here == there:
             continue
-        up = contract.floor(there) < contract.floor(here)
-        across = contract.floor(there) == contract.floor(here)
-        if up or across:
-            where = "up a floor" if up else "across rooms of one floor"
+        up = level(there) < level(here)
+        if up or level(there) == level(here):
+            where = f"up a {name}" if up else f"across rooms of one {name}"
             bad.append(f"{each.path}:{each.line}: {each.importer} imports {each.imported} ({where}: {here} → {there})")
     return bad
 

@@ -19,9 +19,9 @@ from forge.actors.backend import GenerationRequest, InvalidRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
 from forge.checkpoints import load_model, resolve_model
+from forge.checkpoints.random_qwen3 import write_qwen3
 from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM
-from forge.model.random_checkpoint import write_qwen3
 from forge.sampling.grammar import Grammar, Grammars
 from forge.sampling.logit_edits import LogitEdits, call_edits
 from forge.sampling.sampling import SamplingParams, batched_sampling_logprobs, sampling_logprobs

@@ -1,5 +1,6 @@
 """The layer contract (pyproject.toml's ``[tool.forge.layers]``, docs/design.md's code map): entry points above the
-services above the shared core, no service importing another, no import cycle, no function over its length limit,
+services above the shared core, no service importing another, the shared core's own layers (``core``) kept the same
+way with no click below its command-line helpers, no import cycle, no function over its length limit,
 and no environment variable read that forge.variables does not declare. Imports inside functions and under
 TYPE_CHECKING count."""
 
@@ -12,7 +13,16 @@ from pathlib import Path
 from forge.variables import VARIABLES
 
 from conftest import REPO
-from helpers.import_graph import Contract, cycles, imports, layer_violations, long_functions, modules, package_dirs
+from helpers.import_graph import (
+    CORE,
+    Contract,
+    cycles,
+    imports,
+    layer_violations,
+    long_functions,
+    modules,
+    package_dirs,
+)
 
 CONTRACT = Contract.read(REPO / "pyproject.toml")
 MODULES = modules(REPO)
@@ -25,6 +35,14 @@ def test_every_module_is_in_a_room():
     assert {CONTRACT.room(name) for name in MODULES} == {room for floor in CONTRACT.floors for room in floor}
 
 
+def test_every_core_module_is_in_a_declared_layer():
+    """A new core module or package is placed in a layer of its own choosing, not left in forge's own room."""
+    core = [name for name in MODULES if CONTRACT.room(name) == CORE]
+    assert [name for name in core if name != CORE and CONTRACT.core_room(name) == CORE] == []
+    declared = {room for layer in CONTRACT.core for room in layer}
+    assert declared - {CONTRACT.core_room(name) for name in core} == set()      # no room that holds nothing
+
+
 def test_no_import_goes_up_a_floor_or_across_rooms():
     assert layer_violations(CONTRACT, IMPORTS) == []
 
@@ -35,6 +53,25 @@ def test_there_is_no_import_cycle():
 
 def test_no_function_is_longer_than_the_limit():
     assert long_functions(MODULES.values(), CONTRACT.max_function_lines) == []
+
+
+def click_imports(known: dict[str, Path], contract: Contract) -> list[str]:
+    """Core modules below the command-line helpers (the layer of ``forge.cli``) that import click."""
+    cli = contract.core_layer("forge.cli")
+    found = []
+    for name, path in known.items():
+        if contract.room(name) != CORE or contract.core_layer(contract.core_room(name)) <= cli:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "click" or n.startswith("click.") for n in names):
+                found.append(f"{path}:{node.lineno}: {name} imports click")
+    return found
+
+
+def test_no_click_below_the_command_line_helpers():
+    assert click_imports(MODULES, CONTRACT) == []
 
 
 def environment_reads(path: Path) -> list[int]:
@@ -90,6 +127,40 @@ def test_the_contract_sees_an_upward_import_inside_a_function(tmp_path):
     assert any("forge.actors.engine imports forge.app.main (up a floor" in b for b in bad), bad
     assert not any("forge.app.main" in b.split(" imports ")[0] for b in bad)         # the app floor may import down
     assert cycles(found) == [["forge.gateway.errors", "forge.pool"]]
+
+
+def test_the_contract_sees_an_upward_import_inside_the_core(tmp_path):
+    root = planted(tmp_path, {
+        "forge/settings.py": "def f():\n    from forge.pool import Pool\n    return Pool\n",
+        "forge/pool/__init__.py": "from forge.settings import f\nclass Pool: ...\n",
+        "forge/kv/client.py": "import forge.weights.publisher\n",
+        "forge/weights/publisher.py": "import forge.sampling.grammar\n",
+        "forge/sampling/grammar.py": "import forge.v1\n",
+        "protos/forge/v1/__init__.py": "",
+        "forge/model/qwen3.py": "def f():\n    from forge.app.main import forge\n    return forge\n",
+        "forge/tokenizer/tokenizer.py": "from forge.rollout.tasks import ALL\n",
+        "forge/newcomer.py": "import forge.v1\n",
+        "app/main.py": "forge = 1\n",
+        "rollout/tasks.py": "ALL = ()\n"})
+    known = modules(root)
+    bad = layer_violations(CONTRACT, list(imports(known)))
+    assert any("forge.settings imports forge.pool (up a core layer: forge.settings → forge.pool)" in b
+               for b in bad), bad
+    assert any("forge.kv.client imports forge.weights.publisher (across rooms of one core layer" in b for b in bad), bad
+    assert any("forge.model.qwen3 imports forge.app.main (up a floor: forge → forge.app)" in b for b in bad), bad
+    assert any("forge.tokenizer.tokenizer imports forge.rollout.tasks (up a floor: forge → forge.rollout)" in b
+               for b in bad), bad
+    assert not any(b.split(": ", 1)[1].startswith(("forge.pool ", "forge.weights", "forge.sampling")) for b in bad)
+    assert CONTRACT.core_room("forge.newcomer") == CORE          # undeclared: left in forge's own room, seen above
+
+
+def test_the_click_check_sees_click_below_the_command_line_helpers(tmp_path):
+    root = planted(tmp_path, {
+        "forge/model/command.py": "def main():\n    import click\n    return click\n",
+        "forge/cli/options.py": "import click\n",
+        "forge/pool/cli.py": "from click import command\n"})
+    found = click_imports(modules(root), CONTRACT)
+    assert [f.split(": ", 1)[1] for f in found] == ["forge.model.command imports click"]
 
 
 def test_the_function_check_sees_a_long_function(tmp_path):

@@ -83,7 +83,7 @@ def test_every_command_derives_its_options_from_settings():
     SettingsCommand, whose options, variables and run-file keys come from its settings' fields."""
     from forge.actors.engine.core import main as engine_core
     from forge.app.pretrain import main as pretrain
-    from forge.model.random_checkpoint import main as random_checkpoint
+    from forge.app.random_checkpoint import main as random_checkpoint
 
     leaves = [(" ".join(path), command) for path, command in commands_of(forge) if not isinstance(command, click.Group)]
     leaves += [("engine core", engine_core), ("pretrain", pretrain), ("random checkpoint", random_checkpoint)]

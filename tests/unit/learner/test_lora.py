@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from forge.checkpoints import load_model
+from forge.checkpoints.random_qwen3 import write_qwen3
 from forge.learner.lora import (
     ADAPTER,
     LoraConfig,
@@ -24,7 +25,6 @@ from forge.learner.lora import (
     target_pattern,
     trainable_parameters,
 )
-from forge.model.random_checkpoint import write_qwen3
 
 from helpers.families import write_family
 from helpers.lora import randomize_adapters

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from forge.checkpoints import load_model
+from forge.checkpoints.random_qwen3 import write_qwen3
 from forge.learner.checkpoint import Checkpointer
 from forge.learner.cli import _initial_model, check_lora_resume
 from forge.learner.config import LearnerConfig
@@ -21,7 +22,6 @@ from forge.learner.losses import LossConfig
 from forge.learner.parallel import Distributed
 from forge.learner.rewards import RewardConfig
 from forge.learner.trainer import Trainer, TrainerConfig
-from forge.model.random_checkpoint import write_qwen3
 from forge.pool import Pool
 from forge.pool.window import WindowConfig
 

@@ -1,20 +1,14 @@
 """Random-weight Qwen3 checkpoints of realistic shapes, written by transformers (a dev dependency), for the
 benches and the backends' parity tests where no weights can be downloaded. The tiny model's tokenizer files are
 copied beside the weights (its vocabulary is smaller than the model's: the engines work on ids, and ids past the
-tokenizer's are never produced by it).
-
-Usage: python -m forge.model.random_checkpoint OUT_DIR [--size 100m|small] [--seed 0]
+tokenizer's are never produced by it). The command that writes one is ``python -m forge.app.random_checkpoint``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-import click
-
-from forge.cli.options import settings_command
-from forge.settings import Settings, setting
+__all__ = ["SIZES", "write_qwen3"]
 
 # ~100 M parameters (95 M without the tied embedding counted twice): a small but real Qwen3 shape.
 SIZES = {
@@ -33,7 +27,7 @@ def write_qwen3(directory: str | Path, size: str = "100m", seed: int = 0) -> Pat
     import torch
     import transformers
 
-    from forge.checkpoints import TINY_DIR
+    from forge.checkpoints import reference
 
     directory = Path(directory)
     stamp = directory / "forge-random.json"
@@ -50,23 +44,6 @@ def write_qwen3(directory: str | Path, size: str = "100m", seed: int = 0) -> Pat
                 param.add_(torch.randn_like(param) * 0.1)
     model.save_pretrained(directory, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        (directory / name).write_bytes((TINY_DIR / name).read_bytes())
+        (directory / name).write_bytes((reference.TINY_DIR / name).read_bytes())
     stamp.write_text(json.dumps(wanted))
     return directory
-
-
-@dataclass(frozen=True, kw_only=True)
-class RandomCheckpointConfig(Settings):
-    out: Path = setting(argument=True, path="dir", help="The checkpoint directory to write.")
-    size: str = setting("100m", choices=tuple(sorted(SIZES)), help="The architecture's size.")
-    seed: int = setting(0, help="Seed of the random weights.")
-
-
-@settings_command("random-checkpoint", RandomCheckpointConfig)
-def main(config: RandomCheckpointConfig) -> None:
-    """Write a random-weight Qwen3 checkpoint to OUT."""
-    click.echo(write_qwen3(config.out, config.size, config.seed))
-
-
-if __name__ == "__main__":
-    main()
