@@ -14,17 +14,14 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 import grpc
 
 from forge import expert_routing
+from forge.gateway.actors import ActorSet, ActorState, cancelled_here
 from forge.gateway.errors import BadRequest, Unavailable, UpstreamFailed
 from forge.gateway.routing import NoActorAvailable, RouteRequest
 from forge.v1 import actor_pb2, common_pb2
-
-if TYPE_CHECKING:
-    from forge.gateway.actors import ActorSet, ActorState
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +30,6 @@ ERROR, ABORT = common_pb2.FINISH_REASON_ERROR, common_pb2.FINISH_REASON_ABORT
 
 class _Retry(Exception):
     pass
-
-
-def cancelled_here() -> bool:
-    """Whether the CancelledError being handled cancels this task; if not, an RPC of it was cancelled because its
-    actor's channel was closed under it (the actor was dropped)."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
 
 
 class _StaleHandover(Exception):

@@ -20,10 +20,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from forge.gateway.actor_calls import ActorCall, cancelled_here
 from forge.gateway.discovery import Announcement, ReadyDir
 from forge.gateway.prefill import PrefillPool
-from forge.gateway.routing import ActorEndpoint, Router, RouteRequest, make_router
+from forge.gateway.routing import ActorEndpoint, Router, make_router
 from forge.rpc.auth import bearer_metadata
 from forge.v1 import actor_pb2_grpc, common_pb2
 
@@ -64,6 +63,13 @@ class _Waiting:
     tries: int = 0
     dropped: bool = False
     logged: set[str] = field(default_factory=set)
+
+
+def cancelled_here() -> bool:
+    """Whether the CancelledError being handled cancels this task; if not, an RPC of it was cancelled because its
+    actor's channel was closed under it (the actor was dropped)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 class ActorSet:
@@ -360,9 +366,6 @@ class ActorSet:
             if still and announcement.name not in self.waiting:
                 self.waiting[announcement.name] = _Waiting(announcement, retry_at=now + self.drop_after_s,
                                                            dropped=True)
-
-    def call(self, route: RouteRequest, sampling: common_pb2.SamplingParams, stream_interval: int = 0) -> ActorCall:
-        return ActorCall(self, route, sampling, stream_interval)
 
     def gauges(self) -> dict[str, float]:
         figures = {"actors": float(len(self.actors)), "actors_healthy": float(sum(a.healthy for a in self.actors)),

@@ -213,9 +213,9 @@ class CallRunner:
                       build.source)
         incremental = stream or bool(call.stop)
         # A client that waits for the whole answer (and no stop string to watch) needs no chunk in between.
-        actor_call = self.actors.call(RouteRequest(state.session_id, build.ids, call.sampling.max_tokens,
-                                                   state.group_id),
-                                      call.sampling, stream_interval=0 if incremental else WHOLE_ANSWER)
+        actor_call = ActorCall(self.actors, RouteRequest(state.session_id, build.ids, call.sampling.max_tokens,
+                                                         state.group_id),
+                               call.sampling, stream_interval=0 if incremental else WHOLE_ANSWER)
         assembler = TextAssembler(self.tokenizer, call.stop, incremental=incremental)
         out = Completion(t0)
         shown = ChatDelta()
@@ -278,8 +278,8 @@ class CallRunner:
             raise BadRequest(f"prompt ids outside the vocabulary [0, {self.model.vocab_size}): {bad[:5]}",
                              "prompt_ids")
         started, t0 = time.time(), time.monotonic()
-        actor_call = self.actors.call(RouteRequest(state.session_id, prompt, sampling.max_tokens, state.group_id),
-                                      sampling)
+        actor_call = ActorCall(self.actors, RouteRequest(state.session_id, prompt, sampling.max_tokens,
+                                                         state.group_id), sampling)
         out = Completion(t0)
         with self._running(state):
             async with contextlib.aclosing(actor_call.chunks()) as chunks:
