@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import math
 import queue
 import threading
@@ -23,11 +24,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from forge.model.lora_weights import is_adapter_version
+from forge.model.lora_weights import is_adapter_version, merge_adapter_version
 from forge.sampling.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from forge.actors.config import ActorConfig
+
+log = logging.getLogger(__name__)
 
 
 class FinishReason(StrEnum):
@@ -288,14 +291,6 @@ class RequestLimits:
             raise InvalidRequest(f"continuation token {stopped[0]} is a stop token: the request had already finished")
 
 
-def check_adapter_named(request: GenerationRequest, served: Iterable[str]) -> None:
-    """Raise InvalidRequest when ``request`` names an adapter that is not among ``served``."""
-    served = set(served)
-    if request.adapter and request.adapter not in served:
-        raise InvalidRequest(f"no adapter named {request.adapter!r} is served here (serving: "
-                             f"{', '.join(sorted(served)) or 'none'})")
-
-
 def check_weights(version: int, state_dict: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]]) -> None:
     """Raise ValueError unless ``state_dict`` holds exactly the model's tensors (``shapes``), each of its shape."""
     if is_adapter_version(state_dict):
@@ -306,6 +301,82 @@ def check_weights(version: int, state_dict: Mapping[str, torch.Tensor], shapes: 
         extra = sorted(set(state_dict) - set(shapes))
         raise ValueError(f"weight version {version} does not fit the model: mismatched {problems[:5]}, "
                          f"unexpected {extra[:5]}")
+
+
+class Ledger:
+    """What every backend keeps alike, whatever runs its model: the newest weight version it accepted, the newest
+    accepted version of each named adapter, the requests in flight (at most ``max_in_flight``, each with the
+    backend's own entry), and the base weights LoRA adapter versions merge onto once they come as weight versions.
+    It locks nothing: each backend calls it under its own lock, which also guards what it stages with it."""
+
+    def __init__(self, version: int, max_in_flight: int) -> None:
+        self.accepted_version = version
+        self.max_in_flight = max_in_flight
+        self.adapters: dict[str, int] = {}          # named adapter -> its newest accepted version
+        self.live: dict[str, Any] = {}              # request id -> the backend's entry for it
+        self.refused = 0                            # requests refused for want of room
+        self._base: dict[str, torch.Tensor] | None = None
+        self._took_full_weights = False
+
+    def check_version(self, version: int) -> None:
+        """ValueError unless ``version`` is newer than the newest accepted."""
+        if version <= self.accepted_version:
+            raise ValueError(f"weight version {version} is not newer than {self.accepted_version}")
+
+    def accept_version(self, version: int) -> None:
+        """Take ``version`` as the newest (compared with the newest accepted, not the applied one: a newer version
+        may be on its way in); ValueError when it is not newer."""
+        self.check_version(version)
+        self.accepted_version = version
+
+    def check_adapter_version(self, name: str, version: int) -> None:
+        """ValueError unless ``version`` of the named adapter is newer than its newest accepted one."""
+        accepted = self.adapters.get(name, -1)
+        if version <= accepted:
+            raise ValueError(f"version {version} of adapter {name!r} is not newer than {accepted}")
+
+    def accept_adapter(self, name: str, version: int) -> None:
+        self.check_adapter_version(name, version)
+        self.adapters[name] = version
+
+    def check_adapter_named(self, request: GenerationRequest, also: Iterable[str] = ()) -> None:
+        """Raise InvalidRequest when ``request`` names an adapter neither accepted here nor among ``also``."""
+        served = self.adapters.keys() | set(also)
+        if request.adapter and request.adapter not in served:
+            raise InvalidRequest(f"no adapter named {request.adapter!r} is served here (serving: "
+                                 f"{', '.join(sorted(served)) or 'none'})")
+
+    def admit(self, request_id: str, entry: Any, refusal: str = "") -> None:
+        """Enter a request in flight. Overloaded with ``refusal`` (why the backend takes none now: it is shutting
+        down, say) or when ``max_in_flight`` are in flight; InvalidRequest when its id is in flight already."""
+        if refusal:
+            raise Overloaded(refusal)
+        if len(self.live) >= self.max_in_flight:
+            self.refused += 1
+            raise Overloaded(f"{len(self.live)} requests in flight; the queue is full, retry later")
+        if request_id in self.live:
+            raise InvalidRequest(f"request id {request_id!r} is already in flight")
+        self.live[request_id] = entry
+
+    def whole_weights(self, state_dict: Mapping[str, torch.Tensor], read_base: Callable[[], dict[str, torch.Tensor]],
+                      base_is: str, served: Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+                      | None = None) -> Mapping[str, torch.Tensor]:
+        """The whole model's weights of a weight version: ``state_dict`` itself, or, for a LoRA adapter version
+        (``forge.model.lora_weights``), its adapters merged onto the base weights, which ``read_base`` gives (the
+        backend's starting weights, ``base_is`` in the log) at the first adapter version; they are kept from then
+        on. ``served`` keeps of an adapter version what the base holds. ValueError for an adapter version after a
+        whole-model one: the base it adapts is gone."""
+        if not is_adapter_version(state_dict):
+            self._took_full_weights = True
+            return state_dict
+        if self._base is None:
+            if self._took_full_weights:
+                raise ValueError("a LoRA adapter version came after whole-model versions: the base it adapts is gone "
+                                 "(restart the actor from the learner's base model)")
+            self._base = read_base()
+            log.info("weight versions are LoRA adapters: merging each onto %s (a host copy, %.0f MiB)", base_is,
+                     sum(t.numel() * t.element_size() for t in self._base.values()) / 2**20)
+        return merge_adapter_version(self._base, served(state_dict) if served is not None else state_dict)
 
 
 class Backend(ABC):

@@ -17,15 +17,13 @@ import torch
 from forge.actors.backend import (
     Backend,
     FinishReason,
-    GenerationRequest,
     InvalidRequest,
-    Overloaded,
+    Ledger,
     RequestLimits,
     RequestStream,
     RoutedExperts,
     TokenChunk,
     batched_wakeups,
-    check_adapter_named,
     check_weights,
 )
 from forge.actors.config import EngineConfig
@@ -36,12 +34,12 @@ from forge.actors.engine.runner import ModelRunner, PreparedWeights, Sampled, Wo
 from forge.actors.engine.scheduler import Scheduler, SchedulerConfig
 from forge.actors.engine.sequence import Sequence, Status
 from forge.kvhash import kv_salt
-from forge.model.lora_weights import is_adapter_version, merge_adapter_version
 from forge.model.qwen3 import CausalLM
 from forge.sampling.grammar import Grammars
 from forge.sampling.logit_edits import call_edits
 
 if TYPE_CHECKING:
+    from forge.actors.backend import GenerationRequest
     from forge.actors.engine.connector import EngineConnector
 
 log = logging.getLogger(__name__)
@@ -90,23 +88,20 @@ class TorchEngine(Backend):
         self._lock = threading.Condition()
         self._inbox: deque[Sequence] = deque()
         self._aborts: set[str] = set()
-        self._live: dict[str, Sequence] = {}
         self._pending_weights: tuple[int, Mapping[str, torch.Tensor], PreparedWeights] | None = None
-        self._accepted_version = initial_version     # newest version handed over (applied or about to be)
-        self._base: dict[str, torch.Tensor] | None = None    # the starting weights, once LoRA adapter versions come
         self.adapters = ServedAdapters(model)                 # named adapters, beside the weights (several runs)
         self._pending_adapters: list[AdapterWeights] = []
-        self._accepted_adapters: dict[str, int] = {}
-        self._took_full_weights = False
         self._closed = False
         self._started = time.time()
         self._counters = dict(steps=0, tokens=0, prompt_tokens=0, finished=0, drafts=0, drafts_accepted=0,
-                              weight_swaps=0, weight_rejections=0, refused=0)
+                              weight_swaps=0, weight_rejections=0)
         self._recent: deque[tuple[float, int]] = deque()
         self.connector: EngineConnector | None = None   # KV events, speeds, L3 cache (l3.py attaches itself)
         self.stream_factory: Callable[[str], RequestStream] = RequestStream   # where a request's chunks go
         self.after_pass: Callable[[], None] | None = None    # run by the loop after each pass (the engine core's send)
         self._limits = self.limits()
+        # versions handed over (applied or about to be), adapters staged, live sequences (guarded by _lock)
+        self.ledger = Ledger(initial_version, self._limits.max_in_flight)
         self._thread = threading.Thread(target=self._loop, name=f"{config.name}-engine", daemon=True)
         self._thread.start()
         log.info("torch engine ready: %d KV blocks of %d tokens (%.1f MiB), speculative=%s, device=%s, "
@@ -151,21 +146,14 @@ class TorchEngine(Backend):
     def submit(self, request: GenerationRequest) -> RequestStream:
         seq = self._validate(request)
         with self._lock:
-            if self._closed:
-                raise Overloaded("the engine is shutting down")
-            if len(self._live) >= self._limits.max_in_flight:
-                self._counters["refused"] += 1
-                raise Overloaded(f"{len(self._live)} requests in flight; the queue is full, retry later")
-            if seq.request_id in self._live:
-                raise InvalidRequest(f"request id {seq.request_id!r} is already in flight")
-            self._live[seq.request_id] = seq
+            self.ledger.admit(seq.request_id, seq, "the engine is shutting down" if self._closed else "")
             self._inbox.append(seq)
             self._lock.notify()
         return seq.stream
 
     def abort(self, request_id: str) -> bool:
         with self._lock:
-            if request_id not in self._live:
+            if request_id not in self.ledger.live:
                 return False
             self._aborts.add(request_id)
             self._lock.notify()
@@ -175,21 +163,14 @@ class TorchEngine(Backend):
         """Stage a weight version: the whole model's tensors, or a LoRA adapter version, merged here onto the weights
         the engine started from (``forge.model.lora_weights``)."""
         try:
-            if is_adapter_version(state_dict):
-                state_dict = self._merged(state_dict)
-            else:
-                self._took_full_weights = True
+            state_dict = self.ledger.whole_weights(state_dict, self._host_copy, "the starting weights")
             check_weights(version, state_dict, {n: t.shape for n, t in self.model.state_dict().items()})
         except ValueError:
             self._counters["weight_rejections"] += 1
             raise
         prepared = self.runner.prepare_weights(state_dict)      # here, while the loop keeps stepping
         with self._lock:
-            # Compared with the newest accepted version, not the applied one: the loop may have taken a newer
-            # version off the queue without having applied it yet.
-            if version <= self._accepted_version:
-                raise ValueError(f"weight version {version} is not newer than {self._accepted_version}")
-            self._accepted_version = version
+            self.ledger.accept_version(version)     # the loop may have taken a newer one off the queue, not applied
             self._pending_weights = (version, state_dict, prepared)
             self._lock.notify()
 
@@ -204,24 +185,13 @@ class TorchEngine(Backend):
             self._counters["weight_rejections"] += 1
             raise
         with self._lock:
-            accepted = self._accepted_adapters.get(name, -1)
-            if version <= accepted:
-                raise ValueError(f"version {version} of adapter {name!r} is not newer than {accepted}")
-            self._accepted_adapters[name] = version
+            self.ledger.accept_adapter(name, version)
             self._pending_adapters.append(prepared)
             self._lock.notify()
 
-    def _merged(self, adapter_version: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The model's weights with ``adapter_version`` merged onto the starting ones (a host copy of them is kept
-        from the first adapter version on)."""
-        if self._base is None:
-            if self._took_full_weights:
-                raise ValueError("a LoRA adapter version came after whole-model versions: the base it adapts is gone "
-                                 "(restart the actor from the learner's base model)")
-            self._base = {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()}
-            log.info("weight versions are LoRA adapters: merging each onto the starting weights (a host copy, %.0f "
-                     "MiB)", sum(t.numel() * t.element_size() for t in self._base.values()) / 2**20)
-        return merge_adapter_version(self._base, adapter_version)
+    def _host_copy(self) -> dict[str, torch.Tensor]:
+        """The model's weights as they are now, copied to the host: the base adapter versions merge onto."""
+        return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()}
 
     def wait_for_version(self, version: int, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -251,6 +221,7 @@ class TorchEngine(Backend):
             "preemptions": float(self.scheduler.preemptions),
             "threads": float(self._loop_threads),
             **{k: float(v) for k, v in c.items()},
+            "refused": float(self.ledger.refused),
             **(self.connector.stats() if self.connector is not None else {}),
         }
 
@@ -259,7 +230,7 @@ class TorchEngine(Backend):
             self._closed = True
             self._lock.notify()
         self._thread.join(timeout=30)
-        for seq in list(self._live.values()):
+        for seq in list(self.ledger.live.values()):
             self._finish(seq, FinishReason.ABORT)
         if self.connector is not None:
             self.connector.close()
@@ -282,7 +253,7 @@ class TorchEngine(Backend):
             edits = call_edits(params, prompt, self._limits.eos_token_ids, self.grammars)
         except ValueError as exc:          # a grammar that does not compile, or no tokenizer to compile it
             raise InvalidRequest(str(exc)) from None
-        check_adapter_named(request, self._accepted_adapters)      # accepted: installed before it is stepped
+        self.ledger.check_adapter_named(request)      # accepted: installed before it is stepped
         if request.adapter and (request.prefill_only or request.continuation is not None):
             raise InvalidRequest("a request naming an adapter is served whole, not handed over between actors")
         if request.prefill_only and (self.connector is None or not self.connector.hands_over):
@@ -327,7 +298,7 @@ class TorchEngine(Backend):
                     if not self._stale_handover(seq):
                         self.scheduler.add(seq)
             for request_id in aborts:
-                seq = self._live.get(request_id)
+                seq = self.ledger.live.get(request_id)
                 if seq is not None:
                     self._finish(seq, FinishReason.ABORT)
             if weights is not None:
@@ -482,7 +453,7 @@ class TorchEngine(Backend):
             deliver = self.connector.hand_over(seq)      # its blocks are copied now, before they are freed
         routed = self._routed_experts(seq)               # read before the blocks are freed too
         self.scheduler.finish(seq)
-        self._live.pop(seq.request_id, None)
+        self.ledger.live.pop(seq.request_id, None)
         self._counters["finished"] += 1
         now = time.perf_counter()
         chunk, seq.unsent = seq.unsent or TokenChunk(), None       # tokens not sent yet end with the request

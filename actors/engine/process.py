@@ -33,12 +33,10 @@ from forge.actors.backend import (
     Backend,
     FinishReason,
     GenerationRequest,
-    InvalidRequest,
-    Overloaded,
+    Ledger,
     RequestStream,
     TokenChunk,
     batched_wakeups,
-    check_adapter_named,
     check_weights,
 )
 from forge.actors.engine.core import CoreInfo, EngineSpec
@@ -68,10 +66,8 @@ class EngineProcess(Backend):
         self._pull.bind(f"ipc://{self._dir}/outputs")
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._streams: dict[str, RequestStream] = {}
         self._calls: dict[int, Future] = {}
         self._call_ids = itertools.count()
-        self._refused = 0
         self._closed = False
         self._exit_reason = ""
         self._failed = False
@@ -85,9 +81,10 @@ class EngineProcess(Backend):
             self._release()
             raise
         self._limits = self.info.limits
-        self._version = self._accepted_version = self.info.weight_version
-        self._adapter_versions: dict[str, int] = {}
-        self._loaded_adapters: set[str] = set()      # accepted by the core through load_adapter, maybe not yet served
+        self._version = self.info.weight_version
+        self._adapter_versions: dict[str, int] = {}     # served by the core, as of its last message
+        # versions sent, adapters the core accepted through load_adapter (maybe not yet served), live streams
+        self.ledger = Ledger(self._version, self._limits.max_in_flight)
         self._receiver = threading.Thread(target=self._receive, name="engine-front", daemon=True)
         self._receiver.start()
         log.info("engine core running in process %d (model %s)", self._proc.pid, self.info.model_id)
@@ -133,24 +130,21 @@ class EngineProcess(Backend):
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         self._limits.check(request)
-        check_adapter_named(request, self._adapter_versions.keys() | self._loaded_adapters)
+        self.ledger.check_adapter_named(request, self._adapter_versions)
         request_id = request.request_id or uuid.uuid4().hex
+        stream = RequestStream(request_id)
         with self._lock:
-            if self._exit_reason:
-                raise Overloaded(f"the engine process is not running: {self._exit_reason}")
-            if self._closed:
-                raise Overloaded("the engine is shutting down")
-            if len(self._streams) >= self._limits.max_in_flight:
-                self._refused += 1
-                raise Overloaded(f"{len(self._streams)} requests in flight; the queue is full, retry later")
-            if request_id in self._streams:
-                raise InvalidRequest(f"request id {request_id!r} is already in flight")
-            stream = self._streams[request_id] = RequestStream(request_id)
+            self.ledger.admit(request_id, stream, self._refusal())
         self._send(("submit", request if request.request_id else replace(request, request_id=request_id)))
         return stream
 
+    def _refusal(self) -> str:
+        if self._exit_reason:
+            return f"the engine process is not running: {self._exit_reason}"
+        return "the engine is shutting down" if self._closed else ""
+
     def abort(self, request_id: str) -> bool:
-        if request_id not in self._streams:
+        if request_id not in self.ledger.live:
             return False
         self._send(("abort", request_id))
         return True
@@ -163,9 +157,7 @@ class EngineProcess(Backend):
         if not is_adapter_version(state_dict):          # the core merges an adapter version onto its model
             check_weights(version, state_dict, self.info.weight_shapes)
         with self._lock:
-            if version <= self._accepted_version:
-                raise ValueError(f"weight version {version} is not newer than {self._accepted_version}")
-            self._accepted_version = version
+            self.ledger.accept_version(version)
         data = save({name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in state_dict.items()})
         self.call("load_weights", version, data)
 
@@ -176,7 +168,8 @@ class EngineProcess(Backend):
 
         data = save({key: tensor.detach().to("cpu").contiguous().clone() for key, tensor in adapter_version.items()})
         self.call("load_adapter", name, version, data)
-        self._loaded_adapters.add(name)
+        with self._lock:
+            self.ledger.adapters[name] = version
 
     def wait_for_version(self, version: int, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -188,7 +181,7 @@ class EngineProcess(Backend):
 
     def stats(self) -> dict[str, float]:
         figures = dict(self.call("stats"))
-        figures["refused"] = figures.get("refused", 0.0) + self._refused
+        figures["refused"] = figures.get("refused", 0.0) + self.ledger.refused
         figures["engine_pid"] = float(self._proc.pid)
         return figures
 
@@ -258,7 +251,7 @@ class EngineProcess(Backend):
         kind = message[0]
         if kind == "out":
             _, chunks, self._version, self._adapter_versions = message
-            streams = self._streams
+            streams = self.ledger.live
             with batched_wakeups():
                 for request_id, chunk in chunks:
                     stream = streams.get(request_id)
@@ -280,7 +273,7 @@ class EngineProcess(Backend):
         reason = "closed" if self._closed else f"it exited with code {code}"
         with self._lock:
             self._exit_reason, self._failed = reason, not self._closed
-            streams, self._streams = self._streams, {}
+            streams, self.ledger.live = self.ledger.live, {}
         for stream in streams.values():
             finish = FinishReason.ABORT if self._closed else FinishReason.ERROR
             stream.put(TokenChunk(finish_reason=finish, error=f"the engine process is not running: {reason}"))

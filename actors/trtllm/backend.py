@@ -25,7 +25,7 @@ from forge.actors.backend import (
     FinishReason,
     GenerationRequest,
     InvalidRequest,
-    Overloaded,
+    Ledger,
     RequestStream,
     TokenChunk,
 )
@@ -113,7 +113,9 @@ class TrtllmBackend(Backend):
                        kv_cache_config=KvCacheConfig(enable_block_reuse=True,
                                                      free_gpu_memory_fraction=kv_cache_fraction))
         self._version = 0
-        self._results: dict[str, Any] = {}
+        # the version in use, and the requests in flight: each with its TensorRT-LLM result once it has started
+        self.ledger = Ledger(self._version, max_waiting)
+        self._lock = threading.Lock()
         self._counters = {"tokens": 0, "finished": 0, "weight_swaps": 0}
         self._started = time.time()
         self._loop = asyncio.new_event_loop()
@@ -133,8 +135,6 @@ class TrtllmBackend(Backend):
             raise InvalidRequest(f"token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
         if len(prompt) >= self.max_context:
             raise InvalidRequest(f"the prompt has {len(prompt)} tokens; the context is {self.max_context}")
-        if len(self._results) >= self.max_waiting:
-            raise Overloaded(f"{len(self._results)} requests in flight; the queue is full, retry later")
         from tensorrt_llm import SamplingParams as TrtSamplingParams
 
         params = request.params
@@ -153,6 +153,8 @@ class TrtllmBackend(Backend):
             trt_params = TrtSamplingParams(**kwargs)
         request_id = request.request_id or uuid.uuid4().hex
         stream = RequestStream(request_id)
+        with self._lock:
+            self.ledger.admit(request_id, None)
         asyncio.run_coroutine_threadsafe(self._run(request_id, prompt, trt_params, stream), self._loop)
         return stream
 
@@ -161,7 +163,7 @@ class TrtllmBackend(Backend):
         first: float | None = None
         sent = 0
         result = self.llm.generate_async(prompt, params, streaming=True)
-        self._results[request_id] = result
+        self.ledger.live[request_id] = result
         try:
             async for output in result:
                 chunk, sent = chunk_from_output(output, sent, self._version)
@@ -175,13 +177,13 @@ class TrtllmBackend(Backend):
             log.exception("TensorRT-LLM request %s failed", request_id)
             stream.put(TokenChunk(finish_reason=FinishReason.ERROR, error=str(exc)))
         finally:
-            self._results.pop(request_id, None)
+            self.ledger.live.pop(request_id, None)
             self._counters["finished"] += 1
             if not stream.finished.is_set():
                 stream.put(TokenChunk(finish_reason=FinishReason.ABORT))
 
     def abort(self, request_id: str) -> bool:
-        result = self._results.get(request_id)
+        result = self.ledger.live.get(request_id)
         if result is None:
             return False
         result.abort()
@@ -191,22 +193,21 @@ class TrtllmBackend(Backend):
         if is_adapter_version(state_dict):
             raise ValueError(f"weight version {version} holds LoRA adapters only, which TensorRT-LLM is not given "
                              f"here: publish merged weights ([learner] lora_publish = \"merged\")")
-        if version <= self._version:
-            raise ValueError(f"weight version {version} is not newer than {self._version}")
+        self.ledger.check_version(version)
         started = time.perf_counter()
         handles = ipc_handles(state_dict, torch.device("cuda"))
         self.llm._collective_rpc("update_weights", args=(handles,))
         self.llm._collective_rpc("update_weights", args=(None,))      # finalise; resets the prefix cache
-        self._version = version
+        self._version = self.ledger.accepted_version = version
         self._counters["weight_swaps"] += 1
         log.info("applied weight version %d in %.1f ms", version, (time.perf_counter() - started) * 1e3)
 
     def stats(self) -> dict[str, float]:
-        return {"running": float(len(self._results)), "weight_version": float(self._version),
+        return {"running": float(len(self.ledger.live)), "weight_version": float(self._version),
                 **{k: float(v) for k, v in self._counters.items()}}
 
     def close(self) -> None:
-        for request_id in list(self._results):
+        for request_id in list(self.ledger.live):
             self.abort(request_id)
         self.llm.shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)

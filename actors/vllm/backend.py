@@ -47,23 +47,16 @@ from forge.actors.backend import (
     FinishReason,
     GenerationRequest,
     InvalidRequest,
-    Overloaded,
+    Ledger,
     RequestLimits,
     RequestStream,
     TokenChunk,
-    check_adapter_named,
     check_weights,
 )
 from forge.actors.config import VLLM_INSTALL_HINT, EngineConfig
 from forge.actors.vllm import checkpoint, outputs
 from forge.checkpoints import ModelRef
-from forge.model.lora_weights import (
-    adapter_rank,
-    check_named_adapter_version,
-    is_adapter_version,
-    merge_adapter_version,
-    write_peft_directory,
-)
+from forge.model.lora_weights import adapter_rank, check_named_adapter_version, write_peft_directory
 from forge.reaper import Reaper
 
 log = logging.getLogger(__name__)
@@ -98,19 +91,15 @@ class VllmBackend(Backend):
         if self.structured_problem is not None:
             log.info("vLLM runs without a tokenizer; structured output is refused: %s", self.structured_problem)
         self._version = initial_version
-        self._accepted_version = initial_version
         self._dtype = dtype
-        self._base: dict[str, torch.Tensor] | None = None      # the starting weights, once LoRA adapter versions come
-        self._took_full_weights = False
         self._adapter_slots = adapters
-        self._adapters: dict[str, tuple[int, Any]] = {}      # name -> (version, its LoRARequest)
+        self._loras: dict[str, Any] = {}            # named adapter -> the LoRARequest of its newest version
         self._adapter_ids = 0
         self._request_adapters: dict[str, str] = {}
-        self._retired: dict[str, tuple[int, Any]] = {}        # name -> its version before the newest, still held
+        self._retired: dict[str, Any] = {}          # named adapter -> its version before the newest, still held
         self._figures = outputs.Figures()
-        self._counters = {"weight_swaps": 0, "finished": 0, "refused": 0, "aborted_by_swap": 0}
+        self._counters = {"weight_swaps": 0, "finished": 0, "aborted_by_swap": 0}
         self._last_swap_ms = 0.0
-        self._streams: dict[str, RequestStream] = {}
         self._lock = threading.Lock()
         self._swap_lock = threading.Lock()
         self._closed = False
@@ -142,6 +131,8 @@ class VllmBackend(Backend):
         self.num_blocks = int(cache.num_gpu_blocks or 0)
         self.limits = RequestLimits(model_config.vocab_size, max_len, self.num_blocks * self.block_size or max_len,
                                     tuple(model_config.eos_token_ids), config.max_waiting + config.max_num_seqs)
+        # versions accepted (guarded by _swap_lock), adapters added and live streams (by _lock)
+        self.ledger = Ledger(initial_version, self.limits.max_in_flight)
         self.events = None
         if events_endpoint is not None:
             from forge.actors.vllm.kv_events import VllmKVEvents
@@ -211,19 +202,12 @@ class VllmBackend(Backend):
             if problem is not None:
                 raise InvalidRequest(problem)
         request_id = request.request_id or uuid.uuid4().hex
+        stream = RequestStream(request_id)
         with self._lock:
-            check_adapter_named(request, self._adapters)
-            adapter = self._adapters.get(request.adapter) if request.adapter else None
-            if self._closed:
-                raise Overloaded("the backend is shutting down")
-            if self.failed:
-                raise Overloaded("vLLM's engine is not running (see the log)")
-            if len(self._streams) >= self.limits.max_in_flight:
-                self._counters["refused"] += 1
-                raise Overloaded(f"{len(self._streams)} requests in flight; the queue is full, retry later")
-            if request_id in self._streams:
-                raise InvalidRequest(f"request id {request_id!r} is already in flight")
-            stream = self._streams[request_id] = RequestStream(request_id)
+            self.ledger.check_adapter_named(request)
+            adapter = (self.ledger.adapters[request.adapter], self._loras[request.adapter]) if request.adapter \
+                else None
+            self.ledger.admit(request_id, stream, self._refusal())
             if adapter is not None:
                 self._request_adapters[request_id] = request.adapter
         from vllm import SamplingParams as VllmSamplingParams
@@ -234,7 +218,7 @@ class VllmBackend(Backend):
                                         **outputs.sampling_kwargs(request.params, max_tokens, stops))
         except ValueError as exc:
             with self._lock:
-                self._streams.pop(request_id, None)
+                self.ledger.live.pop(request_id, None)
                 self._request_adapters.pop(request_id, None)
             raise InvalidRequest(str(exc)) from exc
         request = replace(request, request_id=request_id)
@@ -291,14 +275,19 @@ class VllmBackend(Backend):
             stream.put(TokenChunk(finish_reason=FinishReason.ERROR, error=f"vLLM failed: {exc}"))
         finally:
             with self._lock:
-                self._streams.pop(request_id, None)
+                self.ledger.live.pop(request_id, None)
                 self._request_adapters.pop(request_id, None)
                 self._counters["finished"] += 1
             if not stream.finished.is_set():
                 stream.put(TokenChunk(finish_reason=FinishReason.ABORT))
 
+    def _refusal(self) -> str:
+        if self._closed:
+            return "the backend is shutting down"
+        return "vLLM's engine is not running (see the log)" if self.failed else ""
+
     def abort(self, request_id: str) -> bool:
-        if request_id not in self._streams:
+        if request_id not in self.ledger.live:
             return False
         asyncio.run_coroutine_threadsafe(self.llm.abort(request_id), self._loop)
         return True
@@ -312,16 +301,12 @@ class VllmBackend(Backend):
 
         from forge.model.checkpoint import hub_layout
 
-        if is_adapter_version(state_dict):
-            state_dict = self._merged(state_dict)
-        else:
-            self._took_full_weights = True
+        state_dict = self.ledger.whole_weights(state_dict, self._checkpoint_weights, "the checkpoint's weights",
+                                               checkpoint.vllm_tensors)
         served = checkpoint.vllm_tensors(hub_layout(dict(state_dict)))
         check_weights(version, served, self.weight_shapes)
         with self._swap_lock:
-            if version <= self._accepted_version:
-                raise ValueError(f"weight version {version} is not newer than {self._accepted_version}")
-            self._accepted_version = version
+            self.ledger.accept_version(version)
             staged = self._dir / f"version-{version}"
             staged.mkdir()
             try:
@@ -333,7 +318,7 @@ class VllmBackend(Backend):
 
     @property
     def adapter_versions(self) -> dict[str, int]:
-        return {name: version for name, (version, _) in self._adapters.items()}
+        return dict(self.ledger.adapters)
 
     def load_adapter(self, name: str, version: int, adapter_version: Mapping[str, torch.Tensor]) -> None:
         """Add version ``version`` of the named adapter to vLLM (a PEFT directory of its own, under a new LoRA id);
@@ -348,11 +333,10 @@ class VllmBackend(Backend):
             raise ValueError(f"adapter {name!r} has rank {rank}; this actor serves ranks up to "
                              f"{self.config.max_adapter_rank} (--max-adapter-rank)")
         with self._swap_lock:
-            current = self._adapters.get(name)
-            if current is None and len(self._adapters) >= self._adapter_slots:
+            current = self._loras.get(name)
+            if current is None and len(self._loras) >= self._adapter_slots:
                 raise ValueError(f"this actor serves {self._adapter_slots} named adapters; {name!r} is not one")
-            if current is not None and version <= current[0]:
-                raise ValueError(f"version {version} of adapter {name!r} is not newer than {current[0]}")
+            self.ledger.check_adapter_version(name, version)
             self._adapter_ids += 1
             directory = write_peft_directory(checkpoint.vllm_tensors(adapter_version),
                                              self._dir / "adapters" / f"{name}-{version}")
@@ -363,7 +347,8 @@ class VllmBackend(Backend):
                 shutil.rmtree(directory, ignore_errors=True)
                 raise ValueError(f"vLLM refused version {version} of adapter {name!r}: {exc}") from exc
             with self._lock:
-                self._adapters[name] = (version, request)
+                self.ledger.accept_adapter(name, version)
+                self._loras[name] = request
                 in_flight = [r for r, n in self._request_adapters.items() if n == name]
             self._drop_adapter_before(name, current)
         self._counters["weight_swaps"] += 1
@@ -373,7 +358,7 @@ class VllmBackend(Backend):
             self._counters["aborted_by_swap"] += len(in_flight)
         log.info("serving version %d of adapter %s (LoRA id %d, rank %d)", version, name, self._adapter_ids, rank)
 
-    def _drop_adapter_before(self, name: str, current: tuple[int, Any] | None) -> None:
+    def _drop_adapter_before(self, name: str, current: Any) -> None:
         """Drop the version of ``name`` before ``current`` (its slot goes to the next version; ``current`` keeps
         serving the requests that took it)."""
         retired = self._retired
@@ -382,26 +367,19 @@ class VllmBackend(Backend):
             retired[name] = current
         if older is not None:
             with contextlib.suppress(Exception):
-                self._call(self.llm.remove_lora(older[1].lora_int_id), timeout=60.0)
-            shutil.rmtree(older[1].lora_path, ignore_errors=True)
+                self._call(self.llm.remove_lora(older.lora_int_id), timeout=60.0)
+            shutil.rmtree(older.lora_path, ignore_errors=True)
 
-    def _merged(self, adapter_version: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The served weights with ``adapter_version`` merged onto the checkpoint's (read, in the served dtype, at the
-        first adapter version and kept on the host)."""
-        if self._base is None:
-            if self._took_full_weights:
-                raise ValueError("a LoRA adapter version came after whole-model versions: the base it adapts is gone "
-                                 "(restart the actor from the learner's base model)")
-            from forge.model.checkpoint import load_state_dict
+    def _checkpoint_weights(self) -> dict[str, torch.Tensor]:
+        """The served checkpoint's tensors, in the served dtype: the base adapter versions merge onto."""
+        from forge.model.checkpoint import load_state_dict
 
-            self._base = checkpoint.vllm_tensors(load_state_dict(self.served_dir, dtype=getattr(torch, self._dtype)))
-            log.info("weight versions are LoRA adapters: merging each onto the checkpoint's weights")
-        return merge_adapter_version(self._base, checkpoint.vllm_tensors(adapter_version))
+        return checkpoint.vllm_tensors(load_state_dict(self.served_dir, dtype=getattr(torch, self._dtype)))
 
     async def _swap(self, version: int, staged: Path) -> None:
         paused = time.perf_counter()
         mode = "abort" if self.config.abort_on_weight_swap else "keep"
-        in_flight = len(self._streams)
+        in_flight = len(self.ledger.live)
         await self.llm.pause_generation(mode=mode, clear_cache=True)
         try:
             await self._drain_outputs()
@@ -432,7 +410,7 @@ class VllmBackend(Backend):
     def stats(self) -> dict[str, float]:
         f = self._figures
         with self._lock:
-            in_flight = len(self._streams)
+            in_flight = len(self.ledger.live)
         # vLLM's figures are as of its last step; the requests in flight are known now (none: no KV in use).
         running = min(f.running, in_flight)
         return {
@@ -443,13 +421,14 @@ class VllmBackend(Backend):
             "kv_blocks": float(self.num_blocks),
             "prefix_hit_rate": f.prefix_hits / f.prefix_queries if f.prefix_queries else 0.0,
             "weight_version": float(self._version),
-            "adapters": float(len(self._adapters)),
+            "adapters": float(len(self._loras)),
             "preemptions": float(f.preemptions),
             "tokens": float(f.tokens),
             "weight_swap_ms": self._last_swap_ms,
             "threads": float(self.config.threads or os.cpu_count() or 1),
             "kv_events": float(self.events is not None),
             **{k: float(v) for k, v in self._counters.items()},
+            "refused": float(self.ledger.refused),
             **({k: float(v) for k, v in self.events.counters.items()} if self.events is not None else {}),
         }
 
@@ -471,7 +450,7 @@ class VllmBackend(Backend):
             if self._closed:
                 return
             self._closed = True
-            live = list(self._streams)
+            live = list(self.ledger.live)
         for request_id in live:
             self.abort(request_id)
         with contextlib.suppress(Exception):

@@ -1,0 +1,55 @@
+"""What every backend keeps alike (``forge.actors.backend.Ledger``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from forge.actors.backend import GenerationRequest, InvalidRequest, Ledger, Overloaded
+from forge.model.lora_weights import SCALING, A, B
+from forge.sampling.sampling import SamplingParams
+
+
+def test_versions_must_be_newer_than_the_newest_accepted():
+    ledger = Ledger(3, max_in_flight=1)
+    with pytest.raises(ValueError, match="weight version 3 is not newer than 3"):
+        ledger.accept_version(3)
+    ledger.accept_version(5)
+    with pytest.raises(ValueError, match="weight version 4 is not newer than 5"):
+        ledger.check_version(4)
+    ledger.accept_adapter("a", 0)
+    with pytest.raises(ValueError, match="version 0 of adapter 'a' is not newer than 0"):
+        ledger.accept_adapter("a", 0)
+    ledger.accept_adapter("a", 1)
+    assert ledger.adapters == {"a": 1}
+
+
+def test_requests_in_flight_are_admitted_up_to_the_limit_and_name_served_adapters_only():
+    ledger = Ledger(0, max_in_flight=1)
+    with pytest.raises(Overloaded, match="shutting down"):
+        ledger.admit("r1", None, "the engine is shutting down")
+    ledger.admit("r1", "entry")
+    with pytest.raises(Overloaded, match="1 requests in flight; the queue is full, retry later"):
+        ledger.admit("r2", "entry")
+    assert ledger.refused == 1 and ledger.live == {"r1": "entry"}
+    ledger.max_in_flight = 2
+    with pytest.raises(InvalidRequest, match="request id 'r1' is already in flight"):
+        ledger.admit("r1", "again")
+    request = GenerationRequest("r3", [1], SamplingParams(), adapter="b")
+    with pytest.raises(InvalidRequest, match=r"no adapter named 'b' is served here \(serving: none\)"):
+        ledger.check_adapter_named(request)
+    ledger.check_adapter_named(request, also={"b": 2})
+
+
+def test_adapter_versions_merge_onto_the_base_unless_whole_weights_came_first():
+    base = {"w.weight": torch.ones(2, 2)}
+    adapter = {SCALING: torch.tensor(1.0), f"w{A}": torch.ones(1, 2), f"w{B}": torch.ones(2, 1)}
+    ledger = Ledger(0, max_in_flight=1)
+    merged = ledger.whole_weights(adapter, lambda: dict(base), "the test's weights")
+    assert torch.equal(merged["w.weight"], torch.full((2, 2), 2.0))
+    assert ledger.whole_weights(base, lambda: {}, "unused") is base
+    late = Ledger(0, max_in_flight=1)
+    late.whole_weights(base, lambda: {}, "unused")
+    with pytest.raises(ValueError, match="a LoRA adapter version came after whole-model versions"):
+        late.whole_weights(adapter, lambda: dict(base), "the test's weights")
+
