@@ -12,6 +12,7 @@ from forge.learner.expert_replay import routing_for
 from forge.learner.losses import mtp_topk_kl
 from forge.learner.samples import MicroBatch
 from forge.model.moe import Routing
+from forge.model.policy import Policy
 from forge.model.qwen3 import CausalLM
 from forge.sampling.sampling import batched_sampling_logprobs
 
@@ -24,7 +25,7 @@ class PolicyOutput:
     tokens: Tensor | None = None     # the rows of ``routing`` that are tokens (None: all)
 
 
-def policy_forward(model: CausalLM, batch: MicroBatch, mtp_top_k: int = 0, routing_mode: str = "replay",
+def policy_forward(model: Policy, batch: MicroBatch, mtp_top_k: int = 0, routing_mode: str = "replay",
                    keep_router_logits: bool = False) -> PolicyOutput:
     """One forward pass. With ``mtp_top_k`` > 0 and an MTP module, the draft at position q − 1 (hidden state at
     q − 1, embedding of token q) is distilled toward the main head's distribution at q; the draft's loss reaches
@@ -37,7 +38,7 @@ def policy_forward(model: CausalLM, batch: MicroBatch, mtp_top_k: int = 0, routi
     logprobs = batched_sampling_logprobs(logits, batch.temperature, batch.top_k, batch.top_p, edits=batch.edits)
     token_logprobs = logprobs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
     mtp_kl = None
-    if mtp_top_k > 0 and len(model.mtp):
+    if mtp_top_k > 0 and len(model.mtp) and isinstance(model, CausalLM):      # MTP drafts are CausalLM's alone
         draft_hidden = model.mtp_forward(hidden[:, :-1], batch.input_ids[:, 1:], detach_trunk=True)
         has_previous = batch.positions >= 1
         rows, positions = batch.rows[has_previous], batch.positions[has_previous] - 1
@@ -47,6 +48,6 @@ def policy_forward(model: CausalLM, batch: MicroBatch, mtp_top_k: int = 0, routi
 
 
 @torch.no_grad()
-def recompute_logprobs(model: CausalLM, batch: MicroBatch) -> Tensor:
+def recompute_logprobs(model: Policy, batch: MicroBatch) -> Tensor:
     """log π of the recorded tokens without gradient (the learner-vs-actor agreement check)."""
     return policy_forward(model, batch).logprobs

@@ -3,7 +3,12 @@ serves under and the loaded policy. Shared by the actor's factory, the engine co
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from forge.sampling.grammar import Grammars
+
+if TYPE_CHECKING:
+    from forge.model.policy import Policy
 
 
 def model_id_of(model: str) -> str:
@@ -14,7 +19,7 @@ def model_id_of(model: str) -> str:
     return resolve_model(model).model_id
 
 
-def load_policy(model: str, device: str, dtype: str):
+def load_policy(model: str, device: str, dtype: str) -> tuple[Policy, str]:
     """(model, id) for ``model``: a checkpoint directory, or a built-in model (its shipped weights, else a fresh
     init)."""
     from forge.checkpoints import load_model
@@ -23,7 +28,7 @@ def load_policy(model: str, device: str, dtype: str):
     return policy, ref.model_id
 
 
-def grammars_of(model: str, policy) -> Grammars:
+def grammars_of(model: str, policy: Policy) -> Grammars:
     """Structured-output grammars compiled against the tokenizer of ``model`` (the loaded ``policy``)."""
     from forge.checkpoints import resolve_model
 

@@ -16,7 +16,7 @@ from forge.tokenizer import Tokenizer
 if TYPE_CHECKING:
     import torch
 
-    from forge.model import CausalLM
+    from forge.model.policy import Policy
 
 __all__ = ["IMPLS", "check_impl", "load_model", "load_tokenizer"]
 
@@ -40,7 +40,7 @@ def check_impl(reference: str | Path | ModelRef, impl: str) -> None:
 
 
 def load_model(reference: str | Path | ModelRef, *, dtype: torch.dtype | str = "float32", device: str = "cpu",
-               seed: int = 0, impl: str = "auto") -> tuple[CausalLM, ModelRef]:
+               seed: int = 0, impl: str = "auto") -> tuple[Policy, ModelRef]:
     """The model ``reference`` names with its weights, on ``device`` in ``dtype`` (a torch dtype, its name, or
     ``auto``: the checkpoint's own, see ``checkpoint_dtype``).
     The built-in model without shipped weights is a fresh init from ``seed`` (with a warning). A family Forge does

@@ -11,6 +11,16 @@ from typing import Any
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")           # the config.json model_type values forge.model implements
 
 
+def eos_token_ids(eos_token_id: int | list[int] | tuple[int, ...] | None) -> tuple[int, ...]:
+    """A Hugging Face config's ``eos_token_id`` (one id, a list of them, or none) as a tuple: the one reading of it,
+    for Forge's own configs and transformers' alike."""
+    if eos_token_id is None:
+        return ()
+    if isinstance(eos_token_id, int):
+        return (eos_token_id,)
+    return tuple(eos_token_id)
+
+
 class ModelConfigError(ValueError):
     """A config.json that describes a model this implementation does not support."""
 
@@ -126,11 +136,7 @@ class ModelConfig:
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
-        if self.eos_token_id is None:
-            return ()
-        if isinstance(self.eos_token_id, int):
-            return (self.eos_token_id,)
-        return tuple(self.eos_token_id)
+        return eos_token_ids(self.eos_token_id)
 
     @property
     def num_layers_with_mtp(self) -> int:

@@ -14,7 +14,6 @@ and soft-capped scores included. The policy trains without dropout, as the actor
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from forge.model.config import eos_token_ids
 from forge.model.transformers_attention import register
 
 log = logging.getLogger(__name__)
@@ -30,10 +30,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TransformersConfig:
-    """What the learner reads of a policy's config, for a transformers model (no experts replayed, no MTP)."""
+    """What the learner reads of a policy's config (``forge.model.policy.PolicyConfig``), for a transformers model
+    (no experts replayed, no MTP): read from the family's transformers config when asked, the end-of-sequence ids
+    as ``ModelConfig`` reads them."""
 
     hf: Any                             # the family's transformers config
-    eos_token_ids: tuple[int, ...]
 
     @property
     def model_type(self) -> str:
@@ -47,6 +48,10 @@ class TransformersConfig:
     def num_hidden_layers(self) -> int:
         return self.hf.num_hidden_layers
 
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return eos_token_ids(getattr(self.hf, "eos_token_id", None))
+
     sparse_layers: tuple[int, ...] = ()
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -54,13 +59,6 @@ class TransformersConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         return self.hf.to_dict()
-
-
-def eos_ids_of(hf_config: Any) -> tuple[int, ...]:
-    eos = getattr(hf_config, "eos_token_id", None)
-    if eos is None:
-        return ()
-    return (eos,) if isinstance(eos, int) else tuple(eos)
 
 
 def without_dropout(hf_config: Any) -> list[str]:
@@ -74,6 +72,8 @@ def without_dropout(hf_config: Any) -> list[str]:
 
 
 class TransformersCausalLM(nn.Module):
+    """A transformers model behind the ``forge.model.policy.Policy`` interface."""
+
     def __init__(self, hf_model: nn.Module) -> None:
         super().__init__()
         self.model = hf_model.get_decoder()
@@ -82,7 +82,7 @@ class TransformersCausalLM(nn.Module):
         if not self.tied:
             self.lm_head = head
         hf_config = hf_model.config
-        self.config = TransformersConfig(hf_config, eos_ids_of(hf_config))
+        self.config = TransformersConfig(hf_config)
         self.mtp = nn.ModuleList()          # no multi-token-prediction draft to co-train
         self._softcap = getattr(hf_config, "final_logit_softcapping", None)
         self._scale = getattr(hf_config, "logit_scale", None)            # Cohere multiplies
@@ -140,10 +140,4 @@ class TransformersCausalLM(nn.Module):
         return cls(model).to(device)
 
 
-def model_type_of(directory: str | Path) -> str | None:
-    """The ``model_type`` a checkpoint's config.json names (None when it names none)."""
-    data = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
-    return data.get("model_type") if isinstance(data, dict) else None
-
-
-__all__ = ["TransformersCausalLM", "TransformersConfig", "model_type_of"]
+__all__ = ["TransformersCausalLM", "TransformersConfig"]

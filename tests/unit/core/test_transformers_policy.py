@@ -240,3 +240,18 @@ def test_activation_checkpointing_changes_no_loss_or_gradient(tmp_path, family):
     assert recomputed[0] == pytest.approx(kept[0], rel=1e-6)
     for name, grad in kept[1].items():
         torch.testing.assert_close(recomputed[1][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_both_implementations_offer_what_the_policy_protocol_names(tmp_path):
+    """Forge's CausalLM and the transformers policy both offer every member of forge.model.policy's protocols, and
+    read the end-of-sequence ids the same way."""
+    from forge.checkpoints import tiny_model
+    from forge.model.policy import Policy, PolicyConfig
+
+    directory, _reference = write_family(tmp_path / "llama", "llama")
+    members = [name for name in (*Policy.__annotations__, *vars(Policy)) if not name.startswith("_")]
+    config_members = [name for name in vars(PolicyConfig) if not name.startswith("_")]
+    for policy in (tiny_model(), load_model(directory, impl="transformers")[0]):
+        assert [name for name in members if not hasattr(policy, name)] == []
+        assert [name for name in config_members if not hasattr(policy.config, name)] == []
+        assert isinstance(policy.config.eos_token_ids, tuple)
