@@ -15,9 +15,10 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _HFTokenizer
 
+from forge.assets import TINY_DIR
 from forge.tokenizer.chat_template import render_chat
 
-ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
+ASSET_DIR = TINY_DIR
 VOCAB_SIZE = 1024
 CONTROL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 MARKUP_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
