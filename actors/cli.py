@@ -12,8 +12,9 @@ from typing import Any
 import click
 
 from forge.actors.backend import Serving, StartContext
-from forge.actors.config import ActorConfig, pick_backend
+from forge.actors.config import ActorConfig
 from forge.actors.factory import factory_for
+from forge.actors.kinds import pick_backend
 from forge.actors.weights_link import weight_relay, weight_subscriber
 from forge.cli.common import (
     check_port_option,

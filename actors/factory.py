@@ -1,5 +1,7 @@
-"""The one place an actor's backend is picked: every backend's factory by the name ``--backend`` gives it. A new
-backend is a ``forge.actors.backend.BackendFactory`` beside its implementation, registered here."""
+"""The one place an actor's backend is picked: every backend's factory by the name ``--backend`` gives it, once
+``forge.actors.kinds`` has settled ``auto`` (the rule, and what each backend does, live there, below the settings
+that check them). A new backend is a ``forge.actors.backend.BackendFactory`` beside its implementation, registered
+here, and its ``BackendKind`` in ``forge.actors.kinds``."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def write(out: Path, files: list[OutFile], target: str) -> None:
 
 def summary(config: DeployConfig, run: RunFile, files: list[OutFile]) -> list[str]:
     c = config
-    cache = c.cache and run.backend == "torch"
+    cache = c.cache and run.cache_serves_actors
     shape = (f"pool, {'cache, ' if cache else ''}learner ({c.learner_nodes} node(s) x {c.learner_processes} "
              f"process(es)), {c.actors} actor(s) ({c.actor_gpus} GPU(s) each"
              + (f", relay fan-out {c.relay_fanout}" if c.relay_fanout else "") + f"), {c.gateways} gateway(s)"

@@ -80,7 +80,7 @@ class Manifests:
         self.base = f"{SHARED_MOUNT}/{config.name}"
         self.pool_address = f"pool-0.pool.{ns}.svc:{POOL_PORT}"
         self.learner_host = f"learner-rank0.{ns}.svc"
-        self.cache_on = config.cache and run.backend == "torch"
+        self.cache_on = config.cache and run.cache_serves_actors
 
     # Names and addresses.
     def labels(self, component: str) -> dict[str, str]:

@@ -80,10 +80,17 @@ class RunFile:
     @property
     def backend(self) -> str:
         """The actors' backend, ``auto`` settled for the run's model."""
-        from forge.actors.config import pick_backend
+        from forge.actors.kinds import pick_backend
 
         actor = self.options("actor")
         return pick_backend(str(actor.get("backend", "auto")), self.model or str(actor.get("model", "tiny")))[0]
+
+    @property
+    def cache_serves_actors(self) -> bool:
+        """Whether the actors' backend keeps KV blocks in forge-cache (the cache runs beside it only then)."""
+        from forge.actors.kinds import kind_of
+
+        return kind_of(self.backend).uses_l3_cache
 
     @property
     def rollout(self) -> bool:

@@ -111,7 +111,7 @@ class BatchScript:
     def __init__(self, config: DeployConfig, run: RunFile) -> None:
         self.config = config
         self.run = run
-        self.cache_on = config.cache and run.backend == "torch"
+        self.cache_on = config.cache and run.cache_serves_actors
 
     @property
     def nodes(self) -> int:

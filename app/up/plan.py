@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge.actors.config import AdapterLink, EngineConfig, pick_backend
+from forge.actors.config import AdapterLink, EngineConfig
 from forge.actors.factory import factory_for
+from forge.actors.kinds import backends_that, kind_of, pick_backend
 from forge.app.api_keys import KeyFiles
 from forge.app.command_line import changed, key_file_words, key_variables, option_words, secrets_of
 from forge.app.registry import SERVICES, Service
@@ -71,7 +72,7 @@ def actor_roles(config: UpConfig) -> list[tuple[str, str]]:
     return roles + [(f"actor-prefill-{i}", "prefill") for i in range(config.prefill_actors)]
 
 
-ADAPTER_BACKENDS = ("torch", "vllm")       # the backends that take LoRA adapter versions (merged, or named)
+ADAPTER_BACKENDS = backends_that("serves_adapters")     # take LoRA adapter versions (merged, or named)
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ class Plan:
     @property
     def cache_on(self) -> bool:
         """forge-cache runs beside the torch engine only (the L3 cache is its)."""
-        return self.config.cache and self.backend == "torch"
+        return self.config.cache and kind_of(self.backend).uses_l3_cache
 
     def roles(self) -> list[tuple[str, str]]:
         return actor_roles(self.config)
@@ -149,7 +150,7 @@ class Plan:
                                 f"is handed over through it (the actors' backend is {self.backend})")
         learner = self.overrides["learner"].values
         if (learner.get("lora_rank", 0) and learner.get("lora_publish") == "adapters"
-                and self.backend not in ADAPTER_BACKENDS):
+                and not kind_of(self.backend).serves_adapters):
             raise SettingsError(f"[learner] lora_publish = \"adapters\" needs actors that merge adapter versions "
                                 f"({' or '.join(ADAPTER_BACKENDS)}); the actors' backend is {self.backend}: publish "
                                 f"merged weights")
@@ -173,12 +174,12 @@ class Plan:
             raise SettingsError(f"--run: the runs publish their adapters to the shared actors; "
                                 f"[learner] lora_publish = \"{learner.values['lora_publish']}\" "
                                 f"({learner.sources.get('lora_publish')}) does not")
-        if self.backend not in ADAPTER_BACKENDS:
+        if not kind_of(self.backend).serves_adapters:
             raise SettingsError(f"--run needs actors that serve named adapters ({' or '.join(ADAPTER_BACKENDS)}); "
                                 f"the actors' backend is {self.backend}")
         rank = learner.values["lora_rank"]
         most = self.overrides["actor"].values.get("max_adapter_rank", EngineConfig().max_adapter_rank)
-        if self.backend == "vllm" and rank > most:
+        if kind_of(self.backend).caps_adapter_rank and rank > most:
             raise SettingsError(f"--run: [learner] lora_rank = {rank} is above what the vLLM actors serve "
                                 f"([actor] max_adapter_rank = {most})")
 

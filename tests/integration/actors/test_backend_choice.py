@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from forge.actors.config import ActorConfig, pick_backend
+from forge.actors.config import ActorConfig
+from forge.actors.kinds import pick_backend
 
 from conftest import script
 from helpers.families import with_tiny_tokenizer, write_family

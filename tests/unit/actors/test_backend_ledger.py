@@ -1,4 +1,5 @@
-"""What every backend keeps alike (``forge.actors.backend.Ledger``)."""
+"""What every backend keeps alike (``forge.actors.backend.Ledger``), and what each backend does, asked of its kind
+(``forge.actors.kinds``) rather than by its name."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import pytest
 import torch
 
 from forge.actors.backend import GenerationRequest, InvalidRequest, Ledger, Overloaded
+from forge.actors.config import BACKENDS
+from forge.actors.factory import FACTORIES
+from forge.actors.kinds import KINDS, BackendKind, backends_that, kind_of
 from forge.model.lora_weights import SCALING, A, B
 from forge.sampling.sampling import SamplingParams
 
@@ -53,3 +57,12 @@ def test_adapter_versions_merge_onto_the_base_unless_whole_weights_came_first():
     with pytest.raises(ValueError, match="a LoRA adapter version came after whole-model versions"):
         late.whole_weights(adapter, lambda: dict(base), "the test's weights")
 
+
+
+def test_what_each_backend_does_is_asked_of_its_kind_and_every_kind_has_a_factory():
+    assert kind_of("torch").uses_l3_cache and kind_of("torch").hands_over
+    assert not kind_of("vllm").uses_l3_cache and kind_of("vllm").caps_adapter_rank
+    assert not kind_of("trtllm").serves_adapters
+    assert kind_of("no such backend") == BackendKind("no such backend")
+    assert backends_that("serves_adapters") == ("torch", "vllm")
+    assert set(KINDS) == set(FACTORIES) and BACKENDS == ("auto", "torch", "vllm", "trtllm")
