@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,42 +31,44 @@ from forge.cli.options import settings_command
 log = logging.getLogger("forge.actor")
 
 
-def _curve_keys(config: ActorConfig):
-    """The weight channel's CURVE keys, read before the model loads (the settings checked them already: this read
-    is the one used, so a file changed since is refused too)."""
-    if config.weights_key is None or config.weights_server_key is None:
-        return None
-    from forge.weights.curve import KeyFileError, client_keys
+def _read_keys(flag: str, read: Callable[[], Any]) -> Any:
+    """``read()``, CURVE key files read before the model loads (the settings checked them already: this read is the
+    one used, so a file changed since is refused too); a file it refuses is a bad ``flag``."""
+    from forge.weights.curve import KeyFileError
 
     try:
-        return client_keys(config.weights_key, config.weights_server_key)
+        return read()
     except KeyFileError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--weights-key'") from None
+        raise click.BadParameter(str(exc), param_hint=f"'{flag}'") from None
+
+
+def _curve_keys(config: ActorConfig):
+    """The weight channel's CURVE keys."""
+    if config.weights_key is None or config.weights_server_key is None:
+        return None
+    from forge.weights.curve import client_keys
+
+    return _read_keys("--weights-key", lambda: client_keys(config.weights_key, config.weights_server_key))
 
 
 def _adapter_keys(config: ActorConfig) -> dict[str, Any]:
-    """Each adapter stream's CURVE keys (this actor's pair, that run's learner's certificate), read before the model
-    loads; none without --weights-key."""
+    """Each adapter stream's CURVE keys (this actor's pair, that run's learner's certificate); none without
+    --weights-key."""
     if config.weights_key is None:
         return {}
-    from forge.weights.curve import KeyFileError, client_keys
+    from forge.weights.curve import client_keys
 
-    try:
-        return {link.name: client_keys(config.weights_key, link.server_key) for link in config.adapter_links}
-    except KeyFileError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--adapter'") from None
+    return _read_keys("--adapter", lambda: {link.name: client_keys(config.weights_key, link.server_key)
+                                            for link in config.adapter_links})
 
 
 def _relay_keys(config: ActorConfig):
-    """The relay's CURVE keys (this actor's key pair and the clients it serves), read before the model loads."""
+    """The relay's CURVE keys (this actor's key pair and the clients it serves)."""
     if config.relay_clients is None or config.weights_key is None:
         return None
-    from forge.weights.curve import KeyFileError, server_keys
+    from forge.weights.curve import server_keys
 
-    try:
-        return server_keys(config.weights_key, config.relay_clients)
-    except KeyFileError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--relay-clients'") from None
+    return _read_keys("--relay-clients", lambda: server_keys(config.weights_key, config.relay_clients))
 
 
 def _check_relay_endpoints(config: ActorConfig) -> None:
