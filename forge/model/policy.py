@@ -15,29 +15,14 @@ class PolicyConfig(Protocol):
     """What is read of a policy's config: its family, vocabulary and depth, its end-of-sequence ids, its experts
     (none: 0 and ``()``) and its multi-token-prediction layers (none: 0)."""
 
-    @property
-    def model_type(self) -> str: ...
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    @property
-    def num_hidden_layers(self) -> int: ...
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]: ...
-
-    @property
-    def sparse_layers(self) -> tuple[int, ...]: ...
-
-    @property
-    def num_experts(self) -> int: ...
-
-    @property
-    def num_experts_per_tok(self) -> int: ...
-
-    @property
-    def num_nextn_predict_layers(self) -> int: ...
+    model_type: str
+    vocab_size: int
+    num_hidden_layers: int
+    eos_token_ids: tuple[int, ...]
+    sparse_layers: tuple[int, ...]
+    num_experts: int
+    num_experts_per_tok: int
+    num_nextn_predict_layers: int
 
     def to_hf_dict(self) -> dict[str, Any]: ...
 

@@ -31,31 +31,23 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TransformersConfig:
     """What the learner reads of a policy's config (``forge.model.policy.PolicyConfig``), for a transformers model
-    (no experts replayed, no MTP): read from the family's transformers config when asked, the end-of-sequence ids
-    as ``ModelConfig`` reads them."""
+    (no experts replayed, no MTP), read once from the family's transformers config by ``read``."""
 
     hf: Any                             # the family's transformers config
-
-    @property
-    def model_type(self) -> str:
-        return self.hf.model_type
-
-    @property
-    def vocab_size(self) -> int:
-        return self.hf.vocab_size
-
-    @property
-    def num_hidden_layers(self) -> int:
-        return self.hf.num_hidden_layers
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return eos_token_ids(getattr(self.hf, "eos_token_id", None))
-
+    model_type: str
+    vocab_size: int
+    num_hidden_layers: int
+    eos_token_ids: tuple[int, ...]
     sparse_layers: tuple[int, ...] = ()
     num_experts: int = 0
     num_experts_per_tok: int = 0
     num_nextn_predict_layers: int = 0
+
+    @classmethod
+    def read(cls, hf: Any) -> TransformersConfig:
+        """The one reading of a transformers config: the end-of-sequence ids as ``ModelConfig`` reads them."""
+        return cls(hf, hf.model_type, hf.vocab_size, hf.num_hidden_layers,
+                   eos_token_ids(getattr(hf, "eos_token_id", None)))
 
     def to_hf_dict(self) -> dict[str, Any]:
         return self.hf.to_dict()
@@ -82,7 +74,7 @@ class TransformersCausalLM(nn.Module):
         if not self.tied:
             self.lm_head = head
         hf_config = hf_model.config
-        self.config = TransformersConfig(hf_config)
+        self.config = TransformersConfig.read(hf_config)
         self.mtp = nn.ModuleList()          # no multi-token-prediction draft to co-train
         self._softcap = getattr(hf_config, "final_logit_softcapping", None)
         self._scale = getattr(hf_config, "logit_scale", None)            # Cohere multiplies

@@ -250,7 +250,7 @@ def test_both_implementations_offer_what_the_policy_protocol_names(tmp_path):
 
     directory, _reference = write_family(tmp_path / "llama", "llama")
     members = [name for name in (*Policy.__annotations__, *vars(Policy)) if not name.startswith("_")]
-    config_members = [name for name in vars(PolicyConfig) if not name.startswith("_")]
+    config_members = [name for name in (*PolicyConfig.__annotations__, *vars(PolicyConfig)) if not name.startswith("_")]
     for policy in (tiny_model(), load_model(directory, impl="transformers")[0]):
         assert [name for name in members if not hasattr(policy, name)] == []
         assert [name for name in config_members if not hasattr(policy.config, name)] == []
