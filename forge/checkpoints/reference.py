@@ -16,22 +16,6 @@ from pathlib import Path
 from forge.assets import TINY_DIR, TINY_MOE_DIR, TINY_MOE_NAME, TINY_NAME
 from forge.model.config import SUPPORTED_MODEL_TYPES
 
-__all__ = [
-    "BUILTIN_MODELS",
-    "TINY_DIR",
-    "TINY_MOE_DIR",
-    "TINY_MOE_NAME",
-    "TINY_NAME",
-    "ModelNotFound",
-    "ModelRef",
-    "builtin_dir",
-    "is_builtin",
-    "is_native",
-    "model_type",
-    "resolve_model",
-    "trainable_model",
-]
-
 BUILTIN_MODELS = {"tiny": TINY_NAME, "tiny-moe": TINY_MOE_NAME}     # name -> the id it serves under
 BUILTIN_NAMES = (*BUILTIN_MODELS, *BUILTIN_MODELS.values())
 
