@@ -14,7 +14,6 @@ from forge.kv.client import FETCH_POLICIES, parse_addresses
 from forge.settings import (
     Settings,
     SettingsError,
-    check_metrics_port,
     grammar_memory_setting,
     grammar_timeout_setting,
     log_level_setting,
@@ -213,7 +212,6 @@ class ActorConfig(Settings):
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def check(self) -> None:
-        check_metrics_port(self.port, self.metrics_port)
         if (self.weights_fetch is None) != (self.weights_announce is None):
             raise SettingsError("--weights-fetch and --weights-announce go together")
         if not self.adapters and (self.weights_key is None) != (self.weights_server_key is None):

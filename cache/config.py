@@ -5,15 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge.settings import (
-    Settings,
-    SettingsError,
-    check_metrics_port,
-    log_level_setting,
-    metrics_port_setting,
-    ready_file_setting,
-    setting,
-)
+from forge.settings import Settings, SettingsError, log_level_setting, metrics_port_setting, ready_file_setting, setting
 
 MIB = 2**20
 
@@ -40,6 +32,5 @@ class CacheConfig(Settings):
     log_level: str = log_level_setting()
 
     def check(self) -> None:
-        check_metrics_port(self.port, self.metrics_port)
         if self.dir is None:
             raise SettingsError("give --dir (the directory holding the blocks)")

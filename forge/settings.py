@@ -295,6 +295,7 @@ class Settings:
                 kind, optional = _unwrap(hints[f.name])
                 check_value(Entry((f.name,), f, spec, typing.get_origin(kind) or kind, optional),
                             getattr(self, f.name))
+        _check_metrics_port(self)
         self.check()
 
     def check(self) -> None:
@@ -312,14 +313,16 @@ def ready_file_setting(fields: str) -> Any:
 
 
 def metrics_port_setting() -> Any:
-    """The ``metrics_port`` field of a gRPC-only service's settings: Prometheus metrics over HTTP, off unless given."""
+    """The ``metrics_port`` field of a gRPC-only service's settings: Prometheus metrics over HTTP, off unless given;
+    ``Settings`` checks that it is not the service's gRPC ``port``."""
     return setting(None, min=0, max=65535, help="Serve Prometheus metrics (GET /metrics over HTTP, on --host) on this "
                                                 "port; 0 picks a free one (see --ready-file) [default: off].")
 
 
-def check_metrics_port(port: int, metrics_port: int | None) -> None:
+def _check_metrics_port(settings: Settings) -> None:
     """A service's metrics port must not be its gRPC port (0, any free port, aside)."""
-    if metrics_port and metrics_port == port:
+    metrics_port = getattr(settings, "metrics_port", None)
+    if metrics_port and metrics_port == getattr(settings, "port", None):
         raise SettingsError(f"--metrics-port {metrics_port} is the gRPC --port; give another one")
 
 

@@ -14,15 +14,7 @@ from forge.learner.rewards import RewardConfig
 from forge.learner.trainer import TrainerConfig
 from forge.pool import WindowConfig
 from forge.rpc.client import check_address
-from forge.settings import (
-    Settings,
-    SettingsError,
-    check_metrics_port,
-    log_level_setting,
-    metrics_port_setting,
-    ready_file_setting,
-    setting,
-)
+from forge.settings import Settings, SettingsError, log_level_setting, metrics_port_setting, ready_file_setting, setting
 from forge.weights.curve import check_client_keys, check_key_pair
 from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_ENDPOINT
 
@@ -82,7 +74,6 @@ class LearnerConfig(Settings):
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     def check(self) -> None:
-        check_metrics_port(self.port, self.metrics_port)
         if (self.pool_path is None) == (self.pool_address is None):
             raise SettingsError("give exactly one of --pool and --pool-address")
         try:

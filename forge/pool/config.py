@@ -6,15 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge.pool.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
-from forge.settings import (
-    Settings,
-    SettingsError,
-    check_metrics_port,
-    log_level_setting,
-    metrics_port_setting,
-    ready_file_setting,
-    setting,
-)
+from forge.settings import Settings, SettingsError, log_level_setting, metrics_port_setting, ready_file_setting, setting
 
 DEFAULT_PORT = 50057
 
@@ -61,6 +53,5 @@ class PoolServeConfig(Settings):
     storage: PoolConfig = field(default_factory=PoolConfig)
 
     def check(self) -> None:
-        check_metrics_port(self.port, self.metrics_port)
         if self.path is None:
             raise SettingsError("give --path (the pool directory)")
