@@ -8,7 +8,7 @@ import logging
 import click
 
 from forge.cache.config import CacheConfig
-from forge.cli.common import check_port_option, entry_point, setup_logging, start_metrics, write_ready_file
+from forge.cli.common import check_port_option, entry_point, setup_logging, start_service_metrics, write_ready_file
 from forge.cli.options import settings_command
 
 log = logging.getLogger("forge.cache")
@@ -39,17 +39,7 @@ def cache(config: CacheConfig) -> None:
         store.close()
         raise click.ClickException(str(exc)) from exc
     servicer.instance = config.name or f"cache-{server.port}"
-    def stop_started() -> None:
-        server.stop(0)
-        store.close()
-
-    metrics = start_metrics(servicer.report, config.host, config.metrics_port, config.api_keys,
-                            on_failure=stop_started)
-
-    def stop() -> None:
-        if metrics is not None:
-            metrics.close()
-        store.close()
+    metrics, stop = start_service_metrics(server, servicer.report, config, store.close)
 
     def ready() -> None:
         log.info("cache %s serving %s (%d blocks, %.0f MiB capacity) on %s", servicer.instance, config.dir,

@@ -82,6 +82,25 @@ def start_metrics(report: Callable[[], Any], host: str, port: int | None, api_ke
         raise click.ClickException(str(exc)) from None
 
 
+def start_service_metrics(server: Any, report: Callable[[], Any], config: Any,
+                          close: Callable[[], None]) -> tuple[Any, Callable[[], None]]:
+    """``start_metrics`` for a gRPC ``server`` whose other resource ``close`` releases (its store), with the host,
+    port and keys of its ``config``: the metrics server (None when off) and the ``on_stop`` that closes both. Where
+    metrics cannot start, the server stops and ``close`` runs before the command fails."""
+    def stop_started() -> None:
+        server.stop(0)
+        close()
+
+    metrics = start_metrics(report, config.host, config.metrics_port, config.api_keys, on_failure=stop_started)
+
+    def stop() -> None:
+        if metrics is not None:
+            metrics.close()
+        close()
+
+    return metrics, stop
+
+
 def check_port_option(host: str, port: int | None, option: str) -> None:
     """Refuse a port that cannot be bound now as a bad ``option`` (one line, exit status 2), before anything heavy
     loads; None (the listener is off) and 0 (any free port) always pass."""

@@ -18,7 +18,7 @@ from forge.cli.common import (
     CONTEXT_SETTINGS,
     check_port_option,
     setup_logging,
-    start_metrics,
+    start_service_metrics,
     write_ready_file,
 )
 from forge.cli.options import settings_command
@@ -238,17 +238,7 @@ def serve_command(config: PoolServeConfig) -> None:
     except OSError as exc:
         pool.close()
         raise click.ClickException(str(exc)) from exc
-    def stop_started() -> None:
-        server.stop(0)
-        pool.close()
-
-    metrics = start_metrics(servicer.report, config.host, config.metrics_port, config.api_keys,
-                            on_failure=stop_started)
-
-    def stop() -> None:
-        if metrics is not None:
-            metrics.close()
-        pool.close()
+    metrics, stop = start_service_metrics(server, servicer.report, config, pool.close)
 
     def ready() -> None:
         click.echo(f"serving the pool at {config.path} on {server.address}")
