@@ -16,9 +16,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import zmq
@@ -38,6 +39,17 @@ OnVersion = Callable[[int, dict[str, torch.Tensor]], None]
 OnVerified = Callable[[Manifest, torch.Tensor], None]
 _TICK_MS = 50
 _DRAIN = 256
+_Message = TypeVar("_Message")
+
+
+def _ready_now(receive: Callable[[int], _Message]) -> Iterator[_Message]:
+    """What ``receive`` has ready now, ``_DRAIN`` messages at most, without waiting: one pass reads a bounded amount,
+    so the subscriber's other socket gets its turn."""
+    for _ in range(_DRAIN):
+        try:
+            yield receive(zmq.NOBLOCK)
+        except zmq.Again:
+            return
 
 
 @dataclass(frozen=True)
@@ -290,11 +302,7 @@ class WeightSubscriber:
             self._counts["max_inflight"] = max(self._counts["max_inflight"], self._outstanding())
 
     def _read_announcements(self) -> None:
-        for _ in range(_DRAIN):
-            try:
-                frames = self._sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in _ready_now(self._sub.recv_multipart):
             announcement = pb.WeightAnnouncement()
             try:
                 announcement.ParseFromString(frames[-1])
@@ -317,11 +325,7 @@ class WeightSubscriber:
         return True
 
     def _read_replies(self) -> None:
-        for _ in range(_DRAIN):
-            try:
-                head = self._dealer.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for head in _ready_now(self._dealer.recv):
             self._last_answer = time.monotonic()
             self._unanswered = 0
             reply = pb.WeightReply()
