@@ -19,7 +19,7 @@ from forge.gateway.errors import BadRequest, GatewayError
 from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.http.conversations import Conversations
 from forge.gateway.http.json_schemas import schema_grammar
-from forge.gateway.http.openai import field_value, parse_sampling, refuse_unsupported
+from forge.gateway.http.openai import field_value, parse_sampling, read_tools, refuse_unsupported
 from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat, forge_json
 from forge.gateway.messages import ChatCall, chat_message, check_grammar_with_tools, check_stop, tool_function
 from forge.v1 import common_pb2
@@ -143,22 +143,19 @@ def parse_messages(body: dict) -> list[dict]:
 
 
 def parse_tools(body: dict) -> list[dict] | None:
-    tools = field_value(body, "tools", "list")
-    if not tools:
-        return None
-    checked = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise BadRequest(f"tools[{i}] must be an object", f"tools[{i}]")
-        if tool.get("type", "custom") != "custom":
-            raise BadRequest(f"tools[{i}]: Anthropic's server tools ({tool['type']!r}) are not supported; declare a "
-                             "client tool with name, description and input_schema", f"tools[{i}]")
-        if not isinstance(tool.get("strict", False), bool):
-            raise BadRequest(f"tools[{i}].strict must be a boolean", f"tools[{i}].strict")
-        checked.append(tool_function(f"tools[{i}]", {"name": tool.get("name"), "description": tool.get("description"),
-                                                     "parameters": tool.get("input_schema"),
-                                                     "strict": tool.get("strict") or None}))
-    return checked
+    return read_tools(body, _client_tool)
+
+
+def _client_tool(where: str, tool: Any) -> dict:
+    if not isinstance(tool, dict):
+        raise BadRequest(f"{where} must be an object", where)
+    if tool.get("type", "custom") != "custom":
+        raise BadRequest(f"{where}: Anthropic's server tools ({tool['type']!r}) are not supported; declare a client "
+                         "tool with name, description and input_schema", where)
+    if not isinstance(tool.get("strict", False), bool):
+        raise BadRequest(f"{where}.strict must be a boolean", f"{where}.strict")
+    return tool_function(where, {"name": tool.get("name"), "description": tool.get("description"),
+                                 "parameters": tool.get("input_schema"), "strict": tool.get("strict") or None})
 
 
 def parse_tool_choice(body: dict, tools: list[dict] | None) -> tuple[str, str | None, bool]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,18 +147,23 @@ def parse_messages(value: Any) -> list[dict]:
     return messages
 
 
-def parse_tools(body: dict) -> list[dict] | None:
+def read_tools(body: dict, read_one: Callable[[str, Any], dict]) -> list[dict] | None:
+    """The request's ``tools``, each checked and read by ``read_one(where, tool)`` into a chat-completions function
+    tool: None when there are none."""
     tools = field_value(body, "tools", "list")
-    if not tools:
-        return None
-    checked = []
-    for i, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict):
-            raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': "
-                             "...}}", f"tools[{i}]")
-        checked.append(tool_function(f"tools[{i}]", function))
-    return checked
+    return [read_one(f"tools[{i}]", tool) for i, tool in enumerate(tools)] if tools else None
+
+
+def parse_tools(body: dict) -> list[dict] | None:
+    return read_tools(body, _function_tool)
+
+
+def _function_tool(where: str, tool: Any) -> dict:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict):
+        raise BadRequest(f"{where} must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}",
+                         where)
+    return tool_function(where, function)
 
 
 def refuse_unsupported(body: dict, supported: frozenset[str] = SUPPORTED, ignored: frozenset[str] = IGNORED,
