@@ -20,7 +20,7 @@ VLLM_STAMP := $(VLLM_VENV)/.forge-installed
 AGENTS_VENV ?= .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.forge-installed
 
-.PHONY: run test test-vllm vllm-venv test-agents agents-venv lint protos assets pretrain venv clean
+.PHONY: run test test-heavy test-vllm vllm-venv test-agents agents-venv lint protos assets pretrain venv clean
 
 venv: $(STAMP)
 
@@ -36,12 +36,16 @@ $(STAMP): pyproject.toml setup.py
 run: venv
 	$(BIN)/forge up $(UP_ARGS)
 
-## The tests (tests/unit and tests/integration) on $(TEST_WORKERS) xdist workers, and the linter, as CI runs them.
-## Each test module runs on one worker (its module fixtures start once); the heavy multi-process runs share one
-## group (xdist_group "heavy"), so they never run beside each other.
+## The tests (tests/unit and tests/integration) on $(TEST_WORKERS) xdist workers, and the linter, as CI runs them,
+## without the heavy suite. Each test module runs on one worker (its module fixtures start once).
 test: venv
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not heavy"
 	$(BIN)/ruff check .
+
+## The heavy suite (tests/conftest.py's HEAVY: long multi-process and long-context runs), which CI runs too; its serial
+## group (xdist_group "serial": the forge up runs and the multi-host and torchrun jobs) runs one after another.
+test-heavy: venv
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m heavy
 
 ## The vLLM backend's tests (marked vllm), in $(VLLM_VENV) with vLLM's CPU build beside the CPU torch.
 test-vllm: vllm-venv

@@ -16,14 +16,28 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 HELPERS = REPO / "tests" / "helpers"        # helpers/*.py: imported as helpers.NAME, some run as programs
 BIN = Path(sys.executable).parent
-# The heavy multi-process runs (forge up, several hosts' services, torchrun jobs), each module marked
-# xdist_group("heavy"): on a loaded machine two of them side by side could run past their timeouts, so make test's
-# workers run them one after another (see pytest_xdist_make_scheduler).
-HEAVY = frozenset({"tests/integration/app/test_e2e.py", "tests/integration/app/test_multihost.py",
-                   "tests/integration/learner/test_multinode_learner.py", "tests/integration/app/test_team_run.py",
-                   "tests/integration/rollout/test_verifiers_env.py", "tests/integration/rollout/test_openenv_env.py",
-                   "tests/integration/rollout/test_mcp_agent.py", "tests/integration/rollout/test_long_tasks.py",
-                   "tests/integration/learner/test_learner_launch.py"})
+# The runs that must not run beside each other (forge up, several hosts' services, torchrun jobs), each module marked
+# xdist_group("serial"): on a loaded machine two of them side by side could run past their timeouts, so the workers
+# run them one after another (see pytest_xdist_make_scheduler).
+SERIAL = frozenset({"tests/integration/app/test_e2e.py", "tests/integration/app/test_multihost.py",
+                    "tests/integration/learner/test_multinode_learner.py", "tests/integration/app/test_team_run.py",
+                    "tests/integration/rollout/test_verifiers_env.py", "tests/integration/rollout/test_openenv_env.py",
+                    "tests/integration/rollout/test_mcp_agent.py", "tests/integration/rollout/test_long_tasks.py",
+                    "tests/integration/learner/test_learner_launch.py"})
+# The heavy suite (`make test-heavy`, which .ci/run runs too): the serial runs and the other long multi-process and
+# long-context modules. Its tests are marked `heavy`; `make test` (the README's command) leaves them out.
+HEAVY = SERIAL | frozenset({
+    "tests/integration/learner/test_learner.py",            # FSDP2 over two processes, per family; kill and restart
+    "tests/integration/learner/test_context_parallel.py",   # context-parallel ranks as processes
+    "tests/integration/actors/test_long_context.py",        # a 64k-token prompt beside a decoding session
+    "tests/integration/gateway/test_long_session_step.py",  # a learner step on a 64k-token session
+    "tests/integration/cache/test_cache_long_prompt.py",    # long prompts through the L3 cache
+    "tests/integration/actors/test_disaggregated.py",       # prefill and decode actors against a both actor
+    "tests/integration/gateway/test_gateway_disaggregated.py",
+    "tests/integration/gateway/test_gateway_discovery.py",  # actors joining, killed and restarted
+    "tests/integration/actors/test_adapter_runs.py",        # two runs' learners sharing one actor
+    "tests/integration/rollout/test_code_example.py",       # a sandboxed team run
+})
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -101,10 +115,11 @@ def _bwrap() -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)         # before -m selects on the heavy mark
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked gpu, trtllm, vllm, agents or sandbox are skipped (and say why) where the hardware, backend or
-    isolation tool is absent; a module
-    marked xdist_group("heavy") must be one of HEAVY, and the other way round."""
+    """Tests of the HEAVY modules are marked heavy; tests marked gpu, trtllm, vllm, agents or sandbox are skipped (and
+    say why) where the hardware, backend or isolation tool is absent; a module marked xdist_group("serial") must be
+    one of SERIAL, and the other way round."""
     import torch
 
     absent = {
@@ -119,9 +134,11 @@ def pytest_collection_modifyitems(config, items) -> None:
         for marker, reason in absent.items():
             if reason and item.get_closest_marker(marker):
                 item.add_marker(pytest.mark.skip(reason=reason))
-        heavy = any("heavy" in (*mark.args, mark.kwargs.get("name")) for mark in item.iter_markers("xdist_group"))
-        if heavy != (_module(item.nodeid) in HEAVY):
-            raise pytest.UsageError(f"{item.nodeid}: mark its module xdist_group(\"heavy\") and list it in HEAVY "
+        if _module(item.nodeid) in HEAVY:
+            item.add_marker(pytest.mark.heavy)
+        serial = any("serial" in (*mark.args, mark.kwargs.get("name")) for mark in item.iter_markers("xdist_group"))
+        if serial != (_module(item.nodeid) in SERIAL):
+            raise pytest.UsageError(f"{item.nodeid}: mark its module xdist_group(\"serial\") and list it in SERIAL "
                                     "(tests/conftest.py), or neither")
 
 
@@ -129,12 +146,12 @@ def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-class _HeavyFirst(OrderedDict):
-    """A work queue whose heavy group comes first: the longest unit of work starts at once."""
+class _SerialFirst(OrderedDict):
+    """A work queue whose serial group comes first: the longest unit of work starts at once."""
 
     def __setitem__(self, key, value) -> None:
         super().__setitem__(key, value)
-        if key == "heavy":
+        if key == "serial":
             self.move_to_end(key, last=False)
 
 
@@ -148,7 +165,7 @@ def pytest_cmdline_main(config) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup`` as make test runs it: each test module is one unit of work, run on one worker (its
-    module-scoped fixtures, servers among them, start once), and the HEAVY modules are one unit together, run one
+    module-scoped fixtures, servers among them, start once), and the SERIAL modules are one unit together, run one
     after another on one worker, first. (pytest-xdist 3.8 cannot read xdist_group marks under pytest 9.2, so the
     scheduler groups by module path: https://github.com/pytest-dev/pytest-xdist/issues/1386.)"""
     if config.getvalue("dist") != "loadgroup":
@@ -158,10 +175,10 @@ def pytest_xdist_make_scheduler(config, log):
     class ModuleGroups(LoadScopeScheduling):
         def __init__(self, config, log=None) -> None:
             super().__init__(config, log)
-            self.workqueue = _HeavyFirst()
+            self.workqueue = _SerialFirst()
 
         def _split_scope(self, nodeid: str) -> str:
             module = _module(nodeid)
-            return "heavy" if module in HEAVY else module
+            return "serial" if module in SERIAL else module
 
     return ModuleGroups(config, log)

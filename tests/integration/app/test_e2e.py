@@ -43,7 +43,7 @@ FRESH = {"max_staleness": 1}
 
 pytestmark = [pytest.mark.skipif(not any(TINY_DIR.glob("*.safetensors")),
                                  reason="the pre-trained tiny checkpoint is not in forge/assets/tiny"),
-              pytest.mark.xdist_group("heavy")]                 # forge up runs: one at a time (conftest.HEAVY)
+              pytest.mark.xdist_group("serial")]  # forge up runs: one at a time (conftest.SERIAL)
 
 
 def descendants(pid: int) -> list[int]:

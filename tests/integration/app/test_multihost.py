@@ -25,7 +25,7 @@ from helpers.waiting import wait_for
 
 A, B = "127.0.0.2", "127.0.0.3"
 EXAMPLES = REPO / "examples"
-pytestmark = pytest.mark.xdist_group("heavy")           # a whole system on two hosts: one heavy run at a time (conftest.HEAVY)
+pytestmark = pytest.mark.xdist_group("serial")  # a whole system on two hosts: one at a time (conftest.SERIAL)
 
 
 def gauges(address: str, kind: str) -> dict[str, float]:

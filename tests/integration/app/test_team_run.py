@@ -20,7 +20,7 @@ from forge.v1 import pool_pb2
 from conftest import REPO, script
 
 EXAMPLE = REPO / "examples" / "blackbox"
-pytestmark = pytest.mark.xdist_group("heavy")           # forge up runs: one heavy run at a time (conftest.HEAVY)
+pytestmark = pytest.mark.xdist_group("serial")  # forge up runs: one at a time (conftest.SERIAL)
 
 # The agent and verifier wrappers fail the first training sessions in each of the four ways, in turn: a numbered
 # marker file per session makes "the n-th one" exact whatever the timing. Held-out tasks ("eval-..." ids) pass.

@@ -28,7 +28,7 @@ from helpers.learner_runs import write_tiny_pool
 STEPS = 2
 HOSTS = ("127.0.0.2", "127.0.0.3")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200),    # torchrun jobs of 2 and 4 ranks: minutes when loaded
-              pytest.mark.xdist_group("heavy")]                # one heavy run at a time (conftest.HEAVY)
+              pytest.mark.xdist_group("serial")]  # one at a time (conftest.SERIAL)
 
 
 def learner_args(pool: Path, run_dir: Path, *extra: str) -> list[str]:

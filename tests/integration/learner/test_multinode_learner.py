@@ -20,7 +20,7 @@ from helpers.waiting import wait_for
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200),    # two torchrun jobs, restarted: minutes when loaded
-              pytest.mark.xdist_group("heavy")]                # one heavy run at a time (conftest.HEAVY)
+              pytest.mark.xdist_group("serial")]  # one at a time (conftest.SERIAL)
 
 
 def start_node(rank: int, pool: Path, run_dir: Path, model: Path, rendezvous: str, *extra: str) -> subprocess.Popen:

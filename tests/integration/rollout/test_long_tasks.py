@@ -17,7 +17,7 @@ from helpers.short_runs import stored_sessions
 
 PAGE_LINES = 30
 RECORD = re.compile(r"^(?:The|[A-Z][a-z]+'s) [a-z]+ is [a-z]+\.$", re.MULTILINE)
-pytestmark = pytest.mark.xdist_group("heavy")           # forge up runs: one heavy run at a time (conftest.HEAVY)
+pytestmark = pytest.mark.xdist_group("serial")  # forge up runs: one at a time (conftest.SERIAL)
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from helpers import short_runs
 from helpers.short_runs import stored_sessions
 
 SERVER = Path(__file__).parent / "mcp_servers" / "colors.py"
-pytestmark = pytest.mark.xdist_group("heavy")           # forge up runs: one heavy run at a time (conftest.HEAVY)
+pytestmark = pytest.mark.xdist_group("serial")  # forge up runs: one at a time (conftest.SERIAL)
 
 TASKS = [("t-cup-pen", ["cup", "pen"]), ("t-box-hat", ["box", "hat"]), ("t-bag-lamp", ["bag", "lamp"]),
          ("t-bell", ["bell", "book"])]

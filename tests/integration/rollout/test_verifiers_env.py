@@ -19,7 +19,7 @@ from helpers import short_runs
 from helpers.short_runs import stored_sessions
 
 ENVS = Path(__file__).parent / "vf_envs"
-pytestmark = pytest.mark.xdist_group("heavy")           # forge up runs: one heavy run at a time (conftest.HEAVY)
+pytestmark = pytest.mark.xdist_group("serial")  # forge up runs: one at a time (conftest.SERIAL)
 
 
 def forge_up(tmp_path: Path, env: str, timeout: float = 900) -> subprocess.CompletedProcess:
