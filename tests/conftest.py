@@ -37,6 +37,8 @@ HEAVY = SERIAL | frozenset({
     "tests/integration/gateway/test_gateway_discovery.py",  # actors joining, killed and restarted
     "tests/integration/actors/test_adapter_runs.py",        # two runs' learners sharing one actor
     "tests/integration/rollout/test_code_example.py",       # a sandboxed team run
+    "tests/integration/gateway/test_gateway_grpc.py",       # incl. hundreds of open streams through one gateway
+    "tests/integration/app/test_model_check.py",            # the engine and the learner on each family checked
 })
 
 
