@@ -34,8 +34,10 @@ def _torchrun_command(config: LearnerConfig, args: tuple[str, ...]) -> list[str]
         host, _, port = config.rdzv_endpoint.rpartition(":")
         placement = [f"--nnodes={config.nnodes}", f"--node-rank={config.node_rank}",
                      f"--master-addr={host.strip('[]')}", f"--master-port={port}", "--max-restarts=0"]
+    # The agent leaves SIGTERM and SIGINT to the ranks (TorchrunJob starts it ignoring them): where a scheduler
+    # signals every process of the job (scancel --signal=TERM), it would otherwise end the ranks mid-checkpoint.
     return [sys.executable, "-m", "torch.distributed.run", *placement, f"--nproc-per-node={config.nproc}",
-            "-m", "forge.learner", *_without_nproc(args)]
+            "--signals-to-handle=SIGHUP,SIGQUIT", "-m", "forge.learner", *_without_nproc(args)]
 
 
 def _without_nproc(args: tuple[str, ...]) -> list[str]:

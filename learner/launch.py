@@ -1,6 +1,7 @@
 """The learner's torchrun job on this node, run as a child of ``forge-learner``: a stop signal reaches the ranks
 (which agree to stop after the current step and checkpoint), not torchrun's agent, which would end them and report
-the job failed. If ``forge-learner`` itself dies, the agent is told to stop (Linux parent-death signal)."""
+the job failed; the agent ignores SIGTERM and SIGINT, even sent to it directly. If ``forge-learner`` itself dies,
+or a stop comes before the ranks exist, the agent is told to end the job (SIGHUP)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,14 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
-def _stop_when_parent_dies() -> None:
+def _start_agent() -> None:
+    """In the agent's process before it runs: ignore the stop signals, which are the ranks' (they install their own
+    handlers; a scheduler such as Slurm signals every process of a job step, the agent included); and stop when
+    ``forge-learner`` dies (Linux parent-death signal, SIGHUP, which the agent handles by ending the ranks)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     with contextlib.suppress(OSError, AttributeError):     # not Linux: the agent outlives a killed parent
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGHUP)
 
 
 class TorchrunJob:
@@ -35,7 +41,7 @@ class TorchrunJob:
 
     def run(self) -> int:
         self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True,
-                                        preexec_fn=_stop_when_parent_dies)
+                                        preexec_fn=_start_agent)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
         return self.process.wait()
@@ -48,4 +54,4 @@ class TorchrunJob:
                  signal.Signals(signum).name, len(ranks))
         for pid in ranks or [self.process.pid]:
             with contextlib.suppress(ProcessLookupError):     # already gone
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGTERM if ranks else signal.SIGHUP)
