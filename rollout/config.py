@@ -5,6 +5,7 @@ to the run file."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from forge.checkpoints import IMPLS, resolve_model
@@ -167,9 +168,19 @@ class RolloutConfig(Settings):
     http: str | None = setting(None, metavar="URL", help="The gateway's HTTP root (http://HOST:PORT), where agent "
                                                          "programs get their sessions' base URLs.")
     api_key: str | None = setting(None, secret=True, help="The gateway's API key, when it requires one.")
-    episodes: int = setting(0, min=0, help="Stop after this many sessions have ended (0: until stopped).")
+    episodes: int = setting(0, min=0, help="Stop after this many sessions have ended, counted over the run's starts "
+                                           "with --summary (0: until stopped).")
     minutes: float = setting(0.0, min=0, help="Stop after this long (0: until stopped).")
     seed: int = setting(0, help="Seed of the task order.")
+    eval_gateway: str | None = setting(None, metavar="HOST:PORT",
+                                       help="A gateway whose pool no learner reads (gRPC): the held-out tasks "
+                                            "([tasks] eval, or the environment's) are played through it at the start "
+                                            "and at the end, each --eval-samples times.")
+    eval_http: str | None = setting(None, metavar="URL", help="That gateway's HTTP root, for agent programs.")
+    eval_samples: int = setting(1, min=1, help="Sessions of each held-out task at each evaluation.")
+    summary: Path | None = setting(None, path="file",
+                                   help="Write the run's summary here at the end (JSON): sessions, failures, "
+                                        "training reward and held-out reward per domain at the start and the end.")
     log_level: str = log_level_setting()
     driver: DriverSettings = field(default_factory=DriverSettings)
     model: ModelChoice = field(default_factory=ModelChoice)
@@ -192,6 +203,9 @@ class RolloutConfig(Settings):
         if (self.agent.command or self.env.given) and not self.http:
             what = "an environment's agent" if self.env.given else "an agent program"
             raise SettingsError(f"{what} reaches its session over HTTP: give --http http://HOST:PORT")
+        if (self.agent.command or self.env.given) and self.eval_gateway and not self.eval_http:
+            raise SettingsError("held-out sessions reach the eval gateway over HTTP too: give --eval-http "
+                                "http://HOST:PORT")
 
 
 def check_one_workload(tasks: TasksConfig, agent: AgentConfig, env: EnvConfig) -> None:

@@ -35,22 +35,32 @@ def forge_up(tmp_path: Path, tables: str, timeout: float = 900, max_tokens: int 
                           capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
 
 
-def forge_rollout(tmp_path: Path, run_file: Path, episodes: int) -> subprocess.CompletedProcess:
+def forge_rollout(tmp_path: Path, run_file: Path, episodes: int, evaluate: bool = False
+                  ) -> subprocess.CompletedProcess:
     """``forge rollout --config run_file`` for ``episodes`` sessions through a keyed gateway (its pool in
-    tmp_path/pool) in front of a tiny-model actor, both started here and stopped after."""
+    tmp_path/pool) in front of a tiny-model actor, both started here and stopped after. With ``evaluate``, the
+    held-out tasks through a second gateway (its pool in tmp_path/eval-pool) and the summary in
+    tmp_path/summary.json."""
     from helpers.gateway_procs import start_actor, start_gateway
 
     key_file = tmp_path / "gateway.key"
     key_file.write_text("# the gateway's key, kept off every command line\nrollout-test-key\n")
     actor = start_actor(tmp_path, "actor", "--model", "tiny")
-    gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool", "--api-key-file", str(key_file))
+    doors = [start_gateway(tmp_path, [actor.address], tmp_path / "pool", "--api-key-file", str(key_file))]
     try:
+        if evaluate:
+            doors.append(start_gateway(tmp_path, [actor.address], tmp_path / "eval-pool", "--api-key-file",
+                                       str(key_file), name="gateway-eval"))
+        gateway = doors[0]
+        extra = ["--eval-gateway", doors[1].grpc_address, "--eval-http", doors[1].http, "--summary",
+                 str(tmp_path / "summary.json")] if evaluate else []
         return subprocess.run([script("forge"), "rollout", "--config", str(run_file), "--gateway",
                                gateway.info["grpc_address"], "--http", gateway.info["http_address"],
-                               "--api-key-file", str(key_file), "--episodes", str(episodes)],
+                               "--api-key-file", str(key_file), "--episodes", str(episodes), *extra],
                               capture_output=True, text=True, timeout=500, cwd=tmp_path)
     finally:
-        gateway.stop()
+        for door in doors:
+            door.stop()
         actor.stop()
 
 

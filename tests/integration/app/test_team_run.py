@@ -249,9 +249,15 @@ def test_forge_up_trains_a_white_box_agent_that_rewrites_its_context(tmp_path):
 def test_forge_rollout_plays_the_teams_tasks_against_a_running_gateway(tmp_path):
     from helpers.short_runs import forge_rollout
 
-    result = forge_rollout(tmp_path, team_run_file(tmp_path), episodes=8)
+    result = forge_rollout(tmp_path, team_run_file(tmp_path), episodes=8, evaluate=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sessions (" in result.stdout and "colors" in result.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["episodes"] >= 8 and summary["starts"] == 1
+    assert set(summary["eval_start"]) == set(summary["eval_end"]) == {"colors"}
+    with PoolReader(tmp_path / "eval-pool") as pool:        # the held-out sessions, twice, apart from training's
+        held_out = [pool.get_session(s).session for e in pool.entries(start=0, limit=10_000) for s in e.members]
+    assert held_out and all(s.task_id.startswith("eval-") for s in held_out)
     with PoolReader(tmp_path / "pool") as pool:
         sessions = [pool.get_session(s).session for e in pool.entries(start=0, limit=10_000) for s in e.members]
     closed = [s for s in sessions if s.status != pool_pb2.SESSION_STATUS_OPEN]
