@@ -92,8 +92,12 @@ def summary(config: DeployConfig, run: RunFile, files: list[OutFile]) -> list[st
             lines.insert(2, f"the rollout drivers read the team's files from {team} (relative paths of the run file "
                             "resolve there)")
         return lines
+    from forge.app.deploy.slurm_layout import Layout
+
     script = c.out / files[0].name
+    placement = Layout.of(c).describe(run.rollout, cache)
     return [f"wrote {script}: {shape}",
+            f"placement on the job's {len(placement)} node(s):", *(f"  {line}" for line in placement),
             f"the job makes the run's API keys afresh in {c.shared_dir}/{c.name}/keys (mode 0600)",
             f"submit with: sbatch {script}"]
 
@@ -109,10 +113,17 @@ def deploy(config: DeployConfig) -> None:
     if not run_file:
         raise click.UsageError("give --config RUN_FILE: the run file whose services are deployed (see docs/deploy.md)")
     run = RunFile.read(run_file)
+    note = None
+    if config.target == "slurm":
+        from forge.app.deploy.slurm_cluster import check_fits
+
+        note = check_fits(config)
     files = render(config, run)
     write(config.out, files, config.target or "")
     for line in summary(config, run, files):
         click.echo(line)
+    if note:
+        click.echo(note, err=True)
     if config.target == "slurm" and config.shared_dir is not None and \
             not run.path.is_relative_to(config.shared_dir):
         click.echo(f"note: the job reads the run file at {run.path} (and the team's files beside it): keep them "

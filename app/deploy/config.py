@@ -130,6 +130,27 @@ class DeployConfig(Settings):
                                     "partition's].")
     actors_per_node: int = setting(1, min=1, max=64, help="slurm: actors sharing one node (each on its own "
                                                           "--actor-gpus GPUs).")
+    nodes: int | None = setting(None, min=1, max=4096,
+                                help="slurm: the job's nodes. With fewer than one per role (pool and gateways, each "
+                                     "learner node, each --actors-per-node actors) the roles share nodes, in that "
+                                     "order around the job's nodes; the placement is printed [default: one per "
+                                     "role].")
+    interface: str | None = setting(None, metavar="NAME",
+                                    help="slurm: the network interface the services reach each other over (e.g. "
+                                         "ib0), read on each node; also GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME "
+                                         "[default: the address Slurm knows each node by, its NodeAddr].")
+    ready_timeout: int = setting(1800, min=1, metavar="SECONDS",
+                                 help="slurm: how long the job waits for each service to be ready (loading a model "
+                                      "included) before it stops with the service's last log lines.")
+    stop_timeout: int = setting(240, min=1, metavar="SECONDS",
+                                help="slurm: how long each service has to stop after SIGTERM (the learner's last "
+                                     "step and checkpoint) before it is killed; the job signals itself this long "
+                                     "plus a minute before its time limit.")
+    requeues: int = setting(3, min=0, max=100,
+                            help="slurm: how many times the job requeues itself when a service fails while it "
+                                 "runs (a lost node, a crashed rank): it starts again and the learner resumes from "
+                                 "its last checkpoint (0: the job ends). Slurm's own requeue of a job whose node "
+                                 "failed counts too.")
     setup: str | None = setting(None, metavar="SHELL",
                                 help="slurm: a shell line run first in the job, e.g. 'source /shared/venv/bin/activate' "
                                      "(the services inherit its environment).")
@@ -141,6 +162,24 @@ class DeployConfig(Settings):
             raise SettingsError("--target slurm needs --shared-dir (a directory every node of the job sees)")
         if self.setup is not None and "\n" in self.setup:
             raise SettingsError("one line, without newlines", "--setup")
+        if self.target == "slurm":
+            self._check_nodes()
+
+    def _check_nodes(self) -> None:
+        """SettingsError for a job too small to place the services (see ``slurm_layout``)."""
+        one_per_role = 1 + self.learner_nodes + self.actor_nodes
+        if self.nodes is None:
+            return
+        if self.nodes > one_per_role:
+            raise SettingsError(f"the run places its services on {one_per_role} nodes (pool and gateways, "
+                                f"{self.learner_nodes} learner, {self.actor_nodes} actor): give at most that many",
+                                "--nodes")
+        if self.learner_nodes > self.nodes:
+            raise SettingsError(f"{self.learner_nodes} learner nodes need a job of as many nodes (one torchrun node "
+                                "rank each)", "--nodes")
+        if self.actor_nodes > self.nodes:
+            raise SettingsError(f"{self.actors} actors, {self.actors_per_node} a node, need {self.actor_nodes} nodes: "
+                                "raise --actors-per-node or --nodes", "--nodes")
 
     @property
     def learner_processes(self) -> int:
@@ -153,9 +192,9 @@ class DeployConfig(Settings):
         return -(-self.actors // self.actors_per_node)
 
     @property
-    def node_gpus(self) -> int:
-        """Slurm: the GPUs each node of the job asks for (the job's nodes are alike)."""
-        return max(self.learner_gpus, min(self.actors, self.actors_per_node) * self.actor_gpus)
+    def job_nodes(self) -> int:
+        """Slurm: the job's nodes, --nodes or one per role."""
+        return self.nodes or 1 + self.learner_nodes + self.actor_nodes
 
 
 def relay_parent(actor: int, fanout: int) -> int | None:

@@ -97,6 +97,18 @@ class RunFile:
         """Whether the run file brings a team's tasks and agent, or an environment, which a rollout driver plays."""
         return bool(self.table("tasks") or self.table("agent") or self.table("env"))
 
+    @property
+    def held_out(self) -> bool:
+        """Whether the rollout side has held-out tasks (``[tasks] eval`` or ``eval_fraction``, or the environment's
+        ``eval_fraction``), which rollout driver 0 plays through an eval gateway at the start and the end."""
+        from forge.rollout.config import EnvConfig, TasksConfig
+
+        if not self.rollout:
+            return False
+        tasks = build(TasksConfig, self._fields(TasksConfig, "tasks"))
+        env = build(EnvConfig, self._fields(EnvConfig, "env"))
+        return bool(tasks.eval or tasks.eval_fraction or env.eval_fraction)
+
     def _fields(self, cls: type, table: str) -> dict[str, Any]:
         """A table's values as ``cls``'s fields hold them (a TOML list as a tuple, a size in its field's units)."""
         try:

@@ -147,14 +147,15 @@ def actor(run: RunFile, config: DeployConfig, *, name: str, run_file: str, host:
 
 
 def gateway(run: RunFile, config: DeployConfig, *, name: str, run_file: str, grpc_port: int, http_port: int,
-            pool: str, actors: Sequence[str] = (), actors_dir: str | None = None,
-            ready_file: str | None = None) -> Command:
-    """One gateway, recording into the pool service and routing to ``actors`` (addresses) or to the actors whose
+            pool: str | None = None, pool_path: str | None = None, actors: Sequence[str] = (),
+            actors_dir: str | None = None, ready_file: str | None = None) -> Command:
+    """One gateway, recording into the pool service at ``pool`` (or the pool directory ``pool_path``, opened in its
+    process: an eval gateway's, which no learner reads) and routing to ``actors`` (addresses) or to the actors whose
     ready files are in ``actors_dir``."""
     found = {"actor": tuple(actors)} if actors_dir is None else discovery_values(actors_dir)
+    recorded = {"pool_address": pool} if pool_path is None else {"pool": _path(pool_path)}
     return _command(run, "gateway", name, run_file, {
-        "host": ANY, "grpc_port": grpc_port, "http_port": http_port, "pool_address": pool, **found,
-        **_ready(ready_file)})
+        "host": ANY, "grpc_port": grpc_port, "http_port": http_port, **recorded, **found, **_ready(ready_file)})
 
 
 def pool(run: RunFile, config: DeployConfig, *, run_file: str, path: str, port: int) -> Command:
@@ -170,9 +171,16 @@ def cache(run: RunFile, config: DeployConfig, *, run_file: str, directory: str, 
 
 
 def rollout(run: RunFile, config: DeployConfig, *, name: str, run_file: str, gateway: str, http: str,
-            seed: int | Shell) -> Command:
-    """A rollout driver: the team's tasks played by its agent through one gateway."""
-    return _command(run, "rollout", name, run_file, {"gateway": gateway, "http": http, "seed": seed})
+            seed: int | Shell, eval_gateway: tuple[str, str] | None = None, summary: str | None = None) -> Command:
+    """A rollout driver: the team's tasks played by its agent through one gateway; with ``eval_gateway`` (gRPC
+    address, HTTP root) the held-out tasks too, at the start and the end, and the run's summary written to
+    ``summary``."""
+    values: dict[str, Any] = {"gateway": gateway, "http": http, "seed": seed}
+    if eval_gateway is not None:
+        values |= {"eval_gateway": eval_gateway[0], "eval_http": eval_gateway[1]}
+    if summary is not None:
+        values["summary"] = _path(summary)
+    return _command(run, "rollout", name, run_file, values)
 
 
 def rollout_seed(run: RunFile) -> int:

@@ -1,12 +1,12 @@
 """``forge deploy --target slurm``: one batch script for one run, submitted with ``sbatch``.
 
-Layout: the job's first node runs the services that need no GPU (the pool service, the cache, the gateways and
-the rollout drivers); the next ``--learner-nodes`` nodes run one learner rank each (a multi-node torchrun job
-meeting on the first of them); the rest run the actors, ``--actors-per-node`` to a node. The script reads the
-node names from ``scontrol show hostnames``, makes the run's keys (mode 0600), starts every service as a named job
-step (``srun --job-name``) in dependency order, waiting for each to be ready, then waits: when a service ends (or
-the rollout drivers are done) it stops the others, and it forwards SIGTERM (sent before the time limit) to all of
-them, the learner checkpointing."""
+The script reads its nodes from ``scontrol show hostnames`` and each node's address from Slurm (or from
+``--interface``), places the services as ``slurm_layout`` says, makes the run's keys (mode 0600), and starts every
+service as a named job step (``srun --job-name``) in dependency order, waiting for each to be ready within a bound.
+Then it waits: when a service ends (or the rollout drivers are done) it stops the others with a signal each
+receives, and it does the same on SIGTERM (sent before the time limit, or with ``scancel --batch --signal=TERM``),
+the learner checkpointing. A job requeued after a node failure starts again and the learner resumes from its last
+checkpoint."""
 
 from __future__ import annotations
 
@@ -27,82 +27,10 @@ from forge.app.deploy.config import (
 )
 from forge.app.deploy.runfile import RunFile
 from forge.app.deploy.services import ANY, Command, shell_words
+from forge.app.deploy.slurm_layout import SERVICES_NODE, Layout
+from forge.app.deploy.slurm_shell import HELPERS
 from forge.app.registry import KEY_KINDS
 from forge.weights.endpoints import RELAY_ANNOUNCE_PORT, RELAY_FETCH_PORT, WEIGHTS_ANNOUNCE_PORT, WEIGHTS_FETCH_PORT
-
-STOP_BEFORE_END_S = 300         # SIGTERM this long before the time limit: the learner's last step and checkpoint
-
-# Shell helpers of the script: start a named step, wait for a service, stop them all (each group at once, in the
-# reverse order of their start).
-HELPERS = r'''
-PIDS=()
-NAMES=()
-
-# start NAME NODE COMMAND...: run COMMAND as the job step NAME on NODE, in the background; its output goes to
-# $LOGS/NAME.log.
-start() {
-    local name=$1 node=$2
-    shift 2
-    srun --job-name="$name" --nodes=1 --ntasks=1 --nodelist="$node" --overlap --output="$LOGS/$name.log" "$@" &
-    PIDS+=("$!")
-    NAMES+=("$name")
-    echo "started $name on $node (log: $LOGS/$name.log)"
-}
-
-# alive NAME: whether the step NAME still runs.
-alive() {
-    local k
-    for k in "${!NAMES[@]}"; do
-        if [ "${NAMES[k]}" = "$1" ]; then
-            kill -0 "${PIDS[k]}" 2>/dev/null
-            return
-        fi
-    done
-    return 1
-}
-
-# not_ready NAME: NAME stopped before it was ready; stop everything.
-not_ready() {
-    echo "$1 stopped before it was ready: see $LOGS/$1.log" >&2
-    stop_all
-    exit 1
-}
-
-# wait_file NAME FILE: wait until the service NAME has written its ready file FILE.
-wait_file() {
-    until [ -s "$2" ]; do
-        alive "$1" || not_ready "$1"
-        sleep 5
-    done
-    echo "$1 is ready"
-}
-
-# wait_port NAME HOST PORT: wait until the service NAME accepts connections on HOST:PORT.
-wait_port() {
-    until (exec 3<>"/dev/tcp/$2/$3") 2>/dev/null; do
-        alive "$1" || not_ready "$1"
-        sleep 2
-    done
-    echo "$1 is ready"
-}
-
-# stop_all: SIGTERM to every step (srun passes it on to the service), the rollout drivers first and the pool
-# last, each group at once (the learner's ranks stop together), waiting for each group to end.
-stop_all() {
-    trap - TERM INT
-    local group k
-    for group in rollout gateway actor learner cache pool; do
-        for k in "${!NAMES[@]}"; do
-            if [[ ${NAMES[k]} == "$group"* ]]; then kill -TERM "${PIDS[k]}" 2>/dev/null || true; fi
-        done
-        for k in "${!NAMES[@]}"; do
-            if [[ ${NAMES[k]} == "$group"* ]]; then wait "${PIDS[k]}" 2>/dev/null || true; fi
-        done
-    done
-}
-
-trap 'echo "signal received: stopping the services"; stop_all; exit 143' TERM INT
-'''
 
 
 class BatchScript:
@@ -112,30 +40,30 @@ class BatchScript:
         self.config = config
         self.run = run
         self.cache_on = config.cache and run.cache_serves_actors
-
-    @property
-    def nodes(self) -> int:
-        return 1 + self.config.learner_nodes + self.config.actor_nodes
+        self.layout = Layout.of(config)
 
     @staticmethod
-    def learner_node(rank: int) -> Shell:
-        return Shell(f"${{LEARNER_NODES[{rank}]}}")
+    def node(index: int) -> Shell:
+        """The name of the job's node ``index`` (what srun --nodelist takes)."""
+        return Shell(f"${{NODES[{index}]}}")
 
-    def actor_node(self, index: int) -> Shell:
-        return Shell(f"${{ACTOR_NODES[{index // self.config.actors_per_node}]}}")
+    @staticmethod
+    def address(index: int) -> Shell:
+        """The address the other nodes reach the job's node ``index`` at."""
+        return Shell(f"${{ADDRS[{index}]}}")
+
+    def learner_address(self, rank: int) -> Shell:
+        return self.address(self.layout.learners[rank])
+
+    def actor_address(self, index: int) -> Shell:
+        return self.address(self.layout.actors[index])
 
     def actor_slot(self, index: int) -> int:
-        return index % self.config.actors_per_node
+        return self.layout.actor_slot(index)
 
-    def actor_devices(self, index: int) -> str | None:
-        """CUDA_VISIBLE_DEVICES of an actor sharing its node (or a CPU one); None where it has the node's GPUs."""
-        c = self.config
-        if c.actor_gpus == 0:
-            return ""
-        if c.actors_per_node == 1:
-            return None
-        first = self.actor_slot(index) * c.actor_gpus
-        return ",".join(str(d) for d in range(first, first + c.actor_gpus))
+    @property
+    def services_address(self) -> Shell:
+        return self.address(SERVICES_NODE)
 
     # The services' command lines.
     def pool_command(self) -> Command:
@@ -148,43 +76,58 @@ class BatchScript:
 
     def learner_command(self, rank: int) -> Command:
         return services.learner(self.run, self.config, name=f"learner-rank{rank}", run_file=Shell("$RUN_FILE"),
-                                rank=rank, rdzv=Shell(f"${{LEARNER_NODES[0]}}:{RDZV_PORT}"),
-                                pool=Shell(f"$SERVICE_NODE:{POOL_PORT}"), run_dir=Shell("$RUN/learner"),
+                                rank=rank, rdzv=Shell(f"{self.learner_address(0)}:{RDZV_PORT}"),
+                                pool=Shell(f"{self.services_address}:{POOL_PORT}"), run_dir=Shell("$RUN/learner"),
                                 ready_file=Shell("$READY/learner.json"))
 
     def actor_command(self, index: int) -> Command:
         c = self.config
         parent = relay_parent(index, c.relay_fanout)
         if parent is None:
-            host = self.learner_node(0)
+            host = self.learner_address(0)
             fetch, announce = WEIGHTS_FETCH_PORT, WEIGHTS_ANNOUNCE_PORT
         else:
-            host = self.actor_node(parent)
+            host = self.actor_address(parent)
             offset = self.actor_slot(parent) * SLOT_STRIDE
             fetch, announce = RELAY_FETCH_PORT + offset, RELAY_ANNOUNCE_PORT + offset
         offset = self.actor_slot(index) * SLOT_STRIDE
         relay = None
         if relays(index, c.actors, c.relay_fanout):
             relay = (f"tcp://{ANY}:{RELAY_FETCH_PORT + offset}", f"tcp://{ANY}:{RELAY_ANNOUNCE_PORT + offset}")
-        # An actor listens on its node's name, so that the address in its ready file (which the gateway reads)
+        # An actor listens on its node's address, so that the address in its ready file (which the gateway reads)
         # is one the other nodes reach.
         return services.actor(self.run, c, name=f"actor-{index}", run_file=Shell("$RUN_FILE"),
-                              host=self.actor_node(index), port=ACTOR_PORT + offset,
+                              host=self.actor_address(index), port=ACTOR_PORT + offset,
                               fetch=Shell(f"tcp://{host}:{fetch}"), announce=Shell(f"tcp://{host}:{announce}"),
-                              relay=relay, cache=Shell(f"$SERVICE_NODE:{CACHE_PORT}") if self.cache_on else None,
+                              relay=relay, cache=Shell(f"{self.services_address}:{CACHE_PORT}") if self.cache_on else None,
                               ready_file=Shell(f"$READY/actors/actor-{index}.json"))
 
     def gateway_command(self, index: int) -> Command:
         return services.gateway(self.run, self.config, name=f"gateway-{index}", run_file=Shell("$RUN_FILE"),
                                 grpc_port=GATEWAY_GRPC_PORT + index * SLOT_STRIDE,
-                                http_port=GATEWAY_HTTP_PORT + index, pool=Shell(f"$SERVICE_NODE:{POOL_PORT}"),
+                                http_port=GATEWAY_HTTP_PORT + index, pool=Shell(f"{self.services_address}:{POOL_PORT}"),
                                 actors_dir=Shell("$READY/actors"), ready_file=Shell(f"$READY/gateway-{index}.json"))
 
+    def eval_gateway_command(self) -> Command:
+        """The gateway of the held-out sessions, after the training ones, recording into a pool no learner reads."""
+        index = self.config.gateways
+        return services.gateway(self.run, self.config, name="gateway-eval", run_file=Shell("$RUN_FILE"),
+                                grpc_port=GATEWAY_GRPC_PORT + index * SLOT_STRIDE,
+                                http_port=GATEWAY_HTTP_PORT + index, pool_path=Shell("$RUN/eval-pool"),
+                                actors_dir=Shell("$READY/actors"), ready_file=Shell("$READY/gateway-eval.json"))
+
     def rollout_command(self, index: int) -> Command:
+        """Rollout driver ``index``; the first plays the held-out tasks too and writes the run's summary."""
+        evaluates = index == 0 and self.run.held_out
+        door = self.config.gateways
         return services.rollout(self.run, self.config, name=f"rollout-{index}", run_file=Shell("$RUN_FILE"),
-                                gateway=Shell(f"$SERVICE_NODE:{GATEWAY_GRPC_PORT + index * SLOT_STRIDE}"),
-                                http=Shell(f"http://$SERVICE_NODE:{GATEWAY_HTTP_PORT + index}"),
-                                seed=services.rollout_seed(self.run) + index)
+                                gateway=Shell(f"{self.services_address}:{GATEWAY_GRPC_PORT + index * SLOT_STRIDE}"),
+                                http=Shell(f"http://{self.services_address}:{GATEWAY_HTTP_PORT + index}"),
+                                seed=services.rollout_seed(self.run) + index,
+                                eval_gateway=(Shell(f"{self.services_address}:{GATEWAY_GRPC_PORT + door * SLOT_STRIDE}"),
+                                              Shell(f"http://{self.services_address}:{GATEWAY_HTTP_PORT + door}"))
+                                if evaluates else None,
+                                summary=Shell("$RUN/summary.json") if index == 0 else None)
 
     def commands(self) -> list[Command]:
         c = self.config
@@ -192,109 +135,146 @@ class BatchScript:
                 *(self.learner_command(r) for r in range(c.learner_nodes)),
                 *(self.actor_command(i) for i in range(c.actors)),
                 *(self.gateway_command(g) for g in range(c.gateways)),
+                *([self.eval_gateway_command()] if self.run.held_out else []),
                 *((self.rollout_command(g) for g in range(c.gateways)) if self.run.rollout else ())]
 
     # The script.
-    def start(self, command: Command, node: str, devices: str | None = None) -> str:
+    def start(self, command: Command, node: int, devices: str | None = None) -> str:
         env = ["env", f"CUDA_VISIBLE_DEVICES={devices}"] if devices is not None else []
         words = [*env, *command.words(command.key_file_options("$KEYS"))]
-        return f"start {command.name} {quote(Shell(node))} \\\n    {shell_words(words)}"
+        return f"start {command.name} {quote(self.node(node))} \\\n    {shell_words(words)}"
+
+    def placement(self) -> list[str]:
+        """One line per node of the job: what runs there."""
+        return self.layout.describe(self.run.rollout, self.cache_on)
 
     def header(self) -> list[str]:
-        c = self.config
+        c, layout = self.config, self.layout
         lines = ["#!/bin/bash",
                  f"# Forge run {c.name!r} on Slurm, written by forge deploy from {self.run.path}.",
                  f"# Submit it with: sbatch {c.out / f'{c.name}.sbatch'}",
-                 "# Layout of the job's nodes:",
-                 "#   node 0: the pool service" + (", the cache" if self.cache_on else "") + ", the gateway(s)"
-                 + (" and the rollout driver(s)" if self.run.rollout else ""),
-                 f"#   nodes 1-{c.learner_nodes}: the learner, one rank a node ({c.learner_processes} process(es) "
-                 "each)",
-                 f"#   nodes {1 + c.learner_nodes}-{self.nodes - 1}: the actors, {c.actors_per_node} a node "
-                 f"({c.actor_gpus} GPU(s) each)",
+                 f"# Placement on the job's {layout.nodes} node(s) ({c.learner_processes} learner process(es) a "
+                 f"learner node, {c.actor_gpus} GPU(s) an actor):",
+                 *(f"#   {line}" for line in self.placement()),
                  f"# The run's directory (pool, checkpoints, cache, keys, ready files, logs): {c.shared_dir}/{c.name}",
                  f"#SBATCH --job-name={c.name}",
-                 f"#SBATCH --nodes={self.nodes}",
+                 f"#SBATCH --nodes={layout.nodes}",
                  "#SBATCH --exclusive",
-                 f"#SBATCH --signal=B:TERM@{STOP_BEFORE_END_S}"]
-        if c.node_gpus:
-            lines.append(f"#SBATCH --gres=gpu:{c.node_gpus}")
+                 "#SBATCH --requeue",
+                 f"#SBATCH --signal=B:TERM@{c.stop_timeout + 60}"]
+        if layout.gpus_per_node:
+            lines.append(f"#SBATCH --gres=gpu:{layout.gpus_per_node}")
         for option, value in (("partition", c.partition), ("account", c.account), ("time", c.time)):
             if value:
                 lines.append(f"#SBATCH --{option}={value}")
         return lines
 
-    def text(self) -> str:
-        c = self.config
-        services.check_wiring(self.run, self.commands())
+    def prologue(self) -> list[str]:
+        """The job's variables, nodes and addresses, directories and keys, before any service starts."""
+        c, layout = self.config, self.layout
         kinds = " ".join(KEY_KINDS)
-        lines = [*self.header(), "", "set -euo pipefail"]
-        if c.setup:
-            lines += ["", "# Set-up given with --setup.", c.setup]
-        lines += [
-            "",
+        lines = [
             f"RUN_FILE={quote(str(self.run.path))}",
             f"RUN={quote(f'{c.shared_dir}/{c.name}')}",
             'KEYS="$RUN/keys"',
             'READY="$RUN/ready"',
-            'LOGS="$RUN/logs/$SLURM_JOB_ID"',
+            '# A job requeued after a node failure keeps its id: each start logs apart.',
+            'LOGS="$RUN/logs/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"',
+            f"READY_TIMEOUT={c.ready_timeout}",
+            f"STOP_TIMEOUT={c.stop_timeout}",
+            f"REQUEUES={c.requeues}",
+            f"INTERFACE={quote(c.interface or '')}",
+        ]
+        if c.interface:
+            lines.append('export GLOO_SOCKET_IFNAME="$INTERFACE" NCCL_SOCKET_IFNAME="$INTERFACE"')
+        lines += [
             "",
             'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-            f'if [ "${{#NODES[@]}}" -lt {self.nodes} ]; then',
-            f'    echo "this job has ${{#NODES[@]}} node(s); the run needs {self.nodes}" >&2',
+            f'if [ "${{#NODES[@]}}" -ne {layout.nodes} ]; then',
+            f'    echo "this job has ${{#NODES[@]}} node(s); the run is placed on {layout.nodes}" >&2',
             "    exit 1",
             "fi",
-            'SERVICE_NODE="${NODES[0]}"',
-            f'LEARNER_NODES=("${{NODES[@]:1:{c.learner_nodes}}}")',
-            f'ACTOR_NODES=("${{NODES[@]:{1 + c.learner_nodes}:{c.actor_nodes}}}")',
+            HELPERS.strip("\n"),
             "",
+            'ADDRS=()',
+            'for node in "${NODES[@]}"; do',
+            '    found=$(address "$node")',
+            '    ADDRS+=("$found")',
+            'done',
             'mkdir -p "$RUN/learner" "$RUN/cache" "$LOGS"',
             'rm -rf "$READY"',
             'mkdir -p "$READY/actors"',
+            'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then',
+            '    echo "restart ${SLURM_RESTART_COUNT} of job $SLURM_JOB_ID: the learner resumes from its last checkpoint"',
+            "fi",
+            'echo "placement:"',
+            *(f'echo "  {line}: ${{NODES[{n}]}} (${{ADDRS[{n}]}})"' for n, line in enumerate(self.placement())),
             "# The run's keys, made afresh for every job, readable by the owner alone.",
             '(umask 077 && mkdir -p "$KEYS" && chmod 700 "$KEYS"',
             f" for kind in {kinds}; do",
             '     rm -f "$KEYS/$kind.key"',
             "     python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > \"$KEYS/$kind.key\"",
             " done)",
-            HELPERS.rstrip("\n"),
-            "",
-            "# The pool service.",
-            self.start(self.pool_command(), "$SERVICE_NODE"),
-            f'wait_port pool "$SERVICE_NODE" {POOL_PORT}',
         ]
+        return lines
+
+    def text(self) -> str:
+        c, layout = self.config, self.layout
+        services.check_wiring(self.run, self.commands())
+        lines = [*self.header(), "", "set -euo pipefail"]
+        if c.setup:
+            lines += ["", "# Set-up given with --setup.", c.setup]
+        lines += ["", *self.prologue(), "",
+                  "# The pool service.",
+                  self.start(self.pool_command(), SERVICES_NODE),
+                  f'wait_port pool "{self.services_address}" {POOL_PORT}']
         if self.cache_on:
-            lines += ["", "# The L3 KV cache.", self.start(self.cache_command(), "$SERVICE_NODE"),
+            lines += ["", "# The L3 KV cache.", self.start(self.cache_command(), SERVICES_NODE),
                       'wait_file cache "$READY/cache.json"']
-        learner_devices = "" if c.learner_gpus == 0 else None
         lines += ["", f"# The learner: {c.learner_nodes} rank(s), rank 0 serving Stats and the weights."]
-        lines += [self.start(self.learner_command(r), f"${{LEARNER_NODES[{r}]}}", learner_devices)
-                  for r in range(c.learner_nodes)]
+        lines += [self.start(self.learner_command(r), node, layout.learner_devices())
+                  for r, node in enumerate(layout.learners)]
         lines += ['wait_file learner-rank0 "$READY/learner.json"', "",
                   f"# The actors{f', in a weights relay tree of fan-out {c.relay_fanout}' if c.relay_fanout else ''}."]
-        for i in range(c.actors):
+        for i, node in enumerate(layout.actors):
             parent = relay_parent(i, c.relay_fanout)
             lines.append(f"# actor-{i}: weights from {'the learner' if parent is None else f'actor-{parent}'}")
-            lines.append(self.start(self.actor_command(i), self.actor_node(i), self.actor_devices(i)))
+            lines.append(self.start(self.actor_command(i), node, layout.actor_devices(i)))
         lines += [f'wait_file actor-{i} "$READY/actors/actor-{i}.json"' for i in range(c.actors)]
         lines += ["", "# The gateway(s): the agents' door, recording every call in the pool."]
         for g in range(c.gateways):
-            lines += [self.start(self.gateway_command(g), "$SERVICE_NODE"),
+            lines += [self.start(self.gateway_command(g), SERVICES_NODE),
                       f'wait_file gateway-{g} "$READY/gateway-{g}.json"']
-            lines.append(f'echo "gateway-{g}: http://$SERVICE_NODE:{GATEWAY_HTTP_PORT + g}/v1 and gRPC '
-                         f'$SERVICE_NODE:{GATEWAY_GRPC_PORT + g * SLOT_STRIDE} (API key in $KEYS/gateway.key)"')
+            lines.append(f'echo "gateway-{g}: http://{self.services_address}:{GATEWAY_HTTP_PORT + g}/v1 and gRPC '
+                         f'{self.services_address}:{GATEWAY_GRPC_PORT + g * SLOT_STRIDE} (API key in '
+                         '$KEYS/gateway.key)"')
+        if self.run.held_out:
+            lines += ["", "# The held-out sessions' gateway, recording into a pool no learner reads.",
+                      self.start(self.eval_gateway_command(), SERVICES_NODE),
+                      'wait_file gateway-eval "$READY/gateway-eval.json"']
         if self.run.rollout:
-            lines += ["", "# The rollout driver(s): the team's tasks played by its agent, one per gateway."]
-            lines += [self.start(self.rollout_command(g), "$SERVICE_NODE") for g in range(c.gateways)]
+            lines += ["", "# The rollout driver(s): the team's tasks played by its agent, one per gateway; the first "
+                          "evaluates the held-out tasks at the start and the end and writes $RUN/summary.json."]
+            lines += [self.start(self.rollout_command(g), SERVICES_NODE) for g in range(c.gateways)]
         lines += [
             "",
-            "# Run until a service ends (or the rollout drivers are done), then stop the others.",
+            "# Run until the rollout drivers are done or another service ends, then stop the others. A service that",
+            "# failed (a lost node, a crashed rank) requeues the job, up to REQUEUES times: it starts again and the",
+            "# learner resumes from its last checkpoint.",
             "status=0",
-            "wait -n || status=$?",
+            "while :; do",
+            "    wait -n || status=$?",
+            '    if [ "$status" -ne 0 ] || ended_others || ! rollouts_running; then break; fi',
+            "done",
             'for k in "${!NAMES[@]}"; do',
             '    if ! kill -0 "${PIDS[k]}" 2>/dev/null; then echo "${NAMES[k]} ended"; fi',
             "done",
             "stop_all",
+            'if [ "$status" -ne 0 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt "$REQUEUES" ]; then',
+            '    echo "a service failed (status $status): requeueing the job (restart $((${SLURM_RESTART_COUNT:-0} + 1)) '
+            'of at most $REQUEUES)"',
+            '    scontrol requeue "$SLURM_JOB_ID"',
+            "fi",
             'exit "$status"',
         ]
         return "\n".join(lines) + "\n"

@@ -46,16 +46,16 @@ def test_slurm_script_is_valid_bash_and_names_every_service(tmp_path):
     text = script.read_text()
     names = [name for name, _ in slurm_starts(text)]
     assert names == ["pool", "cache", "learner-rank0", "learner-rank1", "actor-0", "actor-1", "actor-2", "gateway-0",
-                     "gateway-1", "rollout-0", "rollout-1"]
+                     "gateway-1", "gateway-eval", "rollout-0", "rollout-1"]
     for line in ("#SBATCH --nodes=6", "#SBATCH --gres=gpu:1", "#SBATCH --partition=gpu", "#SBATCH --account=team",
                  "#SBATCH --time=1-00:00:00", 'scontrol show hostnames "$SLURM_JOB_NODELIST"', "trap "):
         assert line in text
     starts = dict(slurm_starts(text))
     rank1 = starts["learner-rank1"]
     assert rank1[rank1.index("--node-rank") + 1] == "1"
-    assert rank1[rank1.index("--rdzv-endpoint") + 1] == "${LEARNER_NODES[0]}:29500"
+    assert rank1[rank1.index("--rdzv-endpoint") + 1] == "${ADDRS[1]}:29500"
     assert starts["gateway-1"][starts["gateway-1"].index("--grpc-port") + 1] == "50063"
-    assert starts["rollout-1"][starts["rollout-1"].index("--gateway") + 1] == "$SERVICE_NODE:50063"
+    assert starts["rollout-1"][starts["rollout-1"].index("--gateway") + 1] == "${ADDRS[0]}:50063"
     assert starts["rollout-1"][starts["rollout-1"].index("--seed") + 1] == "1"
 
 
@@ -85,10 +85,13 @@ trap 'echo "stop $name" >> {log}; [ -z "$listener" ] || kill "$listener"; exit 0
 prev=""; for a in "$@"; do [ "$prev" = --ready-file ] && echo '{{}}' > "$a"; prev="$a"; done
 while true; do sleep 0.1; done
 """)
-    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'n0\\nn1\\nn2\\nn3\\nn4\\n'\n")
-    for tool in ("srun", "scontrol"):
+    # scontrol: the job's nodes, each at 127.0.0.1; squeue: no steps known (the script then signals the sruns)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\n[ \"$2\" = node ] && echo 'NodeName=x NodeAddr=127.0.0.1 State=IDLE' "
+                                      "&& exit 0\nprintf 'n0\\nn1\\nn2\\nn3\\nn4\\n'\n")
+    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    for tool in ("srun", "scontrol", "squeue"):
         (bin_dir / tool).chmod(0o755)
-    text = text.replace('wait_port pool "$SERVICE_NODE" 50057', f"wait_port pool 127.0.0.1 {port}")
+    text = text.replace('wait_port pool "${ADDRS[0]}" 50057', f"wait_port pool 127.0.0.1 {port}")
     text = text.replace("sleep 5", "sleep 0.1")
     script = tmp_path / "job.sh"
     script.write_text(text)
@@ -108,7 +111,7 @@ while true; do sleep 0.1; done
     steps = log.read_text().splitlines()
     started = [s.split()[1] for s in steps if s.startswith("start")]
     assert sorted(started) == sorted(["pool", "cache", "learner-rank0", "learner-rank1", "actor-0", "actor-1",
-                                      "gateway-0", "rollout-0"]), output
+                                      "gateway-0", "gateway-eval", "rollout-0"]), output
     # the script's own lines, not the stand-ins' log: a backgrounded srun may write its line after the next starts
     launched = [line.split()[1] for line in output.splitlines() if line.startswith("started ")]
     assert sorted(launched) == sorted(started), output

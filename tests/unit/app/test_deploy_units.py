@@ -209,8 +209,9 @@ def test_slurm_actors_fetch_from_their_parents_node_and_port(tmp_path):
         words = starts[f"actor-{i}"]
         fetch = words[words.index("--weights-fetch") + 1]
         parent = relay_parent(i, 2)
-        expected = ("tcp://${LEARNER_NODES[0]}:5701" if parent is None else
-                    f"tcp://${{ACTOR_NODES[{parent // 2}]}}:{5703 + 10 * (parent % 2)}")
+        # node 0: the services, node 1: the learner, nodes 2-5: the actors, two a node
+        expected = ("tcp://${ADDRS[1]}:5701" if parent is None else
+                    f"tcp://${{ADDRS[{2 + parent // 2}]}}:{5703 + 10 * (parent % 2)}")
         assert fetch == expected, (i, fetch)
         assert ("--relay-fetch" in words) == relays(i, 7, 2)
         if relays(i, 7, 2):
