@@ -31,6 +31,21 @@ class TasksConfig(Settings):
                                      "tasks).")
     source: str | None = setting(None, flag="task-source", metavar="MODULE:FUNCTION",
                                  help="Or Python code that makes them: a function returning task dicts.")
+    dataset: str | None = setting(None, metavar="ID|FILE",
+                                  help="Or a dataset, one task a row: a Hugging Face dataset id (org/name, "
+                                       "org/name@revision) or a local parquet, JSONL, JSON or CSV file or folder, "
+                                       "read with the datasets extra (see docs/agents.md).")
+    dataset_config: str | None = setting(None, metavar="NAME", help="The dataset's configuration (subset), e.g. main.")
+    split: str = setting("train", flag="dataset-split", help="The dataset's split the training tasks come from.")
+    eval_split: str | None = setting(None, flag="dataset-eval-split", metavar="SPLIT",
+                                     help="Held-out tasks: this split of the dataset.")
+    columns: dict[str, str] = setting(factory=dict, flag="dataset-columns",
+                                      help="The dataset's column of each task field (id, prompt, messages, answer, "
+                                           "domain), e.g. {prompt = \"question\"} [default: the usual names].")
+    system_prompt: str | None = setting(None, flag="dataset-system-prompt", metavar="TEXT",
+                                        help="A system message put before each dataset task's prompt.")
+    limit: int = setting(0, min=0, flag="dataset-limit",
+                         help="At most this many tasks of each dataset split (0: all); the rest is not read.")
     eval: str | None = setting(None, flag="eval-tasks", metavar="FILE",
                                help="Held-out tasks (JSONL), read at the start and the end of the run.")
     eval_fraction: float = setting(0.0, min=0, max=0.9,
@@ -46,16 +61,35 @@ class TasksConfig(Settings):
     @property
     def team(self) -> bool:
         """Whether the run uses the team's tasks rather than the built-in ones."""
-        return bool(self.train or self.source)
+        return bool(self.train or self.source or self.dataset)
+
+    def dataset_spec(self, split: str | None = None):
+        """The dataset's ``split`` (the training one by default) as a ``DatasetSpec``; None without a dataset."""
+        from forge.rollout.tasks.dataset_source import DatasetSpec
+
+        if not self.dataset:
+            return None
+        return DatasetSpec(self.dataset, split or self.split, self.dataset_config, dict(self.columns),
+                           self.system_prompt, self.limit)
 
     def check(self) -> None:
-        if self.train and self.source:
-            raise SettingsError("give --tasks or --task-source, not both")
-        if self.eval and self.eval_fraction:
-            raise SettingsError("give --eval-tasks or --eval-fraction, not both")
+        from forge.rollout.tasks.dataset_source import FIELDS
+
+        if sum(bool(x) for x in (self.train, self.source, self.dataset)) > 1:
+            raise SettingsError("give one of --tasks, --task-source and --dataset")
+        if sum(bool(x) for x in (self.eval, self.eval_fraction, self.eval_split)) > 1:
+            raise SettingsError("give one of --eval-tasks, --eval-fraction and --dataset-eval-split")
+        if self.eval_split and not self.dataset:
+            raise SettingsError("--dataset-eval-split is a split of the dataset: give --dataset too")
+        unknown = sorted(set(self.columns) - set(FIELDS))
+        if unknown:
+            raise SettingsError(f"columns names a field Forge does not read: {', '.join(unknown)} (fields: "
+                                f"{', '.join(FIELDS)})")
+        if self.eval_split == self.split and self.dataset:
+            raise SettingsError(f"--dataset-eval-split {self.eval_split!r} is the training split too")
         if self.team and not self.verifier:
             raise SettingsError("the team's tasks need a verifier: give --verifier (FILE.py:FUNCTION)")
-        if not self.team and (self.verifier or self.eval or self.eval_fraction):
+        if not self.team and (self.verifier or self.eval or self.eval_fraction or self.eval_split):
             raise SettingsError("--verifier and held-out tasks go with the team's tasks: give --tasks too")
 
 

@@ -53,7 +53,8 @@ class Team:
         from forge.rollout.verifier import load_verifier
 
         task_set = load_task_set(train=tasks.train, eval=tasks.eval, eval_fraction=tasks.eval_fraction,
-                                 source=tasks.source, seed=seed, base_dir=base_dir)
+                                 source=tasks.source, seed=seed, base_dir=base_dir, dataset=tasks.dataset_spec(),
+                                 eval_dataset=tasks.dataset_spec(tasks.eval_split) if tasks.eval_split else None)
         runner = agent_class = None
         if agent.command:
             runner = BlackBoxRunner(AgentCommand(agent.command, timeout_s=agent.timeout_s,

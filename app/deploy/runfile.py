@@ -107,7 +107,7 @@ class RunFile:
             return False
         tasks = build(TasksConfig, self._fields(TasksConfig, "tasks"))
         env = build(EnvConfig, self._fields(EnvConfig, "env"))
-        return bool(tasks.eval or tasks.eval_fraction or env.eval_fraction)
+        return bool(tasks.eval or tasks.eval_fraction or tasks.eval_split or env.eval_fraction)
 
     def _fields(self, cls: type, table: str) -> dict[str, Any]:
         """A table's values as ``cls``'s fields hold them (a TOML list as a tuple, a size in its field's units)."""

@@ -242,15 +242,28 @@ def _split(found: _Tasks, fraction: float, seed: int) -> tuple[_Tasks, _Tasks]:
     return train, evaluation
 
 
+def _dataset(spec, base_dir: Path | None) -> _Tasks:
+    from forge.rollout.tasks.dataset_source import dataset_tasks
+
+    found = _Tasks()
+    for task, where, place in dataset_tasks(spec, base_dir):
+        found.add(task, where, place)
+    if not found.tasks:
+        raise TaskError(f"dataset {spec.dataset} [{spec.split}]: no rows")
+    return found
+
+
 def load_task_set(*, train: str | None, eval: str | None = None, eval_fraction: float = 0.0,
-                  source: str | None = None, seed: int = 0, base_dir: Path | None = None) -> TaskSet:
-    """A run's tasks, all checked: the training tasks from exactly one of ``train`` (a JSONL file) and ``source``
-    (a Python task source); the eval tasks from ``eval`` (a JSONL file) or, with ``eval_fraction`` (0 < f < 1), a
-    split of the training tasks that ``seed`` decides (at least one task on each side), or none. Relative paths
-    are relative to ``base_dir`` (the run file's folder) when given. Raises ``TaskError``."""
-    if (train is None) == (source is None):
-        raise TaskError("give the training tasks as either train (a JSONL file) or source (a Python task source)"
-                        + (", not both" if train is not None else ""))
+                  source: str | None = None, seed: int = 0, base_dir: Path | None = None, dataset=None,
+                  eval_dataset=None) -> TaskSet:
+    """A run's tasks, all checked: the training tasks from exactly one of ``train`` (a JSONL file), ``source``
+    (a Python task source) and ``dataset`` (a ``DatasetSpec``); the eval tasks from ``eval`` (a JSONL file),
+    ``eval_dataset`` (another split of the dataset) or, with ``eval_fraction`` (0 < f < 1), a split of the training
+    tasks that ``seed`` decides (at least one task on each side), or none. Relative paths are relative to
+    ``base_dir`` (the run file's folder) when given. Raises ``TaskError``."""
+    if sum(x is not None for x in (train, source, dataset)) != 1:
+        raise TaskError("give the training tasks as one of train (a JSONL file), source (a Python task source) and "
+                        "dataset" + (", not several" if train is not None or source is not None else ""))
     is_number = isinstance(eval_fraction, (int, float)) and not isinstance(eval_fraction, bool)
     if not (is_number and 0 <= eval_fraction < 1):
         raise TaskError(f"eval_fraction must be a number from 0 (no split) up to, not including, 1; "
@@ -264,12 +277,14 @@ def load_task_set(*, train: str | None, eval: str | None = None, eval_fraction: 
 
     if source is not None:
         found = _python(source, base_dir)
+    elif dataset is not None:
+        found = _dataset(dataset, base_dir)
     else:
         found = _jsonl(path(train))
     if eval_fraction:
         found, evaluation = _split(found, eval_fraction, seed)
-    elif eval is not None:
-        evaluation = _jsonl(path(eval))
+    elif eval is not None or eval_dataset is not None:
+        evaluation = _jsonl(path(eval)) if eval is not None else _dataset(eval_dataset, base_dir)
         for task in evaluation.tasks:
             if task["id"] in found.where:
                 raise TaskError(f"{evaluation.where[task['id']][0]}: id {task['id']!r} is also in the train set "
