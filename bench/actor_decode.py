@@ -33,6 +33,7 @@ import time
 
 import click
 import torch
+from decode_inputs import load, median, prompt_ids
 
 from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig
@@ -40,12 +41,6 @@ from forge.actors.engine.cpu_threads import reserve_cpu_threads
 from forge.actors.engine.engine import TorchEngine
 from forge.model import CausalLM
 from forge.sampling.sampling import SamplingParams
-
-
-def load(model: str) -> CausalLM:
-    from forge.checkpoints import load_model
-
-    return load_model(model)[0]
 
 
 def model_reference(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
@@ -74,11 +69,6 @@ def engine_seconds(model: CausalLM, batch: int, prompt_len: int, new_tokens: int
         engine.close()
 
 
-def prompt_ids(index: int, length: int) -> list[int]:
-    """The benchmarks' synthetic prompt number ``index`` (distinct per index, no shared prefix)."""
-    return [(7 * index + j) % 1000 + 1 for j in range(length)]
-
-
 def hf_reference(model_name: str, device: str, threads: int):
     """transformers' Qwen3 on the same checkpoint, on ``device``, warmed up (first calls pay one-off costs)."""
     import transformers
@@ -104,10 +94,6 @@ def hf_seconds(reference, batch: int, prompt_len: int, new_tokens: int) -> float
                                     top_p=1.0)
     output.cpu()                                               # waits for the device
     return time.perf_counter() - started
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 def measure_decode(side: str, model_name: str, device: str, threads: int, batch: int, new_tokens: int,

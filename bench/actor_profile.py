@@ -19,7 +19,8 @@ import time
 
 import click
 import torch
-from actor_decode import load, matmul_floor, model_reference, prompt_ids
+from actor_decode import matmul_floor, model_reference
+from decode_inputs import load, prompt_ids
 
 from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig

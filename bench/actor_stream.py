@@ -24,7 +24,7 @@ from pathlib import Path
 
 import click
 import grpc
-from actor_decode import prompt_ids
+from decode_inputs import prompt_ids
 
 from forge.launch import ServiceProcess
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2

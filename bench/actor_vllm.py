@@ -8,7 +8,7 @@ import itertools
 import time
 from pathlib import Path
 
-from actor_decode import load, median, prompt_ids
+from decode_inputs import in_fresh_process, load, median, prompt_ids
 
 from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig
@@ -114,14 +114,6 @@ def swap_pause_ms(side: str, model_name: str, threads: int, swaps: int = 5) -> t
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals)]
     swap_gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals) if b[1] != a[1]]
     return 1e3 * median(gaps), 1e3 * (median(swap_gaps) - median(gaps))
-
-
-def in_fresh_process(function, *args):
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(function, *args).result()
 
 
 def vllm_section(model_name: str, threads: int, batches: list[int], new_tokens: int, repeats: int) -> None:

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import click
 import torch
-from actor_decode import in_fresh_process, measure_decode, model_reference
+from actor_decode import measure_decode, model_reference
+from decode_inputs import in_fresh_process
 
 
 def learner_pass(model_name: str, device: str, threads: int, sequences: int, length: int,
