@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge.rollout.tasks.source import TaskError, validate_task
+from forge.rollout.tasks.task_checks import TaskError, validate_task
 
 FIELDS = ("id", "prompt", "messages", "answer", "domain")
 # The columns a field is read from when the run names none, in order of preference.

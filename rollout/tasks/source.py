@@ -15,105 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from forge.loading import PluginError, first_line, load_object
+from forge.rollout.tasks.task_checks import DEFAULT_DOMAIN, ROLES, TaskError, kind_name, validate_task
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
-DEFAULT_DOMAIN = "default"
 MAX_TASKS = 1_000_000              # a Python source giving more is an error, so an endless generator cannot hang
-
-
-class TaskError(ValueError):
-    """Tasks that cannot be used, and where: ``"{path}:{line}: {reason}"`` or ``"{spec}[{index}]: {reason}"``."""
-
-
-def _kind(value: object) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _check_message(message: object, index: int) -> None:
-    name = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise ValueError(f"{name} must be an object, got {_kind(message)}")
-    role = message.get("role")
-    if role not in ROLES:
-        raise ValueError(f"{name}.role must be one of {', '.join(ROLES)}, got {_shown(role)}")
-    tool_calls = message.get("tool_calls")
-    if "tool_calls" in message:
-        if role != "assistant":
-            raise ValueError(f"{name}.tool_calls is only for assistant messages, not {role}")
-        if not isinstance(tool_calls, list) or not tool_calls or not all(isinstance(c, dict) for c in tool_calls):
-            raise ValueError(f"{name}.tool_calls must be a non-empty list of objects")
-    content = message.get("content")
-    if isinstance(content, str) or (content is None and tool_calls):
-        return
-    needed = "a string, or null with tool_calls" if role == "assistant" else "a string"
-    if "content" not in message:
-        raise ValueError(f"{name}.content is missing (it must be {needed})")
-    raise ValueError(f"{name}.content must be {needed}, got {_kind(content)}")
-
-
-def _check_tool(tool: object, index: int, names: dict[str, int]) -> None:
-    name = f"tools[{index}]"
-    if not isinstance(tool, dict):
-        raise ValueError(f"{name} must be an object, got {_kind(tool)}")
-    if tool.get("type") != "function":
-        raise ValueError(f"{name}.type must be 'function', got {_shown(tool.get('type'))}")
-    function = tool.get("function")
-    if not isinstance(function, dict):
-        raise ValueError(f"{name}.function must be an object, got {_kind(function)}")
-    tool_name = function.get("name")
-    if not isinstance(tool_name, str) or not tool_name:
-        raise ValueError(f"{name}.function.name must be a non-empty string, got {_shown(tool_name)}")
-    if tool_name in names:
-        raise ValueError(f"{name}.function.name {tool_name!r} is already the name of tools[{names[tool_name]}]")
-    names[tool_name] = index
-    if "description" in function and not isinstance(function["description"], str):
-        raise ValueError(f"{name}.function.description must be a string, got {_kind(function['description'])}")
-    if "parameters" in function and not isinstance(function["parameters"], dict):
-        raise ValueError(f"{name}.function.parameters must be an object (a JSON schema), "
-                         f"got {_kind(function['parameters'])}")
-
-
-def _check(task: object) -> dict[str, Any]:
-    """The task with its domain filled in; ValueError with the reason when it is not a valid task."""
-    if not isinstance(task, dict):
-        raise ValueError(f"a task must be an object, got {_kind(task)}")
-    if "id" not in task:
-        raise ValueError("missing 'id'")
-    if not isinstance(task["id"], str) or not task["id"]:
-        raise ValueError(f"'id' must be a non-empty string, got {_shown(task['id'])}")
-    messages = task.get("messages")
-    if "messages" not in task:
-        raise ValueError("missing 'messages'")
-    if not isinstance(messages, list) or not messages:
-        got = "[]" if isinstance(messages, list) else _kind(messages)
-        raise ValueError(f"'messages' must be a non-empty list, got {got}")
-    for index, message in enumerate(messages):
-        _check_message(message, index)
-    if not any(message["role"] == "user" for message in messages):
-        raise ValueError("'messages' has no user message")
-    if "domain" in task and (not isinstance(task["domain"], str) or not task["domain"]):
-        raise ValueError(f"'domain' must be a non-empty string, got {_shown(task['domain'])}")
-    if "tools" in task:
-        if not isinstance(task["tools"], list):
-            raise ValueError(f"'tools' must be a list, got {_kind(task['tools'])}")
-        names: dict[str, int] = {}
-        for index, tool in enumerate(task["tools"]):
-            _check_tool(tool, index, names)
-    return {**task, "domain": task.get("domain", DEFAULT_DOMAIN)}
-
-
-def validate_task(task: object, where: str) -> dict[str, Any]:
-    """``task`` checked as one task (not against others), as a new dict with ``domain`` filled in (``"default"``
-    when absent); ``TaskError("{where}: {reason}")`` when it is not a valid task."""
-    try:
-        return _check(task)
-    except ValueError as exc:
-        raise TaskError(f"{where}: {exc}") from None
 
 
 class _Tasks:
@@ -178,8 +82,8 @@ def _python(spec: str, base_dir: Path | None) -> _Tasks:
     if isinstance(produced, (str, bytes, dict)) or not isinstance(produced, Iterable):
         if produced is source:
             raise TaskError(f"task source {spec!r} is neither a function returning tasks nor an iterable of them "
-                            f"(got {_kind(produced)})")
-        raise TaskError(f"task source {spec!r} returned no iterable of tasks (got {_kind(produced)})")
+                            f"(got {kind_name(produced)})")
+        raise TaskError(f"task source {spec!r} returned no iterable of tasks (got {kind_name(produced)})")
     found = _Tasks()
     try:
         for index, task in enumerate(islice(produced, MAX_TASKS + 1)):

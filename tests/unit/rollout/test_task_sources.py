@@ -279,9 +279,11 @@ def test_the_eval_split_is_seeded_disjoint_and_never_leaves_a_side_empty(tmp_pat
 
 
 @pytest.mark.parametrize(("kwargs", "reason"), [
-    ({"train": None}, "give the training tasks as either train (a JSONL file) or source (a Python task source)"),
+    ({"train": None}, "give the training tasks as one of train (a JSONL file), source (a Python task source) and "
+                      "dataset"),
     ({"train": "train.jsonl", "source": "my_tasks.py:tasks"},
-     "give the training tasks as either train (a JSONL file) or source (a Python task source), not both"),
+     "give the training tasks as one of train (a JSONL file), source (a Python task source) and dataset, not "
+     "several"),
     ({"train": "train.jsonl", "eval": "eval.jsonl", "eval_fraction": 0.2},
      "give either eval (a JSONL file) or eval_fraction (a split of the training tasks), not both"),
     ({"train": "one.jsonl", "eval_fraction": 0.5},
