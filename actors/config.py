@@ -9,7 +9,7 @@ from pathlib import Path
 
 from forge.actors.kinds import KINDS, BackendKind, kind_of, pick_backend
 from forge.adapter_names import check_adapter_name
-from forge.checkpoints import resolve_model
+from forge.checkpoints import cached_model
 from forge.kv.client import FETCH_POLICIES, parse_addresses
 from forge.settings import (
     Settings,
@@ -140,8 +140,10 @@ class EngineConfig(Settings):
 
 @dataclass(frozen=True, kw_only=True)
 class ActorConfig(Settings):
-    model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory in the Hugging Face layout, or 'tiny' / 'tiny-moe' for a built-in "
-                                      "model.")
+    model: str = setting("tiny", validate=cached_model,
+                         help="Checkpoint directory in the Hugging Face layout, a Hugging Face id (org/name[@revision], "
+                              "read from the Hugging Face cache: forge model fetch), or 'tiny' / 'tiny-moe' for a "
+                              "built-in model.")
     backend: str = setting("auto", choices=BACKENDS,
                            help="Inference backend: the embedded torch engine, vLLM (CPU or GPU, optional extra), "
                                 "TensorRT-LLM (GPU, optional extra), or auto: torch for the families Forge implements "

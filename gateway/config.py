@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forge.adapter_names import check_adapter_name
-from forge.checkpoints import resolve_model
+from forge.checkpoints import cached_model
 from forge.gateway.routing import DEFAULT_ROUTER, router_class
 from forge.parsing.reasoning import REASONING_PARSERS
 from forge.parsing.tools import TOOL_PARSERS
@@ -36,7 +36,10 @@ def check_model_names(names: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class GatewayConfig(Settings):
-    model: str = setting("tiny", validate=resolve_model, help="Checkpoint directory (tokenizer, chat template, context length), or 'tiny' / 'tiny-moe'.")
+    model: str = setting("tiny", validate=cached_model,
+                         help="Checkpoint directory (tokenizer, chat template, context length), a Hugging Face id "
+                              "(org/name[@revision], read from the Hugging Face cache: forge model fetch), or 'tiny' / "
+                              "'tiny-moe'.")
     model_name: str = setting("forge-tiny", validate=check_model_name,
                               help="The model name served at /v1/models and echoed in responses.")
     served_model_names: tuple[str, ...] = setting((), flag="served-model-name", metavar="NAME",

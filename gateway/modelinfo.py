@@ -1,6 +1,7 @@
 """What the gateway needs of the served model: its tokenizer and chat template, its context length, the longest
 prompt text that can fit it, and the byte content of each token (for OpenAI logprobs). Loaded from a model
-reference (a checkpoint directory or 'tiny', see forge.checkpoints.resolve_model) without torch."""
+reference (a checkpoint directory, a Hugging Face id found in the cache, or 'tiny', see
+forge.checkpoints.resolve_model) without torch."""
 
 from __future__ import annotations
 

@@ -21,8 +21,10 @@ from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_END
 
 @dataclass(frozen=True, kw_only=True)
 class LearnerConfig(Settings):
-    model: str = setting("tiny", validate=trainable_model, help="Initial policy: a checkpoint directory (HF layout: any family Forge or transformers implements), 'tiny' or 'tiny-moe'. Ignored when "
-                                      "resuming.")
+    model: str = setting("tiny", validate=trainable_model,
+                         help="Initial policy: a checkpoint directory (HF layout: any family Forge or transformers "
+                              "implements), a Hugging Face id (org/name[@revision], read from the Hugging Face cache: "
+                              "forge model fetch), 'tiny' or 'tiny-moe'. Ignored when resuming.")
     model_impl: str = setting("auto", choices=IMPLS,
                               help="What trains the model: Forge's own implementation (native: qwen3, qwen3_moe, "
                                    "with MTP and experts), transformers' (any family), or auto: native where it "

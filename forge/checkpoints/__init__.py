@@ -1,5 +1,6 @@
-"""Checkpoints as every command sees them: what a model reference names (``reference``: ``tiny``, ``tiny-moe`` or a
-checkpoint directory in the Hugging Face layout), the dtype a checkpoint serves in (``dtypes``), which implementation
+"""Checkpoints as every command sees them: what a model reference names (``reference``: ``tiny``, ``tiny-moe``, a
+checkpoint directory in the Hugging Face layout or a Hugging Face model id), a Hub model's fetch into the Hugging Face
+cache and its lookup there (``hub``), the dtype a checkpoint serves in (``dtypes``), which implementation
 loads it and the loading of its model and tokenizer (``load``), and the built-in models' architectures, fresh inits
 and checkpoints written from them (``builtin``). ``resolve_model`` is the one rule of a reference and
 ``ModelNotFound`` its one error."""
@@ -13,6 +14,7 @@ from forge.checkpoints.builtin import (
     write_tiny_checkpoint,
 )
 from forge.checkpoints.dtypes import DTYPES, checkpoint_dtype
+from forge.checkpoints.hub import HubError, HubId, fetch_snapshot, parse_hub_id
 from forge.checkpoints.load import IMPLS, check_impl, load_model, load_tokenizer
 from forge.checkpoints.reference import (
     BUILTIN_MODELS,
@@ -22,6 +24,8 @@ from forge.checkpoints.reference import (
     TINY_NAME,
     ModelNotFound,
     ModelRef,
+    cached_model,
+    hub_id_of,
     is_builtin,
     is_native,
     model_type,
@@ -37,16 +41,22 @@ __all__ = [
     "TINY_MOE_DIR",
     "TINY_MOE_NAME",
     "TINY_NAME",
+    "HubError",
+    "HubId",
     "ModelNotFound",
     "ModelRef",
     "builtin_model",
+    "cached_model",
     "check_impl",
     "checkpoint_dtype",
+    "fetch_snapshot",
+    "hub_id_of",
     "is_builtin",
     "is_native",
     "load_model",
     "load_tokenizer",
     "model_type",
+    "parse_hub_id",
     "resolve_model",
     "tiny_config",
     "tiny_model",

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import script
 
-MESSAGE = ("{} is neither a built-in model ('tiny', 'tiny-moe') nor a checkpoint directory (no config.json in "
-           "it)")
+MESSAGE = ("{} is neither a built-in model ('tiny', 'tiny-moe'), a checkpoint directory (no config.json in it) nor "
+           "a Hugging Face model id (org/name or org/name@revision)")
 
 
 def test_forge_model_generate_tiny():

@@ -1,5 +1,5 @@
 """Model references: a built-in model (``tiny``, ``tiny-moe`` or their ids) or a checkpoint directory, resolved by forge.checkpoints.resolve_model
-with one error message that every entry point reports unchanged."""
+with one error message that every entry point reports unchanged (Hugging Face ids: test_hub_ids.py)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from forge.checkpoints import (
 )
 from forge.gateway.modelinfo import ModelInfo
 
-MESSAGE = ("{} is neither a built-in model ('tiny', 'tiny-moe') nor a checkpoint directory (no config.json in "
-           "it)")
+MESSAGE = ("{} is neither a built-in model ('tiny', 'tiny-moe'), a checkpoint directory (no config.json in it) nor "
+           "a Hugging Face model id (org/name or org/name@revision)")
 
 
 @pytest.fixture(scope="module")
