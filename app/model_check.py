@@ -1,4 +1,5 @@
-"""``forge model check DIR``: what to run on a new checkpoint before training it. It loads DIR through Forge's
+"""``forge model check MODEL``: what to run on a new checkpoint before training it (a Hugging Face id is fetched into
+the cache first). It loads it through Forge's
 training path and through transformers and compares their log-probs on random sequences (float32), checks that a
 prefix tree trains what the samples train one by one, renders the chat template
 with tools and a tool call, names the tool-call and reasoning parsers the gateway would use and the actor backends
@@ -14,6 +15,7 @@ from typing import Any
 import click
 import torch
 
+from forge.app.model_fetch import fetch_model
 from forge.checkpoints import ModelNotFound, ModelRef, is_native, model_type, resolve_model, trainable_model
 from forge.cli.options import settings_command
 from forge.settings import Settings, setting
@@ -29,7 +31,8 @@ PROBE_CHAT = [{"role": "user", "content": "Who owns Bo?"},
 @dataclass(frozen=True, kw_only=True)
 class CheckConfig(Settings):
     model: str = setting(argument=True, validate=resolve_model,
-                         help="Checkpoint directory (HF layout), or 'tiny' / 'tiny-moe'.")
+                         help="Checkpoint directory (HF layout), a Hugging Face id (org/name[@revision], fetched into "
+                              "the Hugging Face cache), or 'tiny' / 'tiny-moe'.")
     as_json: bool = setting(False, flag="json", help="Print one JSON object (ok, logprob_max_abs_diff, ...).")
     sequences: int = setting(4, min=1, max=64, help="Random sequences the log-probs are compared on.")
     length: int = setting(48, min=4, max=4096, help="Tokens per random sequence.")
@@ -105,6 +108,7 @@ def _backends(ref: ModelRef) -> list[str]:
 @settings_command("check", CheckConfig, table="model.check")
 def check_command(config: CheckConfig) -> None:
     """Check that MODEL can be trained and served exactly, before training it."""
+    fetch_model(config.model)
     try:
         ref = trainable_model(config.model)
     except ModelNotFound as exc:

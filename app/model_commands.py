@@ -1,4 +1,5 @@
-"""``forge model``: inspect, create and try checkpoints in the Hugging Face layout."""
+"""``forge model``: inspect, create, fetch and try checkpoints in the Hugging Face layout. A model named by its
+Hugging Face id is fetched into the Hugging Face cache first (``forge.app.model_fetch``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from forge.app.model_check import check_command
+from forge.app.model_fetch import fetch_command, fetch_model
 from forge.checkpoints import ModelRef, resolve_model
 from forge.cli.common import CONTEXT_SETTINGS
 from forge.cli.options import settings_command
@@ -20,13 +22,15 @@ if TYPE_CHECKING:
     from forge.model import CausalLM
     from forge.tokenizer import Tokenizer
 
-MODEL_HELP = "Checkpoint directory (HF layout: config.json + safetensors), or 'tiny' / 'tiny-moe' for a built-in model."
+MODEL_HELP = ("Checkpoint directory (HF layout: config.json + safetensors), a Hugging Face id (org/name[@revision], "
+              "fetched into the Hugging Face cache), or 'tiny' / 'tiny-moe' for a built-in model.")
 
 
 def _load(model: str) -> tuple[CausalLM, Tokenizer, ModelRef]:
     """MODEL's tokenizer and weights (CPU, float32); a checkpoint that cannot be loaded is an error (exit 1)."""
     from forge.checkpoints import load_model, load_tokenizer
 
+    fetch_model(model)
     ref = resolve_model(model)
     try:
         tokenizer = load_tokenizer(ref)
@@ -49,13 +53,14 @@ class InfoConfig(Settings):
 
 @settings_command("info", InfoConfig, table="model.info")
 def info(config: InfoConfig) -> None:
-    """Show the architecture of MODEL (a checkpoint directory, 'tiny' or 'tiny-moe') and its parameter count."""
+    """Show the architecture of MODEL (a checkpoint directory, a Hugging Face id, 'tiny' or 'tiny-moe') and its
+    parameter count."""
     import torch
 
     from forge.model import CausalLM, ModelConfig
 
+    directory = fetch_model(config.model)
     ref = resolve_model(config.model)
-    directory = ref.directory
     try:
         model_config = ModelConfig.from_file(directory)
     except ValueError as exc:
@@ -167,5 +172,5 @@ def eval_command(config: EvalConfig) -> None:
         click.echo(f"{domain:10s} {score:.3f}  ({config.size} tasks, {reading})")
 
 
-for _command in (info, init, generate_command, eval_command, check_command):
+for _command in (info, init, fetch_command, generate_command, eval_command, check_command):
     model_group.add_command(_command)
