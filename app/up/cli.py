@@ -1,6 +1,8 @@
 """The ``forge up`` command: its settings from flags, ``FORGE_UP_*`` variables and the run file's ``[up]`` table;
 the services' settings from the run file's ``[learner]``, ``[actor]``, ``[gateway]`` and ``[cache]`` tables, their
-``FORGE_<SERVICE>_*`` variables and ``--set``; all of it checked, with the team's tasks, before anything starts."""
+``FORGE_<SERVICE>_*`` variables and ``--set``; all of it checked, with the team's tasks, before anything starts. A
+model named by its Hugging Face id is fetched here, once, before any service starts; the services read it from the
+cache (``forge.checkpoints.hub``)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from forge.app.model_fetch import fetch_model
 from forge.app.registry import SERVICES
 from forge.app.up.config import RENAMED, SERVICE_KINDS, UpConfig
 from forge.app.up.keys import keys_set_by
@@ -110,11 +113,14 @@ def start(config: UpConfig) -> None:
             team = Team.load(config.tasks, config.agent, base_dir, config.seed, config.sandbox)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    console = Console()
+    for model in config.hub_models():       # once, here: the services only read the cache
+        console.print(f"fetching {model} into the Hugging Face cache (what is not there yet) …", soft_wrap=True)
+        console.print(f"model {model}: {fetch_model(model)}", soft_wrap=True, markup=False, highlight=False)
     try:
         Plan(config).check(eval_gateway=bool(team and team.tasks.eval))
     except SettingsError as exc:
         raise click.UsageError(str(exc)) from None
-    console = Console()
     result = asyncio.run(run(config, console, team))
     report(result, console)
     console.print(f"run directory: {config.run_dir} (summary.json, curves.png, learner/metrics.jsonl, logs/)")

@@ -17,6 +17,7 @@ from typing import Any
 
 from forge.adapter_names import check_adapter_name
 from forge.app.registry import SERVICES
+from forge.checkpoints import hub_id_of
 from forge.cli.overrides import Overrides
 from forge.rollout.config import (
     AgentConfig,
@@ -177,6 +178,14 @@ class UpConfig(Settings):
             except ValueError as exc:                 # SettingsError is one
                 raise SettingsError(str(exc), "--set") from None
         return found
+
+    def hub_models(self) -> tuple[str, ...]:
+        """The Hugging Face models the run's services name (``[model] path``, or a service's own model setting),
+        each once: forge up fetches them before it starts any service. (A service's own is checked where its table
+        is read, in the cache: it must have been fetched already.)"""
+        named = [self.model.path, *(str(found.values["model"]) for kind in SERVICE_KINDS
+                                    if "model" in (found := self.overrides(kind)).values)]
+        return tuple(dict.fromkeys(name for name in named if hub_id_of(name) is not None))
 
     def with_services(self, **tables: Mapping[str, Any]) -> UpConfig:
         """This configuration with services' settings given as run-file tables (``actor={"backend": "vllm"}``),

@@ -113,9 +113,15 @@ class Plan:
         self.curve = curve
         self.lane_curves = dict(lane_curves or {})
         self.overrides = {kind: main_job(kind) | self._derived(kind) | config.overrides(kind) for kind in WIRED}
+        # A Hugging Face model is fetched before the services start: they read it from the cache, and nothing inside
+        # them (transformers, vLLM) asks the Hub (forge.checkpoints.hub).
+        self.hub_env = {"HF_HUB_OFFLINE": "1"} if config.hub_models() else {}
         actor = self.overrides["actor"].values
         # The actors' backend, ``auto`` settled for the run's model, and why (read once: it opens config.json).
-        self.backend_and_why = pick_backend(actor.get("backend", "auto"), actor.get("model", "tiny"))
+        try:
+            self.backend_and_why = pick_backend(actor.get("backend", "auto"), actor.get("model", "tiny"))
+        except ValueError as exc:       # ModelNotFound: a Hugging Face model not fetched into the cache yet
+            raise SettingsError(str(exc)) from None
         self._check_combination()
 
     def _derived(self, kind: str) -> Overrides:
@@ -199,7 +205,7 @@ class Plan:
             raise SettingsError(f"{name}: {exc}") from None
         sources = {**overrides.sources, **dict.fromkeys(own, "forge up"), **dict.fromkeys(wiring, "wired"),
                    **dict.fromkeys(key_files, "wired")}
-        return Instance(name, SERVICES[kind], settings, key_files, dict(env or {}), sources, pending)
+        return Instance(name, SERVICES[kind], settings, key_files, {**self.hub_env, **(env or {})}, sources, pending)
 
     def metrics(self) -> dict[str, Any]:
         return {"metrics_port": 0} if self.config.metrics else {}

@@ -1,6 +1,6 @@
-"""The entry points' fetch of a Hugging Face model, in-process and with no network: what ``forge model fetch``
-takes, a built-in model or a directory printed as it is, and a model that cannot be had refused with exit status 2.
-(Through a Hub: integration/app/test_model_fetch.py.)"""
+"""The entry points' fetch of a Hugging Face model, in-process and with no network: which models forge up fetches,
+what ``forge model fetch`` takes, a built-in model or a directory printed as it is, and a model that cannot be had
+refused with exit status 2. (Through a Hub: integration/app/test_model_fetch.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from forge.app.model_fetch import FetchConfig, FetchFailed, fetch_command, fetch_model
+from forge.app.up.config import UpConfig
 from forge.checkpoints import TINY_DIR, write_tiny_checkpoint
+from forge.rollout.config import ModelChoice
 from forge.settings import SettingsError
 
 
@@ -25,6 +27,11 @@ def offline(monkeypatch, tmp_path):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     return tmp_path / "hub"
+
+
+def test_forge_up_fetches_the_runs_hub_model_only():
+    assert UpConfig(model=ModelChoice(path="org/name@v1")).hub_models() == ("org/name@v1",)
+    assert UpConfig().hub_models() == () and UpConfig(model=ModelChoice(path="tiny-moe")).hub_models() == ()
 
 
 def test_fetch_takes_any_model_reference_on_its_syntax():
