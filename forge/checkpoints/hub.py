@@ -30,7 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HUB_FILES", "NOT_FETCHED", "HubError", "HubId", "cached_snapshot", "fetch_snapshot", "parse_hub_id"]
+__all__ = ["HUB_FILES", "NOT_FETCHED", "HubError", "HubId", "cached_snapshot", "fetch_dataset", "fetch_snapshot",
+           "parse_hub_id"]
 
 # What Forge (and the vLLM and TensorRT-LLM backends) read of a checkpoint: fnmatch patterns of its files.
 HUB_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -115,6 +116,21 @@ def fetch_snapshot(hub: HubId, *, progress: bool = True) -> Path:
     return path
 
 
+def fetch_dataset(hub: HubId, patterns: tuple[str, ...]) -> Path:
+    """The snapshot of dataset repository ``hub`` in the Hugging Face cache, with its files matching ``patterns``
+    fetched when missing (the cached one serving offline), silently; HubError saying why in one line, as for a
+    model."""
+    import httpx2
+    from huggingface_hub import snapshot_download
+
+    try:
+        with _shown(False):
+            return Path(snapshot_download(hub.repo_id, repo_type="dataset", revision=hub.revision,
+                                          allow_patterns=list(patterns)))
+    except (OSError, httpx2.HTTPError) as exc:
+        raise HubError(hub, _reason(hub, exc, "dataset")) from None
+
+
 @contextmanager
 def _shown(progress: bool) -> Iterator[None]:
     """huggingface_hub's progress bars and warnings as ``progress`` asks, for the time of one download."""
@@ -134,8 +150,9 @@ def _shown(progress: bool) -> Iterator[None]:
         hub_logging.set_verbosity(verbosity)
 
 
-def _reason(hub: HubId, exc: BaseException) -> str:
-    """Why ``exc`` (raised by ``snapshot_download``) kept ``hub`` from being had, and what to do, in one line."""
+def _reason(hub: HubId, exc: BaseException, what: str = "model") -> str:
+    """Why ``exc`` (raised by ``snapshot_download``) kept ``hub`` (a ``what``: model or dataset) from being had, and
+    what to do, in one line."""
     from huggingface_hub import constants
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -147,16 +164,16 @@ def _reason(hub: HubId, exc: BaseException) -> str:
 
     at = f"the Hub ({constants.ENDPOINT})"
     if isinstance(exc, GatedRepoError):
-        return (f"a gated model that the token in HF_TOKEN may not read: accept its conditions on its page on {at} "
+        return (f"a gated {what} that the token in HF_TOKEN may not read: accept its conditions on its page on {at} "
                 f"with that token's account" if _token_given() else
-                f"a gated model: accept its conditions on its page on {at}, then set HF_TOKEN to a token of that "
+                f"a gated {what}: accept its conditions on its page on {at}, then set HF_TOKEN to a token of that "
                 f"account")
     if isinstance(exc, RevisionNotFoundError):
         return f"{at} has no revision {hub.revision or 'main'!r} of {hub.repo_id}"
     if isinstance(exc, RepositoryNotFoundError):
-        return (f"no such model on {at}, or a private one that the token in HF_TOKEN may not read"
+        return (f"no such {what} on {at}, or a private one that the token in HF_TOKEN may not read"
                 if _token_given() else
-                f"no such model on {at} (if it is private, set HF_TOKEN to a token that may read it)")
+                f"no such {what} on {at} (if it is private, set HF_TOKEN to a token that may read it)")
     if isinstance(exc, LocalEntryNotFoundError):
         return _not_cached(at, exc)
     if isinstance(exc, HfHubHTTPError):

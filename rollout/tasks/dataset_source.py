@@ -12,7 +12,6 @@ is then checked as a JSONL line is (``validate_task``)."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,6 @@ DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
     "domain": ("domain",),
 }
 LOCAL_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 DATA_FILES = ("*.parquet", "*.jsonl", "*.json", "*.csv", "*.arrow", "*.txt", "*.md", "**/*.parquet",
               "**/*.jsonl", "**/*.json", "**/*.csv", "**/*.arrow")
 
@@ -48,9 +46,10 @@ class DatasetSpec:
 
 
 def is_hub_id(text: str) -> bool:
-    """Whether ``text`` reads as a Hub id (``org/name`` with an optional ``@revision``), not a path."""
-    return (bool(HUB_ID.fullmatch(text)) and not text.startswith((".", "/", "~"))
-            and not text.lower().endswith(tuple(LOCAL_FORMATS)))
+    """Whether ``text`` reads as a Hub id (``org/name`` with an optional ``@revision``), not a file's path."""
+    from forge.checkpoints.hub import parse_hub_id
+
+    return parse_hub_id(text) is not None and not text.lower().endswith(tuple(LOCAL_FORMATS))
 
 
 def locate(dataset: str, base_dir: Path | None) -> tuple[Path | None, str | None]:
@@ -76,30 +75,15 @@ def _import_datasets():
 
 def _fetch(hub_id: str) -> Path:
     """The dataset repository's snapshot in huggingface_hub's cache, fetched when missing; TaskError, one line."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from forge.checkpoints.hub import HubError, fetch_dataset, parse_hub_id
 
-    repo, _, revision = hub_id.partition("@")
+    hub = parse_hub_id(hub_id)
+    if hub is None:
+        raise TaskError(f"dataset {hub_id!r}: not a Hugging Face dataset id (org/name or org/name@revision)")
     try:
-        return Path(snapshot_download(repo, repo_type="dataset", revision=revision or None,
-                                      allow_patterns=list(DATA_FILES)))
-    except GatedRepoError:
-        raise TaskError(f"dataset {hub_id}: gated or private; set HF_TOKEN to a token that may read it") from None
-    except RevisionNotFoundError:
-        raise TaskError(f"dataset {hub_id}: no revision {revision!r}") from None
-    except RepositoryNotFoundError:
-        raise TaskError(f"dataset {hub_id}: no such dataset on the Hub (or it is private: set HF_TOKEN)") from None
-    except LocalEntryNotFoundError:
-        raise TaskError(f"dataset {hub_id}: not in the cache, and the Hub cannot be reached (HF_HUB_OFFLINE is set, or "
-                        "no network): fetch it once where the Hub is reachable") from None
-    except (HfHubHTTPError, OSError) as exc:
-        raise TaskError(f"dataset {hub_id}: cannot fetch it: {str(exc).splitlines()[0]}") from None
+        return fetch_dataset(hub, DATA_FILES)
+    except HubError as exc:
+        raise TaskError(f"dataset {exc}") from None
 
 
 def _rows(spec: DatasetSpec, base_dir: Path | None) -> tuple[Iterator[dict[str, Any]], str]:

@@ -1,7 +1,8 @@
 """A stand-in for the Hugging Face Hub on a loopback port, as a real server process (aiohttp), for tests that run
 huggingface_hub's own download code with no network: clients reach it through ``HF_ENDPOINT``.
 
-It serves the repositories of a directory, ``ROOT/org/name/`` holding the files of model repository ``org/name``,
+It serves the repositories of a directory, ``ROOT/org/name/`` holding the files of model repository ``org/name``
+(and ``ROOT/datasets/org/name/`` those of dataset repository ``org/name``, under the Hub's ``datasets`` paths),
 each at one commit whose sha is derived from its files (git's blob ids), reachable as ``main`` or as the sha. A
 repository may be gated (its listing is public, its files need ``Authorization: Bearer TOKEN`` with a known token) or
 private (it does not exist without one). It implements what huggingface_hub 2.4's ``snapshot_download`` and
@@ -94,11 +95,15 @@ def read_file(directory: Path, local: Path) -> File:
     return File(path, local, len(content), _blob_id(content), None)
 
 
-def read_repos(root: Path, gated: set[str], private: set[str]) -> dict[str, Repo]:
-    """Every repository under ``root`` (``org/name`` folders), with its files and its commit's sha."""
+def read_repos(root: Path, gated: set[str], private: set[str], kind: str = "models") -> dict[str, Repo]:
+    """Every repository of ``kind`` under ``root`` (models: ``org/name`` folders, datasets: ``datasets/org/name``),
+    with its files and its commit's sha."""
+    base = root / "datasets" if kind == "datasets" else root
     repos = {}
-    for directory in sorted(p for p in root.glob("*/*") if p.is_dir()):
-        repo_id = directory.relative_to(root).as_posix()
+    for directory in sorted(p for p in base.glob("*/*") if p.is_dir()):
+        if kind == "models" and directory.parent.name == "datasets" and directory.parent.parent == root:
+            continue
+        repo_id = directory.relative_to(base).as_posix()
         files = {f.path: f for f in (read_file(directory, p) for p in sorted(directory.rglob("*")) if p.is_file())}
         sha = hashlib.sha1("".join(f"{f.path}\0{f.blob_id}\n" for f in files.values()).encode()).hexdigest()
         repos[repo_id] = Repo(repo_id, files, sha, repo_id in gated, repo_id in private, {"main", sha})
@@ -114,8 +119,10 @@ def _error(status: int, code: str | None, message: str, commit: str | None = Non
 class Hub:
     """The Hub's answers for one set of repositories and tokens."""
 
-    def __init__(self, repos: dict[str, Repo], tokens: set[str], requests: Path | None) -> None:
+    def __init__(self, repos: dict[str, Repo], tokens: set[str], requests: Path | None,
+                 datasets: dict[str, Repo] | None = None) -> None:
         self.repos = repos
+        self.datasets = datasets or {}
         self.tokens = tokens
         self.requests = requests
 
@@ -128,7 +135,8 @@ class Hub:
         token = self._token(request)
         if token is not None and token not in self.tokens:
             return _error(401, None, "Invalid credentials in Authorization header")
-        repo = self.repos.get(f"{request.match_info['org']}/{request.match_info['name']}")
+        kind = self.datasets if request.match_info.get("kind") == "datasets" else self.repos
+        repo = kind.get(f"{request.match_info['org']}/{request.match_info['name']}")
         if repo is None or (repo.private and token is None):
             return _error(401 if token is None else 404, "RepoNotFound", "Repository not found")
         if files and repo.gated and token is None:
@@ -212,6 +220,12 @@ class Hub:
         app.router.add_get(repo + "/tree/{revision}", self.tree)
         app.router.add_get(repo + "/tree/{revision}/{path:.+}", self.tree)
         app.router.add_get("/{org}/{name}/resolve/{revision}/{path:.+}", self.resolve)
+        dataset = "/api/{kind:datasets}/{org}/{name}"
+        app.router.add_get(dataset, self.info)
+        app.router.add_get(dataset + "/revision/{revision}", self.info)
+        app.router.add_get(dataset + "/tree/{revision}", self.tree)
+        app.router.add_get(dataset + "/tree/{revision}/{path:.+}", self.tree)
+        app.router.add_get("/{kind:datasets}/{org}/{name}/resolve/{revision}/{path:.+}", self.resolve)
         return app
 
 
@@ -224,8 +238,9 @@ def _range_start(header: str | None, size: int) -> int:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    hub = Hub(read_repos(Path(args.root), set(args.gated), set(args.private)), set(args.token),
-              Path(args.requests) if args.requests else None)
+    root, gated, private = Path(args.root), set(args.gated), set(args.private)
+    hub = Hub(read_repos(root, gated, private), set(args.token), Path(args.requests) if args.requests else None,
+              read_repos(root, gated, private, "datasets"))
     runner = web.AppRunner(hub.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", args.port)
