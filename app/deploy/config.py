@@ -27,6 +27,7 @@ SLOT_STRIDE = 10                     # Slurm: the k-th service of a kind on one 
 CONFIG_DIR = "/etc/forge"
 RUN_FILE_IN_POD = f"{CONFIG_DIR}/run.toml"
 SHARED_MOUNT = "/forge"
+HF_HOME_IN_POD = f"{SHARED_MOUNT}/hf"  # the Hugging Face cache every pod shares: a Hub model is fetched into it once
 POOL_MOUNT = "/var/lib/forge"        # the pool's own volume, with --pool-volume-size
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

@@ -22,6 +22,7 @@ from forge.app.deploy.config import (
     CACHE_PORT,
     GATEWAY_GRPC_PORT,
     GATEWAY_HTTP_PORT,
+    HF_HOME_IN_POD,
     LEARNER_PORT,
     POOL_MOUNT,
     POOL_PORT,
@@ -45,6 +46,7 @@ GPU = "nvidia.com/gpu"
 START_S = {"learner": 1800, "actor": 900, "gateway": 300, "pool": 300, "cache": 300}
 # Seconds a pod is given to stop on SIGTERM (the learner checkpoints after its current step).
 STOP_S = {"learner": 600, "actor": 60, "gateway": 60, "pool": 60, "cache": 30, "rollout": 60}
+HUB_READERS = ("learner", "actor", "gateway", "rollout")   # the pods that load a model (a Hub one from the cache)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -172,11 +174,26 @@ class Manifests:
             "volumeMounts": mounts, **probes}
         if not container["ports"]:
             del container["ports"]
+        if self.run.hub_models and command.kind in HUB_READERS:
+            container["env"] += self.hub_env(offline=command.kind != "rollout")
         if gpus:
             container["resources"] = {"limits": {GPU: gpus}}
         elif command.kind in ("learner", "actor"):      # a CPU one, even where the runtime shows every GPU
             container["env"].append({"name": "CUDA_VISIBLE_DEVICES", "value": ""})
         return container
+
+    @staticmethod
+    def hub_env(offline: bool) -> list[dict[str, Any]]:
+        """A pod's Hugging Face cache on the shared volume (fetched into once for every pod), read only by the
+        services (the rollout driver may fetch a dataset)."""
+        return [{"name": "HF_HOME", "value": HF_HOME_IN_POD},
+                *([{"name": "HF_HUB_OFFLINE", "value": "1"}] if offline else [])]
+
+    def fetch_container(self) -> dict[str, Any]:
+        """The init container fetching the run's Hub models into the shared cache before a service starts."""
+        fetches = " && ".join(f"forge model fetch {quote(model)}" for model in self.run.hub_models)
+        return {"name": "fetch-model", "image": self.config.image, "command": ["/bin/sh", "-c", fetches],
+                "env": self.hub_env(offline=False), "volumeMounts": [{"name": "shared", "mountPath": SHARED_MOUNT}]}
 
     def pod(self, component: str, container: dict[str, Any]) -> dict[str, Any]:
         volumes: list[dict[str, Any]] = [
@@ -186,6 +203,8 @@ class Manifests:
             volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
         spec: dict[str, Any] = {"enableServiceLinks": False, "terminationGracePeriodSeconds": STOP_S[component],
                                 "containers": [container], "volumes": volumes}
+        if self.run.hub_models and component in HUB_READERS:
+            spec["initContainers"] = [self.fetch_container()]
         if component == "rollout":
             spec["restartPolicy"] = "OnFailure"
         return {"metadata": {"labels": self.labels(component)}, "spec": spec}

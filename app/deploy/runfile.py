@@ -78,12 +78,26 @@ class RunFile:
         return self._fields(ModelChoice, "model").get("model_impl")
 
     @property
+    def hub_models(self) -> list[str]:
+        """The models the services load that are named by Hugging Face id (each once): the deployment fetches them
+        where the services run, which then read them from the cache."""
+        from forge.checkpoints.reference import hub_id_of
+
+        named = [self.model, *(self.options(kind).get("model") for kind in ("learner", "actor", "gateway"))]
+        return list(dict.fromkeys(str(hub_id_of(m)) for m in named if isinstance(m, str) and hub_id_of(m)))
+
+    @property
     def backend(self) -> str:
         """The actors' backend, ``auto`` settled for the run's model."""
         from forge.actors.kinds import pick_backend
 
         actor = self.options("actor")
-        return pick_backend(str(actor.get("backend", "auto")), self.model or str(actor.get("model", "tiny")))[0]
+        model = self.model or str(actor.get("model", "tiny"))
+        try:
+            return pick_backend(str(actor.get("backend", "auto")), model)[0]
+        except ValueError as exc:       # auto reads the model's config: a Hub model not in this machine's cache
+            raise RunFileError(f"{self.path}: the actors' backend is auto, which reads {model}'s config: {exc}; or "
+                               "set [actor] backend") from None
 
     @property
     def cache_serves_actors(self) -> bool:

@@ -140,7 +140,10 @@ class BatchScript:
 
     # The script.
     def start(self, command: Command, node: int, devices: str | None = None) -> str:
-        env = ["env", f"CUDA_VISIBLE_DEVICES={devices}"] if devices is not None else []
+        env: list[str] = [f"CUDA_VISIBLE_DEVICES={devices}"] if devices is not None else []
+        if command.kind == "rollout" and self.run.hub_models:
+            env.append(Shell("HF_HUB_OFFLINE=$HUB_OFFLINE_GIVEN"))
+        env = ["env", *env] if env else []
         words = [*env, *command.words(command.key_file_options("$KEYS"))]
         return f"start {command.name} {quote(self.node(node))} \\\n    {shell_words(words)}"
 
@@ -209,6 +212,7 @@ class BatchScript:
             "fi",
             'echo "placement:"',
             *(f'echo "  {line}: ${{NODES[{n}]}} (${{ADDRS[{n}]}})"' for n, line in enumerate(self.placement())),
+            *self.fetches(),
             "# The run's keys, made afresh for every job, readable by the owner alone.",
             '(umask 077 && mkdir -p "$KEYS" && chmod 700 "$KEYS"',
             f" for kind in {kinds}; do",
@@ -217,6 +221,18 @@ class BatchScript:
             " done)",
         ]
         return lines
+
+    def fetches(self) -> list[str]:
+        """The script's lines fetching the Hub models into every node's cache; the services then run offline (the
+        rollout drivers excepted: a dataset named by Hub id is fetched by them), as forge up runs its services."""
+        models = self.run.hub_models
+        if not models:
+            return []
+        return ["# The models named by Hugging Face id, fetched once per node (HF_HOME, HF_TOKEN and HF_ENDPOINT as",
+                "# the job has them); the services then read the cache only.",
+                *(f"fetch_model {quote(model)}" for model in models),
+                'HUB_OFFLINE_GIVEN="${HF_HUB_OFFLINE:-}"',
+                "export HF_HUB_OFFLINE=1"]
 
     def text(self) -> str:
         c, layout = self.config, self.layout

@@ -1,5 +1,5 @@
 """The shell functions of a Forge batch script: start a service as a named job step, find each node's address, wait
-for a service (bounded, failing with its last log lines), and stop the services with a signal they receive.
+for a service (bounded, failing with its last log lines), fetch a model into every node's cache, and stop the services with a signal they receive.
 
 A step is stopped with ``scancel --signal=TERM JOB.STEP``, which Slurm delivers to the step's tasks: signalling the
 ``srun`` instead makes Slurm kill the task outright, so the learner would lose the steps since its last checkpoint.
@@ -36,6 +36,26 @@ address() {
         exit 1
     fi
     echo "$found"
+}
+
+# fetch_model MODEL: fetch MODEL (a Hugging Face id) into the Hugging Face cache of every node of the job, one
+# fetch a node, all at once; the job fails with the fetch's last lines where one fails.
+fetch_model() {
+    local node k pids=() nodes=()
+    for node in $(printf '%s\n' "${NODES[@]}" | sort -u); do
+        srun --job-name=fetch --nodes=1 --ntasks=1 --nodelist="$node" --overlap --output="$LOGS/fetch-$node.log" \
+            forge model fetch "$1" &
+        pids+=("$!")
+        nodes+=("$node")
+    done
+    for k in "${!pids[@]}"; do
+        if ! wait "${pids[k]}"; then
+            echo "fetching $1 on ${nodes[k]} failed; the last lines of $LOGS/fetch-${nodes[k]}.log:" >&2
+            tail -n 20 "$LOGS/fetch-${nodes[k]}.log" >&2 || true
+            exit 1
+        fi
+    done
+    echo "$1 is in the cache of every node"
 }
 
 # alive NAME: whether the step NAME still runs.

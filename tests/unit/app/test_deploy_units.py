@@ -363,3 +363,40 @@ def test_the_model_tables_impl_reaches_the_learner_not_the_servers(tmp_path):
     assert {name.split("-")[0] for name in with_impl} == {"learner", "rollout"}, with_impl
     learner = next(words for name, words in starts if name.startswith("learner"))
     assert learner[learner.index("--model-impl") + 1] == "transformers"
+
+
+def test_a_hub_model_is_fetched_where_the_services_run_which_then_read_the_cache(tmp_path):
+    """Slurm: once per node, before any service; Kubernetes: an init container into the cache on the shared
+    volume. The services run offline (HF_HUB_OFFLINE), the rollout drivers excepted (they may fetch a dataset)."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    text = TEAM.replace('path = "tiny"', 'path = "org/model@v2"').replace("kv_cache_mb = 96",
+                                                                          'kv_cache_mb = 96\nbackend = "torch"')
+    result, out = deploy(tmp_path, "slurm", text=text)
+    assert result.exit_code == 0, result.output
+    script = (out / "forge.sbatch").read_text()
+    fetch, offline, first_start = (script.index("fetch_model org/model@v2\n"), script.index("export HF_HUB_OFFLINE=1"),
+                                   script.index("\nstart "))
+    assert fetch < offline < first_start
+    starts = dict(slurm_starts(script))
+    assert starts["learner-rank0"][starts["learner-rank0"].index("--model") + 1] == "org/model@v2"
+    assert starts["rollout-0"][:2] == ["env", "HF_HUB_OFFLINE=$HUB_OFFLINE_GIVEN"]
+
+    (tmp_path / "k8s").mkdir()
+    result, out = deploy(tmp_path / "k8s", "k8s", text=text)
+    assert result.exit_code == 0, result.output
+    pods = {}
+    for _, doc in documents(out):
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        if doc["kind"] in ("StatefulSet", "Job"):
+            spec = doc["spec"]["template"]["spec"]
+            pods[doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]] = spec
+    for component in ("learner", "actor", "gateway", "rollout"):
+        (init,) = pods[component]["initContainers"]
+        assert init["command"] == ["/bin/sh", "-c", "forge model fetch org/model@v2"]
+        env = {e["name"]: e.get("value") for e in pods[component]["containers"][0]["env"]}
+        assert env["HF_HOME"] == "/forge/hf"
+        assert env.get("HF_HUB_OFFLINE") == (None if component == "rollout" else "1")
+    assert "initContainers" not in pods["pool"]
+    plain, out = deploy(tmp_path / "k8s", "k8s")
+    assert all("initContainers" not in doc["spec"]["template"]["spec"] for _, doc in documents(out)
+               if doc["kind"] in ("StatefulSet", "Job"))
