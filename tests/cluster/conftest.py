@@ -57,9 +57,10 @@ class Cluster:
                 alive.append(int(text))
         return alive
 
-    def slurm(self, *args: str, check: bool = True) -> str:
-        """A Slurm client command (sbatch, scontrol, scancel, ...) against this cluster; its stdout."""
-        done = subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=120)
+    def slurm(self, *args: str, check: bool = True, env: dict[str, str] | None = None) -> str:
+        """A Slurm client command (sbatch, scontrol, scancel, ...) against this cluster (with ``env``: in that
+        environment, which sbatch passes on to the job); its stdout."""
+        done = subprocess.run(list(args), env=env or self.env, capture_output=True, text=True, timeout=120)
         if check and done.returncode != 0:
             raise AssertionError(f"{' '.join(args)}: {done.stdout}{done.stderr}")
         return done.stdout

@@ -1,6 +1,7 @@
 """``forge deploy --target slurm`` on a real two-node Slurm cluster (``tools/slurm_cluster.sh``, started by the
 suite): the written batch script, submitted with ``sbatch``, trains the built-in tasks with the learner on both nodes
-(one torchrun job), an actor, the pool service, the gateways and the rollout driver placed by the script; it stops on
+(one torchrun job), an actor, the pool service, the gateways and the rollout driver placed by the script, its model
+named by Hugging Face id (a stand-in Hub on loopback) and fetched once per node; it stops on
 a signal with a checkpoint of the learner's last step; a lost node requeues the job and the learner resumes from its
 checkpoint, consuming no pool entry twice; and every process of a job is gone when it ends."""
 
@@ -20,11 +21,14 @@ from forge.pool import PoolReader
 from forge.rollout.tasks.builtin_source import held_out, train
 
 from conftest import REPO, script
+from helpers.hub_server import HubServer, hub_env, write_model_repo
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
 
 EXAMPLE = REPO / "examples" / "blackbox"
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "PREEMPTED"}   # NODE_FAIL: requeued
+
+HUB_MODEL = "forge-test/tiny"        # the two-node run's model, served by a stand-in Hub (helpers/hub_server.py)
 
 RUN_FILE = """
 [deploy]
@@ -40,7 +44,7 @@ ready_timeout = 600
 stop_timeout = 300
 
 [model]
-path = "tiny"
+path = "{model}"
 
 [tasks]
 train = "tasks/train.jsonl"
@@ -64,14 +68,17 @@ device = "cpu"
 
 [actor]
 kv_cache_mb = 64
+backend = "torch"
 """
 
 
 class Job:
     """One run deployed to the cluster: its team folder and run file on the shared path, its script, its job."""
 
-    def __init__(self, cluster, root: Path, name: str, episodes: int) -> None:
+    def __init__(self, cluster, root: Path, name: str, episodes: int, model: str = "tiny",
+                 env: dict[str, str] | None = None) -> None:
         self.cluster = cluster
+        self.env = env or cluster.env
         self.shared = root / "shared"
         team = self.shared / "team"
         (team / "tasks").mkdir(parents=True)
@@ -80,18 +87,19 @@ class Job:
         (team / "tasks" / "eval.jsonl").write_text("".join(json.dumps(t) + "\n" for t in held_out(2)))
         self.run_file = team / "run.toml"
         self.run_file.write_text(RUN_FILE.format(name=name, shared=self.shared, bin=Path(sys.executable).parent,
-                                                 episodes=episodes))
+                                                 episodes=episodes, model=model))
         self.dir = self.shared / name
         out = root / "deploy"
         done = subprocess.run([script("forge"), "deploy", "--config", str(self.run_file), "--target", "slurm",
-                               "--out", str(out)], capture_output=True, text=True, env=cluster.env, timeout=300)
+                               "--out", str(out)], capture_output=True, text=True, env=self.env, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
         self.deploy_output = done.stdout
         self.script = out / f"{name}.sbatch"
         self.id = ""
 
     def submit(self) -> None:
-        self.id = self.cluster.slurm("sbatch", "--parsable", f"--output={self.dir}.out", str(self.script)).strip()
+        self.id = self.cluster.slurm("sbatch", "--parsable", f"--output={self.dir}.out", str(self.script),
+                                     env=self.env).strip()
 
     def field(self, name: str) -> str:
         found = re.search(rf"\b{name}=(\S+)", self.cluster.slurm("scontrol", "show", "job", self.id))
@@ -144,7 +152,24 @@ class Job:
 
 
 def test_a_two_node_run_trains_evaluates_and_ends_by_itself(cluster, tmp_path):
-    job = Job(cluster, tmp_path, "twonode", episodes=24)
+    """The model named by Hugging Face id: the job fetches it once per node, then its services read the cache."""
+    root = tmp_path / "hub"
+    write_model_repo(root, HUB_MODEL, seed=3)
+    with HubServer(root, tmp_path / "hub-server") as hub:
+        env = {**hub_env(tmp_path / "hf", hub.url), "SLURM_CONF": cluster.env["SLURM_CONF"]}
+        job = Job(cluster, tmp_path, "twonode", episodes=24, model=HUB_MODEL, env=env)
+        two_node_run(job)
+        asked = hub.requests()
+    # one fetch a node (both nodes share this machine's cache, so the second may find the weights there); the
+    # services, eight processes, asked the Hub nothing
+    infos = [r for r in asked if r["path"].startswith(f"/api/models/{HUB_MODEL}") and "/tree/" not in r["path"]]
+    assert len(infos) == 2, asked
+    assert 1 <= sum(r["method"] == "GET" and r["path"].endswith(".safetensors") for r in asked) <= 2, asked
+    assert sorted(p.name for p in (job.dir / "logs" / f"{job.id}.0").glob("fetch-*.log")) == ["fetch-n1.log",
+                                                                                             "fetch-n2.log"]
+
+
+def two_node_run(job: Job) -> None:
     assert "node 0: pool, cache, gateway(s), rollout driver(s); learner rank 1" in job.deploy_output
     assert "node 1: learner rank 0; actor 0" in job.deploy_output
     job.submit()
