@@ -12,14 +12,9 @@ from pathlib import Path
 import click
 
 from forge.checkpoints import HubError, ModelNotFound, fetch_snapshot, resolve_model
+from forge.cli.common import FetchFailed
 from forge.cli.options import settings_command
 from forge.settings import Settings, setting
-
-
-class FetchFailed(click.ClickException):
-    """A model that cannot be had, said in one line (``Error: ...``); exit status 2, a usage error's."""
-
-    exit_code = 2
 
 
 def fetch_model(reference: str, *, progress: bool = True) -> Path:

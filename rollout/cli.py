@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from forge.cli.common import setup_logging
+from forge.cli.common import FetchFailed, setup_logging
 from forge.cli.options import RUN_FILE, settings_command
 from forge.rollout.config import RolloutConfig
 from forge.rollout.run_summary import RunSummary
@@ -36,6 +36,7 @@ def rollout(config: RolloutConfig) -> None:
         raise click.UsageError(str(exc)) from exc
     if team.environment is not None:
         click.echo(team.environment.describe())
+    _have_model(config.model.path)
     if config.eval_gateway and not team.tasks.eval:
         raise click.UsageError("--eval-gateway plays the held-out tasks: the run has none ([tasks] eval or "
                                "eval_fraction)")
@@ -47,6 +48,24 @@ def rollout(config: RolloutConfig) -> None:
                    f"{_rounded(summary.eval_end) or '(not read: stopped by a signal)'}")
     if config.summary is not None:
         click.echo(f"summary: {config.summary}")
+
+
+def _have_model(reference: str) -> None:
+    """A model named by Hugging Face id (its tokenizer is what the rollout side reads) in the cache, fetched when it
+    is not there yet; FetchFailed, one line, when it cannot be had."""
+    from forge.checkpoints import HubError, fetch_snapshot, hub_id_of
+    from forge.checkpoints.hub import cached_snapshot
+
+    hub = hub_id_of(reference)
+    if hub is None:
+        return
+    try:
+        cached_snapshot(hub)
+    except HubError:
+        try:
+            fetch_snapshot(hub, progress=False)
+        except HubError as exc:
+            raise FetchFailed(str(exc)) from None
 
 
 def _rounded(scores: dict[str, float]) -> dict[str, float]:

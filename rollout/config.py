@@ -18,7 +18,9 @@ from forge.settings import Settings, SettingsError, log_level_setting, setting
 class ModelChoice(Settings):
     """The run file's ``[model]`` table: the policy every service of the run serves or trains."""
 
-    path: str = setting("tiny", flag="model", validate=resolve_model, help="'tiny', 'tiny-moe' or a checkpoint directory.")
+    path: str = setting("tiny", flag="model", validate=resolve_model,
+                        help="'tiny', 'tiny-moe', a checkpoint directory or a Hugging Face id (org/name, "
+                             "org/name@revision).")
     impl: str = setting("auto", flag="model-impl", choices=IMPLS,
                         help="What the learner trains it with: Forge's own implementation (native), transformers', "
                              "or auto: native where Forge implements the family.")

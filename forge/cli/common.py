@@ -24,8 +24,21 @@ __all__ = ["CONTEXT_SETTINGS", "check_port_option", "config_option", "entry_poin
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
+# HTTP clients that log every request at INFO (huggingface_hub's among them): their warnings only, unless DEBUG.
+CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore")
+
+
 def setup_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr, force=True)
+    if level.upper() != "DEBUG":
+        for name in CHATTY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+class FetchFailed(click.ClickException):
+    """A model or dataset that cannot be had, said in one line (``Error: ...``); exit status 2, a usage error's."""
+
+    exit_code = 2
 
 
 def entry_point(command: click.Command, name: str) -> Callable[[], Any]:

@@ -123,3 +123,28 @@ def test_the_services_read_the_cache_and_never_fetch(hub, tmp_path, program):
     assert (f"{MODEL}: not in the Hugging Face cache ({tmp_path / 'hf' / 'hub'}): fetch it first with "
             f"`forge model fetch {MODEL}`") in result.stderr
     assert len(hub.requests()) == before                                # the Hub was not asked
+
+
+def test_forge_rollout_fetches_the_tokenizers_model_or_says_why_not(hub, tmp_path):
+    """forge rollout reads the model's tokenizer: a Hub model not in the cache is fetched, one that cannot be had
+    stops it in one line before it plays anything."""
+    (tmp_path / "train.jsonl").write_text(json.dumps({"id": "t1", "messages": [{"role": "user", "content": "hi"}]})
+                                          + "\n")
+    (tmp_path / "verify.py").write_text("def score(task, reply, session):\n    return 1.0\n")
+    (tmp_path / "run.toml").write_text('[tasks]\ntrain = "train.jsonl"\nverifier = "verify.py:score"\n'
+                                       '[agent]\ncommand = ["python", "-c", "pass"]\n')
+    env = hub_env(tmp_path / "hf", hub.url)
+    unknown = forge("rollout", "--config", str(tmp_path / "run.toml"), "--gateway", "127.0.0.1:1", "--http",
+                    "http://127.0.0.1:1", "--model", "org/no-such-model", "--episodes", "1", env=env)
+    assert unknown.returncode == 2
+    assert unknown.stderr.splitlines() == [f"Error: org/no-such-model: no such model on the Hub ({hub.url}) (if it "
+                                           "is private, set HF_TOKEN to a token that may read it)"]
+    assert cached_model_dir(tmp_path / "hf") == []
+    played = forge("rollout", "--config", str(tmp_path / "run.toml"), "--gateway", f"127.0.0.1:{free_port()}",
+                   "--http", "http://127.0.0.1:1", "--model", MODEL, "--minutes", "0.01", env=env)
+    assert cached_model_dir(tmp_path / "hf") == ["models--org--tiny-random"], played.stderr[-2000:]
+
+
+def cached_model_dir(home: Path) -> list[str]:
+    hub = home / "hub"
+    return sorted(p.name for p in hub.glob("models--*")) if hub.exists() else []

@@ -398,5 +398,6 @@ def test_a_hub_model_is_fetched_where_the_services_run_which_then_read_the_cache
         assert env.get("HF_HUB_OFFLINE") == (None if component == "rollout" else "1")
     assert "initContainers" not in pods["pool"]
     plain, out = deploy(tmp_path / "k8s", "k8s")
+    assert plain.exit_code == 0, plain.output
     assert all("initContainers" not in doc["spec"]["template"]["spec"] for _, doc in documents(out)
                if doc["kind"] in ("StatefulSet", "Job"))
