@@ -39,6 +39,8 @@ HEAVY = SERIAL | frozenset({
     "tests/integration/rollout/test_code_example.py",       # a sandboxed team run
     "tests/integration/gateway/test_gateway_grpc.py",       # incl. hundreds of open streams through one gateway
     "tests/integration/app/test_model_check.py",            # the engine and the learner on each family checked
+    "tests/integration/app/test_model_fetch.py",            # Hub models through a stand-in Hub, each command a process
+    "tests/integration/rollout/test_dataset_hub.py",        # a Hub dataset through a stand-in Hub, then offline
 })
 
 
