@@ -214,18 +214,13 @@ class Hub:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self.record])
-        repo = "/api/models/{org}/{name}"
-        app.router.add_get(repo, self.info)
-        app.router.add_get(repo + "/revision/{revision}", self.info)
-        app.router.add_get(repo + "/tree/{revision}", self.tree)
-        app.router.add_get(repo + "/tree/{revision}/{path:.+}", self.tree)
-        app.router.add_get("/{org}/{name}/resolve/{revision}/{path:.+}", self.resolve)
-        dataset = "/api/{kind:datasets}/{org}/{name}"
-        app.router.add_get(dataset, self.info)
-        app.router.add_get(dataset + "/revision/{revision}", self.info)
-        app.router.add_get(dataset + "/tree/{revision}", self.tree)
-        app.router.add_get(dataset + "/tree/{revision}/{path:.+}", self.tree)
-        app.router.add_get("/{kind:datasets}/{org}/{name}/resolve/{revision}/{path:.+}", self.resolve)
+        for api, files in (("/api/models/{org}/{name}", "/{org}/{name}"),
+                           ("/api/{kind:datasets}/{org}/{name}", "/{kind:datasets}/{org}/{name}")):
+            app.router.add_get(api, self.info)
+            app.router.add_get(api + "/revision/{revision}", self.info)
+            app.router.add_get(api + "/tree/{revision}", self.tree)
+            app.router.add_get(api + "/tree/{revision}/{path:.+}", self.tree)
+            app.router.add_get(files + "/resolve/{revision}/{path:.+}", self.resolve)
         return app
 
 
