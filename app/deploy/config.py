@@ -168,7 +168,7 @@ class DeployConfig(Settings):
 
     def _check_nodes(self) -> None:
         """SettingsError for a job too small to place the services (see ``slurm_layout``)."""
-        one_per_role = 1 + self.learner_nodes + self.actor_nodes
+        one_per_role = self.role_nodes
         if self.nodes is None:
             return
         if self.nodes > one_per_role:
@@ -193,9 +193,14 @@ class DeployConfig(Settings):
         return -(-self.actors // self.actors_per_node)
 
     @property
+    def role_nodes(self) -> int:
+        """Slurm: the nodes of one per role: the pool and gateways', each learner node, the actors'."""
+        return 1 + self.learner_nodes + self.actor_nodes
+
+    @property
     def job_nodes(self) -> int:
         """Slurm: the job's nodes, --nodes or one per role."""
-        return self.nodes or 1 + self.learner_nodes + self.actor_nodes
+        return self.nodes or self.role_nodes
 
 
 def relay_parent(actor: int, fanout: int) -> int | None:

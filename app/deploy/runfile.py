@@ -5,6 +5,7 @@ mistake stops the deploy in one line instead of crash-looping pods or a failed b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -77,14 +78,15 @@ class RunFile:
 
         return self._fields(ModelChoice, "model").get("model_impl")
 
-    @property
+    @cached_property
     def hub_models(self) -> list[str]:
         """The models the services load that are named by Hugging Face id (each once): the deployment fetches them
         where the services run, which then read them from the cache."""
         from forge.checkpoints.reference import hub_id_of
 
         named = [self.model, *(self.options(kind).get("model") for kind in ("learner", "actor", "gateway"))]
-        return list(dict.fromkeys(str(hub_id_of(m)) for m in named if isinstance(m, str) and hub_id_of(m)))
+        ids = (hub_id_of(m) for m in named if isinstance(m, str))
+        return list(dict.fromkeys(str(hub) for hub in ids if hub is not None))
 
     @property
     def backend(self) -> str:
@@ -111,7 +113,7 @@ class RunFile:
         """Whether the run file brings a team's tasks and agent, or an environment, which a rollout driver plays."""
         return bool(self.table("tasks") or self.table("agent") or self.table("env"))
 
-    @property
+    @cached_property
     def held_out(self) -> bool:
         """Whether the rollout side has held-out tasks (``[tasks] eval`` or ``eval_fraction``, or the environment's
         ``eval_fraction``), which rollout driver 0 plays through an eval gateway at the start and the end."""

@@ -107,10 +107,11 @@ def _command(run: RunFile, kind: str, name: str, run_file: str, values: Mapping[
     fields = {e.name for e in _entries(spec)}
     for field, value in (("model", run.model), ("model_impl", run.model_impl)):
         if value is not None and field in fields and field not in run.options(kind):
-            if field == "model" and hub_id_of(value) is not None:
+            hub = hub_id_of(value) if field == "model" else None
+            if hub is not None:
                 # A Hub model is looked up in the cache of the node the service runs on (after the job fetched it
                 # there), not in this machine's: passed on as it is, its id's characters safe in a shell word.
-                value = Shell(str(hub_id_of(value)))
+                value = Shell(str(hub))
             values = {**values, field: value}
     return Command(name, spec, run_file, values, tuple((keys if keys is not None else spec.keys).items()))
 
