@@ -120,20 +120,26 @@ rollouts_running() {
     return 1
 }
 
-# step_of NAME: the job step id (JOB.STEP) of the step NAME.
-step_of() {
-    squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' 2>/dev/null | awk -v name="$1" '$2 == name {print $1; exit}'
+# steps_now: the job's steps as Slurm lists them, "JOB.STEP NAME" a line (asked once, then looked up in).
+steps_now() {
+    squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' 2>/dev/null || true
+}
+
+# step_in STEPS NAME: the step id (JOB.STEP) of the step NAME in the list STEPS.
+step_in() {
+    awk -v name="$2" '$2 == name {print $1; exit}' <<<"$1"
 }
 
 # stop_all: SIGTERM to every step, the rollout drivers first and the pool last, each group at once (the learner's
 # ranks stop together), waiting up to STOP_TIMEOUT seconds for each group to end before killing what is left.
 stop_all() {
     trap '' TERM INT
-    local group k step until
+    local group k step steps until
     for group in rollout gateway actor learner cache pool; do
+        steps=$(steps_now)
         for k in "${!NAMES[@]}"; do
             [[ ${NAMES[k]} == "$group"* ]] && kill -0 "${PIDS[k]}" 2>/dev/null || continue
-            step=$(step_of "${NAMES[k]}")
+            step=$(step_in "$steps" "${NAMES[k]}")
             if [ -n "$step" ]; then
                 scancel --signal=TERM "$step" 2>/dev/null || true
             else                            # Slurm does not answer: srun passes it on, less gently
@@ -146,7 +152,7 @@ stop_all() {
             while kill -0 "${PIDS[k]}" 2>/dev/null && [ "$SECONDS" -lt "$until" ]; do sleep 1; done
             if kill -0 "${PIDS[k]}" 2>/dev/null; then
                 echo "${NAMES[k]} did not stop within ${STOP_TIMEOUT}s: killed" >&2
-                step=$(step_of "${NAMES[k]}")
+                step=$(step_in "$steps" "${NAMES[k]}")
                 if [ -n "$step" ]; then scancel "$step" 2>/dev/null || true; fi
                 kill -KILL "${PIDS[k]}" 2>/dev/null || true
             fi
