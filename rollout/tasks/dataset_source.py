@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forge.checkpoints.hub import HubError, HubId, fetch_dataset, parse_hub_id
 from forge.rollout.tasks.task_checks import TaskError, validate_task
 
 FIELDS = ("id", "prompt", "messages", "answer", "domain")
@@ -47,19 +48,17 @@ class DatasetSpec:
 
 def is_hub_id(text: str) -> bool:
     """Whether ``text`` reads as a Hub id (``org/name`` with an optional ``@revision``), not a file's path."""
-    from forge.checkpoints.hub import parse_hub_id
-
     return parse_hub_id(text) is not None and not text.lower().endswith(tuple(LOCAL_FORMATS))
 
 
-def locate(dataset: str, base_dir: Path | None) -> tuple[Path | None, str | None]:
+def locate(dataset: str, base_dir: Path | None) -> tuple[Path | None, HubId | None]:
     """(the local file or folder, None) for a path that exists, else (None, the Hub id); TaskError for neither."""
     given = Path(dataset).expanduser()
     path = base_dir / given if base_dir is not None and not given.is_absolute() else given
     if path.exists():
         return path, None
     if is_hub_id(dataset):
-        return None, dataset
+        return None, parse_hub_id(dataset)
     raise TaskError(f"dataset {dataset!r}: no such file or folder, and not a Hugging Face dataset id (org/name)")
 
 
@@ -73,13 +72,8 @@ def _import_datasets():
     return datasets
 
 
-def _fetch(hub_id: str) -> Path:
+def _fetch(hub: HubId) -> Path:
     """The dataset repository's snapshot in huggingface_hub's cache, fetched when missing; TaskError, one line."""
-    from forge.checkpoints.hub import HubError, fetch_dataset, parse_hub_id
-
-    hub = parse_hub_id(hub_id)
-    if hub is None:
-        raise TaskError(f"dataset {hub_id!r}: not a Hugging Face dataset id (org/name or org/name@revision)")
     try:
         return fetch_dataset(hub, DATA_FILES)
     except HubError as exc:
@@ -89,9 +83,9 @@ def _fetch(hub_id: str) -> Path:
 def _rows(spec: DatasetSpec, base_dir: Path | None) -> tuple[Iterator[dict[str, Any]], str]:
     """The split's rows, streamed, and the dataset's short name (the default domain)."""
     datasets = _import_datasets()
-    local, hub_id = locate(spec.dataset, base_dir)
-    source = local if local is not None else _fetch(hub_id or "")
-    name = hub_id.partition("@")[0].rsplit("/", 1)[-1] if hub_id else source.stem
+    local, hub = locate(spec.dataset, base_dir)
+    source = local if local is not None else _fetch(hub)
+    name = hub.repo_id.rsplit("/", 1)[-1] if hub is not None else source.stem
     try:
         if source.is_file():
             kind = LOCAL_FORMATS.get(source.suffix.lower())
