@@ -58,14 +58,25 @@ def copy_of(model: CausalLM) -> CausalLM:
     return copy
 
 
-def random_tiny(directory: Path, seed: int = 0, context: int | None = None) -> Path:
+def random_tiny(directory: Path, seed: int = 0, context: int | None = None, layers: int | None = None) -> Path:
     """The tiny architecture with random weights; ``context`` raises its positions (RoPE unchanged), so that a
-    stream may run far longer than a client takes to act on it."""
+    stream may run far longer than a client takes to act on it; ``layers`` keeps only that many layers (with their
+    weights), where a test's cost is attention over a very long prompt, not the model's depth."""
     path = write_tiny_checkpoint(directory / "random-tiny", seed)
+    if context is None and layers is None:
+        return path
+    config = json.loads((path / "config.json").read_text())
     if context is not None:
-        config = json.loads((path / "config.json").read_text())
         config["max_position_embeddings"] = context
-        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if layers is not None:
+        model = CausalLM.from_pretrained(path)
+        kept = ModelConfig.from_hf_dict({**config, "num_hidden_layers": layers})
+        shallow = CausalLM(kept)
+        shallow.load_state_dict({name: weight for name, weight in model.state_dict().items()
+                                 if name in shallow.state_dict()})
+        shallow.save_pretrained(path)
+        config = {**json.loads((path / "config.json").read_text()), **config, "num_hidden_layers": layers}
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path
 
 

@@ -48,7 +48,7 @@ def running(address: str) -> float:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_64k_token_prompt_is_recorded_exactly_while_another_session_decodes(tmp_path):
-    checkpoint = random_tiny(tmp_path, context=PROMPT_TOKENS + 1024)
+    checkpoint = random_tiny(tmp_path, context=PROMPT_TOKENS + 1024, layers=1)
     actor = start_actor(tmp_path, "actor", "--model", str(checkpoint), "--kv-cache-mb", "256", "--threads", "2",
                         "--max-batched-tokens", "2048")
     try:
