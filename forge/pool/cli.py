@@ -7,6 +7,7 @@ import datetime
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from forge.pool.errors import PoolError
 from forge.pool.fifo import STATUS_NAMES
 from forge.pool.layout import COMPLETED
 from forge.pool.sessions import SESSION_STATUS_NAMES
-from forge.settings import Settings, setting
+from forge.settings import Settings, SettingsError, setting
 
 
 def _open_reader(path: Path) -> Any:
@@ -218,6 +219,81 @@ def common_finish_name(value: int) -> str:
         return str(value)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExportConfig(Settings):
+    path: Path = setting(argument=True, path="dir", validate=_existing_directory, help=PATH_HELP)
+    format: str = setting("jsonl", choices=("jsonl", "parquet"), help="Output format, one row per call.")
+    out: Path | None = setting(None, short="o", path="file",
+                               help="File to write [default: standard output; parquet needs a file].")
+    model: str | None = setting(None, help="Tokenizer to add the prompt and completion text with (a checkpoint "
+                                           "directory, 'tiny' or a Hub id) [default: token ids only].")
+    domain: str | None = setting(None, help="Only sessions of this domain.")
+    status: str | None = setting(None, choices=("open", "completed", "failed"), help="Only sessions in this status.")
+    min_reward: float | None = setting(None, help="Only sessions whose outcome reward (the sum) is at least this.")
+    max_reward: float | None = setting(None, help="Only sessions whose outcome reward (the sum) is at most this.")
+    min_version: int | None = setting(None, min=0, help="Only sessions with tokens of this weight version or later.")
+    max_version: int | None = setting(None, min=0, help="Only sessions with tokens of this weight version or earlier.")
+    progress: bool = setting(True, help="Show progress on standard error (when it is a terminal).")
+
+    def check(self) -> None:
+        if self.format == "parquet" and self.out is None:
+            raise SettingsError("parquet needs a file: give --out", "--out")
+        if self.out is not None and not self.out.parent.is_dir():
+            raise SettingsError(f"{self.out.parent} is not a directory", "--out")
+        for low, high, flag in ((self.min_reward, self.max_reward, "--min-reward"),
+                                (self.min_version, self.max_version, "--min-version")):
+            if low is not None and high is not None and low > high:
+                raise SettingsError(f"the range is empty: {low} > {high}", flag)
+
+
+@settings_command("export", ExportConfig, table="pool.export")
+def export_command(config: ExportConfig) -> None:
+    """Write the calls of the pool at PATH as data, one row per call: ids, log-probs, weight versions, rewards,
+    session and group keys (and text with --model); JSON Lines or Parquet (pandas, datasets.load_dataset)."""
+    from forge.pool.browse import SessionFilter, call_row, matching_sessions
+
+    try:
+        where = SessionFilter(domain=config.domain, status=config.status, min_reward=config.min_reward,
+                              max_reward=config.max_reward, min_version=config.min_version,
+                              max_version=config.max_version)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    decode = _tokenizer(config.model).decode if config.model is not None else None
+    with _open_reader(config.path) as reader:
+        try:
+            total = int(reader.stats()["sessions_stored"])
+        except PoolError as exc:
+            raise click.ClickException(f"cannot read the pool at {config.path}: {exc}") from exc
+        hidden = not (config.progress and sys.stderr.isatty())
+        with click.progressbar(length=total, label="sessions", file=sys.stderr, hidden=hidden) as bar:
+            def rows() -> Iterator[dict[str, Any]]:
+                for found in matching_sessions(reader, where):
+                    bar.update(1)
+                    for call in sorted(found.calls, key=lambda c: c.index):
+                        yield call_row(found.session, call, decode)
+
+            count = _write_rows(rows(), config.format, config.out, decode is not None)
+    if config.out is not None:
+        click.echo(f"wrote {count} calls to {config.out}", err=True)
+
+
+def _write_rows(rows: Iterator[dict[str, Any]], kind: str, out: Path | None, with_text: bool) -> int:
+    from forge.pool.export import write_jsonl, write_parquet
+
+    if out is None:
+        return write_jsonl(rows, sys.stdout)
+    if kind == "parquet":
+        return write_parquet(rows, out, with_text)
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        with partial.open("w") as handle:
+            count = write_jsonl(rows, handle)
+        partial.replace(out)
+    finally:
+        partial.unlink(missing_ok=True)
+    return count
+
+
 @settings_command("serve", PoolServeConfig, table="pool")
 def serve_command(config: PoolServeConfig) -> None:
     """Serve the pool at --path as the forge.v1.Pool gRPC service (with health and reflection) until SIGTERM."""
@@ -252,5 +328,5 @@ def serve_command(config: PoolServeConfig) -> None:
     server.run_until_signal(on_stop=stop, on_ready=ready)
 
 
-for _command in (stats_command, entries_command, show_command, serve_command):
+for _command in (stats_command, entries_command, show_command, export_command, serve_command):
     pool_group.add_command(_command)
