@@ -165,6 +165,21 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
+def _open_tracking(config: LearnerConfig, source_dir: Path):
+    """Rank 0's sample table (RUN_DIR/samples.jsonl) and the experiment trackers ``--tracker`` names, which log
+    every step's metrics, the sample tables and the settings from here (None: no trackers)."""
+    from forge.learner.sample_table import SampleLog, tokenizer_decoder
+    from forge.tracking import open_trackers, settings_json
+
+    tracking = config.tracking
+    trackers = open_trackers(tracking, config.run_dir, {"learner": settings_json(config)}) \
+        if tracking.trackers else None
+    decode, parser = tokenizer_decoder(source_dir)
+    on_rows = (lambda step, rows: trackers.log_table(step, "samples", rows)) if trackers else None
+    return SampleLog(config.run_dir / "samples.jsonl", tracking.sample_every, tracking.sample_size, decode, parser,
+                     on_rows), trackers
+
+
 def _serve_stats(config: LearnerConfig, trainer, publisher):
     """Rank 0's part: serve Stats (and metrics), publish the current version for the actors to start from, and
     announce the learner in its ready file. Returns (server, metrics server)."""
@@ -188,12 +203,12 @@ def _serve_stats(config: LearnerConfig, trainer, publisher):
     return server, prometheus
 
 
-@settings_command("learner", LearnerConfig)
+@settings_command("learner", LearnerConfig, shared_tables=("tracking",))
 def learner(config: LearnerConfig) -> None:
     """Train the policy with CISPO (or PPO-clip, GRPO) on windowed-FIFO batches from the pool, checkpoint with the
     pool cursor (a restart neither skips nor repeats entries), co-train the MTP draft, and publish every new
-    weight version over ZeroMQ. Progress goes to stdout, metrics to RUN_DIR/metrics.jsonl; SIGTERM stops after the
-    current step with a checkpoint."""
+    weight version over ZeroMQ. Progress goes to stdout, metrics to RUN_DIR/metrics.jsonl (and to the experiment
+    trackers --tracker names); SIGTERM stops after the current step with a checkpoint."""
     if config.pool_path is not None and not config.create_pool and not (config.pool_path / "data.mdb").exists():
         raise click.BadParameter(f"{config.pool_path} holds no pool (no data.mdb): check the path, or give "
                                  f"--create-pool to start a new pool there", param_hint="'--pool'")
@@ -208,7 +223,7 @@ def learner(config: LearnerConfig) -> None:
     import torch
 
     from forge.learner.checkpoint import Checkpointer
-    from forge.learner.metrics import MetricsWriter, summary
+    from forge.learner.metrics import MetricsWriter, scalars, summary
     from forge.learner.parallel import check_shared_run_dir, init_distributed, shard_model
     from forge.learner.trainer import Trainer
     from forge.sampling.grammar import Grammars
@@ -224,8 +239,9 @@ def learner(config: LearnerConfig) -> None:
     grammars = Grammars(source_dir, policy.config.vocab_size, tuple(policy.config.eos_token_ids))
     policy = shard_model(policy.to(distributed.device), distributed)
     pool = _open_pool(config) if distributed.is_main else None
-    publisher = metrics = server = prometheus = None
+    publisher = metrics = server = prometheus = sample_log = trackers = None
     if distributed.is_main:
+        sample_log, trackers = _open_tracking(config, source_dir)
         if config.publish:
             from forge.weights import WeightPublisher
 
@@ -234,7 +250,7 @@ def learner(config: LearnerConfig) -> None:
     trainer = Trainer(policy, distributed, config=config.trainer, loss=config.loss, rewards=config.reward,
                       window=config.window, pool=pool, checkpointer=checkpointer, publisher=publisher,
                       metrics=metrics, grammars=grammars, lora=config.lora if config.lora.enabled else None,
-                      base_model=config.model)
+                      base_model=config.model, sample_log=sample_log)
     if restored is not None:
         trainer.restore()
 
@@ -246,6 +262,8 @@ def learner(config: LearnerConfig) -> None:
     def on_step(record: dict) -> None:
         if distributed.is_main:
             click.echo(summary(record))
+            if trackers is not None:
+                trackers.log_metrics(record["step"], scalars(record))
 
     failed = False
     try:
@@ -266,6 +284,8 @@ def learner(config: LearnerConfig) -> None:
             publisher.close()
         if metrics is not None:
             metrics.close()
+        if trackers is not None:
+            trackers.close()
         if pool is not None:
             pool.close()
         distributed.close(failed=failed)

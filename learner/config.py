@@ -1,5 +1,6 @@
 """Settings of a forge-learner process: the initial model, the pool it reads, the run directory, weight
-publishing (and its CURVE keys), the Stats listener, and the groups owned by the training parts (trainer, loss, rewards, window)."""
+publishing (and its CURVE keys), the Stats listener, the groups owned by the training parts (trainer, loss, rewards,
+window), and the experiment trackers it logs to when run alone (``[tracking]``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from forge.learner.trainer import TrainerConfig
 from forge.pool import WindowConfig
 from forge.rpc.client import check_address
 from forge.settings import Settings, SettingsError, log_level_setting, metrics_port_setting, ready_file_setting, setting
+from forge.tracking import TrackingConfig
 from forge.weights.curve import check_client_keys, check_key_pair
 from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_ENDPOINT
 
@@ -74,6 +76,7 @@ class LearnerConfig(Settings):
     reward: RewardConfig = field(default_factory=RewardConfig)
     window: WindowConfig = field(default_factory=WindowConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def check(self) -> None:
         if (self.pool_path is None) == (self.pool_address is None):

@@ -1,5 +1,5 @@
-"""Training metrics: one JSON object per step appended to a JSONL file (flushed each step), and a one-line
-progress summary for stdout."""
+"""Training metrics: one JSON object per step appended to a JSONL file (flushed each step), a one-line
+progress summary for stdout, and a step's scalars as experiment trackers take them."""
 
 from __future__ import annotations
 
@@ -27,6 +27,17 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return str(value)
+
+
+NOT_SCALARS = ("step", "time")     # the step is the trackers' x axis; the wall clock is theirs too
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a step's record under ``learner/`` (``learner/loss``, ``learner/reward/qa``), for the
+    trackers; lists (the positions trained) and the step itself left out."""
+    return {f"learner/{key}": float(value) for key, value in record.items()
+            if isinstance(value, int | float) and not isinstance(value, bool) and key not in NOT_SCALARS
+            and math.isfinite(value)}
 
 
 def summary(record: dict[str, Any]) -> str:

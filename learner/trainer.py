@@ -33,6 +33,7 @@ from forge.learner.metrics import MetricsWriter
 from forge.learner.parallel import Distributed, full_state_dict, gathered_state_dict, split_for_ranks
 from forge.learner.policy import PolicyOutput, policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
+from forge.learner.sample_table import SampleLog
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
 from forge.learner.tree import (
     Stem,
@@ -118,10 +119,12 @@ class Trainer:
                  rewards: RewardConfig, window: WindowConfig, pool: PoolSource | None,
                  checkpointer: Checkpointer | None = None, publisher: Any = None,
                  metrics: MetricsWriter | None = None, grammars: Grammars | None = None,
-                 lora: LoraConfig | None = None, base_model: str | None = None) -> None:
+                 lora: LoraConfig | None = None, base_model: str | None = None,
+                 sample_log: SampleLog | None = None) -> None:
         """``grammars`` replay the structured-output calls' grammars (None: such calls are left out). ``lora``: the
         model carries those adapters (``forge.learner.lora``), trained on ``base_model``; actors and checkpoints
-        get its weights merged, checkpoints the adapter too."""
+        get its weights merged, checkpoints the adapter too. ``sample_log`` keeps some steps' trajectories as
+        text (rank 0)."""
         if config.context_parallel > 1 and not config.tree:
             raise ValueError("--context-parallel splits packed trees: it needs --tree")
         self.model = model
@@ -138,6 +141,7 @@ class Trainer:
         self.checkpointer = checkpointer
         self.publisher = publisher
         self.metrics = metrics
+        self.sample_log = sample_log
         self.state = TrainerState()
         self.lora = lora
         self.base_model = base_model
@@ -290,6 +294,8 @@ class Trainer:
         self.last = record
         if self.metrics is not None and self.dist.is_main:
             self.metrics.write(record)      # before the checkpoint: a redone step rewrites its record
+        if self.sample_log is not None and self.dist.is_main:
+            self.sample_log.write(self.state.step, self.state.version - 1, batch.entries, rewards)
         if (self.publisher is not None or self.dist.enabled) and self.state.step % self.config.publish_every == 0:
             self._publish()
         if self.state.step % self.config.checkpoint_every == 0:
