@@ -8,6 +8,7 @@ import click
 from forge import __version__
 from forge.actors.cli import actor
 from forge.app.config_show import config_group
+from forge.app.dash.cli import dash
 from forge.app.deploy.cli import deploy
 from forge.app.keys import keys_group
 from forge.app.model_commands import model_group
@@ -35,7 +36,7 @@ def forge() -> None:
     """
 
 
-for command in (up, rollout, learner, actor, gateway, cache, top, plot, model_group, pool_group, config_group,
+for command in (up, rollout, learner, actor, gateway, cache, top, plot, dash, model_group, pool_group, config_group,
                 keys_group, deploy, sandbox_group):
     forge.add_command(command)
 

@@ -54,6 +54,8 @@ def test_wheel_holds_every_source_file_and_the_assets(wheel):
         assert f"forge/assets/tiny/{asset}" in names
     assert "forge/v1/actor.proto" in names
     assert "forge/actors/engine/csrc/paged_attention.c" in names          # built on first use
+    for asset in ("index.html", "login.html", "dash.js", "dash.css", "favicon.svg"):
+        assert f"forge/app/dash/static/{asset}" in names                    # forge dash's page
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = wheel.read(entry_points).decode()
     for name in ("forge", *SERVICE_SCRIPTS):
@@ -69,7 +71,7 @@ def test_console_scripts_answer_help(name):
 
 @pytest.mark.parametrize("command", ["up", "learner", "actor", "gateway", "cache", "top", "model", "model info",
                                      "model init", "model generate", "model eval", "pool", "pool stats", "pool show",
-                                     "pool entries", "pool serve", "plot"])
+                                     "pool entries", "pool export", "pool serve", "plot", "dash"])
 def test_every_forge_subcommand_answers_help(command):
     result = subprocess.run([script("forge"), *command.split(), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
