@@ -1,9 +1,25 @@
-"""The shared model: the Qwen3-family transformer with MTP, its configuration, checkpoints and attention backends."""
+"""The shared model: the Qwen3-family transformer with MTP, its configuration, checkpoints and attention backends.
 
-from forge.model.attention import AttentionBackend, CausalAttention, DenseKVCache, MaskedAttention
-from forge.model.checkpoint import CheckpointError
-from forge.model.config import SUPPORTED_MODEL_TYPES, ModelConfig, ModelConfigError
-from forge.model.qwen3 import CausalLM
+The names below are imported when first used, not with the package: ``forge.model.config`` (the configuration, a
+plain dataclass) is read by processes that never run the network, such as the gateway, and importing torch for it
+would cost each of them seconds of start-up and a few hundred megabytes."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from forge.model.attention import AttentionBackend, CausalAttention, DenseKVCache, MaskedAttention
+    from forge.model.checkpoint import CheckpointError
+    from forge.model.config import SUPPORTED_MODEL_TYPES, ModelConfig, ModelConfigError
+    from forge.model.qwen3 import CausalLM
+
+_HOMES = {
+    "AttentionBackend": "attention", "CausalAttention": "attention", "DenseKVCache": "attention",
+    "MaskedAttention": "attention", "CheckpointError": "checkpoint", "SUPPORTED_MODEL_TYPES": "config",
+    "ModelConfig": "config", "ModelConfigError": "config", "CausalLM": "qwen3",
+}
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -16,3 +32,16 @@ __all__ = [
     "ModelConfig",
     "ModelConfigError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
