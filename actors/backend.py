@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from forge.model.lora_weights import is_adapter_version, merge_adapter_version
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from forge.actors.config import ActorConfig

@@ -29,7 +29,7 @@ from forge.actors.backend import (
     TokenChunk,
 )
 from forge.expert_routing import encode as encode_routing
-from forge.sampling.sampling import SamplingError
+from forge.sampling.params import SamplingError
 from forge.sampling.wire import sampling_from_proto
 from forge.structured.check import wire_grammar_problem
 from forge.structured.sandbox import GrammarSandbox, SandboxUnavailable

@@ -7,7 +7,7 @@ import asyncio
 
 from forge.actors.backend import Backend, GenerationRequest
 from forge.rollout.llm import LocalChat
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 from forge.tokenizer import Tokenizer
 
 

@@ -113,7 +113,7 @@ class GenerateConfig(Settings):
 def generate_command(config: GenerateConfig) -> None:
     """Chat once with MODEL using the plain reference decoder (no server), printing the reply and its tokens."""
     from forge.model.generate import generate
-    from forge.sampling.sampling import SamplingParams
+    from forge.sampling.params import SamplingParams
 
     net, tokenizer, _ = _load(config.model)
     messages = ([{"role": "system", "content": config.system}] if config.system else []) + [

@@ -40,7 +40,7 @@ from forge.actors.config import EngineConfig
 from forge.actors.engine.cpu_threads import reserve_cpu_threads
 from forge.actors.engine.engine import TorchEngine
 from forge.model import CausalLM
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 
 def model_reference(_ctx: click.Context, _param: click.Parameter, value: str) -> str:

@@ -25,7 +25,7 @@ from decode_inputs import load, prompt_ids
 from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 KERNELS = ("linear", "scaled_dot_product_attention", "index_select", "rms_norm", "index_copy_", "cat", "embedding",
            "silu", "mul", "add", "softmax", "multinomial", "exponential_", "argmax", "log_softmax", "topk", "sort")

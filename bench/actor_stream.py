@@ -39,7 +39,7 @@ def engine_alone(batches: list[int], new_tokens: int, repeats: int, threads: int
     from forge.actors.engine.cpu_threads import reserve_cpu_threads
     from forge.actors.engine.engine import TorchEngine
     from forge.actors.engine.policy import load_policy
-    from forge.sampling.sampling import SamplingParams
+    from forge.sampling.params import SamplingParams
 
     threads = reserve_cpu_threads(threads)
     model, model_id = load_policy("tiny", "cpu", "float32")

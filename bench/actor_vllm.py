@@ -14,7 +14,7 @@ from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.cpu_threads import reserve_cpu_threads
 from forge.actors.engine.engine import TorchEngine
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 
 def tree_cpu_seconds(pid: int) -> float:

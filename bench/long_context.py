@@ -61,7 +61,7 @@ from forge.learner.parallel import init_distributed
 from forge.learner.samples import Sample
 from forge.learner.tree import pack_step, sharded_tree_forward, stem_forward, tree_policy_forward
 from forge.model import CausalLM
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 CASES = ("forge", "forge-ckpt", "transformers", "transformers-ckpt", "forge-ckpt-cp2", "forge-ckpt-cp4")
 LOSS = LossConfig(kind="cispo", eps_high=0.2)

@@ -44,7 +44,7 @@ from forge.learner.losses import LossConfig, policy_loss
 from forge.learner.policy import policy_forward
 from forge.learner.samples import make_micro_batch
 from forge.model import CausalLM
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 from forge.weights import WeightPublisher, WeightSubscriber
 
 

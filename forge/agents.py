@@ -20,7 +20,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 __all__ = ["LLM", "Agent", "AgentResult", "Reply", "SamplingParams"]
 

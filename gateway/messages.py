@@ -13,13 +13,7 @@ from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.json_values import check_json, has_surrogate
 from forge.sampling.bounds import schema_problem
 from forge.sampling.grammar import Grammar
-from forge.sampling.sampling import (
-    MAX_LOGIT_BIAS,
-    MAX_PENALTY,
-    MAX_TOP_LOGPROBS,
-    repetition_problem,
-    temperature_problem,
-)
+from forge.sampling.params import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS, repetition_problem, temperature_problem
 from forge.tokenizer.tokenizer import NAMED_SPECIAL_TOKENS
 from forge.v1 import common_pb2, gateway_pb2
 

@@ -18,7 +18,7 @@ from forge.rollout.llm import ChatLLM
 from forge.rollout.tasks import Task, manage_context
 from forge.rollout.tasks.agent import FORMAT_HINT, MALFORMED_PENALTY, ToolEnvironment
 from forge.rollout.tasks.base import final_answer
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 
 from forge.checkpoints import IMPLS, resolve_model
 from forge.rollout.sandbox.config import SandboxConfig
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 from forge.settings import Settings, SettingsError, log_level_setting, setting
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from forge.rollout.agent import run_episode
 from forge.rollout.llm import ActorChat, ChatLLM, aio_channel
 from forge.rollout.tasks import DOMAINS, eval_set
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2_grpc
 

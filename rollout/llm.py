@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import grpc
 
 from forge.agents import Reply
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 from forge.sampling.wire import sampling_to_proto
 from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc

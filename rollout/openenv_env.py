@@ -28,7 +28,7 @@ from forge.loading import PluginError, first_line
 from forge.rollout.openenv_server import WHAT, environment_class, wire_classes
 from forge.rollout.tasks.source import TaskSet, split, task_cycle
 from forge.rollout.workload import SESSION_MODEL, Outcome, Plan, Session, Workload
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 CALL_TOOL = "call_tool"
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from forge.rollout.config import AgentConfig, EnvConfig, TasksConfig
 from forge.rollout.sandbox.config import SandboxConfig
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 
 @dataclass

@@ -35,7 +35,7 @@ from forge.loading import PluginError, first_line, load_object
 from forge.rollout.held import Held
 from forge.rollout.tasks.source import TaskSet, split, task_cycle
 from forge.rollout.workload import SESSION_MODEL, Outcome, Plan, Session, Workload
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
 

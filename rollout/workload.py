@@ -29,7 +29,7 @@ from forge.rollout.tasks import DOMAINS, Task, task_stream
 from forge.rollout.tasks.long import PAGE_LINES
 from forge.rollout.tasks.source import task_cycle
 from forge.rollout.verifier import VerificationFailed, Verifier
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 from forge.v1 import gateway_pb2
 
 log = logging.getLogger(__name__)

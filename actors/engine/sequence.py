@@ -12,7 +12,7 @@ import torch
 from forge.actors.backend import RequestStream, TokenChunk
 from forge.kvhash import block_hash
 from forge.sampling.logit_edits import CompletionEdits
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 
 class Status(Enum):

@@ -30,7 +30,7 @@ from forge.actors.backend import (
     TokenChunk,
 )
 from forge.model.lora_weights import is_adapter_version
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
 

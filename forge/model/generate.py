@@ -9,7 +9,8 @@ import torch
 
 from forge.model.attention import DenseKVCache
 from forge.model.qwen3 import CausalLM
-from forge.sampling.sampling import SamplingParams, sample, sampling_logprobs
+from forge.sampling.params import SamplingParams
+from forge.sampling.sampling import sample, sampling_logprobs
 
 
 @dataclass

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from forge.sampling.grammar import Grammars, Matcher, unpack_bitmask
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 _INT = np.int64
 _FLOAT = np.float32

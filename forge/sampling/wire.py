@@ -4,7 +4,7 @@ actors read them and their clients (the gateway, the rollout drivers) write them
 from __future__ import annotations
 
 from forge.sampling.grammar import ANY_OBJECT, Grammar
-from forge.sampling.sampling import SamplingError, SamplingParams
+from forge.sampling.params import SamplingError, SamplingParams
 from forge.v1 import common_pb2
 
 

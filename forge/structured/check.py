@@ -5,7 +5,7 @@ first, so a schema an agent sends with every call costs a lookup, not a walk of 
 from __future__ import annotations
 
 from forge.sampling.grammar import GrammarError
-from forge.sampling.sampling import SamplingError
+from forge.sampling.params import SamplingError
 from forge.sampling.wire import grammar_of
 from forge.structured.sandbox import GrammarSandbox
 from forge.v1 import common_pb2

@@ -32,7 +32,7 @@ from forge.gateway.messages import (
     tool_function,
 )
 from forge.gateway.modelinfo import ModelInfo
-from forge.sampling.sampling import temperature_problem
+from forge.sampling.params import temperature_problem
 from forge.v1 import common_pb2
 
 # The request fields the gateway implements (OpenAI's and vLLM's names); every other field is refused.

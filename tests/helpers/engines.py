@@ -15,7 +15,8 @@ from forge.actors.backend import FinishReason, GenerationRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
 from forge.model import CausalLM, ModelConfig
-from forge.sampling.sampling import SamplingParams, sampling_logprobs
+from forge.sampling.params import SamplingParams
+from forge.sampling.sampling import sampling_logprobs
 
 from helpers.random_model import random_model, small_config
 

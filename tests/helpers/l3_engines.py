@@ -14,7 +14,7 @@ from forge.actors.engine.engine import TorchEngine
 from forge.actors.engine.l3 import KVConnector
 from forge.kv.client import CacheClient
 from forge.model import CausalLM
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 from helpers.waiting import WAIT_S, wait_for
 

@@ -9,7 +9,7 @@ import random
 from forge.actors.backend import GenerationRequest
 from forge.actors.engine.engine import TorchEngine
 from forge.expert_routing import encode as encode_routing
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 from forge.sampling.wire import sampling_to_proto
 from forge.v1 import pool_pb2
 

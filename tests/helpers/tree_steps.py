@@ -15,7 +15,7 @@ from forge.learner.samples import Sample, make_micro_batch, micro_batches
 from forge.learner.tree import pack_step, stem_forward, tree_policy_forward
 from forge.model import CausalLM
 from forge.model.generate import generate
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 VOCAB = 37
 SETTINGS = ((1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (0.9, 0, 0.8), (0.0, 0, 1.0), (1.1, 7, 0.9))

@@ -8,7 +8,7 @@ import torch
 
 from forge.checkpoints import tiny_model
 from forge.model.generate import generate
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 from forge.weights import WeightPublisher
 

@@ -17,7 +17,7 @@ import pytest
 from forge.actors.backend import Continuation, FinishReason, GenerationRequest, InvalidRequest
 from forge.actors.config import EngineConfig
 from forge.model import CausalLM
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 from helpers.engines import CONFIG, make_model

@@ -18,7 +18,7 @@ from forge.actors.config import EngineConfig
 from forge.actors.engine.core import EngineSpec
 from forge.actors.engine.engine import TorchEngine
 from forge.actors.engine.process import EngineProcess
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 from helpers.random_model import random_model, small_config
 from helpers.waiting import wait_for

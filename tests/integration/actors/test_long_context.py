@@ -14,7 +14,7 @@ import pytest
 from forge.assets import TINY_DIR
 from forge.model import CausalLM
 from forge.pool import PoolReader
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2_grpc, common_pb2
 

@@ -13,7 +13,7 @@ from forge.kv.client import CacheClient
 from forge.kvhash import chain_hashes
 from forge.model import CausalLM
 from forge.model.moe import routing_of
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 from helpers.engines import moe_model, run
 from helpers.l3_engines import BLOCK, l3_engine, wait_published

@@ -20,7 +20,8 @@ from forge.checkpoints.random_qwen3 import write_qwen3
 from forge.model import CausalLM
 from forge.sampling.grammar import Grammar, Grammars
 from forge.sampling.logit_edits import LogitEdits, call_edits
-from forge.sampling.sampling import SamplingParams, batched_sampling_logprobs, sampling_logprobs
+from forge.sampling.params import SamplingParams
+from forge.sampling.sampling import batched_sampling_logprobs, sampling_logprobs
 from forge.tokenizer.tokenizer import Tokenizer
 
 from helpers.random_model import random_tiny

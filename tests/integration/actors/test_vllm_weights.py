@@ -18,7 +18,8 @@ from forge.actors.engine.engine import TorchEngine
 from forge.checkpoints import load_model, resolve_model
 from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM
-from forge.sampling.sampling import SamplingParams, sampling_logprobs
+from forge.sampling.params import SamplingParams
+from forge.sampling.sampling import sampling_logprobs
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 from integration.actors.test_vllm_backend import (  # tiny: the module fixture
     KV,

@@ -20,7 +20,7 @@ from forge.kv.blocks import MAX_HASHES, KVBlock
 from forge.kv.client import CacheClient
 from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 from helpers.engines import run
 from helpers.random_model import random_model, small_config

@@ -17,7 +17,8 @@ from forge.actors.backend import FinishReason, GenerationRequest, InvalidRequest
 from forge.actors.engine.cpu_kernels import compiler_present
 from forge.model import CausalLM
 from forge.model.generate import generate
-from forge.sampling.sampling import SamplingParams, sampling_logprobs
+from forge.sampling.params import SamplingParams
+from forge.sampling.sampling import sampling_logprobs
 
 from helpers.engines import (
     CONFIG,

@@ -7,7 +7,7 @@ from forge.actors.backend import GenerationRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
 from forge.model.generate import generate
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 from forge.weights import Faults, WeightPublisher, WeightSubscriber
 
 from helpers.random_model import random_model, small_config

@@ -11,7 +11,7 @@ from forge.actors.config import BACKENDS
 from forge.actors.factory import FACTORIES
 from forge.actors.kinds import KINDS, BackendKind, backends_that, kind_of
 from forge.model.lora_weights import SCALING, A, B
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 
 def test_versions_must_be_newer_than_the_newest_accepted():

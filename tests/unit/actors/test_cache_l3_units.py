@@ -11,7 +11,7 @@ import pytest
 from forge.actors.backend import GenerationRequest
 from forge.actors.engine.l3 import KVConnector
 from forge.model import CausalLM
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 from helpers.engines import make_model
 from helpers.l3_engines import BLOCK, generate, l3_engine, prompt_of

@@ -14,7 +14,7 @@ from torch._dynamo.utils import counters
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
 from forge.model.generate import generate
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 from helpers.engines import full_forward_logprobs, make_model, run, transformers_reference
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from forge.actors.backend import GenerationRequest, InvalidRequest
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 from helpers.engines import engine_for, full_forward_logprobs
 from helpers.learner_runs import CONFIG, MOE_CONFIG, make_model

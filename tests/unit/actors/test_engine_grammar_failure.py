@@ -13,7 +13,7 @@ from forge.actors.engine.engine import EngineConfig, TorchEngine
 from forge.actors.engine.policy import grammars_of
 from forge.checkpoints import load_model
 from forge.sampling.grammar import Grammar
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 from helpers.engines import run
 

@@ -13,7 +13,7 @@ import torch
 
 from forge.model import CausalLM
 from forge.model.moe import routing_of
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 from helpers.engines import (
     MOE_CONFIG,

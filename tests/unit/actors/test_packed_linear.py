@@ -20,7 +20,7 @@ from forge.actors.engine.engine import TorchEngine
 from forge.actors.engine.packed_linear import LinearPacks, PackableLinear, linear, pack_linears, supported
 from forge.checkpoints import load_model, tiny_model
 from forge.model import CausalLM
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 needs_onednn = pytest.mark.skipif(bool(supported(torch.zeros(1))), reason=supported(torch.zeros(1)) or "")
 pytestmark = needs_onednn

@@ -9,7 +9,7 @@ import pytest
 
 from forge.actors.backend import FinishReason
 from forge.actors.trtllm.backend import chunk_from_output, sampling_kwargs
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 
 def output(token_ids, logprobs, finished=False, reason=None):

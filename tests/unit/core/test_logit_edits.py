@@ -13,7 +13,7 @@ import torch
 from forge.checkpoints import TINY_DIR, tiny_config, tiny_tokenizer
 from forge.sampling.grammar import Grammar, GrammarError, Grammars, json_lark
 from forge.sampling.logit_edits import CompletionEdits, LogitEdits, RowEdit, call_edits
-from forge.sampling.sampling import SamplingError, SamplingParams
+from forge.sampling.params import SamplingError, SamplingParams
 
 V = 50
 

@@ -16,7 +16,7 @@ from forge.app.up.plan import Plan
 from forge.learner.lora import LoraConfig, adapter_version, add_adapters, merged_state_dict
 from forge.model.generate import generate
 from forge.model.lora_weights import SCALING, merge_adapter_version
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 from forge.settings import SettingsError
 
 from helpers.engines import engine_for, run

@@ -11,16 +11,8 @@ import torch
 
 from forge.model.generate import generate
 from forge.sampling.logit_edits import LogitEdits, RowEdit
-from forge.sampling.sampling import (
-    MAX_TEMPERATURE,
-    MIN_TEMPERATURE,
-    SamplingError,
-    SamplingParams,
-    batched_sampling_logprobs,
-    sample,
-    sampling_logprobs,
-    top_logprobs,
-)
+from forge.sampling.params import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingError, SamplingParams
+from forge.sampling.sampling import batched_sampling_logprobs, sample, sampling_logprobs, top_logprobs
 
 from helpers.random_model import random_model, small_config
 
@@ -167,7 +159,7 @@ def test_the_engine_draw_never_picks_a_token_outside_the_support(uniform):
 
 def test_the_smallest_temperature_survives_the_float32_of_the_wire():
     """0.01 travels as protobuf float32 (0.0099999998): the gateway's check and the actor both accept it."""
-    from forge.sampling.sampling import temperature_problem
+    from forge.sampling.params import temperature_problem
     from forge.sampling.wire import sampling_from_proto
     from forge.v1 import common_pb2
 

@@ -27,7 +27,7 @@ from forge.pool import Pool
 from forge.pool.window import WindowConfig
 from forge.sampling.grammar import Grammar, Grammars
 from forge.sampling.logit_edits import CompletionEdits
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 from helpers.gradients import capture_gradients
 from helpers.learner_runs import CONFIG, engine_of, fill_from, make_model

@@ -19,7 +19,7 @@ from forge.learner.samples import Sample, build_samples, make_micro_batch
 from forge.learner.tree import build_trie, pack_step, pack_trees, rank_spans, stem_forward, tree_policy_forward
 from forge.model import CausalLM
 from forge.pool import Pool
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 from helpers.learner_runs import engine_of
 from helpers.random_model import random_model, small_config

@@ -30,7 +30,7 @@ from forge.rollout.tasks import (
     task_stream,
 )
 from forge.rollout.tasks.agent import FORMAT_HINT, MALFORMED_PENALTY, ToolEnvironment
-from forge.sampling.sampling import SamplingParams
+from forge.sampling.params import SamplingParams
 
 
 def test_final_answer_reads_the_last_answer_line():
