@@ -20,7 +20,7 @@ VLLM_STAMP := $(VLLM_VENV)/.forge-installed
 AGENTS_VENV ?= .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.forge-installed
 
-.PHONY: run test test-heavy test-cluster test-vllm vllm-venv test-agents agents-venv lint protos assets pretrain venv clean
+.PHONY: run test test-heavy test-browser test-cluster test-vllm vllm-venv test-agents agents-venv lint protos assets pretrain venv clean
 
 venv: $(STAMP)
 
@@ -39,13 +39,19 @@ run: venv
 ## The tests (tests/unit and tests/integration) on $(TEST_WORKERS) xdist workers, and the linter, as CI runs them,
 ## without the heavy suite. Each test module runs on one worker (its module fixtures start once).
 test: venv
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not heavy and not cluster"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not heavy and not cluster and not browser"
 	$(BIN)/ruff check .
 
 ## The heavy suite (tests/conftest.py's HEAVY: long multi-process and long-context runs), which CI runs too; its serial
 ## group (xdist_group "serial": the forge up runs and the multi-host and torchrun jobs) runs one after another.
 test-heavy: venv
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m heavy
+
+## forge dash in a headless Chromium driven by Selenium (tests/browser, marked browser; Debian's chromium and
+## chromium-driver installed when missing, as root); screenshots in $(BROWSER_OUT).
+BROWSER_OUT ?= build/test-browser
+test-browser: venv
+	FORGE_BROWSER_OUT=$(BROWSER_OUT) $(BIN)/python -m pytest -q -m browser tests/browser
 
 ## forge deploy's Slurm jobs on a real two-node Slurm cluster (tests/cluster, marked cluster), which the suite starts
 ## with tools/slurm_cluster.sh (Debian's munge, slurmctld and slurmd, installed when missing; as root) and stops.
