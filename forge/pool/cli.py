@@ -258,6 +258,11 @@ def export_command(config: ExportConfig) -> None:
                               max_version=config.max_version)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    if config.format == "parquet":
+        try:
+            import pyarrow.parquet  # noqa: F401
+        except ImportError as exc:
+            raise click.ClickException(f"--format parquet needs pyarrow (pip install pyarrow): {exc}") from exc
     decode = _tokenizer(config.model).decode if config.model is not None else None
     with _open_reader(config.path) as reader:
         try:
