@@ -10,9 +10,11 @@ from typing import Any
 import numpy as np
 
 from forge.learner.rewards import RewardConfig, group_rewards
+from forge.pool import InvalidRequestError
 from forge.v1 import pool_pb2
 
 MAX_SEGMENTS = 400          # a tree drawn with more is cut (the totals still count everything)
+MAX_TREE_TOKENS = 16_000_000    # a group with more sample tokens than this is not merged for the page
 PREVIEW_TOKENS = 24
 
 
@@ -49,6 +51,10 @@ def prefix_tree(group: list[pool_pb2.SessionWithCalls], decode: Callable[[Sequen
             if call.completion_ids:
                 labels.append(f"{item.session.session_id}#{call.index}")
                 sequences.append([*call.prompt_ids, *call.completion_ids])
+    total = sum(len(s) for s in sequences)
+    if total > MAX_TREE_TOKENS:
+        raise InvalidRequestError(f"the group's {len(sequences)} samples hold {total} tokens, more than the dash "
+                                  f"merges ({MAX_TREE_TOKENS})")
     if not sequences:
         return {"samples": [], "sample_tokens": 0, "tree_tokens": 0, "compression": 1.0, "segments": [],
                 "truncated": False}

@@ -173,3 +173,13 @@ def test_pools_are_found_in_runs_of_a_multi_run(tmp_path):
         (tmp_path / name).mkdir(parents=True)
         (tmp_path / name / "data.mdb").write_bytes(b"")
     assert list(find_pools(Path(tmp_path))) == ["pool", "a/pool", "a/eval-pool"]
+
+
+def test_a_group_too_large_to_merge_is_refused(run, monkeypatch):
+    from forge.app.dash import views
+    from forge.pool import InvalidRequestError, PoolReader
+    from forge.pool.browse import group_sessions
+
+    monkeypatch.setattr(views, "MAX_TREE_TOKENS", 100)
+    with PoolReader(run[0] / "pool") as reader, pytest.raises(InvalidRequestError, match="more than the dash"):
+        views.prefix_tree(group_sessions(reader, run[1]["multi"]))
