@@ -5,6 +5,7 @@ config.json, metrics by step, sample tables as JSON artifacts under samples/."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,6 +20,12 @@ from forge.tracking.jsonable import flat
 
 PARAMS_PER_CALL = 100           # MLflow's limit on the params of one log_batch
 PARAM_CHARS = 6000              # and on a param value's length
+NOT_IN_NAMES = re.compile(r"[^\w.\- :/]")      # what MLflow refuses in a metric's or param's name
+
+
+def _name(key: str) -> str:
+    """``key`` as MLflow takes a name (a team's domain may hold any character)."""
+    return NOT_IN_NAMES.sub("_", key)
 
 
 class MlflowTracker(Tracker):
@@ -37,16 +44,15 @@ class MlflowTracker(Tracker):
         self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
 
     def log_config(self, config: Mapping[str, Any]) -> None:
-        params = [Param(key, value if isinstance(value, str) else json.dumps(value))
+        params = [Param(_name(key), (value if isinstance(value, str) else json.dumps(value))[:PARAM_CHARS])
                   for key, value in flat(config).items()]
-        params = [Param(p.key, p.value[:PARAM_CHARS]) for p in params]
         for start in range(0, len(params), PARAMS_PER_CALL):
             self.client.log_batch(self.run_id, params=params[start:start + PARAMS_PER_CALL])
         self.client.log_dict(self.run_id, dict(config), "config.json")
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(key, float(value), now, step)
+        self.client.log_batch(self.run_id, metrics=[Metric(_name(key), float(value), now, step)
                                                     for key, value in metrics.items()])
 
     def log_table(self, step: int, name: str, rows: Sequence[Mapping[str, Any]]) -> None:

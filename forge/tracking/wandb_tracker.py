@@ -19,8 +19,9 @@ class WandbTracker(Tracker):
     def __init__(self, config: TrackingConfig, run_dir: Path, run_name: str) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         # Several runs of one process (forge up --run a --run b) each get a run of their own.
+        # Forge's own logs stay in the run directory: W&B does not capture this process's console.
         self.run = wandb.init(project=config.project, name=run_name, tags=list(config.tags), dir=str(run_dir),
-                              reinit="create_new")
+                              reinit="create_new", settings=wandb.Settings(console="off"))
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         self.run.config.update(dict(config), allow_val_change=True)
