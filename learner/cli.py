@@ -166,14 +166,17 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _open_tracking(config: LearnerConfig, source_dir: Path):
-    """Rank 0's sample table (RUN_DIR/samples.jsonl) and the experiment trackers ``--tracker`` names, which log
-    every step's metrics, the sample tables and the settings from here (None: no trackers)."""
+    """Rank 0's sample table (RUN_DIR/samples.jsonl; None with --sample-table-every 0) and the experiment trackers
+    ``--tracker`` names, which log every step's metrics, the sample tables and the settings from here (None: no
+    trackers)."""
     from forge.learner.sample_table import SampleLog, tokenizer_decoder
     from forge.tracking import open_trackers, settings_json
 
     tracking = config.tracking
     trackers = open_trackers(tracking, config.run_dir, {"learner": settings_json(config)}) \
         if tracking.trackers else None
+    if not tracking.sample_every:
+        return None, trackers
     decode, parser = tokenizer_decoder(source_dir)
     on_rows = (lambda step, rows: trackers.log_table(step, "samples", rows)) if trackers else None
     return SampleLog(config.run_dir / "samples.jsonl", tracking.sample_every, tracking.sample_size, decode, parser,
