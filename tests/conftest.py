@@ -41,6 +41,7 @@ HEAVY = SERIAL | frozenset({
     "tests/integration/app/test_model_check.py",            # the engine and the learner on each family checked
     "tests/integration/app/test_model_fetch.py",            # Hub models through a stand-in Hub, each command a process
     "tests/integration/rollout/test_dataset_hub.py",        # a Hub dataset through a stand-in Hub, then offline
+    "tests/integration/rollout/test_env_refusals.py",       # forge up refusing environments, a process each
 })
 
 
