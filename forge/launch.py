@@ -28,8 +28,9 @@ def console_script(name: str) -> str:
 
 class ServiceProcess:
     def __init__(self, name: str, command: str, args: list[str], run_dir: Path, env: dict[str, str] | None = None,
-                 timeout_s: float = 180.0, inherit_env: bool = True) -> None:
-        """Start console script ``command`` with ``args`` (plus ``--ready-file``) and wait until it is ready; the
+                 timeout_s: float = 180.0, inherit_env: bool = True, wait: bool = True) -> None:
+        """Start console script ``command`` with ``args`` (plus ``--ready-file``) and, with ``wait``, wait until it
+        is ready (else call ``wait_ready`` later: services that do not need each other start side by side); the
         ready file is RUN_DIR/NAME.json and the log RUN_DIR/logs/NAME.log. ``env`` goes on top of this process's
         environment, or is the whole of it (``inherit_env=False``)."""
         self.name = name
@@ -38,26 +39,35 @@ class ServiceProcess:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log_path = run_dir / "logs" / f"{name}.log"
         self._log = self.log_path.open("ab")
+        self.timeout_s = timeout_s
+        self._started = time.monotonic()
+        self.info: dict[str, Any] = {}
         self.proc = subprocess.Popen([console_script(command), *args, "--ready-file", str(self.ready_file)],
                                      stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**(os.environ if inherit_env else {}), "PYTHONUNBUFFERED": "1",
                                           **(env or {})},
                                      start_new_session=True)
-        self.info = self._wait_ready(timeout_s)
-        log.info("%s ready (pid %d): %s", name, self.proc.pid, self.info)
+        if wait:
+            self.wait_ready()
 
-    def _wait_ready(self, timeout_s: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
+    def wait_ready(self) -> ServiceProcess:
+        """Wait until the service is ready (at most ``timeout_s`` from its start) and read its ready file into
+        ``info``; a service that exits or runs out of time first is an error naming its log."""
+        if self.info:
+            return self
+        deadline = self._started + self.timeout_s
         while not self.ready_file.exists():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}:\n"
                                    + self.log_text()[-2000:])
             if time.monotonic() > deadline:
                 self.proc.kill()
-                raise TimeoutError(f"{self.name} was not ready after {timeout_s:.0f} s; see {self.log_path}")
+                raise TimeoutError(f"{self.name} was not ready after {self.timeout_s:.0f} s; see {self.log_path}")
             time.sleep(0.05)
         time.sleep(0.05)            # the file is replaced atomically, but give the writer a beat
-        return json.loads(self.ready_file.read_text())
+        self.info = json.loads(self.ready_file.read_text())
+        log.info("%s ready (pid %d): %s", self.name, self.proc.pid, self.info)
+        return self
 
     @property
     def alive(self) -> bool:

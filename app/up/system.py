@@ -1,7 +1,7 @@
 """The service processes of one ``forge up`` run: the run's keys made, every instance's settings checked
-(``forge.app.up.plan``), then the services started in dependency order — forge-cache, the learner, the actors, the
-gateways — each wired to those before it through their ready files, and stopped in reverse. ``services.json`` in
-the run directory lists them for ``forge top``."""
+(``forge.app.up.plan``), then the services started in dependency order — forge-cache and the learners side by side,
+the actors, the gateways — each wired to those before it through their ready files, and stopped in reverse.
+``services.json`` in the run directory lists them for ``forge top``."""
 
 from __future__ import annotations
 
@@ -60,32 +60,37 @@ class System:
         return plan
 
     def start(self) -> None:
+        """Start the services level by level: forge-cache and the learners side by side, then every actor, then
+        every gateway; each level waits for the ready files of the one before, whose addresses it is given."""
         plan = self.plan()
-        l3 = self._start(plan.cache()).info["address"] if plan.cache_on else None
+        cache = self._start(plan.cache()) if plan.cache_on else None
         lanes = plan.lanes()
-        endpoints = {}
         for lane in lanes:
             lane.directory.mkdir(parents=True, exist_ok=True)
-            learner = self._start(plan.learner(lane))
-            endpoints[lane.name] = {name: learner.info[name] for name in ("weights_fetch", "weights_announce")}
+        learners = {lane.name: self._start(plan.learner(lane)) for lane in lanes}
+        l3 = cache.wait_ready().info["address"] if cache is not None else None
+        endpoints = {name: {field: learner.wait_ready().info[field] for field in ("weights_fetch", "weights_announce")}
+                     for name, learner in learners.items()}
         weights, adapters = (None, plan.adapter_links(endpoints)) if plan.shared else (endpoints[""], ())
         actors = [self._start(plan.actor(i, weights, l3, adapters=adapters)) for i in range(len(plan.roles()))]
         roles = [role for _, role in plan.roles()]
-        serving = [a.info["address"] for a, role in zip(actors, roles, strict=True) if role != "prefill"]
-        prefill = [a.info["address"] for a, role in zip(actors, roles, strict=True) if role == "prefill"]
-        for lane in lanes:
-            for name, pool in plan.gateways(self.eval_gateway):
-                self._start(plan.gateway(name, pool, serving, prefill, lane=lane))
+        serving = [a.wait_ready().info["address"] for a, role in zip(actors, roles, strict=True) if role != "prefill"]
+        prefill = [a.wait_ready().info["address"] for a, role in zip(actors, roles, strict=True) if role == "prefill"]
+        gateways = [self._start(plan.gateway(name, pool, serving, prefill, lane=lane))
+                    for lane in lanes for name, pool in plan.gateways(self.eval_gateway)]
+        for gateway in gateways:
+            gateway.wait_ready()
         (self.config.run_dir / "services.json").write_text(json.dumps([self._listed(s) for s in self.services],
                                                                       indent=2))
 
     def _start(self, instance: Instance) -> ServiceProcess:
+        """Start ``instance``'s process; its caller waits for it to be ready (``ServiceProcess.wait_ready``)."""
         program, *rest = instance.service.program
         withheld = set(instance.withheld())
         env = {name: value for name, value in os.environ.items() if name not in withheld}
         process = ServiceProcess(instance.name, program, [*rest, *instance.arguments()], self.config.run_dir,
                                  {**env, **instance.environment()}, timeout_s=instance.service.start_s,
-                                 inherit_env=False)
+                                 inherit_env=False, wait=False)
         self.instances[instance.name] = instance
         self.services.append(process)
         return process
