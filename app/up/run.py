@@ -10,7 +10,7 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from rich.table import Table
 from forge.app.up.config import UpConfig
 from forge.app.up.live import RunState, poll_stats, summary_table
 from forge.app.up.plan import Lane, lanes_of
+from forge.app.up.run_settings import run_settings
 from forge.app.up.system import System
 from forge.rollout.team import Team
 
@@ -159,7 +160,8 @@ async def run(config: UpConfig, console: Console, team: Team | None = None
         stop_polling.set()
         await asyncio.to_thread(poller.join)
         await lanes.evaluate_all("end")
-        results = {part.lane.name: lane_result(config, part) for part in lanes.parts}
+        settings = run_settings(config, system.instances)
+        results = {part.lane.name: lane_result(part, settings) for part in lanes.parts}
     finally:
         stop_polling.set()
         for part in lanes.parts:
@@ -174,9 +176,10 @@ async def run(config: UpConfig, console: Console, team: Team | None = None
     return result
 
 
-def lane_result(config: UpConfig, part: LaneRun) -> dict[str, Any]:
+def lane_result(part: LaneRun, settings: dict[str, Any]) -> dict[str, Any]:
+    """One lane's summary; ``settings``: the run's (``run_settings``), as plain JSON."""
     live, driver, lane = part.live, part.driver, part.lane
-    return {"config": {k: str(v) for k, v in asdict(config).items()}, "domains": list(part.workload.domains),
+    return {"config": settings["up"], "services": settings["services"], "domains": list(part.workload.domains),
             "eval_start": live.eval_start, "eval_end": live.eval_end,
             "eval_greedy_start": live.eval_greedy_start, "eval_greedy_end": live.eval_greedy_end,
             "eval_failed_sessions": live.eval_failures, "episodes": driver.stats.episodes,
