@@ -56,7 +56,8 @@ class UpCommand(SettingsCommand):
     """``forge up``, which also reads the services' settings, and takes its renamed options with a warning."""
 
     def __init__(self) -> None:
-        super().__init__("up", UpConfig, "up", start, shared_tables=("model", "tasks", "agent", "env", "sandbox"), help=start.__doc__,
+        super().__init__("up", UpConfig, "up", start,
+                         shared_tables=("model", "tasks", "agent", "env", "sandbox", "tracking"), help=start.__doc__,
                          context_settings=CONTEXT_SETTINGS)
         for old in RENAMED:
             self.params.append(click.Option([f"--{old.replace('_', '-')}", old], hidden=True, default=None,

@@ -31,6 +31,7 @@ from forge.rollout.sandbox.config import SandboxConfig
 from forge.rollout.tasks import ALL_DOMAINS, DOMAINS
 from forge.rollout.tasks.long import PAGE_LINES
 from forge.settings import Settings, SettingsError, group, log_level_setting, setting
+from forge.tracking import TrackingConfig
 
 # The services forge up runs, whose settings a run file's tables (and --set) override.
 SERVICE_KINDS = ("learner", "actor", "gateway", "cache")
@@ -81,7 +82,8 @@ def main_job(kind: str) -> Overrides:
 @dataclass(frozen=True, kw_only=True)
 class UpConfig(Settings):
     """``forge up``: the main job. Its ``[model]``, ``[tasks]`` and ``[agent]`` tables are its groups: with ``[tasks]``
-    and ``[agent]``, the run trains on the team's tasks with its agent program instead of the built-in ones."""
+    and ``[agent]``, the run trains on the team's tasks with its agent program instead of the built-in ones;
+    ``[tracking]`` names the experiment trackers the run is logged to."""
 
     run_dir: Path | None = setting(None, path="dir", help="Where logs, the pool, checkpoints, metrics and plots go "
                                                           "[default: runs/up-<time>].")
@@ -133,6 +135,7 @@ class UpConfig(Settings):
     agent: AgentConfig = field(default_factory=AgentConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     # The services' settings from the run file's tables and the environment, by service (see ``with_services``).
     services: Mapping[str, Overrides] = field(default_factory=dict)
 

@@ -221,10 +221,14 @@ class Plan:
         curve = {} if self.curve is None or secret is None else {"weights_key": secret,
                                                                  "weights_clients": self.curve.clients_dir}
         shared = {"lora_publish": "adapters"} if self.shared else {}
+        # forge up logs to the trackers itself (forge.app.up.tracking): its learner writes the sample table alone.
+        tracking = self.config.tracking
+        samples = {"tracker": (), "sample_table_every": tracking.sample_every,
+                   "sample_table_size": tracking.sample_size}
         return self._instance(lane.instance("learner"), "learner", {
             "pool": lane.directory / "pool", "run_dir": lane.directory / "learner", "create_pool": True,
             "weights_fetch": LOOPBACK_ANY, "weights_announce": LOOPBACK_ANY, "port": 0, **self.metrics(), **curve,
-            **shared}, own={"seed": self.config.seed + lane.index}, env={"OMP_NUM_THREADS": "1"})
+            **shared, **samples}, own={"seed": self.config.seed + lane.index}, env={"OMP_NUM_THREADS": "1"})
 
     def actor(self, index: int, weights: Mapping[str, str] | None = None, l3_cache: str | None = None,
               pending: frozenset[str] = frozenset(), adapters: tuple[str, ...] = ()) -> Instance:

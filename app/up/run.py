@@ -1,6 +1,7 @@
 """``forge up``'s run: the services started (``forge.app.up.system``), held-out evaluation at the start, the rollout
 driver in this process with a live summary until the minutes or steps are spent, held-out evaluation at the end,
-the services stopped, and the run directory's summary.json and reward curves written."""
+the services stopped, and the run directory's summary.json and reward curves written; the experiment trackers
+``[tracking]`` names follow all of it (``forge.app.up.tracking``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from forge.app.up.live import RunState, poll_stats, summary_table
 from forge.app.up.plan import Lane, lanes_of
 from forge.app.up.run_settings import run_settings
 from forge.app.up.system import System
+from forge.app.up.tracking import LaneTracking, open_lanes
 from forge.rollout.team import Team
 
 log = logging.getLogger("forge.up")
@@ -57,6 +59,7 @@ class Lanes:
         self.config, self.system, self.team, self.console = config, system, team, console
         self.held_out = team.tasks.eval if team is not None else ()
         self.gauges: dict[str, dict[str, float]] = {}       # service name → its latest Stats gauges
+        self.tracked: dict[str, LaneTracking] = {}           # lane name → its run in the trackers
         self.parts = [LaneRun(lane, workload_for(replace(config, seed=config.seed + lane.index), team),
                               RunState(gauges=self.gauges)) for lane in lanes_of(config)]
 
@@ -83,6 +86,8 @@ class Lanes:
             with self.console.status(f"held-out evaluation at the {when} ({part.lane.title}) …"):
                 scores = await self.evaluate(part)
             live = part.live
+            if part.lane.name in self.tracked:
+                self.tracked[part.lane.name].evaluation(*scores)
             if when == "end":
                 live.eval_end, live.eval_greedy_end = scores
                 continue
@@ -117,6 +122,21 @@ class Lanes:
         return bool(steps) and all(self.gauges.get(part.lane.instance("learner"), {}).get("step", 0) >= steps
                                    for part in self.parts)
 
+    def track(self) -> None:
+        """Hand the trackers what is new: the learners' steps and sample tables, the rollouts' figures."""
+        for part in self.parts:
+            tracked = self.tracked.get(part.lane.name)
+            if tracked is not None:
+                tracked.follow()
+                tracked.rollouts(part.driver.stats, self.gauges, part.lane.instance("learner"),
+                                 part.lane.instance("gateway"))
+
+    def close_trackers(self) -> None:
+        """The learners' last steps to the trackers, and their runs ended."""
+        for tracked in self.tracked.values():
+            tracked.follow()
+            tracked.trackers.close()
+
     def view(self) -> Any:
         tables = [summary_table(self.config, part.live, part.driver, part.lane) for part in self.parts]
         return tables[0] if len(tables) == 1 else Group(*tables)
@@ -139,6 +159,7 @@ async def run(config: UpConfig, console: Console, team: Team | None = None
         with console.status("starting learner, actors and gateway …"):
             system.start()
         console.print("actors: {} ({})".format(*system.backend))
+        lanes.tracked = open_lanes(config, system.instances, [part.lane for part in lanes.parts])
         if team is not None and team.environment is not None:
             console.print(team.environment.describe())
         await lanes.evaluate_all("start")
@@ -154,11 +175,13 @@ async def run(config: UpConfig, console: Console, team: Team | None = None
             while (not stop.is_set() and time.time() < deadline and not any(task.done() for task in driving)
                    and not lanes.trained_enough()):
                 await asyncio.sleep(1.0)
+                lanes.track()
                 shown.update(lanes.view())
         stop.set()
         await asyncio.gather(*driving)
         stop_polling.set()
         await asyncio.to_thread(poller.join)
+        lanes.track()
         await lanes.evaluate_all("end")
         settings = run_settings(config, system.instances)
         results = {part.lane.name: lane_result(part, settings) for part in lanes.parts}
@@ -168,6 +191,7 @@ async def run(config: UpConfig, console: Console, team: Team | None = None
             await part.workload.close()
         with console.status("stopping services …"):
             system.stop()
+        lanes.close_trackers()
     for part in lanes.parts:                    # after the learners stopped: their metrics are complete
         plot = _plot(part.lane.directory)
         results[part.lane.name]["plot"] = str(plot) if plot else None
