@@ -5,7 +5,9 @@ taken, and that the held-out reward (sampled at the training temperature, the po
 starting value after a fixed number of learner steps (not of minutes: the outcome must not depend on the machine's
 speed), averaged over the three domains (the 10-minute figures per domain are in docs/benchmarks.md). The run is
 keyed, as forge up runs by default: no process it starts has a key on its command line, and its services refuse
-calls without one."""
+calls without one. It is logged to experiment trackers ([tracking]) as a team watches a run: an MLflow server the
+test starts, TensorBoard's event files and an offline W&B run, each holding the learner's loss and the held-out
+reward per domain by step, with the settings of forge up and every service as plain JSON (summary.json's too)."""
 
 from __future__ import annotations
 
@@ -29,11 +31,14 @@ from forge.pool import PoolReader
 from forge.rollout.config import ModelChoice
 from forge.rpc import connect
 from forge.sampling.wire import sampling_from_proto
+from forge.tracking import TrackingConfig
 from forge.v1 import actor_pb2_grpc, cache_pb2_grpc, common_pb2, pool_pb2
 from forge.weights.curve import load_key_pair
 
 from helpers.engines import full_forward_logprobs
 from helpers.families import SERVABLE, with_tiny_tokenizer, write_family
+from helpers.mlflow_server import MlflowServer
+from helpers.wandb_log import history as wandb_history
 
 STEPS = 30
 # Runs that check their calls used a learner version: from the third step on, the learner trains only on samples of
@@ -105,10 +110,15 @@ def inspect_keyed_services(run_dir: Path, seen: dict, stop: threading.Event) -> 
 
 
 @pytest.mark.timeout(2400)
-def test_a_short_forge_up_run_learns(tmp_path):
+def test_a_short_forge_up_run_learns(tmp_path, monkeypatch, subprocess_env):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    (tmp_path / "mlflow").mkdir()
+    mlflow = MlflowServer(tmp_path / "mlflow", subprocess_env)
     # --minutes only bounds a run that would hang; the learner's step count ends it.
     config = UpConfig(run_dir=tmp_path / "run", steps=STEPS, minutes=30.0, blackbox_every=3,
-                      domains=("reasoning", "qa", "agent"))
+                      domains=("reasoning", "qa", "agent"),
+                      tracking=TrackingConfig(trackers=("mlflow", "tensorboard", "wandb"), uri=mlflow.uri,
+                                              project="forge-e2e", tags=("e2e",)))
     console = Console(record=True, width=120)
     seen: dict = {}
     stop = threading.Event()
@@ -116,9 +126,11 @@ def test_a_short_forge_up_run_learns(tmp_path):
     inspector.start()
     try:
         result = asyncio.run(run(config, console))
+        check_tracked(config.run_dir, mlflow.uri, result)
     finally:
         stop.set()
         inspector.join(timeout=120)
+        mlflow.kill()
     assert set(seen["keys"]) == {"gateway.key", "actor.key", "cache.key"}, seen.get("keys")
     assert set(seen["modes"].values()) == {0o600}
     keys = [line for text in seen["keys"].values() for line in text.splitlines() if not line.startswith("#")]
@@ -173,6 +185,47 @@ def test_a_short_forge_up_run_learns(tmp_path):
     assert (config.run_dir / "curves.png").stat().st_size > 10_000
     services = json.loads((config.run_dir / "services.json").read_text())
     assert {s["kind"] for s in services} == {"learner", "cache", "actor", "gateway"}
+
+
+def check_tracked(run_dir: Path, uri: str, result: dict) -> None:
+    """The run in MLflow, TensorBoard and W&B: the learner's loss at every step, the held-out reward per domain at
+    the start and the end, the settings as params; and summary.json's settings as plain JSON."""
+    from mlflow import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    records = [json.loads(line) for line in (run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
+    last = {r["step"]: r["loss"] for r in records}
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("forge-e2e").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED" and runs[0].info.run_name == "run"
+    tracked = runs[0].info.run_id
+    loss = {m.step: m.value for m in client.get_metric_history(tracked, "learner/loss")}
+    assert loss == pytest.approx(last)
+    # The end's reading comes at the step the learner had made by then (it may train on what was queued after).
+    for domain in ("reasoning", "qa", "agent"):
+        held_out = sorted((m.step, m.value) for m in client.get_metric_history(tracked, f"eval/reward/{domain}"))
+        assert [value for _, value in held_out] == pytest.approx([result["eval_start"][domain],
+                                                                  result["eval_end"][domain]])
+        assert held_out[0][0] == 0 and held_out[1][0] in last and held_out[1][0] >= STEPS
+    assert client.get_metric_history(tracked, "rollout/actor_tokens_per_s")
+    params = runs[0].data.params
+    assert params["services.learner.trainer.lr"] == "0.0002" and params["up.steps"] == str(STEPS)
+    assert params["run_dir"] == str(run_dir.resolve()) and runs[0].data.tags["tag.e2e"] == "true"
+
+    events = EventAccumulator(str(run_dir / "tensorboard" / "run"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert {e.step: e.value for e in events.Scalars("learner/loss")} == pytest.approx(last)
+    assert [e.step for e in events.Scalars("eval/reward/qa")] == [0, held_out[1][0]]
+    wandb_runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 1
+    logged = {row["_step"]: row for row in wandb_history(next(wandb_runs[0].glob("*.wandb")))}
+    assert {step for step, row in logged.items() if "learner/loss" in row} == set(last)
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["config"]["steps"] == STEPS and summary["config"]["tracking"]["trackers"] == [
+        "mlflow", "tensorboard", "wandb"]
+    assert summary["services"]["learner"]["trainer"]["lr"] == 2e-4
+    assert "<class" not in json.dumps(summary)
 
 
 @pytest.mark.timeout(1800)
