@@ -58,6 +58,19 @@ def edits_of(call: pool_pb2.CallRecord, eos_token_ids: tuple[int, ...], grammars
     return None if edits is None else LogitEdits.of_rows(edits.rows(call.completion_ids))
 
 
+def call_sample(call: pool_pb2.CallRecord, eos_token_ids: tuple[int, ...] = (), grammars: Grammars | None = None,
+                advantage: float = 0.0, domain: str = "", position: int = 0) -> Sample:
+    """``call`` as the learner trains on it: its tokens, behaviour log-probs and versions, the sampling it was drawn
+    with, its edits rebuilt (``edits_of``: ValueError if they cannot be) and a model with experts' routing."""
+    temperature, top_k, top_p = sampling_of(call)
+    return Sample(
+        tokens=[*call.prompt_ids, *call.completion_ids], prompt_len=len(call.prompt_ids),
+        old_logprobs=list(call.logprobs), versions=list(call.weight_versions), advantage=advantage,
+        temperature=temperature, top_k=top_k, top_p=top_p, domain=domain, position=position,
+        session_id=call.session_id, call_index=call.index, edits=edits_of(call, eos_token_ids, grammars),
+        routing=expert_routing.decode(call.routed_experts) if call.HasField("routed_experts") else None)
+
+
 def build_samples(entries: list[pool_pb2.QueueEntry], rewards: list[SessionRewards],
                   eos_token_ids: tuple[int, ...] = (), grammars: Grammars | None = None) -> list[Sample]:
     """One sample per recorded call; ``eos_token_ids`` are the model's (what ``min_tokens`` kept out too),
@@ -72,20 +85,13 @@ def build_samples(entries: list[pool_pb2.QueueEntry], rewards: list[SessionRewar
                 if not call.completion_ids:
                     continue
                 try:
-                    edits = edits_of(call, eos_token_ids, grammars)
+                    samples.append(call_sample(
+                        call, eos_token_ids, grammars,
+                        advantage=reward.advantages[call.index] if call.index < len(reward.advantages) else 0.0,
+                        domain=item.session.domain, position=entry.position))
                 except ValueError as exc:
                     log.warning("call %d of session %s is left out: its sampling cannot be replayed (%s)",
                                 call.index, call.session_id, exc)
-                    continue
-                temperature, top_k, top_p = sampling_of(call)
-                samples.append(Sample(
-                    tokens=[*call.prompt_ids, *call.completion_ids], prompt_len=len(call.prompt_ids),
-                    old_logprobs=list(call.logprobs), versions=list(call.weight_versions),
-                    advantage=reward.advantages[call.index] if call.index < len(reward.advantages) else 0.0,
-                    temperature=temperature, top_k=top_k, top_p=top_p, domain=item.session.domain,
-                    position=entry.position, session_id=item.session.session_id, call_index=call.index,
-                    edits=edits,
-                    routing=expert_routing.decode(call.routed_experts) if call.HasField("routed_experts") else None))
     return samples
 
 
