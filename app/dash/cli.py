@@ -124,8 +124,8 @@ async def _serve(config: DashConfig) -> None:
 def dash(config: DashConfig) -> None:
     """A local, read-only web app on a run: live curves (reward per domain, loss, tokens/s, staleness, tree
     compression), the services' health (as forge top), and a trajectory browser over the run's pools: sessions by
-    domain, reward, weight version and status, each as a transcript with its tokens coloured by log-prob or
-    advantage, and its group's prefix tree as the learner packs it.
+    domain, reward, weight version and status, each as a transcript with its tokens coloured by log-prob,
+    advantage, weight version or a learner checkpoint's importance ratio, and its group's prefix tree as the learner packs it.
 
     Loopback by default; bound to any other address it needs a key. It only reads: the pools are opened read-only
     and the services are only asked for their Stats.

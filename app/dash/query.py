@@ -15,6 +15,8 @@ MAX_TEXT = 256
 FILTERS = ("domain", "status", "min_reward", "max_reward", "min_version", "max_version")
 LIST_PARAMS = frozenset({"pool", "page", "page_size", *FILTERS})
 SESSION_PARAMS = frozenset({"pool"})
+RATIO_PARAMS = frozenset({"pool", "step"})
+MAX_STEP = 2**63 - 1
 
 
 def check_known(query: MultiMapping[str], known: frozenset[str]) -> None:

@@ -9,8 +9,11 @@
 | ``GET /api/sessions?pool=&page=&page_size=&domain=&status=&min_reward=&max_reward=&min_version=&max_version=`` | a page of sessions |
 | ``GET /api/sessions/{id}?pool=`` | a session's transcript, tokens and advantages |
 | ``GET /api/sessions/{id}/tree?pool=`` | its group's prefix tree |
+| ``GET /api/checkpoints?pool=`` | the steps of the learner checkpoints beside the pool, and the latest |
+| ``GET /api/sessions/{id}/ratios?pool=&step=`` | per completion token, checkpoint ``step``'s (default: the latest) importance ratio and log-prob |
 
-Pool reads and tokenizing run in worker threads, never on the event loop.
+Pool reads and tokenizing run in worker threads, never on the event loop; loading a checkpoint and recomputing
+log-probs in the ratios' own (``ratios.Ratios``).
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from typing import Any
 
 from aiohttp import web
 
-from forge.app.dash import query, security
+from forge.app.dash import query, ratios, security
 from forge.app.dash.data import Curves, Pools, metrics_file, summary
 from forge.app.dash.health import Health
+from forge.app.dash.ratios import Ratios
 from forge.pool import NotFoundError, PoolReader
-from forge.pool.browse import group_sessions, list_sessions, transcript
+from forge.pool.browse import group_sessions, list_sessions, read_session, transcript
 from forge.tokenizer import Tokenizer
 
 STATIC = Path(__file__).parent / "static"
@@ -43,12 +47,19 @@ class Dash:
     curves: Curves | None
     health: Health | None
     tokenizer: Tokenizer | None
+    ratios: Ratios
 
-    def reader(self, request: web.Request) -> PoolReader:
+    def pool_name(self, request: web.Request) -> str:
         name = query.text(request.query, "pool") or "pool"
         if name not in self.pools.names():
             raise NotFoundError(f"no pool {name!r} in this run")
-        return self.pools.reader(name)
+        return name
+
+    def reader(self, request: web.Request) -> PoolReader:
+        return self.pools.reader(self.pool_name(request))
+
+    def checkpoints(self, request: web.Request) -> Path:
+        return ratios.checkpoints_dir(self.pools.names()[self.pool_name(request)])
 
     def decode(self, ids: Any) -> str:
         assert self.tokenizer is not None
@@ -142,6 +153,31 @@ async def tree(request: web.Request) -> web.Response:
     return web.json_response(await _in_thread(lambda: prefix_tree(group_sessions(reader, session_id), decode)))
 
 
+async def checkpoints(request: web.Request) -> web.Response:
+    dash: Dash = request.app["dash"]
+    query.check_known(request.query, query.SESSION_PARAMS)
+    directory = dash.checkpoints(request)
+    return web.json_response(await _in_thread(lambda: ratios.listing(directory)))
+
+
+def _ratio_work(dash: Dash, request: web.Request) -> tuple[Path, list[Any]]:
+    """The checkpoint asked for and the session's calls (within the dash's bound), or the 4xx why not."""
+    query.check_known(request.query, query.RATIO_PARAMS)
+    step = query.integer(request.query, "step", 0, query.MAX_STEP)
+    directory = dash.checkpoints(request)
+    reader = dash.reader(request)
+    model_dir = ratios.pick(directory, step)
+    return model_dir, ratios.session_calls(read_session(reader, request.match_info["session_id"]))
+
+
+async def session_ratios(request: web.Request) -> web.Response:
+    dash: Dash = request.app["dash"]
+    model_dir, calls = await _in_thread(lambda: _ratio_work(dash, request))
+    work = functools.partial(dash.ratios.compute, model_dir, calls)
+    computed = await asyncio.get_running_loop().run_in_executor(dash.ratios.executor, work)
+    return web.json_response({"step": ratios.step_of(model_dir), "calls": computed})
+
+
 async def not_found(request: web.Request) -> web.Response:
     return security.error(404, f"no such page: {request.path[:200]}")
 
@@ -160,6 +196,8 @@ def make_app(dash: Dash, host: str, keys: tuple[str, ...]) -> web.Application:
     app.router.add_get("/api/sessions", sessions)
     app.router.add_get("/api/sessions/{session_id}", session)
     app.router.add_get("/api/sessions/{session_id}/tree", tree)
+    app.router.add_get("/api/sessions/{session_id}/ratios", session_ratios)
+    app.router.add_get("/api/checkpoints", checkpoints)
     app.router.add_static("/static/", STATIC, show_index=False, follow_symlinks=False)
     app.router.add_route("*", "/{tail:.*}", not_found)
 
@@ -167,6 +205,7 @@ def make_app(dash: Dash, host: str, keys: tuple[str, ...]) -> web.Application:
         if dash.health is not None:
             dash.health.stop()
         dash.pools.close()
+        dash.ratios.close()
 
     app.on_cleanup.append(closing)
     return app
@@ -174,4 +213,5 @@ def make_app(dash: Dash, host: str, keys: tuple[str, ...]) -> web.Application:
 
 def build(run_dir: Path | None, pool: Path | None, health: Health | None, tokenizer: Tokenizer | None) -> Dash:
     curves_ = Curves(metrics_file(run_dir)) if run_dir is not None else None
-    return Dash(run_dir=run_dir, pools=Pools(run_dir, pool), curves=curves_, health=health, tokenizer=tokenizer)
+    return Dash(run_dir=run_dir, pools=Pools(run_dir, pool), curves=curves_, health=health, tokenizer=tokenizer,
+                ratios=Ratios())

@@ -212,7 +212,8 @@ def list_sessions(reader: PoolReader, where: SessionFilter | None = None, page: 
     return Page(page, page_size, rows, more, total, work)
 
 
-def _read_session(reader: PoolReader, session_id: str) -> pool_pb2.SessionWithCalls:
+def read_session(reader: PoolReader, session_id: str) -> pool_pb2.SessionWithCalls:
+    """The session ``session_id`` with its calls; NotFoundError for an id the pool does not hold."""
     if not session_id or len(session_id.encode()) > layout.MAX_ID_BYTES or "\0" in session_id:
         raise NotFoundError(f"unknown session {session_id!r}")
     return reader.get_session(session_id)
@@ -280,7 +281,7 @@ def transcript(reader: PoolReader, session_id: str, decode: Decode | None = None
     prompt and completion (or, after a context-management rewrite, how much of them it kept and dropped), its
     completion with the log-prob and weight version of every token, and its process rewards. ``decode`` (token
     ids to text) adds the text; ``piece`` (one token id to its text) the text of every completion token."""
-    found = _read_session(reader, session_id)
+    found = read_session(reader, session_id)
     calls = sorted(found.calls, key=lambda c: c.index)
     versions = [v for c in calls for v in c.weight_versions]
     out = session_summary(found.session, (min(versions), max(versions)) if versions else None)
@@ -295,7 +296,7 @@ def transcript(reader: PoolReader, session_id: str, decode: Decode | None = None
 def group_sessions(reader: PoolReader, session_id: str) -> list[pool_pb2.SessionWithCalls]:
     """Every stored session (with its calls) of the group of ``session_id`` (that session alone when it has no
     group)."""
-    found = _read_session(reader, session_id)
+    found = read_session(reader, session_id)
     if not found.session.group_id:
         return [found]
     with reader.store.read() as tx:

@@ -1,8 +1,8 @@
 """``forge dash`` in a real browser (headless Chromium through Selenium): on a run with a recorded pool, learner
 metrics and a live pool service, the curves are drawn and follow the metrics file without a reload, the services'
-health shows, sessions are listed and filtered, a transcript opens with its tokens coloured, a completion holding
-markup is shown as text (nothing runs, nothing is parsed), the group's prefix tree is drawn, and the console stays
-free of errors (a Content-Security-Policy violation would be one). Screenshots go to the suite's output folder."""
+health shows, sessions are listed and filtered, a transcript opens with its tokens coloured (by log-prob, advantage
+and a learner checkpoint's importance ratio), a completion holding markup is shown as text (nothing runs, nothing is
+parsed), the group's prefix tree is drawn, and the console stays free of errors (a Content-Security-Policy violation would be one). Screenshots go to the suite's output folder."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from forge.checkpoints import write_tiny_checkpoint
 
 from helpers.browse_pool import MARKUP
 from helpers.dash import make_run, start_dash
@@ -26,6 +28,7 @@ WAIT_S = 60
 def dash_url(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("browser") / "run"
     make_run(run_dir)
+    write_tiny_checkpoint(run_dir / "learner" / "checkpoints" / "step-00000005" / "model")
     # a live service for the health view: its ready file in the run directory is how the dash finds it
     pool_service = Service("pool-service", "forge", ["pool", "serve", "--path", str(run_dir / "other-pool"),
                                                      "--port", "0"], run_dir, timeout_s=120)
@@ -112,4 +115,22 @@ def test_transcript_colours_and_group_tree(browser, dash_url, screenshots):
     assert rows[0].get_attribute("data-times") == "5"
     assert "5 samples" in browser.find_element(By.ID, "tree").text
     browser.save_screenshot(str(screenshots / "dash-transcript.png"))
+    assert console_errors(browser) == []
+
+
+def test_tokens_coloured_by_importance_ratio(browser, dash_url, screenshots):
+    url, _ = dash_url
+    browser.get(url + "?tab=trajectories")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-session="web-0"]'), "the sessions")[0].click()
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#session .token"), "the transcript")
+    Select(browser.find_element(By.ID, "colour-by")).select_by_visible_text("importance ratio")
+    wait(browser, lambda d: "checkpoint step 5" in d.find_element(By.ID, "ratio-status").text, "the ratios")
+    assert Select(browser.find_element(By.ID, "ratio-step")).first_selected_option.text == "latest (5)"
+    tokens = browser.find_elements(By.CSS_SELECTOR, "#session .token")
+    assert len(tokens) > 10
+    for token in tokens:
+        assert token.value_of_css_property("background-color") not in ("rgba(0, 0, 0, 0)", "transparent")
+        title = token.get_attribute("title")
+        assert "importance ratio " in title and "learner log-prob" in title and "checkpoint step 5" in title
+    browser.save_screenshot(str(screenshots / "dash-importance-ratio.png"))
     assert console_errors(browser) == []

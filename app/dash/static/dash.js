@@ -5,7 +5,10 @@
 const POLL_MS = 3000;
 const SVG = "http://www.w3.org/2000/svg";
 const COLORS = ["#2f6fdd", "#e8590c", "#2b8a3e", "#9c36b5", "#c92a2a", "#1098ad", "#5c940d", "#d6336c"];
-const state = { tab: "curves", page: 1, pageSize: 50, filters: {}, selected: null, colour: "logprob", session: null };
+const state = { tab: "curves", page: 1, pageSize: 50, filters: {}, selected: null, colour: "logprob", session: null,
+                step: "", checkpoints: null, ratios: null };
+const COLOUR_MODES = [["logprob", "log-prob"], ["advantage", "advantage"], ["version", "weight version"],
+                      ["ratio", "importance ratio"]];
 
 function el(tag, props, ...children) {
   const node = document.createElement(tag);
@@ -177,7 +180,17 @@ async function refreshSessions() {
   document.getElementById("next-page").disabled = !data.has_more;
 }
 
+// The importance ratio on a log scale around 1: blue below, red above, saturating at 0.5 and 2.
+function ratioColour(ratio) {
+  if (ratio === null || ratio === undefined) return "transparent";
+  const l = ratio <= 0 ? -1 : Math.max(-1, Math.min(1, Math.log2(ratio)));
+  const alpha = (0.12 + 0.6 * Math.abs(l)).toFixed(3);
+  if (Math.abs(l) < 0.01) return "rgba(134, 142, 150, 0.12)";
+  return l < 0 ? `rgba(47, 111, 221, ${alpha})` : `rgba(224, 49, 49, ${alpha})`;
+}
+
 function tokenColour(mode, call, index, scale) {
+  if (mode === "ratio") return ratioColour(call.ratios ? call.ratios.ratio[index] : null);
   if (mode === "advantage") {
     const a = call.advantage;
     if (a === null || a === undefined) return "transparent";
@@ -199,6 +212,12 @@ function tokens(call, mode, scale) {
     const details = [`id ${id}`, `text ${JSON.stringify(piece)}`, `log-prob ${call.logprobs[i].toFixed(4)}`,
       `p ${Math.exp(call.logprobs[i]).toFixed(3)}`, `weight version ${call.weight_versions[i]}`];
     if (call.advantage !== null && call.advantage !== undefined) details.push(`advantage ${call.advantage.toFixed(4)}`);
+    if (mode === "ratio" && call.ratios) {
+      const ratio = call.ratios.ratio[i], learner = call.ratios.logprob[i];
+      details.unshift(`importance ratio ${ratio === null ? "–" : ratio.toFixed(4)}`,
+        `learner log-prob ${learner === null ? "–" : learner.toFixed(4)}`,
+        `recorded log-prob ${call.logprobs[i].toFixed(4)}`, `checkpoint step ${call.ratios.step}`);
+    }
     const span = el("span", { class: "token", text: piece, title: details.join("\n"),
                               "data-logprob": String(call.logprobs[i]) });
     span.style.backgroundColor = tokenColour(mode, call, i, scale);
@@ -223,15 +242,62 @@ function messages(call) {
   return out;
 }
 
+function ratioKey() {
+  return JSON.stringify([state.session.session_id, state.filters.pool, state.step]);
+}
+
+// Ratios are recomputed by the dash (a forward pass of a learner checkpoint): fetched only when asked for.
+async function loadRatios() {
+  const key = ratioKey(), pool = state.filters.pool;
+  state.ratios = { key, loading: true };
+  try {
+    if (!state.checkpoints || state.checkpoints.pool !== pool) {
+      state.checkpoints = { pool, data: await getJSON("/api/checkpoints?" + query({ pool })) };
+    }
+    const data = await getJSON(`/api/sessions/${encodeURIComponent(state.session.session_id)}/ratios?` +
+      query({ pool, step: state.step }));
+    if (state.ratios.key === key) state.ratios = { key, data };
+  } catch (failure) {
+    if (state.ratios.key === key) state.ratios = { key, error: failure.message };
+  }
+  if (state.ratios.key === key && state.colour === "ratio") renderSession();
+}
+
+function ratioControls() {
+  const known = state.checkpoints && state.checkpoints.pool === state.filters.pool ? state.checkpoints.data : null;
+  const latest = known && known.latest !== null ? ` (${known.latest})` : "";
+  const steps = known ? known.steps.slice().reverse() : [];
+  if (state.step !== "" && !steps.includes(Number(state.step))) steps.unshift(Number(state.step));
+  const select = el("select", { id: "ratio-step" }, el("option", { value: "", text: `latest${latest}` }),
+    ...steps.map((step) => el("option", { value: String(step), text: `step ${step}`,
+                                          selected: String(step) === state.step })));
+  select.addEventListener("change", () => { state.step = select.value; renderSession(); });
+  const r = state.ratios && state.ratios.key === ratioKey() ? state.ratios : null;
+  const status = !r || r.loading ? { class: "muted", text: "computing importance ratios…" }
+    : r.error ? { class: "error", text: r.error } : { class: "muted", text: `checkpoint step ${r.data.step}` };
+  return [el("label", { text: " checkpoint " }, select), el("span", { id: "ratio-status", ...status })];
+}
+
+function attachRatios(s) {
+  const r = state.ratios;
+  const byIndex = new Map(r && r.data && r.key === ratioKey() ? r.data.calls.map((c) => [c.index, c]) : []);
+  for (const call of s.calls) {
+    const found = byIndex.get(call.index);
+    call.ratios = found && found.ratio ? { ...found, step: r.data.step } : null;
+  }
+}
+
 function renderSession() {
   const s = state.session;
   if (!s) return;
   const mode = state.colour;
+  if (mode === "ratio" && (!state.ratios || state.ratios.key !== ratioKey())) loadRatios();
+  attachRatios(s);
   const advantages = s.calls.map((c) => Math.abs(c.advantage || 0));
   const versions = s.calls.flatMap((c) => c.weight_versions);
   const scale = mode === "advantage" ? Math.max(1e-9, ...advantages) : Math.max(0, ...versions);
   const select = el("select", { id: "colour-by" },
-    ...["logprob", "advantage", "version"].map((m) => el("option", { value: m, text: m, selected: m === mode })));
+    ...COLOUR_MODES.map(([m, label]) => el("option", { value: m, text: label, selected: m === mode })));
   select.addEventListener("change", () => { state.colour = select.value; renderSession(); });
   const treeButton = el("button", { type: "button", id: "show-tree", text: "group's prefix tree",
                                     onclick: () => openTree(s.session_id) });
@@ -240,7 +306,8 @@ function renderSession() {
     el("div", { class: "muted", text: `task ${s.task_id || "–"} · domain ${s.domain || "–"} · group ${s.group_id || "–"} ` +
       `· ${s.status}${s.failure_reason ? " (" + s.failure_reason + ")" : ""} · reward ${fmt(s.reward)} ` +
       `· ${JSON.stringify(s.outcome_rewards)}` }),
-    el("div", { class: "controls" }, el("label", { text: "colour tokens by " }, select), treeButton),
+    el("div", { class: "controls" }, el("label", { text: "colour tokens by " }, select),
+      ...(mode === "ratio" ? ratioControls() : []), treeButton),
     el("div", { id: "tree" }));
   const calls = s.calls.map((call) => el("div", { class: "call", "data-call": String(call.index) },
     el("h4", { text: `call ${call.index} · ${call.prompt_tokens} prompt + ${call.completion_tokens} completion tokens ` +
@@ -257,6 +324,7 @@ async function openSession(id) {
   const target = document.getElementById("session");
   try {
     state.session = await getJSON(`/api/sessions/${encodeURIComponent(id)}?` + query({ pool: state.filters.pool }));
+    state.ratios = state.checkpoints = null;     // asked again: the learner may have written a newer checkpoint
   } catch (failure) {
     target.replaceChildren(el("p", { class: "error", text: failure.message }));
     return;

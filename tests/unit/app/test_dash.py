@@ -94,7 +94,8 @@ def test_group_tree(client, run):
     ("/api/sessions?status=done", 400), ("/api/sessions?domain=" + "d" * 300, 400), ("/api/sessions?x=1", 400),
     ("/api/sessions?page=1&page=2", 400), ("/api/sessions?pool=../pool", 404), ("/api/sessions?pool=eval-pool", 404),
     ("/api/sessions/web-0?pool=nope", 404), ("/api/curves?since=3", 400), ("/static/../cli.py", 404),
-    ("/static/", 403), ("/api/sessions/web-0/tree/more", 404),
+    ("/static/", 403), ("/api/sessions/web-0/tree/more", 404), ("/api/sessions/web-0/ratios", 404),
+    ("/api/sessions/web-0/ratios?step=x", 400), ("/api/checkpoints?pool=nope", 404),
 ])
 def test_bad_input_is_a_client_error(client, path, status):
     answer = client.get(path)
