@@ -6,20 +6,15 @@ would cost each of them seconds of start-up and a few hundred megabytes."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from forge.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from forge.model.attention import AttentionBackend, CausalAttention, DenseKVCache, MaskedAttention
     from forge.model.checkpoint import CheckpointError
     from forge.model.config import SUPPORTED_MODEL_TYPES, ModelConfig, ModelConfigError
     from forge.model.qwen3 import CausalLM
-
-_HOMES = {
-    "AttentionBackend": "attention", "CausalAttention": "attention", "DenseKVCache": "attention",
-    "MaskedAttention": "attention", "CheckpointError": "checkpoint", "SUPPORTED_MODEL_TYPES": "config",
-    "ModelConfig": "config", "ModelConfigError": "config", "CausalLM": "qwen3",
-}
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -32,16 +27,8 @@ __all__ = [
     "ModelConfig",
     "ModelConfigError",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "AttentionBackend": "attention", "CausalAttention": "attention", "DenseKVCache": "attention",
+    "MaskedAttention": "attention", "CheckpointError": "checkpoint", "SUPPORTED_MODEL_TYPES": "config",
+    "ModelConfig": "config", "ModelConfigError": "config", "CausalLM": "qwen3",
+})
