@@ -22,12 +22,13 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 
 from forge.model.lora_weights import is_adapter_version, merge_adapter_version
 from forge.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+
     from forge.actors.config import ActorConfig
 
 log = logging.getLogger(__name__)
@@ -465,6 +466,8 @@ class BackendFactory(ABC):
     def threads(self, config: ActorConfig) -> int:
         """Set this process's torch threads for the backend (before any torch work) and return its count."""
         if config.engine.threads:
+            import torch
+
             torch.set_num_threads(config.engine.threads)
         return config.engine.threads
 

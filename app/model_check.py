@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
-import torch
 
 from forge.app.model_fetch import fetch_model
 from forge.checkpoints import ModelNotFound, ModelRef, is_native, model_type, resolve_model, trainable_model
@@ -44,6 +43,7 @@ class CheckConfig(Settings):
 
 def _logprob_gap(ref: ModelRef, policy: Any, config: CheckConfig) -> float:
     """The largest |log p| difference between Forge's training path and transformers on random sequences."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(str(ref.directory), dtype=torch.float32,
@@ -58,6 +58,8 @@ def _logprob_gap(ref: ModelRef, policy: Any, config: CheckConfig) -> float:
 
 def _tree_gap(policy: Any, config: CheckConfig) -> float:
     """The largest difference between the log-probs of samples trained as one packed tree and one by one."""
+    import torch
+
     from forge.learner.policy import policy_forward
     from forge.learner.samples import Sample, make_micro_batch
     from forge.learner.tree import pack_step, tree_policy_forward

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from forge import variables
 from forge.checkpoints import IMPLS, check_impl, trainable_model
-from forge.learner.lora import LoraConfig
-from forge.learner.losses import LossConfig
+from forge.learner.lora_config import LoraConfig
+from forge.learner.loss_config import LossConfig
 from forge.learner.rewards import RewardConfig
-from forge.learner.trainer import TrainerConfig
+from forge.learner.trainer_config import TrainerConfig
 from forge.pool import WindowConfig
 from forge.rpc.client import check_address
 from forge.settings import Settings, SettingsError, log_level_setting, metrics_port_setting, ready_file_setting, setting

@@ -19,8 +19,6 @@ from torch import Tensor
 from forge.model.moe import Routing, expert_load, load_balancing_loss
 from forge.model.qwen3 import CausalLM
 
-MODES = ("replay", "recompute")
-
 
 def routing_for(model: CausalLM, recorded: Tensor | None, mode: str, keep_logits: bool) -> Routing | None:
     """The Routing of one forward pass over tokens whose recorded routing is ``recorded`` [layers, tokens, k]

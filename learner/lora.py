@@ -17,54 +17,19 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from forge.learner.lora_config import DEFAULT_TARGETS, LoraConfig
 from forge.model.lora_weights import SCALING, merged_weight
-from forge.settings import Settings, setting
 
 ADAPTER = "default"                 # peft's name for a model's one adapter
 DRAFT_PREFIX = "mtp."               # the MTP draft's modules: trained in full, never adapted
 EXPERTS = "experts"                 # a layer's stacked experts (Forge's and transformers' MoE): frozen
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 SAVED_PREFIX = "base_model.model."  # where peft's saved keys start: the wrapped model's own names follow
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoraConfig(Settings):
-    rank: int = setting(0, flag="lora-rank", min=0,
-                        help="Train rank-R LoRA adapters on the policy's projections instead of every weight (0: "
-                             "full fine-tuning).")
-    alpha: float = setting(16.0, flag="lora-alpha", min=0.0,
-                           help="LoRA's scale numerator: an adapter's update is scaled by alpha / rank.")
-    dropout: float = setting(0.0, flag="lora-dropout", min=0.0, max=0.99,
-                             help="Dropout on each adapter's input while training.")
-    targets: tuple[str, ...] = setting(DEFAULT_TARGETS, flag="lora-targets",
-                                       help="Names of the linear modules that get adapters (repeatable; the last "
-                                            "part of a module's name, e.g. q_proj).")
-    publish: str = setting("merged", flag="lora-publish", choices=("merged", "adapters"),
-                           help="What each version sends the actors: the whole model with the adapters merged (any "
-                                "backend), or the adapters alone, which the actor (torch engine or vLLM) merges onto "
-                                "the base it started from (megabytes instead of the model).")
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / self.rank
-
-    def peft_config(self, modules: list[str]):
-        """The same adapter, on ``modules`` (whole names), as peft describes it (``peft.LoraConfig``)."""
-        import peft
-
-        return peft.LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, bias="none",
-                               target_modules=modules, task_type="CAUSAL_LM")
 
 
 def target_pattern(targets: tuple[str, ...]) -> str:

@@ -18,7 +18,6 @@ import torch
 
 from forge.learner.checkpoint import Checkpointer, set_rng_state
 from forge.learner.context_parallel import context_groups
-from forge.learner.expert_replay import MODES as ROUTING_MODES
 from forge.learner.expert_replay import RoutingTally
 from forge.learner.lora import (
     DRAFT_PREFIX,
@@ -35,6 +34,7 @@ from forge.learner.policy import PolicyOutput, policy_forward
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.sample_table import SampleLog
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
+from forge.learner.trainer_config import TrainerConfig
 from forge.learner.tree import (
     Stem,
     StemState,
@@ -49,44 +49,9 @@ from forge.learner.tree import (
 from forge.model.qwen3 import CausalLM
 from forge.pool import Batch, PoolSource, WindowConfig, WindowedFifo
 from forge.sampling.grammar import Grammars
-from forge.settings import Settings, setting
 from forge.v1 import pool_pb2
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainerConfig(Settings):
-    lr: float = setting(1e-5, min=0, min_open=True, help="Learning rate (AdamW).")
-    warmup_steps: int = setting(0, min=0, help="Linear learning-rate warm-up over this many steps.")
-    weight_decay: float = setting(0.0, min=0, help="AdamW weight decay.")
-    grad_clip: float = setting(1.0, min=0, min_open=True, help="Clip the gradients' global norm to this.")
-    micro_batch_tokens: int = setting(8192, min=16, help="Token budget of one micro-batch (of one packed prefix tree "
-                                                         "with --tree).")
-    tree: bool = setting(True, help="Merge the batch's shared prefixes into packed tries and train them once (exact); "
-                                    "--no-tree trains sample by sample.")
-    context_parallel: int = setting(1, min=1, help="Split the tokens of every packed tree across this many "
-                                                   "consecutive ranks, which exchange keys and values layer by "
-                                                   "layer: a sequence needs 1 / N of a rank's memory (N must divide "
-                                                   "the job's processes; needs --tree).")
-    tree_stem: bool = setting(True, help="With --tree: compute the context several packed trees of a step share once "
-                                         "(its activations are held for the step); --no-tree-stem recomputes it in "
-                                         "every tree.")
-    routing: str = setting("replay", choices=ROUTING_MODES,
-                           help="Models with experts: train every token through the experts its actor chose "
-                                "(replay) or let the routers choose again (recompute); the mismatch rate is "
-                                "recorded either way.")
-    activation_checkpointing: bool = setting(False, help="Keep only each decoder layer's input for the backward pass "
-                                                         "and recompute the layer there: activation memory of one "
-                                                         "layer instead of all, for about a third more compute.")
-    max_steps: int = setting(0, min=0, help="Stop after this many steps (0 = until stopped).")
-    checkpoint_every: int = setting(10, min=1, help="Steps between checkpoints.")
-    publish_every: int = setting(1, min=1, help="Steps between published weight versions.")
-    max_staleness: int | None = setting(None, min=0, help="Versions a sample may lag behind the learner [default: no "
-                                                          "limit]; 0 trains only on samples of the current version.")
-    staleness_policy: str = setting("drop", choices=("drop", "keep"),
-                                    help="What to do with samples staler than --max-staleness.")
-    seed: int = setting(0, help="Seed of the initial model (when fresh) and of the training step.")
 
 
 @dataclass

@@ -7,8 +7,7 @@ from dataclasses import replace
 
 from forge.actors.backend import BackendFactory, Serving, StartContext
 from forge.actors.config import ActorConfig
-from forge.actors.engine.l3 import kv_connector
-from forge.actors.engine.policy import grammars_of, load_policy, model_id_of
+from forge.actors.engine.policy import model_id_of
 
 
 class TorchFactory(BackendFactory):
@@ -33,6 +32,8 @@ class TorchFactory(BackendFactory):
         if config.engine_process:
             return self._engine_process(config, context, engine_config, model_id)
         from forge.actors.engine.engine import TorchEngine
+        from forge.actors.engine.l3 import kv_connector
+        from forge.actors.engine.policy import grammars_of, load_policy
 
         policy, model_id = load_policy(config.model, context.device, config.dtype)
         engine = TorchEngine(policy, engine_config, initial_version=context.initial_version,

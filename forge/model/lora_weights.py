@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 SCALING = "lora.scaling"
 A, B = ".lora_A.weight", ".lora_B.weight"
@@ -26,6 +27,8 @@ PEFT_PREFIX = "base_model.model."          # what peft prefixes the module names
 
 def merged_weight(weight: Tensor, a: Tensor, b: Tensor, scaling: float) -> Tensor:
     """W + scaling · B A, in float32 (one fused multiply-add), in W's dtype."""
+    import torch
+
     return torch.addmm(weight.float(), b.float(), a.float(), alpha=scaling).to(weight.dtype)
 
 
