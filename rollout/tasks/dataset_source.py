@@ -11,6 +11,7 @@ is then checked as a JSONL line is (``validate_task``)."""
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -139,14 +140,28 @@ def row_task(row: Mapping[str, Any], index: int, spec: DatasetSpec, name: str) -
 def dataset_tasks(spec: DatasetSpec, base_dir: Path | None = None) -> Iterator[tuple[dict[str, Any], str, str]]:
     """Each task of ``spec``'s split with where it is (``dataset [split] row N``, ``at row N``), up to ``limit``."""
     rows, name = _rows(spec, base_dir)
-    index = 0
-    while not spec.limit or index < spec.limit:
-        try:
-            row = next(rows)
-        except StopIteration:
-            return
-        except Exception as exc:          # what the datasets library raises while reading: a bad file, a schema
-            raise TaskError(f"dataset {spec.dataset} [{spec.split}] row {index}: cannot read it: "
-                            f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from None
-        yield row_task(row, index, spec, name), f"dataset {spec.dataset} [{spec.split}] row {index}", f"at row {index}"
-        index += 1
+    try:
+        index = 0
+        while not spec.limit or index < spec.limit:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except Exception as exc:          # what the datasets library raises while reading: a bad file, a schema
+                raise TaskError(f"dataset {spec.dataset} [{spec.split}] row {index}: cannot read it: "
+                                f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+            yield (row_task(row, index, spec, name), f"dataset {spec.dataset} [{spec.split}] row {index}",
+                   f"at row {index}")
+            index += 1
+    finally:
+        _close(rows)
+
+
+def _close(rows: Iterator[dict[str, Any]]) -> None:
+    """End a streamed split now, its Arrow scanner's threads with it: left to the interpreter's exit, they outlive
+    Arrow's own teardown and the process aborts ("terminate called without an active exception"; apache/arrow#45214,
+    huggingface/datasets#7357)."""
+    close = getattr(rows, "close", None)
+    if close is not None:
+        close()
+    gc.collect()
