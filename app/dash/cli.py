@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from forge.cli.common import setup_logging, write_ready_file
+from forge.cli.common import setup_logging, tokenizer_option, write_ready_file
 from forge.cli.options import settings_command
 from forge.settings import Settings, SettingsError, log_level_setting, ready_file_setting, setting
 
@@ -69,16 +69,7 @@ class DashConfig(Settings):
 
 
 def _tokenizer(model: str | None) -> Tokenizer | None:
-    if model is None or model == "none":
-        return None
-    from forge.checkpoints import ModelNotFound, load_tokenizer
-
-    try:
-        return load_tokenizer(model)
-    except ModelNotFound as exc:
-        raise click.BadParameter(str(exc), param_hint="--model") from exc
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(f"cannot load the tokenizer of {model}: {exc}") from exc
+    return None if model is None or model == "none" else tokenizer_option(model)
 
 
 async def _serve(config: DashConfig) -> None:

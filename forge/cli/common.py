@@ -126,3 +126,16 @@ def check_port_option(host: str, port: int | None, option: str) -> None:
     except OSError as exc:
         raise click.BadParameter(f"{exc} (another service there? {option} 0 picks a free port)",
                                  param_hint=f"'{option}'") from None
+
+
+def tokenizer_option(model: str, option: str = "--model") -> Any:
+    """The tokenizer of the model ``option`` names (a reference as every --model takes): a reference that names no
+    model is a bad ``option``, a tokenizer that cannot be read a one-line error."""
+    from forge.checkpoints import ModelNotFound, load_tokenizer
+
+    try:
+        return load_tokenizer(model)
+    except ModelNotFound as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from exc
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot load the tokenizer of {model}: {exc}") from exc

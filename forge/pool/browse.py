@@ -186,12 +186,8 @@ def list_sessions(reader: PoolReader, where: SessionFilter | None = None, page: 
                 matched += len(entry.members)          # a whole entry before the page: no record decoded
                 continue
             for session_id in entry.members:
-                data = tx.get("sessions", layout.session_key(session_id))
-                if data is None:
-                    continue
-                work.sessions += 1
-                session = pool_pb2.SessionRecord.FromString(data)
-                if not where.matches_session(session):
+                session = _matching_session(tx, session_id, where, work)
+                if session is None:
                     continue
                 versions = version_span(tx, session_id, work) if where.needs_versions else None
                 if not where.matches_versions(versions):
@@ -234,7 +230,8 @@ def split_messages(text: str) -> list[dict[str, str]]:
     return out
 
 
-def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share."""
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
@@ -253,7 +250,7 @@ def finish_name(value: int) -> str:
 def _call_view(call: pool_pb2.CallRecord, previous: list[int], decode: Decode | None,
                piece: Callable[[int], str] | None) -> dict[str, Any]:
     prompt, completion = list(call.prompt_ids), list(call.completion_ids)
-    shared = _shared(previous, prompt)
+    shared = shared_prefix(previous, prompt)
     rewrite = bool(previous) and shared < len(previous)
     added = prompt[shared:]
     view: dict[str, Any] = {
@@ -328,16 +325,22 @@ def call_row(session: pool_pb2.SessionRecord, call: pool_pb2.CallRecord, decode:
     return row
 
 
+def _matching_session(tx: Txn, session_id: str, where: SessionFilter, work: Work) -> pool_pb2.SessionRecord | None:
+    """The session's record (decoded and counted) when it passes ``where``'s session filters, else None."""
+    data = tx.get("sessions", layout.session_key(session_id))
+    if data is None:
+        return None
+    work.sessions += 1
+    session = pool_pb2.SessionRecord.FromString(data)
+    return session if where.matches_session(session) else None
+
+
 def _matching_in(tx: Txn, entries: list[EntryState], where: SessionFilter,
                  work: Work) -> Iterator[pool_pb2.SessionWithCalls]:
     for entry in entries:
         for session_id in entry.members:
-            data = tx.get("sessions", layout.session_key(session_id))
-            if data is None:
-                continue
-            work.sessions += 1
-            session = pool_pb2.SessionRecord.FromString(data)
-            if not where.matches_session(session):
+            session = _matching_session(tx, session_id, where, work)
+            if session is None:
                 continue
             if where.needs_versions and not where.matches_versions(version_span(tx, session_id, work)):
                 continue

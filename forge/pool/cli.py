@@ -20,9 +20,11 @@ from forge.cli.common import (
     check_port_option,
     setup_logging,
     start_service_metrics,
+    tokenizer_option,
     write_ready_file,
 )
 from forge.cli.options import settings_command
+from forge.pool.browse import shared_prefix
 from forge.pool.config import PoolServeConfig
 from forge.pool.errors import PoolError
 from forge.pool.fifo import STATUS_NAMES
@@ -132,26 +134,6 @@ def entries_command(config: EntriesConfig) -> None:
                    f"{now - e.created_at:>7.1f}s  {e.group_id or '-'}{mark}")
 
 
-def _tokenizer(model: str) -> Any:
-    from forge.checkpoints import ModelNotFound, load_tokenizer
-
-    try:
-        return load_tokenizer(model)
-    except ModelNotFound as exc:
-        raise click.BadParameter(str(exc), param_hint="--model") from exc
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(f"cannot load the tokenizer of {model}: {exc}") from exc
-
-
-def _shared_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 @dataclass(frozen=True, kw_only=True)
 class ShowConfig(Settings):
     path: Path = setting(argument=True, path="dir", validate=_existing_directory, help=PATH_HELP)
@@ -175,7 +157,7 @@ def show_command(config: ShowConfig) -> None:
     if config.as_json:
         click.echo(json_format.MessageToJson(found, preserving_proto_field_name=True))
         return
-    tokenizer = None if config.show_ids else _tokenizer(config.model)
+    tokenizer = None if config.show_ids else tokenizer_option(config.model)
 
     def text(ids: list[int]) -> str:
         return " ".join(map(str, ids)) if tokenizer is None else tokenizer.decode(ids)
@@ -199,7 +181,7 @@ def show_command(config: ShowConfig) -> None:
                    f"{len(prompt)} prompt + {len(completion)} completion tokens  weight versions "
                    f"{versions[0] if versions else '-'}..{versions[-1] if versions else '-'}  "
                    f"mean logprob {mean:.3f}  {call.timing.total_s:.3f} s")
-        shared = 0 if config.full_prompt else _shared_prefix(previous, prompt)
+        shared = 0 if config.full_prompt else shared_prefix(previous, prompt)
         label = f"[prompt, after {shared} tokens shared with the previous call]" if shared else "[prompt]"
         click.echo(label)
         click.echo(text(prompt[shared:]))
@@ -263,7 +245,7 @@ def export_command(config: ExportConfig) -> None:
             import pyarrow.parquet  # noqa: F401
         except ImportError as exc:
             raise click.ClickException(f"--format parquet needs pyarrow (pip install pyarrow): {exc}") from exc
-    decode = _tokenizer(config.model).decode if config.model is not None else None
+    decode = tokenizer_option(config.model).decode if config.model is not None else None
     with _open_reader(config.path) as reader:
         try:
             total = int(reader.stats()["sessions_stored"])
