@@ -3,9 +3,13 @@ real process on a loopback port, ready when its ready file appears."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
+
+import httpx
 
 from helpers.browse_pool import record_demo
 from helpers.processes import Service
@@ -31,3 +35,14 @@ def make_run(run_dir: Path, steps: int = 30) -> dict[str, str]:
 def start_dash(run_dir: Path, out_dir: Path, *args: str, name: str = "dash") -> Service:
     """``forge dash RUN_DIR --port 0 ARGS``; its ready file and log are in ``out_dir``."""
     return Service(name, "forge", ["dash", str(run_dir), "--port", "0", *args], out_dir, timeout_s=120)
+
+
+@contextlib.contextmanager
+def dash_client(run_dir: Path, out_dir: Path, timeout_s: float = 60) -> Iterator[httpx.Client]:
+    """A ``forge dash`` process on ``run_dir`` and an HTTP client of its URL; the process stopped after."""
+    service = start_dash(run_dir, out_dir)
+    try:
+        with httpx.Client(base_url=service.info["url"], timeout=timeout_s) as http:
+            yield http
+    finally:
+        service.stop()

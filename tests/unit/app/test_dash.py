@@ -18,7 +18,7 @@ from forge.app.dash.cli import dash
 from forge.app.dash.data import Curves
 
 from helpers.browse_pool import MARKUP
-from helpers.dash import make_run, start_dash
+from helpers.dash import dash_client, make_run, start_dash
 
 KEY = "dash-test-key-8c1f"
 
@@ -32,12 +32,8 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(run, tmp_path_factory):
-    service = start_dash(run[0], tmp_path_factory.mktemp("dash-out"))
-    try:
-        with httpx.Client(base_url=service.info["url"], timeout=60) as http:
-            yield http
-    finally:
-        service.stop()
+    with dash_client(run[0], tmp_path_factory.mktemp("dash-out")) as http:
+        yield http
 
 
 def test_page_assets_and_strict_headers(client):

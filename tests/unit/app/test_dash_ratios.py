@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 
-import httpx
 import pytest
 
 from forge.checkpoints import write_tiny_checkpoint
@@ -15,7 +14,7 @@ from forge.model import CausalLM
 from forge.pool import InvalidRequestError, Pool, PoolReader
 
 from helpers.browse_pool import record_many
-from helpers.dash import start_dash
+from helpers.dash import dash_client
 from helpers.learner_runs import engine_of
 from helpers.recompute import learner_and_recorded
 from helpers.rollouts import fill_pool
@@ -45,12 +44,8 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(run, tmp_path_factory):
-    service = start_dash(run[0], tmp_path_factory.mktemp("dash-out"))
-    try:
-        with httpx.Client(base_url=service.info["url"], timeout=120) as http:
-            yield http
-    finally:
-        service.stop()
+    with dash_client(run[0], tmp_path_factory.mktemp("dash-out"), timeout_s=120) as http:
+        yield http
 
 
 def ratios(client, session_id: str, **params) -> dict:
