@@ -19,8 +19,12 @@ VLLM_STAMP := $(VLLM_VENV)/.forge-installed
 # The agent frameworks' compatibility suite runs each framework's program in an environment of its own.
 AGENTS_VENV ?= .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.forge-installed
+# The Tinker API's suite drives forge-tinker with the official SDK and cookbook, installed in an environment of their own.
+TINKER_VENV ?= .venv-tinker
+TINKER_STAMP := $(TINKER_VENV)/.forge-installed
 
-.PHONY: run test test-heavy test-browser test-cluster test-vllm vllm-venv test-agents agents-venv lint protos assets pretrain venv clean
+.PHONY: run test test-heavy test-browser test-cluster test-vllm vllm-venv test-agents agents-venv test-tinker \
+	tinker-venv lint protos assets pretrain venv clean
 
 venv: $(STAMP)
 
@@ -86,6 +90,20 @@ $(AGENTS_STAMP): tests/agents/requirements.txt
 	$(AGENTS_VENV)/bin/python -m pip install -q -r tests/agents/requirements.txt
 	touch $@
 
+## Forge's Tinker API server (forge-tinker) driven by the official tinker SDK and tinker-cookbook recipes (tests/tinker,
+## marked tinker), each SDK program run in $(TINKER_VENV) (tests/tinker/requirements.txt, the CPU torch first).
+test-tinker: venv tinker-venv
+	FORGE_TINKER_PYTHON=$(abspath $(TINKER_VENV))/bin/python $(BIN)/python -m pytest -q -m tinker tests/tinker
+
+tinker-venv: $(TINKER_STAMP)
+
+$(TINKER_STAMP): tests/tinker/requirements.txt
+	$(PYTHON) -m venv $(TINKER_VENV)
+	$(TINKER_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TINKER_VENV)/bin/python -m pip install -q $(TORCH)
+	$(TINKER_VENV)/bin/python -m pip install -q -r tests/tinker/requirements.txt
+	touch $@
+
 lint: venv
 	$(BIN)/ruff check .
 
@@ -106,4 +124,4 @@ pretrain: venv
 	$(BIN)/python -m forge.app.pretrain --model $(MODEL)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(AGENTS_VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(AGENTS_VENV) $(TINKER_VENV) build dist *.egg-info .pytest_cache .ruff_cache

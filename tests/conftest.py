@@ -123,7 +123,7 @@ def _bwrap() -> str | None:
 
 @pytest.hookimpl(tryfirst=True)         # before -m selects on the heavy mark
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests of the HEAVY modules are marked heavy; tests marked gpu, trtllm, vllm, agents or sandbox are skipped (and
+    """Tests of the HEAVY modules are marked heavy; tests marked gpu, trtllm, vllm, agents, tinker or sandbox are skipped (and
     say why) where the hardware, backend or isolation tool is absent; a module marked xdist_group("serial") must be
     one of SERIAL, and the other way round."""
     import torch
@@ -134,6 +134,8 @@ def pytest_collection_modifyitems(config, items) -> None:
         "vllm": None if _importable("vllm") else "vLLM is not installed (make test-vllm runs these)",
         "agents": None if os.environ.get("FORGE_AGENTS_PYTHON") else "the agent frameworks' environment is not "
                                                                      "given (make test-agents runs these)",
+        "tinker": None if os.environ.get("FORGE_TINKER_PYTHON") else "the Tinker SDK's environment is not given "
+                                                                     "(make test-tinker runs these)",
         "sandbox": _bwrap(),
     }
     for item in items:
