@@ -123,8 +123,8 @@ def _bwrap() -> str | None:
 
 @pytest.hookimpl(tryfirst=True)         # before -m selects on the heavy mark
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests of the HEAVY modules are marked heavy; tests marked gpu, trtllm, vllm, agents, tinker or sandbox are skipped (and
-    say why) where the hardware, backend or isolation tool is absent; a module marked xdist_group("serial") must be
+    """Tests of the HEAVY modules are marked heavy; tests marked gpu, trtllm, vllm, agents, tinker or sandbox are
+    skipped (and say why) where the hardware, backend or isolation tool is absent; a module marked xdist_group("serial") must be
     one of SERIAL, and the other way round."""
     import torch
 
