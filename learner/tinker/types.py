@@ -97,6 +97,7 @@ class SampleParams:
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     stop_tokens: tuple[int, ...] = ()
+    stop_at_eos: bool = True         # the SDK's ``stop=[]``: no stop at all, the end-of-sequence token included
 
 
 @dataclass(frozen=True)
