@@ -104,9 +104,17 @@ class SampleLog:
                                              self.parser)}
                 for item in self.pick(entries) if item.session.session_id in by_session]
         if rows:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as handle:
-                handle.write(json.dumps({"step": step, "rows": rows}) + "\n")
+            self._append(step, rows)
             if self.on_rows is not None:
                 self.on_rows(step, rows)
         return rows
+
+    def _append(self, step: int, rows: Rows) -> None:
+        """The rows are telemetry: a file that cannot be written (a full disk) costs the step's rows, with a
+        warning, never the step."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as handle:
+                handle.write(json.dumps({"step": step, "rows": rows}) + "\n")
+        except OSError as exc:
+            log.warning("step %d's sample table was not written to %s: %s", step, self.path, exc)

@@ -89,3 +89,22 @@ def test_training_goes_on_when_a_tracker_raises_and_sample_tables_reach_the_othe
         assert row["text"] and json.loads(row["tool_calls"]) == []
         assert len(json.loads(row["advantage"])) == 2 and len(json.loads(row["rewards"])) == 2
         assert row["weights_version"] == 0 and row["staleness"] == 1        # sampled by version 0, trained at 1
+
+
+def test_a_sample_table_that_cannot_be_written_costs_its_rows_not_the_step(tmp_path, caplog):
+    model = make_model()
+    pool = Pool(tmp_path / "pool")
+    fill_from(pool, model, groups=2 * STEPS, group_size=2, calls=2)
+    (tmp_path / "run").write_text("a file where the run's folder should be")
+    kept = Kept()
+    log = SampleLog(tmp_path / "run" / "samples.jsonl", every=2, size=3, decode=lambda ids: " ".join(map(str, ids)),
+                    on_rows=lambda step, rows: kept.log_table(step, "samples", rows))
+    trainer = Trainer(model, Distributed(), TrainerConfig(lr=1e-3, max_steps=STEPS), LossConfig(), RewardConfig(),
+                      WindowConfig(window=4, batch_groups=2, max_wait_s=0.5), pool, sample_log=log)
+    with caplog.at_level(logging.WARNING, logger="forge.learner.sample_table"):
+        trainer.run()
+    pool.close()
+    assert trainer.state.step == STEPS
+    assert [step for step, _, _ in kept.tables] == [2, 4]             # the trackers still get the rows
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2 and all("sample table was not written" in w for w in warnings)
