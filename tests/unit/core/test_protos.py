@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 SERVICES = {"actor": "Actor", "gateway": "Gateway", "pool": "Pool", "cache": "Cache", "router": "Router",
-            "learner": "Learner"}
+            "learner": "Learner", "tinker": "Tinker"}
 
 
 def load_generator():
