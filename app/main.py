@@ -19,6 +19,7 @@ from forge.cache.cli import cache
 from forge.cli.common import CONTEXT_SETTINGS
 from forge.gateway.cli import gateway
 from forge.learner.cli import learner
+from forge.learner.tinker.cli import tinker
 from forge.pool.cli import pool_group
 from forge.rollout.cli import rollout
 
@@ -36,7 +37,7 @@ def forge() -> None:
     """
 
 
-for command in (up, rollout, learner, actor, gateway, cache, top, plot, dash, model_group, pool_group, config_group,
+for command in (up, rollout, learner, actor, gateway, cache, tinker, top, plot, dash, model_group, pool_group, config_group,
                 keys_group, deploy, sandbox_group):
     forge.add_command(command)
 

@@ -14,6 +14,7 @@ from forge.cache.cli import cache
 from forge.cli.options import SettingsCommand
 from forge.gateway.cli import gateway
 from forge.learner.cli import learner
+from forge.learner.tinker.cli import tinker
 from forge.pool.cli import serve_command
 from forge.rollout.cli import rollout
 
@@ -23,7 +24,7 @@ class Service:
     """One kind of service. ``keys`` maps each secret option (its name with underscores) to the kind of key it is
     given: a service's own key has the kind of that service, a client's key the kind of what it calls."""
 
-    kind: str                                   # learner, actor, gateway, cache, pool, rollout
+    kind: str                                   # learner, actor, gateway, cache, pool, rollout, tinker
     program: tuple[str, ...]                    # the command that starts it
     command: SettingsCommand                    # its click command: settings class and run-file table
     keys: Mapping[str, str] = field(default_factory=dict)
@@ -62,6 +63,9 @@ SERVICES: dict[str, Service] = {s.kind: s for s in (
     Service("pool", ("forge", "pool", "serve"), serve_command, keys={"api_key": "pool"}, stats="Pool",
             ready=("address", "kind", "metrics_url")),
     Service("rollout", ("forge", "rollout"), rollout, keys={"api_key": "gateway"}),
+    # Its clients' keys (--api-key, 'tml-...') are the operator's to give: the SDK refuses Forge's generated keys.
+    Service("tinker", ("forge-tinker",), tinker, keys={"actor_api_key": "actor"}, stats="Tinker",
+            ready=("address", "base_url", "weights_fetch", "weights_announce", "metrics_url"), start_s=600.0),
 )}
 
 # The kinds of API key a deployment makes, one key each: every service's own, and the secret that signs the

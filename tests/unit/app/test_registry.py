@@ -24,14 +24,14 @@ from forge.weights.curve import create_keys
 
 
 def test_every_service_is_declared_once_with_its_command_keys_and_stats():
-    assert set(SERVICES) == {"learner", "actor", "gateway", "cache", "pool", "rollout"}
+    assert set(SERVICES) == {"learner", "actor", "gateway", "cache", "pool", "rollout", "tinker"}
     for kind, service in SERVICES.items():
         assert isinstance(service.command, SettingsCommand) and service.table == kind
         secrets = {e.name for e in entries(service.settings_class) if e.spec.secret and not e.key_file}
         assert set(service.keys) <= secrets, kind                   # every key goes to a secret option
         assert service.start_s > 0 and service.stop_s > 0
     assert set(KEY_KINDS) == {"gateway", "actor", "pool", "cache", "session"}
-    assert set(STATS_SERVICES) == {"learner", "actor", "gateway", "cache", "pool", "router"}
+    assert set(STATS_SERVICES) == {"learner", "actor", "gateway", "cache", "pool", "router", "tinker"}
 
 
 def parsed(command: click.Command, words: list[str]):
