@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -133,7 +134,9 @@ class SharedBase:
             if modules:
                 config = peft.LoraConfig(r=spec.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, bias="none",
                                          target_modules=[f"policy.{name}" for name in modules])
-                peft.inject_adapter_in_model(config, self.holder, adapter_name=model_id)
+                with warnings.catch_warnings():        # peft warns of a second adapter: several are the point
+                    warnings.filterwarnings("ignore", "Already found a `peft_config`", UserWarning)
+                    peft.inject_adapter_in_model(config, self.holder, adapter_name=model_id)
             if spec.train_unembed:
                 weight = self.policy.output_weight
                 a = torch.empty(spec.rank, self.hidden_size, dtype=torch.float32)
@@ -147,6 +150,8 @@ class SharedBase:
     def remove(self, model_id: str) -> None:
         import peft
 
+        if self.active == model_id:
+            self.activate(None)
         for module in self.policy.modules():
             if isinstance(module, peft.tuners.lora.LoraLayer) and model_id in module.lora_A:
                 module.delete_adapter(model_id)
@@ -154,8 +159,6 @@ class SharedBase:
             if model_id in table:
                 del table[model_id]
         self.specs.pop(model_id, None)
-        if self.active == model_id:
-            self.active = NO_ADAPTER
 
     def activate(self, model_id: str | None) -> None:
         """Make ``model_id``'s adapter the one every pass uses (None: the base alone); its weights train, no other's."""
