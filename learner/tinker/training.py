@@ -84,6 +84,8 @@ class LearnerTraining(Training):
                 self.bases[key] = SharedBase(base_model, self.device, self.dtype)
         except ModelNotFound as exc:
             raise UserError(f"unknown base model: {exc}") from None
+        except ValueError as exc:           # a checkpoint Forge cannot load (its config, its family, its weights)
+            raise UserError(f"base model {base_model!r} cannot be loaded: {exc}") from None
         return self.bases[key]
 
     def create_model(self, owner: str, base_model: str, lora: LoraSpec) -> ModelInfo:
