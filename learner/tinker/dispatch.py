@@ -68,12 +68,8 @@ def enqueue(state: TinkerState, entry: ModelEntry, seq: int | None, what: str, w
 
 def skip_turn(entry: ModelEntry | None, seq: int | None) -> None:
     """A request refused at the door gives up its turn, so that the model's later requests do not wait for it."""
-    if entry is not None and seq is not None and entry.runner.known(seq) is None:
-        try:
-            entry.runner.check_seq(seq)
-        except Exception:
-            return
-        entry.runner.submit(seq, "refused", None)
+    if entry is not None and seq is not None and not entry.runner.closed:
+        entry.runner.skip(seq)
 
 
 def training_path(state: TinkerState, path: TinkerPath) -> str:

@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 Job = Callable[[], Awaitable[None]]
 REMEMBERED_SEQS = 4096
+REFUSED = "refused"          # the request id a turn refused at the door is remembered by
+SKIP_AHEAD = 4096            # a refused turn further ahead than this is not kept
 
 
 @dataclass
@@ -42,8 +44,16 @@ class OrderedRunner:
         self.closed = False
 
     def known(self, seq: int | None) -> str | None:
-        """The request id already given to ``seq`` (a repeated request), if any."""
-        return None if seq is None else self._seen.get(seq)
+        """The request id already given to ``seq`` (a repeated request), if any; raises for a refused turn."""
+        found = None if seq is None else self._seen.get(seq)
+        if found == REFUSED:
+            raise ApiError(400, f"seq_id {seq} of {self.name} was refused earlier; send the next one")
+        return found
+
+    def skip(self, seq: int) -> None:
+        """Keep ``seq``'s turn for a request refused at the door (when it is a plausible next number)."""
+        if seq not in self._seen and self.next_seq <= seq <= self.next_seq + SKIP_AHEAD:
+            self.submit(seq, REFUSED, None)
 
     def check_seq(self, seq: int | None) -> None:
         """Refuse a number already run and forgotten, or one absurdly far ahead."""
@@ -89,10 +99,12 @@ class OrderedRunner:
             await asyncio.wait_for(self._wake.wait(), self.gap_timeout_s)
         except TimeoutError:
             missing = self.next_seq
+            waiting = sorted((seq, q) for seq, q in self._pending.items() if q.job is not None)
+            self._pending.clear()                   # refused turns alone: forgotten, the order stays where it was
+            if not waiting:
+                return
             log.warning("%s: seq_id %d never came in %.0f s; failing the %d requests behind it", self.name, missing,
-                        self.gap_timeout_s, len(self._pending))
-            waiting = sorted(self._pending.items())
-            self._pending.clear()
+                        self.gap_timeout_s, len(waiting))
             self.next_seq = waiting[-1][0] + 1
             for _, queued in waiting:
                 if queued.fail is not None:
