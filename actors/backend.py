@@ -340,6 +340,12 @@ class Ledger:
         self.check_adapter_version(name, version)
         self.adapters[name] = version
 
+    def drop_adapter(self, name: str) -> None:
+        """Forget the named adapter (it is no longer served: requests naming it are refused, and any version of it
+        may come again); ValueError when none of that name is held."""
+        if self.adapters.pop(name, None) is None:
+            raise ValueError(f"no adapter named {name!r} is served here")
+
     def check_adapter_named(self, request: GenerationRequest, also: Iterable[str] = ()) -> None:
         """Raise InvalidRequest when ``request`` names an adapter neither accepted here nor among ``also``."""
         served = self.adapters.keys() | set(also)
@@ -418,6 +424,12 @@ class Backend(ABC):
         raise ValueError(f"the {self.name} backend serves no named adapters (several runs on one actor need the torch "
                          "engine)")
 
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving the named adapter ``name`` (an adapter source dropped it): requests naming it are refused from
+        now on, and those in flight end with an error; ValueError when it is not served."""
+        raise ValueError(f"the {self.name} backend does not drop named adapters (an adapter source needs the torch "
+                         "engine)")
+
     @property
     def failed(self) -> bool:
         """The backend can serve no more (its engine process died, say): a server should stop and be restarted."""
@@ -437,6 +449,7 @@ class StartContext:
     curve: Any = None                               # the weight channel's CURVE keys (forge.weights.curve.ClientKeys)
     relay_curve: Any = None                         # the relay's (forge.weights.curve.ServerKeys)
     adapter_curves: dict[str, Any] = field(default_factory=dict)    # each --adapter stream's ClientKeys, by name
+    source_curve: Any = None                        # the --adapter-source stream's ClientKeys
     relaying: bool = False                          # re-serve verified versions on the actor's relay endpoints
     on_exit: Callable[[str], None] | None = None    # called with the reason when the backend's own process dies
 

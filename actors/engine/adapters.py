@@ -123,7 +123,17 @@ class ServedAdapters:
             self._hooked.add(module)
         self._slots.setdefault(adapter.name, len(self._slots))
         self._served[adapter.name] = adapter
-        self._stacks = {module: self._stack(module) for module in self._hooked}
+        self._restack()
+
+    def remove(self, name: str) -> None:
+        """Serve ``name`` no more (call between steps, on the engine's thread); the slots of the others close up."""
+        del self._served[name]
+        self._slots = {served: slot for slot, served in enumerate(self._served)}
+        self._restack()
+
+    def _restack(self) -> None:
+        used = {module for adapter in self._served.values() for module in adapter.pairs}
+        self._stacks = {module: self._stack(module) for module in self._hooked & used}
 
     def _stack(self, module: str) -> Stack:
         held = [(self._slots[a.name], *a.pairs[module]) for a in self._served.values() if module in a.pairs]

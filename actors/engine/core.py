@@ -239,6 +239,9 @@ class EngineCore:
             name, version, data = args
             engine.load_adapter(name, version, load(data))
             return None
+        if method == "unload_adapter":
+            engine.unload_adapter(*args)
+            return None
         if method == "poll_kv_events":
             if self.connector is None:
                 raise RuntimeError("this engine keeps no KV events")

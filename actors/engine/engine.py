@@ -90,7 +90,7 @@ class TorchEngine(Backend):
         self._aborts: set[str] = set()
         self._pending_weights: tuple[int, Mapping[str, torch.Tensor], PreparedWeights] | None = None
         self.adapters = ServedAdapters(model)                 # named adapters, beside the weights (several runs)
-        self._pending_adapters: list[AdapterWeights] = []
+        self._pending_adapters: list[AdapterWeights | str] = []     # versions to install, names to drop, in order
         self._closed = False
         self._started = time.time()
         self._counters = dict(steps=0, tokens=0, prompt_tokens=0, finished=0, drafts=0, drafts_accepted=0,
@@ -187,6 +187,13 @@ class TorchEngine(Backend):
         with self._lock:
             self.ledger.accept_adapter(name, version)
             self._pending_adapters.append(prepared)
+            self._lock.notify()
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving the named adapter from the next step on; its requests in flight end with an error."""
+        with self._lock:
+            self.ledger.drop_adapter(name)
+            self._pending_adapters.append(name)
             self._lock.notify()
 
     def _host_copy(self) -> dict[str, torch.Tensor]:
@@ -289,13 +296,13 @@ class TorchEngine(Backend):
                 adapters, self._pending_adapters = self._pending_adapters, []
             connector = self.connector
             for seq in incoming:
-                if self._stale_handover(seq):
+                if self._stale_handover(seq) or self._dropped_adapter(seq):
                     continue
                 if connector is None or not connector.intercept(seq):   # L3: held while its blocks are fetched
                     self.scheduler.add(seq)
             if connector is not None:
                 for seq in connector.take_ready():
-                    if not self._stale_handover(seq):
+                    if not (self._stale_handover(seq) or self._dropped_adapter(seq)):
                         self.scheduler.add(seq)
             for request_id in aborts:
                 seq = self.ledger.live.get(request_id)
@@ -304,7 +311,10 @@ class TorchEngine(Backend):
             if weights is not None:
                 self._apply_weights(*weights)
             for adapter in adapters:
-                self._apply_adapter(adapter)
+                if isinstance(adapter, str):
+                    self._drop_adapter(adapter)
+                else:
+                    self._apply_adapter(adapter)
             if self.scheduler.has_work:
                 try:
                     with batched_wakeups():         # the step's chunks wake an asyncio server once
@@ -344,6 +354,20 @@ class TorchEngine(Backend):
                 self._finish(seq, FinishReason.ABORT, error="aborted by a weight swap")
         log.info("serving version %d of adapter %s (%d modules, %.2f MiB)", adapter.version, adapter.name,
                  len(adapter.pairs), adapter.nbytes / 2**20)
+
+    def _drop_adapter(self, name: str) -> None:
+        for seq in [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.adapter == name]:
+            self._finish(seq, FinishReason.ERROR, error=f"adapter {name!r} is no longer served here")
+        if name in self.adapters:
+            self.adapters.remove(name)
+        log.info("dropped adapter %s", name)
+
+    def _dropped_adapter(self, seq: Sequence) -> bool:
+        """Refuse a request whose adapter was dropped after the request was checked."""
+        if not seq.adapter or seq.adapter in self.ledger.adapters:
+            return False
+        self._finish(seq, FinishReason.ERROR, error=f"adapter {seq.adapter!r} is no longer served here")
+        return True
 
     def _step(self) -> None:
         admitted_before = set(map(id, self.scheduler.running))

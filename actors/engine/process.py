@@ -171,6 +171,12 @@ class EngineProcess(Backend):
         with self._lock:
             self.ledger.adapters[name] = version
 
+    def unload_adapter(self, name: str) -> None:
+        """Tells the core to drop the named adapter."""
+        self.call("unload_adapter", name)
+        with self._lock:
+            self.ledger.adapters.pop(name, None)
+
     def wait_for_version(self, version: int, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout
         while self._version < version:
@@ -209,7 +215,7 @@ class EngineProcess(Backend):
         finally:
             self._calls.pop(call_id, None)
         if not ok:
-            raise (ValueError if method in ("load_weights", "load_adapter") else RuntimeError)(value)
+            raise (ValueError if method in ("load_weights", "load_adapter", "unload_adapter") else RuntimeError)(value)
         return value
 
     def close(self) -> None:
