@@ -62,6 +62,16 @@ def _adapter_keys(config: ActorConfig) -> dict[str, Any]:
                                             for link in config.adapter_links})
 
 
+def _source_keys(config: ActorConfig):
+    """The adapter source's CURVE keys (this actor's pair, the publisher's certificate); none without --weights-key."""
+    source = config.source_link
+    if source is None or config.weights_key is None:
+        return None
+    from forge.weights.curve import client_keys
+
+    return _read_keys("--adapter-source", lambda: client_keys(config.weights_key, source.server_key))
+
+
 def _relay_keys(config: ActorConfig):
     """The relay's CURVE keys (this actor's key pair and the clients it serves)."""
     if config.relay_clients is None or config.weights_key is None:
@@ -105,6 +115,7 @@ def _context(config: ActorConfig, threads: int, on_exit) -> StartContext:
     return StartContext(device=device, threads=threads,
                         initial_version=-1 if config.weights_fetch else 0,   # every token carries a learner version
                         curve=_curve_keys(config), relay_curve=_relay_keys(config), adapter_curves=_adapter_keys(config),
+                        source_curve=_source_keys(config),
                         relaying=config.weights_fetch is not None and config.relay_fetch is not None,
                         on_exit=on_exit)
 
@@ -116,13 +127,16 @@ class Parts:
     serving: Serving
     subscriber: Any = None
     adapter_subscribers: list = field(default_factory=list)
+    source_subscriber: Any = None                       # the adapter source's, and what it feeds (its gauges)
+    source: Any = None
     relay: Any = None
     metrics: Any = None
     servers: list = field(default_factory=list)         # stopped if the engine process dies
     grammars: Any = None                                # the grammar sandbox (forge.structured.sandbox)
 
     def close(self) -> None:
-        for part in (self.metrics, self.subscriber, *self.adapter_subscribers, self.relay, self.grammars):
+        for part in (self.metrics, self.subscriber, *self.adapter_subscribers, self.source_subscriber, self.relay,
+                     self.grammars):
             if part is not None:
                 part.close()
         self.serving.backend.close()
@@ -172,6 +186,26 @@ def _follow_adapters(config: ActorConfig, context: StartContext, parts: Parts) -
         time.sleep(0.05)
 
 
+def _follow_source(config: ActorConfig, context: StartContext, parts: Parts) -> None:
+    """Follow the adapter source: the named adapters its publisher adds and drops at run time (none need be there to
+    start)."""
+    from forge.actors.adapter_source import follow_source
+
+    source = config.source_link
+    parts.source_subscriber, parts.source = follow_source(parts.serving.backend, source.fetch, source.announce,
+                                                          config.source_adapters, context.source_curve,
+                                                          reserved=[link.name for link in config.adapter_links])
+    log.info("following the adapter source on %s (up to %d adapters)", source.fetch, config.source_adapters)
+
+
+def _figures(parts: Parts):
+    """More Stats gauges beside the backend's: the relay's and the adapter source's (None: neither)."""
+    sources = [part.figures for part in (parts.relay, parts.source) if part is not None]
+    if not sources:
+        return None
+    return lambda: {name: value for figures in sources for name, value in figures().items()}
+
+
 def _grammar_sandbox(config: ActorConfig):
     """Where requests' grammars are compiled first (forge.structured.sandbox); None for a model without a
     tokenizer.json."""
@@ -193,7 +227,7 @@ def _serve(config: ActorConfig, context: StartContext, parts: Parts) -> None:
     serving = parts.serving
     servicer = ActorServicer(serving.backend, config.name or "actor",
                              {"model": serving.model_id, "device": context.device}, config.role,
-                             figures=parts.relay.figures if parts.relay is not None else None,
+                             figures=_figures(parts),
                              grammars=_grammar_sandbox(config))
     parts.grammars = servicer.grammars
     bindings = [ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2, "Actor")]
@@ -273,6 +307,8 @@ def actor(config: ActorConfig) -> None:
         _follow_weights(config, context, parts)
     if config.adapters:
         _follow_adapters(config, context, parts)
+    if config.adapter_source is not None:
+        _follow_source(config, context, parts)
     _serve(config, context, parts)
     if serving.backend.failed:
         raise ENGINE_GONE

@@ -63,6 +63,35 @@ class AdapterLink:
         return f"{self.name}={self.fetch},{self.announce}" + (f",{self.server_key}" if self.server_key else "")
 
 
+@dataclass(frozen=True)
+class SourceLink:
+    """An adapter source an actor follows (``forge.model.adapter_bundle``): the endpoints its publisher (Forge's
+    Tinker server) publishes bundles of named adapters on, each bundle the set to serve now."""
+
+    fetch: str
+    announce: str
+    server_key: Path | None = None      # the publisher's public certificate: the stream is CURVE, with --weights-key
+
+    @classmethod
+    def parse(cls, text: str) -> SourceLink:
+        """``FETCH,ANNOUNCE[,PUBLISHER_CERTIFICATE]``."""
+        parts = text.split(",")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"{text!r}: give FETCH,ANNOUNCE[,PUBLISHER_CERTIFICATE] (the adapter source's weight "
+                             "endpoints and, over CURVE, its public certificate; e.g. "
+                             "tcp://127.0.0.1:5721,tcp://127.0.0.1:5722)")
+        server_key = None
+        if len(parts) == 3:
+            server_key = Path(parts[2])
+            check_public_key(server_key)
+        return cls(check_endpoint(parts[0], "the adapter source's fetch"),
+                   check_endpoint(parts[1], "the adapter source's announce"), server_key)
+
+
+def check_source_link(value: str) -> None:
+    SourceLink.parse(value)
+
+
 def check_adapter_links(values: tuple[str, ...]) -> None:
     links = [AdapterLink.parse(value) for value in values]
     names = [link.name for link in links]
@@ -209,6 +238,15 @@ class ActorConfig(Settings):
                                              "--weights-key: CERT is that learner's public certificate), and "
                                              "requests naming NAME (a gateway's --adapter) are sampled with it, "
                                              "beside the base weights, which stay as loaded.")
+    adapter_source: str | None = setting(None, metavar="FETCH,ANNOUNCE[,CERT]", validate=check_source_link,
+                                         help="Serve the named LoRA adapters a publisher adds and drops at run time "
+                                              "(Forge's Tinker server: its clients' sampler weights): every version "
+                                              "on these weight endpoints is the set to serve now; new or changed "
+                                              "adapters are loaded, dropped ones unloaded (over CURVE with "
+                                              "--weights-key: CERT is the publisher's public certificate).")
+    source_adapters: int = setting(8, min=1, help="With --adapter-source: the most adapters it may have served at "
+                                                  "once (the publisher reads it from Stats and evicts the least "
+                                                  "recently used); a larger set is refused.")
     ready_file: Path | None = ready_file_setting("address, instance, pid, metrics_url, relay_fetch, relay_announce")
     log_level: str = log_level_setting()
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -216,10 +254,11 @@ class ActorConfig(Settings):
     def check(self) -> None:
         if (self.weights_fetch is None) != (self.weights_announce is None):
             raise SettingsError("--weights-fetch and --weights-announce go together")
-        if not self.adapters and (self.weights_key is None) != (self.weights_server_key is None):
+        named = bool(self.adapters) or self.adapter_source is not None
+        if not named and (self.weights_key is None) != (self.weights_server_key is None):
             raise SettingsError("--weights-key and --weights-server-key go together")
-        if self.weights_key is not None and self.weights_fetch is None and not self.adapters:
-            raise SettingsError("--weights-key needs --weights-fetch (or --adapter)")
+        if self.weights_key is not None and self.weights_fetch is None and not named:
+            raise SettingsError("--weights-key needs --weights-fetch (or --adapter, --adapter-source)")
         self._check_relay()
         kind = self.serving_kind
         if self.l3_cache is not None and not kind.uses_l3_cache:
@@ -230,10 +269,40 @@ class ActorConfig(Settings):
         if self.role in ("prefill", "decode") and self.l3_cache is None:
             raise SettingsError(f"--role {self.role} needs --l3-cache: the prompt's KV blocks are handed over there")
         self._check_adapters()
+        self._check_source()
 
     @property
     def adapter_links(self) -> tuple[AdapterLink, ...]:
         return tuple(AdapterLink.parse(value) for value in self.adapters)
+
+    @property
+    def source_link(self) -> SourceLink | None:
+        return None if self.adapter_source is None else SourceLink.parse(self.adapter_source)
+
+    def _check_source(self) -> None:
+        source = self.source_link
+        if source is None:
+            return
+        if not self.serving_kind.follows_adapter_source:
+            raise SettingsError(f"--adapter-source needs the torch backend ({self.serving_backend} does not add and "
+                                "drop named adapters at run time)")
+        if self.weights_fetch is not None:
+            raise SettingsError("--adapter-source does not go with --weights-fetch: its adapters share base weights "
+                                "that stay as loaded")
+        if self.role != "both":
+            raise SettingsError("--adapter-source serves whole calls: it does not go with --role prefill or decode")
+        if self.engine.compile_decode:
+            raise SettingsError("--adapter-source does not go with --compile-decode (the adapters' side path is not "
+                                "compiled)")
+        if self.weights_server_key is not None:
+            raise SettingsError("--weights-server-key names the learner of --weights-fetch: with --adapter-source, "
+                                "give the publisher's certificate in --adapter-source FETCH,ANNOUNCE,CERT")
+        if (source.server_key is None) == (self.weights_key is not None):
+            raise SettingsError("--adapter-source: " + ("with --weights-key the source's stream is CURVE: give its "
+                                                        "publisher's certificate (FETCH,ANNOUNCE,CERT)"
+                                                        if self.weights_key is not None else
+                                                        "a publisher certificate goes with --weights-key (this "
+                                                        "actor's key pair)"))
 
     def _check_adapters(self) -> None:
         if not self.adapters:

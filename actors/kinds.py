@@ -16,9 +16,10 @@ class BackendKind:
     hands_over: bool = False            # disaggregated serving: prefill and decode actors (--role)
     serves_adapters: bool = False       # LoRA adapter versions, merged onto its weights or named (--adapter)
     caps_adapter_rank: bool = False     # serves named adapters up to --max-adapter-rank only (sized at start)
+    follows_adapter_source: bool = False    # adds and drops named adapters at run time (--adapter-source)
 
 
-TORCH = BackendKind("torch", uses_l3_cache=True, hands_over=True, serves_adapters=True)
+TORCH = BackendKind("torch", uses_l3_cache=True, hands_over=True, serves_adapters=True, follows_adapter_source=True)
 VLLM = BackendKind("vllm", serves_adapters=True, caps_adapter_rank=True)
 TRTLLM = BackendKind("trtllm")
 KINDS = {kind.name: kind for kind in (TORCH, VLLM, TRTLLM)}
