@@ -15,7 +15,8 @@ from forge.learner.tinker.sessions import ModelEntry
 from forge.learner.tinker.state import TinkerState
 from forge.learner.tinker.types import ModelInfo, NotFound, UserError
 
-OWNER = "tinker.owner"           # the request's key, as its digest (set by the auth middleware)
+# The request's key, as its digest (set by the auth middleware); a typed key where aiohttp has them.
+OWNER: Any = web.RequestKey("tinker_owner", str) if hasattr(web, "RequestKey") else "tinker_owner"
 STATE = web.AppKey("tinker_state", TinkerState)
 Work = Callable[[], Awaitable[Outcome]]
 
