@@ -23,14 +23,16 @@ from torch import Tensor
 from forge.learner.loss_config import LossConfig
 
 
-def _cispo_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float, eps_high: float) -> Tensor:
+def cispo_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float | Tensor,
+                eps_high: float | Tensor) -> Tensor:
+    """Each token's CISPO objective (to maximise, unmasked): sg(clip(r, 1 − ε_low, 1 + ε_high)) · Â · log π."""
     weight = torch.exp(logp.detach() - old_logp).clamp(1.0 - eps_low, 1.0 + eps_high)
     return weight * advantages * logp
 
 
 def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, total_tokens: float,
                eps_low: float, eps_high: float) -> Tensor:
-    return -(_cispo_terms(logp, old_logp, advantages, eps_low, eps_high) * mask).sum() / total_tokens
+    return -(cispo_terms(logp, old_logp, advantages, eps_low, eps_high) * mask).sum() / total_tokens
 
 
 def sequence_mean(terms: Tensor, mask: Tensor, sample_index: Tensor, total_sequences: float) -> Tensor:
@@ -62,7 +64,7 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
 def policy_loss(config: LossConfig, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
                 sample_index: Tensor, total_tokens: float, total_sequences: float) -> Tensor:
     if config.kind != "grpo" and config.token_norm == "sequence":
-        terms = (_cispo_terms(logp, old_logp, advantages, config.eps_low, config.eps_high) if config.kind == "cispo"
+        terms = (cispo_terms(logp, old_logp, advantages, config.eps_low, config.eps_high) if config.kind == "cispo"
                  else _ppo_terms(logp, old_logp, advantages, config.clip_eps))
         return -sequence_mean(terms, mask, sample_index, total_sequences)
     if config.kind == "cispo":

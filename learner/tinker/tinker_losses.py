@@ -3,7 +3,7 @@ tinker-docs.thinkingmachines.ai/tinker/losses): per-token terms summed over ever
 mean), each token's term scaled by its ``weights`` (1 where the datum has none).
 
 With p the model's probability of a target token (``logprobs`` out), q the sampler's (the ``logprobs`` input), A its
-advantage and r = p / q:
+advantage, r = p / q and sg a stop-gradient:
 
 - ``cross_entropy``: −log p. ``target_tokens`` and ``weights`` may be [N, K] (K candidate tokens per position,
   top-K distillation): each candidate is a term.
@@ -11,14 +11,19 @@ advantage and r = p / q:
 - ``ppo``: −min(r·A, clip(r, low, high)·A).
 - ``cispo``: −sg(clip(r, low, high))·A·log p (Forge's own CISPO terms, ``forge.learner.losses``).
 - ``dro``: −(A·log p − ½·β·(log p − log q)²).
+- ``gspo`` (GSPO-token): −min(s_t·A, clip(s_t, low, high)·A), where the datum's sequence ratio
+  s = exp(mean over the tokens M that ``sequence_ratio_mask`` marks (≠ 0) of log(sg(p) / q)) and s_t = sg(s)·p/sg(p):
+  every token carries s's value with the gradient of its own log p (tinker/losses/gspo). M must hold a token: the
+  documented mean over no token is undefined (NaN), so such a datum is a user error.
 
 ``low``/``high`` are ``loss_fn_config``'s ``clip_low_threshold``/``clip_high_threshold`` (ratios, not epsilons;
 0.8 and 1.2 by default, Tinker's fixed ε = 0.2), or per-token arrays of the same names among the datum's inputs.
 ``dro`` needs ``loss_fn_config`` ``beta``: Tinker documents none by default, so none is guessed.
 
-Refused with a user error, never replaced by another: ``gspo`` and ``stable_reinforce`` (sequence-level losses whose
-exact semantics Tinker does not document), ``custom`` (the SDK computes a custom loss client-side and sends its
-gradient through ``cross_entropy``; a loss uploaded to run on the server is not supported).
+Refused with a user error, never replaced by another: ``stable_reinforce`` (its objective reads stability
+information Tinker's sampler records per sampled sequence and training requests name by ``sequence_id``; what that
+information is, and the objective over it, Tinker does not document), ``custom`` (the SDK computes a custom loss
+client-side and sends its gradient through ``cross_entropy``; a loss uploaded to run on the server is not supported).
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from forge.learner.losses import _cispo_terms
+from forge.learner.losses import cispo_terms
 from forge.learner.tinker.types import Datum, UserError
 
 DEFAULT_CLIP_LOW, DEFAULT_CLIP_HIGH = 0.8, 1.2
 RL_INPUTS = ("target_tokens", "logprobs", "advantages")
 CLIP_INPUTS = ("clip_low_threshold", "clip_high_threshold")
+CLIP_CONFIG: dict[str, float | None] = {"clip_low_threshold": DEFAULT_CLIP_LOW, "clip_high_threshold": DEFAULT_CLIP_HIGH}
+SEQUENCE_START = "sequence_start"       # a term input (never a datum's): 1 at each datum's first term, else 0
 
 
 @dataclass(frozen=True)
@@ -50,17 +57,16 @@ class LossKind:
 LOSSES: dict[str, LossKind] = {
     "cross_entropy": LossKind(("target_tokens",), candidates=True),
     "importance_sampling": LossKind(RL_INPUTS),
-    "ppo": LossKind(RL_INPUTS, ("weights", *CLIP_INPUTS),
-                    {"clip_low_threshold": DEFAULT_CLIP_LOW, "clip_high_threshold": DEFAULT_CLIP_HIGH}),
-    "cispo": LossKind(RL_INPUTS, ("weights", *CLIP_INPUTS),
-                      {"clip_low_threshold": DEFAULT_CLIP_LOW, "clip_high_threshold": DEFAULT_CLIP_HIGH}),
+    "ppo": LossKind(RL_INPUTS, ("weights", *CLIP_INPUTS), CLIP_CONFIG),
+    "cispo": LossKind(RL_INPUTS, ("weights", *CLIP_INPUTS), CLIP_CONFIG),
     "dro": LossKind(RL_INPUTS, config={"beta": None}),
+    "gspo": LossKind((*RL_INPUTS, "sequence_ratio_mask"), ("weights", *CLIP_INPUTS), CLIP_CONFIG),
 }
 REFUSED = {
-    "gspo": "gspo is a sequence-level loss whose exact semantics Tinker does not document; Forge does not guess "
-            "them (use ppo, cispo or importance_sampling, or forward_backward_custom)",
-    "stable_reinforce": "stable_reinforce's semantics are not documented by Tinker; Forge does not guess them (use "
-                        "importance_sampling, ppo or cispo, or forward_backward_custom)",
+    "stable_reinforce": "its objective reads the stability information Tinker's sampler records for each sampled "
+                        "sequence (record_stability_info=True, named in training by sequence_id); Tinker documents "
+                        "neither what that information is nor the objective over it, so Forge neither records it "
+                        "nor guesses it (use ppo, cispo, gspo or importance_sampling, or forward_backward_custom)",
     "custom": "a loss uploaded to run on the server is not supported: forward_backward_custom with a Python "
               "function runs it client-side (through cross_entropy)",
 }
@@ -141,14 +147,21 @@ def check_datum(loss: Loss, datum: Datum, index: int, vocab_size: int) -> int:
     if "clip_low_threshold" in keys or "clip_high_threshold" in keys:
         _check_thresholds(datum.inputs.get("clip_low_threshold", loss.config["clip_low_threshold"]),
                           datum.inputs.get("clip_high_threshold", loss.config["clip_high_threshold"]))
+    if "sequence_ratio_mask" in loss.kind.required and not np.any(np.asarray(datum.inputs["sequence_ratio_mask"])):
+        raise UserError(f"{where}: sequence_ratio_mask marks no token: {loss.name}'s sequence ratio is the mean "
+                        "log-ratio over the marked tokens (those != 0), undefined over none")
     return 1 if targets.ndim == 1 else int(targets.shape[1])
 
 
 def term_inputs(loss: Loss, datum: Datum) -> dict[str, np.ndarray]:
     """The datum's per-term inputs, flattened (position-major), with its defaults filled in: weights 1, the
-    thresholds from the configuration."""
+    thresholds from the configuration; and for a sequence-level loss (gspo) ``sequence_start``, which marks the
+    datum's first term (``elementwise_loss`` then needs each datum's terms together and in order)."""
     targets = np.asarray(datum.inputs["target_tokens"])
     inputs = {"weights": np.ones(targets.size, dtype=np.float32)}
+    if loss.name == "gspo":
+        inputs[SEQUENCE_START] = np.zeros(targets.size, dtype=np.float32)
+        inputs[SEQUENCE_START][0] = 1.0
     for key in loss.kind.required[1:]:
         inputs[key] = np.asarray(datum.inputs[key], dtype=np.float32).reshape(-1)
     for key in ("weights", *CLIP_INPUTS):
@@ -160,7 +173,9 @@ def term_inputs(loss: Loss, datum: Datum) -> dict[str, np.ndarray]:
 
 
 def elementwise_loss(loss: Loss, logp: Tensor, inputs: Mapping[str, Tensor]) -> Tensor:
-    """Each term's loss (its weight applied), differentiable in ``logp`` (the model's log-probabilities)."""
+    """Each term's loss (its weight applied), differentiable in ``logp`` (the model's log-probabilities). For gspo,
+    the terms of every datum present must all be there, together and in order (``sequence_start`` marks where each
+    begins), as packed batches give them."""
     weights = inputs["weights"]
     if loss.name == "cross_entropy":
         return -logp * weights
@@ -172,10 +187,26 @@ def elementwise_loss(loss: Loss, logp: Tensor, inputs: Mapping[str, Tensor]) -> 
         clipped = torch.clamp(ratio, inputs["clip_low_threshold"], inputs["clip_high_threshold"])
         terms = torch.minimum(ratio * advantages, clipped * advantages)
     elif loss.name == "cispo":      # Forge's CISPO: weight clip(r, 1 − ε_low, 1 + ε_high), detached, times A·log p
-        terms = _cispo_terms(logp, old, advantages, 1.0 - inputs["clip_low_threshold"],
-                             inputs["clip_high_threshold"] - 1.0)
+        terms = cispo_terms(logp, old, advantages, 1.0 - inputs["clip_low_threshold"],
+                            inputs["clip_high_threshold"] - 1.0)
+    elif loss.name == "gspo":
+        ratio = gspo_token_ratio(logp, old, inputs["sequence_ratio_mask"], inputs[SEQUENCE_START])
+        clipped = torch.clamp(ratio, inputs["clip_low_threshold"], inputs["clip_high_threshold"])
+        terms = torch.minimum(ratio * advantages, clipped * advantages)
     elif loss.name == "dro":
         terms = logp * advantages - 0.5 * loss.config["beta"] * (logp - old) ** 2
     else:
         raise UserError(f"unknown loss {loss.name!r}")
     return -terms * weights
+
+
+def gspo_token_ratio(logp: Tensor, old: Tensor, ratio_mask: Tensor, sequence_start: Tensor) -> Tensor:
+    """GSPO-token's per-token ratio s_t = sg(s)·p/sg(p), s the exponential of the mean of log(sg(p)/q) over the
+    datum's tokens that ``ratio_mask`` marks (≠ 0); datums are the runs ``sequence_start`` begins."""
+    sequence = torch.cumsum(sequence_start != 0, 0) - 1
+    size = int(sequence[-1]) + 1 if sequence.numel() else 0
+    marked = (ratio_mask != 0).to(logp.dtype)
+    log_ratio = (logp.detach() - old).to(logp.dtype) * marked
+    sums = logp.new_zeros(size).index_add(0, sequence, log_ratio)
+    counts = logp.new_zeros(size).index_add(0, sequence, marked)
+    return torch.exp((sums / counts)[sequence] + logp - logp.detach())
