@@ -12,7 +12,9 @@ their B matrices side by side ([out, Σ ranks]), and a per-row mask that keeps a
 by its s, and zeroes the others (exactly: a zero term adds nothing), so a step costs two thin products, a multiply
 and an add per adapted projection. The side path runs in forward hooks on the adapted ``nn.Linear`` modules, active
 only inside ``ServedAdapters.rows`` on the calling thread (the engine's step), so the model is unchanged everywhere
-else. The draft (MTP) tensors an
+else. An adapter of the output head (``lm_head``'s pair: Tinker's ``train_unembed``) has no module to hook, the
+model's logits taking the output weight directly (a tied head is the embedding matrix): the engine's runner adds its
+term to the logits rows itself (``head_delta``). The draft (MTP) tensors an
 adapter version carries are not applied: speculative decoding drafts with the base model's MTP head for every
 adapter, which leaves what is sampled exact (drafts are verified against the adapter's distribution) and costs
 acceptance only.
@@ -31,6 +33,7 @@ from torch import Tensor, nn
 from forge.adapter_names import check_adapter_name
 from forge.model.lora_weights import SCALING, A, B, check_named_adapter_version
 
+HEAD = "lm_head"                    # the output head's adapter (Tinker's train_unembed): its pair is named after it
 _active = threading.local()         # .scales: [rows, adapters] of this step (a row's adapter's s, zero elsewhere)
 
 
@@ -64,6 +67,8 @@ class ServedAdapters:
 
     def __init__(self, model: nn.Module) -> None:
         self._linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        output = getattr(model, "output_weight", None)       # the head's [vocab, hidden], tied or not
+        self._head_shape = tuple(output.shape) if output is not None else None
         self._parameters = {name: tuple(p.shape) for name, p in model.state_dict().items()}
         weight = next(iter(model.parameters()))
         self._device, self._dtype = weight.device, weight.dtype
@@ -97,16 +102,17 @@ class ServedAdapters:
         modules = sorted({key.removesuffix(A) for key in state if key.endswith(A)})
         pairs = {}
         for module in modules:
-            linear = self._linears.get(module)
-            if linear is None or f"{module}{B}" not in state:
+            shape = self._head_shape if module == HEAD else getattr(self._linears.get(module), "weight", None)
+            shape = tuple(shape.shape) if isinstance(shape, Tensor) else shape
+            if shape is None or f"{module}{B}" not in state:
                 raise ValueError(f"adapter {name!r}: {module} is not a linear projection of the model, or has no "
                                  "B matrix")
             a, b = state[f"{module}{A}"], state[f"{module}{B}"]
-            out_features, in_features = linear.weight.shape
+            out_features, in_features = shape
             if a.dim() != 2 or b.dim() != 2 or a.shape[1] != in_features or b.shape[0] != out_features \
                     or a.shape[0] != b.shape[1]:
                 raise ValueError(f"adapter {name!r}: the pair of {module} ({tuple(b.shape)} x {tuple(a.shape)}) does "
-                                 f"not fit its weight {tuple(linear.weight.shape)}")
+                                 f"not fit its weight {shape}")
             pairs[module] = (a.to(self._device, self._dtype).contiguous(), b.to(self._device, self._dtype).contiguous())
         rest = [key for key in state if key != SCALING and not key.endswith((A, B))]
         strays = [key for key in rest if self._parameters.get(key) != tuple(state[key].shape)]
@@ -118,7 +124,7 @@ class ServedAdapters:
 
     def install(self, adapter: AdapterWeights) -> None:
         """Serve ``adapter`` from the next step on (call between steps, on the engine's thread)."""
-        for module in adapter.pairs.keys() - self._hooked:
+        for module in adapter.pairs.keys() - self._hooked - {HEAD}:     # the head has no module: see head_delta
             self._linears[module].register_forward_hook(self._side_path(module))
             self._hooked.add(module)
         self._slots.setdefault(adapter.name, len(self._slots))
@@ -133,7 +139,23 @@ class ServedAdapters:
 
     def _restack(self) -> None:
         used = {module for adapter in self._served.values() for module in adapter.pairs}
-        self._stacks = {module: self._stack(module) for module in self._hooked & used}
+        self._stacks = {module: self._stack(module) for module in (self._hooked | {HEAD}) & used}
+
+    def head_delta(self, x: Tensor, adapters: Sequence[str]) -> Tensor | None:
+        """What the output head's adapters add to the logits of rows ``x`` (the final norm's output, [rows, hidden]),
+        row ``i`` with adapter ``adapters[i]`` ("": none): s · (x Aᵀ) Bᵀ, as the learner adds it to the head's
+        product; None when no row's adapter adapts the head. (The model's logits take the output weight directly, a
+        tied head having no module, so the engine adds this itself.)"""
+        stack = self._stacks.get(HEAD)
+        if stack is None or not any(adapters):
+            return None
+        scales = torch.zeros(len(adapters), len(self._slots), dtype=self._dtype)
+        for row, name in enumerate(adapters):
+            if name and HEAD in self._served[name].pairs:
+                scales[row, self._slots[name]] = self._served[name].scaling
+        low = torch.matmul(x, stack.a.t())
+        low.mul_(scales.to(self._device)[:, stack.owners])
+        return torch.matmul(low, stack.b.t())
 
     def _stack(self, module: str) -> Stack:
         held = [(self._slots[a.name], *a.pairs[module]) for a in self._served.values() if module in a.pairs]

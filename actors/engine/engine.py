@@ -90,6 +90,7 @@ class TorchEngine(Backend):
         self._aborts: set[str] = set()
         self._pending_weights: tuple[int, Mapping[str, torch.Tensor], PreparedWeights] | None = None
         self.adapters = ServedAdapters(model)                 # named adapters, beside the weights (several runs)
+        self.runner.head_adapters = self.adapters.head_delta
         self._pending_adapters: list[AdapterWeights | str] = []     # versions to install, names to drop, in order
         self._closed = False
         self._started = time.time()

@@ -83,6 +83,8 @@ class ModelRunner:
         self.records_routing = cache.routing is not None
         self.compiled = CompiledDecode(model, cache, self.kernel is not None) if compile_decode else None
         self.packs = pack_linears(model) if packed_linear else None
+        # the named adapters' output-head term (``ServedAdapters.head_delta``), set by the engine
+        self.head_adapters: Callable[[Tensor, list[str]], Tensor | None] | None = None
 
     def prepare_weights(self, state_dict: Mapping[str, torch.Tensor]) -> PreparedWeights:
         """What is derived from a weight version, made before it is applied, off the engine's thread."""
@@ -169,7 +171,7 @@ class ModelRunner:
             row_seqs = [(work[b].seq, ahead) for b in owners for ahead in range(2 if drafts[b] is not None else 1)]
             # Increasing and distinct: as many as the rows means every row, in order.
             picked_rows = flat if len(logit_rows) == flat.shape[0] else flat[self._tensor(logit_rows)]
-            logprobs = self._sampling_logprobs(model.logits(picked_rows), [s.params for s, _ in row_seqs],
+            logprobs = self._sampling_logprobs(self._logits(picked_rows, row_seqs), [s.params for s, _ in row_seqs],
                                                self._edits(row_seqs))
             plain, drafted, cursor = [], [], 0
             for b in owners:
@@ -199,6 +201,15 @@ class ModelRunner:
         if self.speculative:
             self._mtp_pass(work, results, flat, width)
         return results
+
+    def _logits(self, rows: Tensor, row_seqs: list[tuple[Sequence, int]]) -> Tensor:
+        """The logits of hidden ``rows``, each with its sequence's adapter's output-head term when it has one."""
+        logits = self.model.logits(rows)
+        if self.head_adapters is not None:
+            delta = self.head_adapters(self.model.model.norm(rows), [seq.adapter for seq, _ in row_seqs])
+            if delta is not None:
+                logits = logits + delta.to(logits.dtype)
+        return logits
 
     def _sampling_logprobs(self, logits: Tensor, params: list, edits: LogitEdits | None = None) -> Tensor:
         device, vocab = logits.device, logits.shape[-1]

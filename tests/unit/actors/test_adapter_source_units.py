@@ -191,3 +191,40 @@ def test_the_adapter_source_settings():
                     l3_cache="127.0.0.1:1")
     with pytest.raises(ValueError):
         ActorConfig(adapter_source="tcp://127.0.0.1:5721,tcp://127.0.0.1:5722", source_adapters=0)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_an_adapter_of_the_output_head_adds_its_term_to_the_logits(tied):
+    """Tinker's train_unembed: the head's pair (``lm_head.lora_A/B.weight``) adds s · (x Aᵀ) Bᵀ to the logits, x the
+    final norm's output, whether the head is tied to the embeddings (no module at all) or not."""
+    import dataclasses
+
+    from helpers.learner_runs import CONFIG
+
+    base = make_model(1, dataclasses.replace(CONFIG, tie_word_embeddings=tied))
+    version, merged = adapted_run(base, 2)
+    generator = torch.Generator().manual_seed(9)
+    head_a = torch.randn(4, base.config.hidden_size, generator=generator) * 0.3
+    head_b = torch.randn(base.config.vocab_size, 4, generator=generator) * 0.3
+    scaling = float(version[SCALING])
+    merged.head_linear = lambda x, weight: torch.nn.functional.linear(x, weight) + scaling * (x @ head_a.t()) @ head_b.t()
+    engine = engine_for(copy_of(base))
+    sampled = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=3)
+    prompt = [3, 1, 4, 1, 5]
+    try:
+        engine.load_adapter("a", 1, {**version, f"lm_head{A}": head_a, f"lm_head{B}": head_b})
+        outputs = {}
+        for name in ("a", ""):
+            tokens, logprobs = [], []
+            for chunk in engine.submit(GenerationRequest("", prompt, sampled, adapter=name)):
+                tokens += chunk.token_ids
+                logprobs += chunk.logprobs
+            outputs[name] = (tokens, logprobs)
+        tokens, logprobs = outputs["a"]
+        assert logprobs == pytest.approx(full_forward_logprobs(merged, prompt, tokens, sampled), abs=1e-4)
+        tokens, logprobs = outputs[""]                     # the base's rows are untouched
+        assert logprobs == pytest.approx(full_forward_logprobs(base, prompt, tokens, sampled), abs=1e-4)
+        with pytest.raises(ValueError, match="does not fit"):
+            engine.load_adapter("b", 1, {**version, f"lm_head{A}": head_a, f"lm_head{B}": head_b[:-1]})
+    finally:
+        engine.close()
