@@ -167,9 +167,9 @@ class ActorSampling(Sampling):
                 adapter, evicted = self._set.add(path, state, self._clock.next(), info)
                 try:
                     await asyncio.to_thread(self._publisher.publish, adapter.version, self._set.bundle())
-                except Exception:
+                except (TypeError, ValueError, RuntimeError) as exc:
                     self._set.put_back(adapter, evicted)
-                    raise
+                    raise RuntimeError(f"the sampler weights {path} could not be published: {exc}") from exc
                 log.info("published sampler weights %s as adapter %s (version %d)%s", path, adapter.name,
                          adapter.version, f", evicting {evicted.path}" if evicted is not None else "")
             self._set.use(adapter)

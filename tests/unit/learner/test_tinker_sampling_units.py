@@ -4,6 +4,8 @@ parameters sent to the actor, stop strings, and sampler weights turned into an a
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 import torch
@@ -102,3 +104,39 @@ def test_the_sampler_refuses_no_actors_and_bad_addresses():
         ActorSampling(object(), (), None, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
     with pytest.raises(ValueError):
         ActorSampling(object(), ("no port",), None, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+
+
+def test_a_new_adapter_waits_for_room_while_every_published_one_is_in_use():
+    class Weights:
+        def __init__(self) -> None:
+            self.reads: list[str] = []
+
+        def sampler_weights(self, path: str):
+            self.reads.append(path)
+            return None, tensors(1.0)
+
+    weights = Weights()
+    sampling = ActorSampling(weights, ("127.0.0.1:1",), None, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+
+    async def capacity() -> int:
+        return 1
+
+    sampling._capacity = capacity
+
+    async def scenario() -> None:
+        sampling._bind_loop()
+        first = await sampling._acquire("p/a")
+        waiting = asyncio.create_task(sampling._acquire("p/b"))
+        while "p/b" not in weights.reads:
+            await asyncio.sleep(0.01)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not waiting.done() and set(sampling.published) == {"p/a"}
+        await sampling._release(first)
+        second = await waiting
+        assert set(sampling.published) == {"p/b"} and second.version > first.version
+        bundle = decode_bundle(sampling._set.bundle())
+        assert list(bundle) == [second.name]
+        await sampling.close()
+
+    asyncio.run(scenario())
