@@ -72,21 +72,49 @@ def lineage(metrics: Path) -> dict[int, list[int]]:
     return steps
 
 
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One training step (``helpers/fsdp_step.py``) of the model in ``model_dir`` on a copy of ``directory/pool``,
+    on ``nproc`` ranks, ``context_parallel`` of them to a context group."""
+    directory: Path
+    model_dir: Path
+    nproc: int
+    lora_rank: int = 0
+    context_parallel: int = 1
+    micro_batch_tokens: int = 64
+    activation_checkpointing: bool = False
+
+
+def steps(wanted: list[Step], device: str = "cpu") -> list[dict]:
+    """What each of ``wanted`` saved (on ``device``: cpu, or cuda with a GPU per rank), read back onto the CPU. The
+    steps of one process count run one after another in one torchrun job, so a job starts once per count, not once
+    per step."""
+    cases = []
+    for step in wanted:
+        name = (f"{step.nproc}-{step.context_parallel}-{step.lora_rank}-{int(step.activation_checkpointing)}-"
+                f"{step.micro_batch_tokens}-{device}")
+        copy = step.directory / f"pool-{name}"
+        shutil.copytree(step.directory / "pool", copy)
+        cases.append({"model": str(step.model_dir), "pool": str(copy), "out": str(step.directory / f"params-{name}.pt"),
+                      "micro_batch_tokens": step.micro_batch_tokens, "lora_rank": step.lora_rank,
+                      "context_parallel": step.context_parallel,
+                      "activation_checkpointing": step.activation_checkpointing})
+    for nproc in sorted({step.nproc for step in wanted}):
+        job = [case for step, case in zip(wanted, cases, strict=True) if step.nproc == nproc]
+        listed = Path(job[0]["out"]).with_suffix(".json")
+        listed.write_text(json.dumps(job))
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                   str(HELPERS / "fsdp_step.py"), str(listed), device]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600 * len(job))
+        assert done.returncode == 0, done.stderr[-3000:]
+    return [torch.load(case["out"], map_location="cpu") for case in cases]
+
+
 def stepped(tmp_path: Path, model_dir: Path, nproc: int, lora_rank: int = 0, context_parallel: int = 1,
             micro_batch_tokens: int = 64, activation_checkpointing: bool = False, device: str = "cpu") -> dict:
-    """What one training step on a copy of ``tmp_path/pool`` saved (``helpers/fsdp_step.py``) on ``nproc`` ranks,
-    ``context_parallel`` of them to a context group (on ``device``: cpu, or cuda with a GPU per rank), read back
-    onto the CPU."""
-    name = f"{nproc}-{context_parallel}-{lora_rank}-{int(activation_checkpointing)}-{micro_batch_tokens}-{device}"
-    copy = tmp_path / f"pool-{name}"
-    shutil.copytree(tmp_path / "pool", copy)
-    out = tmp_path / f"params-{name}.pt"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(HELPERS / "fsdp_step.py"), str(model_dir), str(copy), str(out), str(micro_batch_tokens),
-               str(lora_rank), str(context_parallel), str(int(activation_checkpointing)), device]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return torch.load(out, map_location="cpu")
+    """What one training step on a copy of ``tmp_path/pool`` saved on ``nproc`` ranks (see ``steps``)."""
+    return steps([Step(tmp_path, model_dir, nproc, lora_rank, context_parallel, micro_batch_tokens,
+                       activation_checkpointing)], device)[0]
 
 
 def assert_same_update(one: dict, two: dict, name: str, lr: float = 1e-3) -> None:

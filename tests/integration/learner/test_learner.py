@@ -20,48 +20,83 @@ from helpers.families import FAMILIES, SMALL, fill_on_policy, write_family
 from helpers.learner_runs import (
     CONFIG,
     MOE_CONFIG,
+    Step,
     assert_same_update,
     fill_from,
     lineage,
     make_model,
-    stepped,
+    steps,
     write_model_and_pool,
 )
 from helpers.waiting import wait_for
 
+CONFIGS = {"dense": CONFIG, "experts": MOE_CONFIG}
+AFTER_A_STEP, FOR_A_FAMILY, WITH_LORA = ("test_fsdp2_two_processes_equal_one_after_a_step",
+                                         "test_fsdp2_two_processes_equal_one_for_a_family_trained_through_transformers",
+                                         "test_fsdp2_two_processes_equal_one_with_lora")
 
-@pytest.mark.parametrize("config", [CONFIG, MOE_CONFIG], ids=["dense", "experts"])
-def test_fsdp2_two_processes_equal_one_after_a_step(tmp_path, config):
+
+@pytest.fixture(scope="module")
+def fsdp2_steps(request, tmp_path_factory) -> dict[tuple[str, str], tuple[dict, dict, dict]]:
+    """For each FSDP2 case the session runs (test name, case id): the parameters before, and what one step on 1 and
+    on 2 ranks saved. Every case's 1-rank steps run in one torchrun job and its 2-rank steps in another (each step
+    from a fresh seed, model and trainer), so torch and the job start twice, not twice per case."""
+    selected = {(item.originalname, item.callspec.id) for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")}
+    root = tmp_path_factory.mktemp("fsdp2")
+    prepared: dict[tuple[str, str], tuple[Path, Path, int, dict]] = {}
+    for test, seed, lora_rank in ((AFTER_A_STEP, 5, 0), (WITH_LORA, 6, 4)):
+        for label, config in CONFIGS.items():
+            if (test, label) in selected:
+                directory = root / f"{label}-lora{lora_rank}"
+                model = make_model(seed, config)
+                model.save_pretrained(directory / "model")
+                with Pool(directory / "pool") as pool:
+                    fill_from(pool, model, groups=4, group_size=3, calls=2, max_tokens=9)
+                prepared[test, label] = (directory, directory / "model", lora_rank, model.state_dict())
+    for family in sorted(FAMILIES):
+        if (FOR_A_FAMILY, family) in selected:
+            directory = root / family
+            model_dir, reference = write_family(directory / "model", family, seed=5)
+            with Pool(directory / "pool") as pool:
+                fill_on_policy(pool, load_model(model_dir)[0], groups=4, vocab=SMALL["vocab_size"], group_size=3,
+                               system_len=12)
+            prepared[FOR_A_FAMILY, family] = (directory, model_dir, 0, reference.state_dict())
+    results = iter(steps([Step(directory, model_dir, nproc, lora_rank)
+                          for directory, model_dir, lora_rank, _ in prepared.values() for nproc in (1, 2)]))
+    return {case: (before, next(results), next(results)) for case, (*_, before) in prepared.items()}
+
+
+@pytest.mark.timeout(1800)              # the first FSDP2 test starts every case's two jobs
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_fsdp2_two_processes_equal_one_after_a_step(fsdp2_steps, config):
     """With experts, the experts are sharded with the rest and every token is routed as its record says."""
-    model, one, two = stepped_on_rollouts(tmp_path, config, seed=5)
+    before, one, two = fsdp2_steps[AFTER_A_STEP, config]
     assert one["tokens"] == two["tokens"] == 4 * 3 * 2 * 9
     assert one["stem_tokens"] > 0 and two["stem_tokens"] > 0      # the trees of a step share a stem on each rank
-    assert_same_step(one, two, model.state_dict())
+    assert_same_step(one, two, before)
 
 
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_fsdp2_two_processes_equal_one_for_a_family_trained_through_transformers(tmp_path, family):
+def test_fsdp2_two_processes_equal_one_for_a_family_trained_through_transformers(fsdp2_steps, family):
     """Each family (transformers' code, windows and soft caps included, sharded per decoder layer, trained in packed
     trees that share a stem) steps alike on 1 and 2."""
-    model_dir, reference = write_family(tmp_path / "model", family, seed=5)
-    with Pool(tmp_path / "pool") as pool:
-        fill_on_policy(pool, load_model(model_dir)[0], groups=4, vocab=SMALL["vocab_size"], group_size=3,
-                       system_len=12)
-    one, two = one_and_two_processes(tmp_path, model_dir)
+    before, one, two = fsdp2_steps[FOR_A_FAMILY, family]
     assert one["tokens"] == two["tokens"] > 0 and one["stem_tokens"] > 0 and two["stem_tokens"] > 0
-    assert_same_step(one, two, reference.state_dict())
+    assert_same_step(one, two, before)
 
 
-@pytest.mark.parametrize("config", [CONFIG, MOE_CONFIG], ids=["dense", "experts"])
-def test_fsdp2_two_processes_equal_one_with_lora(tmp_path, config):
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_fsdp2_two_processes_equal_one_with_lora(fsdp2_steps, config):
     """Adapters sharded with their layers beside frozen weights; only they and the MTP draft move."""
-    model, one, two = stepped_on_rollouts(tmp_path, config, seed=6, lora_rank=4)
+    base, one, two = fsdp2_steps[WITH_LORA, config]
     assert one["loss"] == pytest.approx(two["loss"], abs=1e-5) and one["tokens"] == two["tokens"] > 0
     trained = {name for name in one["grads"] if ".lora_" in name or name.startswith("mtp.")}
     assert one["grads"].keys() == two["grads"].keys() == trained and len(trained) > 10
     for name, grad in one["grads"].items():
         torch.testing.assert_close(two["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=name)
-    base = model.state_dict()
     for name, tensor in one["state"].items():
         assert_same_update(one, two, name)
         if ".base_layer." in name or (name in base and not name.startswith("mtp.")):
@@ -71,20 +106,6 @@ def test_fsdp2_two_processes_equal_one_with_lora(tmp_path, config):
         sent = adapter_version(result["state"], lora)
         assert result["published"].keys() == sent.keys()
         assert all(torch.equal(result["published"][name], tensor) for name, tensor in sent.items())
-
-
-def stepped_on_rollouts(tmp_path: Path, config, seed: int, lora_rank: int = 0) -> tuple[torch.nn.Module, dict, dict]:
-    """A random model of ``config``, and one step on 1 and on 2 ranks over rollouts sampled from it."""
-    model = make_model(seed, config)
-    model.save_pretrained(tmp_path / "model")
-    with Pool(tmp_path / "pool") as pool:
-        fill_from(pool, model, groups=4, group_size=3, calls=2, max_tokens=9)
-    return model, *one_and_two_processes(tmp_path, tmp_path / "model", lora_rank)
-
-
-def one_and_two_processes(tmp_path: Path, model_dir: Path, lora_rank: int = 0) -> tuple[dict, dict]:
-    """What one training step on a copy of ``tmp_path/pool`` saved (``helpers/fsdp_step.py``), on 1 and 2 ranks."""
-    return tuple(stepped(tmp_path, model_dir, nproc, lora_rank) for nproc in (1, 2))
 
 
 def assert_same_step(one: dict, two: dict, before: dict) -> None:
