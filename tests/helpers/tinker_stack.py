@@ -35,13 +35,18 @@ class TinkerStack:
 
     def run(self, program: str, *args: str, key: str = KEYS[0], timeout_s: float = 900) -> dict:
         """Run a program in the SDK's environment against the server; its last line of output, as JSON."""
+        done = self.python(str(PROGRAMS / program), *args, key=key, timeout_s=timeout_s)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def python(self, *args: str, key: str = KEYS[0], timeout_s: float = 900) -> subprocess.CompletedProcess:
+        """The SDK environment's python with ``args``, pointed at the server with ``key``; it must succeed."""
         env = {**os.environ, "TINKER_BASE_URL": self.base_url, "TINKER_API_KEY": key, "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false"}
-        done = subprocess.run([os.environ["FORGE_TINKER_PYTHON"], str(PROGRAMS / program), *args],
-                              capture_output=True, text=True, env=env, timeout=timeout_s, cwd=self.directory)
-        assert done.returncode == 0, (f"{program} failed:\n{done.stderr[-6000:]}\n--- server log ---\n"
+        done = subprocess.run([os.environ["FORGE_TINKER_PYTHON"], *args], capture_output=True, text=True, env=env,
+                              timeout=timeout_s, cwd=self.directory)
+        assert done.returncode == 0, (f"{' '.join(args[:2])} failed:\n{done.stderr[-6000:]}\n--- server log ---\n"
                                       f"{self.server.log_text()[-3000:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        return done
 
 
 @contextlib.contextmanager
