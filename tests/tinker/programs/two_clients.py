@@ -40,7 +40,7 @@ def refused(call) -> str:
         call()
     except tinker.RequestFailedError as exc:
         return f"category:{exc.category}"
-    except Exception as exc:       # noqa: BLE001 - any refusal counts, its kind is reported
+    except Exception as exc:       # any refusal counts: its kind is reported
         return type(exc).__name__
     return ""
 
