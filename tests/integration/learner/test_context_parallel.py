@@ -17,27 +17,66 @@ from forge.pool import Pool
 from forge.v1 import common_pb2, pool_pb2
 
 from helpers.families import SMALL, fill_on_policy, write_family
-from helpers.learner_runs import CONFIG, MOE_CONFIG, assert_same_update, fill_from, make_model, stepped
+from helpers.learner_runs import CONFIG, MOE_CONFIG, Step, assert_same_update, fill_from, make_model, stepped, steps
+
+EQUAL_ONE_RANK, FAMILY, UNEVEN = ("test_context_parallel_steps_equal_one_rank",
+                                  "test_context_parallel_steps_a_family_trained_through_transformers_as_one_rank",
+                                  "test_ranks_whose_stems_need_different_piece_counts_step_as_one_rank")
+# (processes, context group, activation checkpointing, budget): a budget of 16 runs the stem in pieces and leaves
+# trees too small to split across 4 ranks; checkpointing is checked with two data-parallel groups
+LAYOUTS = {"dense": [(2, 2, False, 64), (4, 4, False, 64), (4, 2, True, 64), (4, 4, False, 16)],
+           "experts": [(2, 2, False, 64), (4, 4, False, 64)]}
+
+
+@pytest.fixture(scope="module")
+def context_steps(request, tmp_path_factory) -> dict[tuple[str, str], tuple[dict, list[tuple[Step, dict]]]]:
+    """For each case the session runs (test name, case id): the one-rank step, and each other layout's step with
+    what it saved. The steps of every case run in one torchrun job per process count (1, 2 and 4), each step from a
+    fresh seed, model, trainer and context groups, so torch and a job start three times, not once per step."""
+    selected = {(item.originalname, getattr(item, "callspec", None) and item.callspec.id)
+                for item in request.session.items if item.module is request.module}
+    root = tmp_path_factory.mktemp("context")
+    cases: dict[tuple[str, str], tuple[Step, list[Step]]] = {}
+    for label, config in (("dense", CONFIG), ("experts", MOE_CONFIG)):
+        if (EQUAL_ONE_RANK, label) in selected:
+            directory = root / label
+            model = make_model(7, config)
+            model.save_pretrained(directory / "model")
+            with Pool(directory / "pool") as pool:
+                fill_from(pool, model, groups=4, group_size=3, calls=3, max_tokens=9)
+            cases[EQUAL_ONE_RANK, label] = (Step(directory, directory / "model", 1), [
+                Step(directory, directory / "model", nproc, context_parallel=context, micro_batch_tokens=budget,
+                     activation_checkpointing=checkpointing) for nproc, context, checkpointing, budget in LAYOUTS[label]])
+    if (FAMILY, None) in selected:
+        directory = root / "llama"
+        model_dir, _ = write_family(directory / "model", "llama", seed=5)
+        with Pool(directory / "pool") as pool:
+            fill_on_policy(pool, load_model(model_dir)[0], groups=4, vocab=SMALL["vocab_size"], group_size=3,
+                           system_len=12)
+        cases[FAMILY, None] = (Step(directory, model_dir, 1), [Step(directory, model_dir, 2, context_parallel=2)])
+    for label, context in (("data-parallel", 1), ("context-parallel", 2)):
+        if (UNEVEN, label) in selected:
+            directory = root / label
+            make_model(7, CONFIG).save_pretrained(directory / "model")
+            write_uneven_stems(directory / "pool", CONFIG.vocab_size)
+            cases[UNEVEN, label] = (Step(directory, directory / "model", 1, micro_batch_tokens=16), [
+                Step(directory, directory / "model", 2 * context, context_parallel=context, micro_batch_tokens=16)])
+    wanted = [step for one, others in cases.values() for step in (one, *others)]
+    results = iter(steps(wanted))
+    return {case: (next(results), [(other, next(results)) for other in others]) for case, (_, others) in cases.items()}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("config", [CONFIG, MOE_CONFIG], ids=["dense", "experts"])
-def test_context_parallel_steps_equal_one_rank(tmp_path, config):
-    model = make_model(7, config)
-    model.save_pretrained(tmp_path / "model")
-    with Pool(tmp_path / "pool") as pool:
-        fill_from(pool, model, groups=4, group_size=3, calls=3, max_tokens=9)
-    one = stepped(tmp_path, tmp_path / "model", 1)
+@pytest.mark.parametrize("config", list(LAYOUTS))
+def test_context_parallel_steps_equal_one_rank(context_steps, config):
+    one, others = context_steps[EQUAL_ONE_RANK, config]
     assert one["stem_tokens"] > 0 and one["tokens"] == 4 * 3 * 3 * 9
     assert one["stem_rank_tokens"] == one["stem_tokens"]
-    # (processes, context group, activation checkpointing, budget): a budget of 16 runs the stem in pieces and
-    # leaves trees too small to split across 4 ranks; checkpointing is checked with two data-parallel groups
-    layouts = [(2, 2, False, 64), (4, 4, False, 64), (4, 2, True, 64), (4, 4, False, 16)]
-    for nproc, context, checkpointing, budget in layouts if config is CONFIG else layouts[:2]:
-        other = stepped(tmp_path, tmp_path / "model", nproc, context_parallel=context, micro_batch_tokens=budget,
-                        activation_checkpointing=checkpointing)
-        label = f"{nproc} processes, context groups of {context}, checkpointing {checkpointing}, budget {budget}"
+    for layout, other in others:
+        nproc, context, budget = layout.nproc, layout.context_parallel, layout.micro_batch_tokens
+        label = (f"{nproc} processes, context groups of {context}, checkpointing {layout.activation_checkpointing}, "
+                 f"budget {budget}")
         assert other["tokens"] == one["tokens"], label
         if nproc == context and budget == 64:       # one data-parallel group: the same trees as one rank
             assert (other["packed_tokens"], other["stem_tokens"]) == (one["packed_tokens"], one["stem_tokens"])
@@ -58,15 +97,10 @@ def assert_equal_steps(one: dict, other: dict, label: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_context_parallel_steps_a_family_trained_through_transformers_as_one_rank(tmp_path):
+def test_context_parallel_steps_a_family_trained_through_transformers_as_one_rank(context_steps):
     """Llama through transformers' own modules, Forge's tree attention registered with them: 2 ranks of one
     context group step as one rank does."""
-    model_dir, _ = write_family(tmp_path / "model", "llama", seed=5)
-    with Pool(tmp_path / "pool") as pool:
-        fill_on_policy(pool, load_model(model_dir)[0], groups=4, vocab=SMALL["vocab_size"], group_size=3,
-                       system_len=12)
-    one = stepped(tmp_path, model_dir, 1)
-    other = stepped(tmp_path, model_dir, 2, context_parallel=2)
+    one, [(_, other)] = context_steps[FAMILY, None]
     assert one["stem_tokens"] > 0 and other["packed_tokens"] == one["packed_tokens"]
     assert_equal_steps(one, other, "llama, 2 ranks of one context group")
 
@@ -92,15 +126,11 @@ def write_uneven_stems(pool_dir: Path, vocab: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("context", [1, 2], ids=["data-parallel", "context-parallel"])
-def test_ranks_whose_stems_need_different_piece_counts_step_as_one_rank(tmp_path, context):
+def test_ranks_whose_stems_need_different_piece_counts_step_as_one_rank(context_steps, context):
     """Every rank runs as many stem passes as the rank needing the most (the others' extra ones discarded): FSDP
     gathers and reduces the parameters in each pass, so a rank running fewer would leave the others waiting."""
-    model = make_model(7, CONFIG)
-    model.save_pretrained(tmp_path / "model")
-    write_uneven_stems(tmp_path / "pool", CONFIG.vocab_size)
-    one = stepped(tmp_path, tmp_path / "model", 1, micro_batch_tokens=16)
+    one, [(_, other)] = context_steps[UNEVEN, "context-parallel" if context == 2 else "data-parallel"]
     assert one["stem_tokens"] >= 130
-    other = stepped(tmp_path, tmp_path / "model", 2 * context, context_parallel=context, micro_batch_tokens=16)
     assert_equal_steps(one, other, f"{2 * context} processes, context groups of {context}, budget 16")
 
 
