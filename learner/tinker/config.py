@@ -16,7 +16,7 @@ from forge.settings import (
     ready_file_setting,
     setting,
 )
-from forge.weights.endpoints import DEFAULT_ANNOUNCE_ENDPOINT, DEFAULT_FETCH_ENDPOINT
+from forge.weights.endpoints import ADAPTER_SOURCE_ANNOUNCE_PORT, ADAPTER_SOURCE_FETCH_PORT
 
 LOOPBACK = "127.0.0.1"
 KEY_PREFIX = "tml-"          # the official SDK refuses any other key
@@ -75,10 +75,10 @@ class TinkerConfig(Settings):
                                            "sampling is refused.")
     actor_api_key: str | None = setting(None, env="FORGE_TINKER_ACTOR_API_KEY", secret=True,
                                         help="API key the actors require.")
-    weights_fetch: str = setting(DEFAULT_FETCH_ENDPOINT,
+    weights_fetch: str = setting(f"tcp://{LOOPBACK}:{ADAPTER_SOURCE_FETCH_PORT}",
                                  help="ZeroMQ endpoint actors fetch sampler adapters from ('tcp://127.0.0.1:*' picks "
                                       "a free port).")
-    weights_announce: str = setting(DEFAULT_ANNOUNCE_ENDPOINT,
+    weights_announce: str = setting(f"tcp://{LOOPBACK}:{ADAPTER_SOURCE_ANNOUNCE_PORT}",
                                     help="ZeroMQ endpoint new sampler adapters are announced on.")
     ready_file: Path | None = ready_file_setting("address, base_url, pid, weights_fetch, weights_announce, "
                                                  "metrics_url")
