@@ -1,4 +1,4 @@
-"""Tinker's built-in losses, with the semantics its documentation gives them (docs/losses.mdx of tinker-cookbook,
+"""Tinker's built-in losses, with the semantics its documentation gives them (tinker-cookbook's losses page,
 tinker-docs.thinkingmachines.ai/tinker/losses): per-token terms summed over every token of the batch (a sum, never a
 mean), each token's term scaled by its ``weights`` (1 where the datum has none).
 

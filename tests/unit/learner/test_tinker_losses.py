@@ -30,7 +30,7 @@ def _inputs(seed: int = 0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
 
 def _documented(name: str, logp: torch.Tensor, q: torch.Tensor, a: torch.Tensor, low: float, high: float,
                 beta: float) -> torch.Tensor:
-    """Tinker's documented implementations (docs/losses.mdx), per token."""
+    """Tinker's documented implementations (tinker-cookbook's losses page), per token."""
     ratio = torch.exp(logp - q)
     if name == "importance_sampling":
         return -(ratio * a)
