@@ -49,6 +49,7 @@ class PublishedAdapter:
     info: Any = None
     in_use: int = 0                     # samples running with it: it is not evicted while any is
     last_used: int = field(default=0)   # a tick of the set's clock: when a sample last took or gave it back
+    retired: bool = False               # its checkpoint was deleted or replaced: dropped once no sample uses it
 
 
 class AdapterSet:

@@ -10,8 +10,9 @@ from typing import Any
 from aiohttp import web
 
 from forge.learner.tinker import dispatch
-from forge.learner.tinker.bodies import check_model_id, parse_path
+from forge.learner.tinker.bodies import TinkerPath, check_model_id, parse_path
 from forge.learner.tinker.errors import bad_request
+from forge.learner.tinker.routes_weights import forget_sampler
 from forge.learner.tinker.state import TinkerState
 from forge.learner.tinker.types import Checkpoint, ModelInfo, Training
 
@@ -83,6 +84,7 @@ async def delete_checkpoint(request: web.Request) -> web.Response:
     state, who = dispatch.state_of(request), dispatch.owner(request)
     info = await dispatch.owned_checkpoint(state, path, who)
     await state.call(state.training.delete_checkpoint, info.model_id, path.checkpoint_id)
+    await forget_sampler(state, str(TinkerPath(info.model_id, path.kind, path.name)))
     state.counts["checkpoints_deleted"] += 1
     return web.json_response({})
 

@@ -44,30 +44,32 @@ async def get_sampler(request: web.Request) -> web.Response:
 
 
 def sample_params(b: Body) -> SampleParams:
+    """The sampling parameters; ``stop``: None stops at the end-of-sequence token only, text or a list of texts or
+    of token ids stop there too, and ``[]`` stops nowhere, not even at the end-of-sequence token (the SDK's
+    meaning)."""
     stop = b.data.get("stop")
     if stop is None:
-        stops: tuple = ()
-    elif isinstance(stop, str):
-        stops = (stop,)
-    elif isinstance(stop, list) and 0 < len(stop) <= MAX_STOPS and all(isinstance(s, str) for s in stop):
-        stops = tuple(stop)
-    elif isinstance(stop, list) and 0 < len(stop) <= MAX_STOPS and all(
+        return _params(b, (), ())
+    if stop == []:
+        return _params(b, (), (), stop_at_eos=False)
+    if isinstance(stop, str):
+        return _params(b, (stop,), ())
+    if isinstance(stop, list) and len(stop) <= MAX_STOPS and all(isinstance(s, str) for s in stop):
+        return _params(b, tuple(stop), ())
+    if isinstance(stop, list) and len(stop) <= MAX_STOPS and all(
             isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in stop):
         return _params(b, (), tuple(stop))
-    elif stop == []:
-        raise bad_request("sampling_params.stop = [] (no end-of-sequence stop) is not served; give max_tokens")
-    else:
-        raise bad_request(f"sampling_params.stop must be text, a list of texts or a list of token ids (at most "
-                          f"{MAX_STOPS})")
-    return _params(b, stops, ())
+    raise bad_request(f"sampling_params.stop must be text, a list of texts or a list of token ids (at most "
+                      f"{MAX_STOPS})")
 
 
-def _params(b: Body, strings: tuple[str, ...], tokens: tuple[int, ...]) -> SampleParams:
+def _params(b: Body, strings: tuple[str, ...], tokens: tuple[int, ...], stop_at_eos: bool = True) -> SampleParams:
     top_k = b.integer("top_k", default=-1, low=-1, high=1 << 20)
     return SampleParams(max_tokens=b.integer("max_tokens", low=1, high=1 << 20),
                         temperature=b.number("temperature", 1.0, low=0.0, high=100.0),
                         top_k=-1 if top_k == 0 else top_k, top_p=b.number("top_p", 1.0, low=0.0, high=1.0),
-                        seed=b.integer("seed", low=0, high=2**64 - 1), stop_strings=strings, stop_tokens=tokens)
+                        seed=b.integer("seed", low=0, high=2**64 - 1), stop_strings=strings, stop_tokens=tokens,
+                        stop_at_eos=stop_at_eos)
 
 
 def prompt_tokens(b: Body) -> list[int]:

@@ -22,6 +22,14 @@ MAX_METADATA = 64
 MAX_TTL_S = 10 * 365 * 86400
 
 
+async def forget_sampler(state: TinkerState, path: str) -> None:
+    """The actors stop serving what they loaded from ``path`` (a checkpoint deleted or written again), so that a
+    sample asked for after this reads the path again: the new weights, or NotFound."""
+    forget = getattr(state.sampling, "forget", None)
+    if forget is not None:
+        await forget(path)
+
+
 def saved_name(b: Body) -> str | None:
     name = b.text("path", required=False, max_len=128)
     b.integer("ttl_seconds", low=0, high=MAX_TTL_S)
@@ -47,6 +55,7 @@ async def save_weights(request: web.Request) -> web.Response:
             if any(c.checkpoint_id == f"weights/{name}" for c in existing):
                 raise UserError(f"checkpoint weights/{name} exists (save with overwrite=True to replace it)")
         checkpoint = await state.call(state.training.save_state, entry.training_id, name)
+        await forget_sampler(state, checkpoint.path)
         state.counts["checkpoints_saved"] += 1
         return Outcome(json={"path": checkpoint.path, "type": "save_weights"})
 
@@ -70,6 +79,7 @@ async def save_weights_for_sampler(request: web.Request) -> web.Response:
 
     async def work() -> Outcome:
         checkpoint = await state.call(state.training.save_sampler, entry.training_id, name)
+        await forget_sampler(state, checkpoint.path)
         reply = {"path": checkpoint.path, "type": "save_weights_for_sampler"}
         if name is None and session is not None:
             sampler = state.registry.add_sampler(session, entry.info.base_model, checkpoint.path, sampler_seq)

@@ -154,6 +154,7 @@ class ActorSampling(Sampling):
         async with self._changed:
             if self._set is None:
                 self._set = AdapterSet(await self._capacity())
+            await self._changed.wait_for(lambda: not self._retired(path))
             adapter = self._set.get(path)
             if adapter is not None:
                 self._set.use(adapter)
@@ -161,7 +162,8 @@ class ActorSampling(Sampling):
         info, tensors = await asyncio.to_thread(self.training.sampler_weights, path)
         state = adapter_version_of(tensors)
         async with self._changed:
-            await self._changed.wait_for(lambda: path in self._set or self._set.can_add())
+            await self._changed.wait_for(lambda: not self._retired(path) and (path in self._set
+                                                                              or self._set.can_add()))
             adapter = self._set.get(path)
             if adapter is None:
                 adapter, evicted = self._set.add(path, state, self._clock.next(), info)
@@ -175,23 +177,41 @@ class ActorSampling(Sampling):
             self._set.use(adapter)
             return adapter
 
+    def _retired(self, path: str) -> bool:
+        adapter = self._set.get(path)
+        return adapter is not None and adapter.retired
+
     async def _release(self, adapter: PublishedAdapter) -> None:
         async with self._changed:
             self._set.release(adapter)
+            if adapter.retired and adapter.in_use == 0:
+                await self._drop(adapter)
             self._changed.notify_all()
 
     async def forget(self, sampler_path: str) -> bool:
-        """Stop publishing ``sampler_path``'s adapter (its checkpoint was deleted or replaced); False when it is not
-        published or a sample is using it."""
+        """Stop serving ``sampler_path``'s adapter (its checkpoint was deleted or replaced): at once when no sample
+        uses it, else when the last one using it ends; a sample asked for after this reads the path again (the new
+        weights, or NotFound). False when it was not published."""
         self._bind_loop()
         async with self._changed:
             adapter = None if self._set is None else self._set.get(sampler_path)
-            if adapter is None or adapter.in_use:
+            if adapter is None:
                 return False
-            self._set.remove(sampler_path)
-            await asyncio.to_thread(self._publisher.publish, self._clock.next(), self._set.bundle())
+            adapter.retired = True
+            if adapter.in_use == 0:
+                await self._drop(adapter)
             self._changed.notify_all()
             return True
+
+    async def _drop(self, adapter: PublishedAdapter) -> None:
+        """Take ``adapter`` out of the set and publish the set without it (under the set's lock)."""
+        self._set.remove(adapter.path)
+        try:
+            await asyncio.to_thread(self._publisher.publish, self._clock.next(), self._set.bundle())
+        except (TypeError, ValueError, RuntimeError) as exc:      # the next bundle published leaves it out too
+            log.warning("the adapter set without %s could not be published: %s", adapter.path, exc)
+            return
+        log.info("sampler weights %s are no longer served (adapter %s)", adapter.path, adapter.name)
 
     # ------------------------------------------------------------------ the actors
 

@@ -24,10 +24,16 @@ KEY = "tml-unit"
 
 
 class ScriptedSampling(Sampling):
-    """Stands in for the actors: each sample is the prompt's last token counted up, with fixed log-probs."""
+    """Stands in for the actors: each sample is the prompt's last token counted up, with fixed log-probs; the
+    sampler paths the server told it to forget are in ``forgotten``."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str | None, int, SampleParams]] = []
+        self.forgotten: list[str] = []
+
+    async def forget(self, sampler_path: str) -> bool:
+        self.forgotten.append(sampler_path)
+        return True
 
     async def sample(self, base_model, sampler_path, prompt, num_samples, params):
         self.calls.append((base_model, sampler_path, num_samples, params))
@@ -68,6 +74,13 @@ def served(tmp_path):
     server.stop()
 
 
+def new_model(base: str) -> str:
+    session = post(base, "create_session", {"tags": [], "sdk_version": "unit"})[1]["session_id"]
+    created = post(base, "create_model", {"session_id": session, "model_seq_id": 0, "base_model": "tiny",
+                                          "lora_config": {"rank": 2}})[1]
+    return result(base, created["request_id"])["model_id"]
+
+
 def test_a_saved_sampler_samples_with_sequence_ids_and_prompt_logprobs(served):
     base, sampling = served
     session = post(base, "create_session", {"tags": [], "sdk_version": "unit"})[1]["session_id"]
@@ -100,8 +113,40 @@ def test_a_saved_sampler_samples_with_sequence_ids_and_prompt_logprobs(served):
                                                       "prev_cursor": 0, "timeout": 0})
     assert polled["completions"][0]["request_id"] == accepted["request_id"] and polled["cursor"] == 1
     for refused in ({"topk_sample_logprobs": 3}, {"prompt_alt_tokens_k": 1}, {"record_stability_info": True},
-                    {"num_samples": 0}, {"sampling_params": {"stop": []}}, {"sampling_params": {"top_p": 2}}):
+                    {"num_samples": 0}, {"sampling_params": {"top_p": 2}}):
         body = {"sampling_session_id": sampler_id, "prompt": prompt, "sampling_params": {"max_tokens": 1},
                 **refused}
         status, reply = post(base, "asample", body)
         assert status == 400 and reply["category"] == "user", refused
+
+
+def test_stop_none_keeps_the_end_of_sequence_stop_and_an_empty_list_drops_every_stop(served):
+    base, sampling = served
+    prompt = {"chunks": [{"type": "encoded_text", "tokens": [5, 17, 42]}]}
+    for stop, at_eos in ((None, True), ([], False), (["\n"], True), ([7], True)):
+        body = {"base_model": "tiny", "prompt": prompt, "sampling_params": {"max_tokens": 2, "stop": stop}}
+        status, accepted = post(base, "asample", body)
+        assert status == 200, accepted
+        result(base, accepted["request_id"])
+        params = sampling.calls[-1][3]
+        assert params.stop_at_eos is at_eos, stop
+        assert not params.stop_strings if stop in (None, [], [7]) else params.stop_strings == ("\n",)
+
+
+def test_a_sampler_checkpoint_written_again_or_deleted_is_forgotten_by_the_actors(served):
+    base, sampling = served
+    model_id = new_model(base)
+    path = f"tinker://{model_id}/sampler_weights/kept"
+    for seq in (1, 2):                       # saved, then saved again under the same name
+        saved = post(base, "save_weights_for_sampler", {"model_id": model_id, "seq_id": seq, "path": "kept"})
+        assert result(base, saved[1]["request_id"])["path"] == path
+        assert sampling.forgotten[-1] == path
+    state = post(base, "save_weights", {"model_id": model_id, "seq_id": 3, "path": "state"})
+    state_path = result(base, state[1]["request_id"])["path"]
+    assert sampling.forgotten[-1] == state_path
+    count = len(sampling.forgotten)
+    request = urllib.request.Request(f"{base}/api/v1/training_runs/{model_id}/checkpoints/sampler_weights/kept",
+                                     method="DELETE", headers={"X-API-Key": KEY})
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        assert reply.status == 200
+    assert sampling.forgotten[count:] == [path]
