@@ -109,9 +109,9 @@ def config_group() -> None:
 
 @settings_command("show", ShowConfig, table="config.show")
 def show(config: ShowConfig) -> None:
-    """Print every setting of COMMAND (learner, actor, gateway, cache, pool, rollout, up, deploy) with its effective
-    value and its source, reading the FORGE_<COMMAND>_* environment and the run file given with --config as the
-    command itself would; for up, the settings of every service it starts too. Secrets show as ***."""
+    """Print every setting of COMMAND (learner, actor, gateway, cache, pool, rollout, tinker, up, deploy) with its
+    effective value and its source, reading the FORGE_<COMMAND>_* environment and the run file given with --config
+    as the command itself would; for up, the settings of every service it starts too. Secrets show as ***."""
     run_file = click.get_current_context().meta.get(RUN_FILE)
     target = COMMANDS[config.command]
     values, where = sources(target, ["--config", run_file] if run_file else [])
