@@ -70,7 +70,7 @@ def parse_path(path: str) -> tuple[str, str, str]:
 def write_atomically(final: Path, fill: Callable[[Path], None]) -> None:
     """Have ``fill`` write a directory, fsync it and rename it to ``final`` (replacing what was there)."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = final.parent / f"{STAGING_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+    staging = final.parent / f"{STAGING_PREFIX}new-{final.name}-{uuid.uuid4().hex[:8]}"
     staging.mkdir()
     try:
         fill(staging)
@@ -106,6 +106,21 @@ class CheckpointStore:
     def __init__(self, run_dir: Path) -> None:
         self.root = Path(run_dir) / "models"
         self.root.mkdir(parents=True, exist_ok=True)
+        self.recover()
+
+    def recover(self) -> None:
+        """Finish what a server killed mid-write left: a checkpoint moved aside to be replaced goes back to its
+        place when its replacement never got there; unfinished, replaced and deleted copies are removed."""
+        for folder in (f for segment in KINDS for f in self.root.glob(f"*/{segment}") if f.is_dir()):
+            left = sorted(d for d in folder.iterdir() if d.name.startswith(STAGING_PREFIX))
+            for directory in left:
+                tag, _, rest = directory.name[len(STAGING_PREFIX):].partition("-")     # new, old or deleted
+                name = rest.rpartition("-")[0] if tag == "old" else ""
+                if name and not (folder / name).exists():
+                    directory.rename(folder / name)
+                    _fsync_dir(folder)
+                else:
+                    shutil.rmtree(directory, ignore_errors=True)
 
     def model_dir(self, model_id: str) -> Path:
         return self.root / check_name(model_id, "model id")

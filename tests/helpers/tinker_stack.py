@@ -28,6 +28,13 @@ class TinkerStack:
     actor: Service
     server: Service
     base_model: str
+    server_args: tuple[str, ...] = ()
+
+    def restart_server(self) -> None:
+        """Kill the server (SIGKILL: nothing is flushed or closed) and start it again with the same settings on the
+        same run directory and adapter source; its HTTP port is a new one (``base_url``)."""
+        self.server.kill()
+        self.server = start_server(self.directory, self.server_args)
 
     @property
     def base_url(self) -> str:
@@ -49,6 +56,10 @@ class TinkerStack:
         return done
 
 
+def start_server(directory: Path, args: tuple[str, ...]) -> Service:
+    return Service("tinker", "forge-tinker", list(args), directory, timeout_s=120)
+
+
 @contextlib.contextmanager
 def tinker_stack(directory: Path, *server_args: str) -> Iterator[TinkerStack]:
     fetch, announce = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
@@ -56,14 +67,13 @@ def tinker_stack(directory: Path, *server_args: str) -> Iterator[TinkerStack]:
     actor = start_actor(directory, "--model", base_model, "--threads", "1", "--adapter-source", f"{fetch},{announce}")
     try:
         keys = [arg for key in KEYS for arg in ("--api-key", key)]
-        server = Service("tinker", "forge-tinker", ["--port", "0", "--grpc-port", "0", *keys,
-                                                   "--run-dir", str(directory / "models"), "--base-model", base_model,
-                                                   "--actor", actor.address, "--weights-fetch", fetch,
-                                                   "--weights-announce", announce, *server_args],
-                         directory, timeout_s=120)
+        args = ("--port", "0", "--grpc-port", "0", *keys, "--run-dir", str(directory / "models"), "--base-model",
+                base_model, "--actor", actor.address, "--weights-fetch", fetch, "--weights-announce", announce,
+                *server_args)
+        stack = TinkerStack(directory, actor, start_server(directory, args), base_model, args)
         try:
-            yield TinkerStack(directory, actor, server, base_model)
+            yield stack
         finally:
-            server.stop()
+            stack.server.stop()
     finally:
         actor.stop()
