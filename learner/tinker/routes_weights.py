@@ -25,9 +25,8 @@ MAX_TTL_S = 10 * 365 * 86400
 async def forget_sampler(state: TinkerState, path: str) -> None:
     """The actors stop serving what they loaded from ``path`` (a checkpoint deleted or written again), so that a
     sample asked for after this reads the path again: the new weights, or NotFound."""
-    forget = getattr(state.sampling, "forget", None)
-    if forget is not None:
-        await forget(path)
+    if state.sampling is not None:
+        await state.sampling.forget(path)
 
 
 def saved_name(b: Body) -> str | None:

@@ -171,4 +171,9 @@ class Sampling(ABC):
                      params: SampleParams) -> list[SampledSequence]: ...
 
     @abstractmethod
+    async def forget(self, sampler_path: str) -> bool:
+        """Stop serving what was loaded from ``sampler_path`` (deleted, or written again), so that the next sample
+        reads it again; True when something was served from it."""
+
+    @abstractmethod
     async def close(self) -> None: ...
