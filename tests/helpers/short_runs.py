@@ -4,15 +4,14 @@ keyed gateway of its own; and what their pools hold."""
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from pathlib import Path
 
 from forge.pool import PoolReader
 from forge.v1 import pool_pb2
 
-from conftest import HELPERS, script
+from conftest import script
+from helpers.forge_many import forge_commands
 
 UP = '''
 [up]
@@ -44,16 +43,9 @@ def forge_up(tmp_path: Path, tables: str, timeout: float = 900, max_tokens: int 
 
 def forge_ups_refused(runs: list[tuple[Path, str]], timeout: float = 600) -> list[subprocess.CompletedProcess]:
     """``forge up`` (see ``up_args``) on each (tmp_path, tables) of ``runs``, in its tmp_path: commands expected to
-    refuse before anything starts, run one after another in one process (``helpers/forge_many.py``), which pays the
-    imports once. Each one's exit status and output, as its own process would have ended."""
-    commands = [{"args": up_args(tmp_path, tables), "cwd": str(tmp_path)} for tmp_path, tables in runs]
-    listed, out = runs[0][0] / "commands.json", runs[0][0] / "results.json"
-    listed.write_text(json.dumps(commands))
-    done = subprocess.run([sys.executable, str(HELPERS / "forge_many.py"), str(listed), str(out)],
-                          capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0 and out.exists(), done.stdout[-2000:] + done.stderr[-3000:]
-    return [subprocess.CompletedProcess(c["args"], r["returncode"], r["stdout"], r["stderr"])
-            for c, r in zip(commands, json.loads(out.read_text()), strict=True)]
+    refuse before anything starts, run one after another in one process (``forge_many``), which pays the imports
+    once. Each one's exit status and output, as its own process would have ended."""
+    return forge_commands([(up_args(tmp_path, tables), tmp_path) for tmp_path, tables in runs], timeout)
 
 
 def forge_rollout(tmp_path: Path, run_file: Path, episodes: int, evaluate: bool = False

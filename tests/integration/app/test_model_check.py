@@ -16,6 +16,7 @@ from forge.checkpoints import load_model, resolve_model
 
 from conftest import script
 from helpers.families import FAMILIES, with_tiny_tokenizer, write_family
+from helpers.forge_many import forge_commands
 
 
 def check(model: str, *extra: str) -> subprocess.CompletedProcess:
@@ -24,20 +25,22 @@ def check(model: str, *extra: str) -> subprocess.CompletedProcess:
 
 
 def test_the_built_in_model_and_a_transformers_family_pass(tmp_path):
-    native = check("tiny", "--json")
+    """The three commands run as the program runs them, one after another in one process (forge_many): the
+    program's imports are paid once."""
+    directory = with_tiny_tokenizer(write_family(tmp_path / "llama", "llama")[0])
+    native, family, text = forge_commands([(["model", "check", "tiny", "--json"], tmp_path),
+                                           (["model", "check", str(directory), "--json"], tmp_path),
+                                           (["model", "check", str(directory)], tmp_path)])
     assert native.returncode == 0, native.stderr[-2000:]
     report = json.loads(native.stdout)
     assert report["ok"] and report["training_path"] == "forge" and report["tree_max_abs_diff"] < 1e-4
     assert report["logprob_max_abs_diff"] < 1e-4 and report["tool_parser"].startswith("hermes")
 
-    directory = with_tiny_tokenizer(write_family(tmp_path / "llama", "llama")[0])
-    family = check(str(directory), "--json")
     assert family.returncode == 0, family.stderr[-2000:]
     report = json.loads(family.stdout)
     assert report["ok"] and report["training_path"] == "transformers" and report["tree_max_abs_diff"] < 1e-5
     assert report["logprob_max_abs_diff"] <= 1e-5 and report["model_type"] == "llama"
     assert not any("torch" in backend for backend in report["backends"])
-    text = check(str(directory))
     assert text.returncode == 0 and text.stdout.splitlines()[-1] == "ok"
 
 
