@@ -392,7 +392,7 @@ class TorchEngine(Backend):
         elapsed = time.perf_counter() - started
         self.scheduler.ran(elapsed)
         self._counters["steps"] += 1
-        produced, interval = 0, self._stream_interval()
+        interval = self._stream_interval()
         for item, result, drafted in zip(work, results, drafts, strict=True):
             if drafted and result is not None:
                 self._counters["drafts"] += 1
@@ -402,9 +402,8 @@ class TorchEngine(Backend):
                 self._finish(item.seq, FinishReason.ERROR, error=item.seq.failure)
                 continue
             if result is not None:
-                produced += len(result.tokens)
+                self._counters["tokens"] += len(result.tokens)      # counted before a client can have them
                 self._emit(item, result, interval)
-        self._counters["tokens"] += produced
         self._recent.append((time.perf_counter(), self._counters["tokens"]))
         if self.connector is not None:
             self.connector.after_step(work, elapsed)
