@@ -1,7 +1,14 @@
 """``forge-tinker``: serve Thinking Machines' Tinker API, so that the official ``tinker`` SDK and tinker-cookbook
 recipes train on this machine's models. The command is the process's composition root: its settings
 (``TinkerConfig``) in; the training part (``LearnerTraining``: LoRA adapters on shared base models, under the run
-directory), the sampling part (``ActorSampling``: Forge's actors, when given), and the server out."""
+directory), the sampling part (``ActorSampling``: Forge's actors, when given), and the server out.
+
+Before anything starts, every ``--base-model`` is made ready to load, as the entry points that a user runs do with
+the model they are given (``forge up``, ``forge rollout``; the learner and the actors only read the cache): a Hugging
+Face id not in huggingface_hub's cache yet is fetched into it (with ``HF_HUB_OFFLINE`` set, or the Hub out of reach,
+the cache alone serves), and each model is checked as the learner checks its own (``trainable_model``: a family Forge
+or transformers implements, weights present). One that cannot be had stops the command in one line, exit status 2,
+before a client could be told it is offered."""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ import logging
 
 import click
 
-from forge.cli.common import check_port_option, entry_point, setup_logging, write_ready_file
+from forge.cli.common import FetchFailed, check_port_option, entry_point, setup_logging, write_ready_file
 from forge.cli.options import settings_command
 from forge.learner.tinker.config import TinkerConfig
 
@@ -27,6 +34,27 @@ def training_device(device: str, dtype: str) -> tuple[str, str]:
     return device, dtype
 
 
+def have_base_models(names: tuple[str, ...]) -> None:
+    """Each of ``names`` ready to load: a Hugging Face id fetched into the cache unless it is there already, every
+    model checked as the learner checks its own; FetchFailed, in one line, for the first that cannot be had."""
+    from forge.checkpoints import HubError, ModelNotFound, fetch_snapshot, hub_id_of, trainable_model
+    from forge.checkpoints.hub import cached_snapshot
+
+    for name in names:
+        try:
+            hub = hub_id_of(name)
+            if hub is not None:
+                try:
+                    directory = cached_snapshot(hub)
+                except HubError:
+                    log.info("base model %s: fetching it into the Hugging Face cache", name)
+                    directory = fetch_snapshot(hub, progress=False)
+                log.info("base model %s: %s", name, directory)
+            trainable_model(name)
+        except (HubError, ModelNotFound) as exc:
+            raise FetchFailed(str(exc)) from None
+
+
 @settings_command("tinker", TinkerConfig)
 def tinker(config: TinkerConfig) -> None:
     """Serve the Tinker API (TINKER_BASE_URL=http://HOST:PORT, TINKER_API_KEY=one of the --api-key keys): clients
@@ -36,6 +64,7 @@ def tinker(config: TinkerConfig) -> None:
     setup_logging(config.log_level)
     check_port_option(config.host, config.port, "--port")
     check_port_option(config.host, config.grpc_port, "--grpc-port")
+    have_base_models(config.base_models)
     from forge.learner.tinker.server import TinkerServer
     from forge.learner.tinker.training import LearnerTraining
 

@@ -71,6 +71,10 @@ class LearnerTraining(Training):
 
     # Models.
     def _describe(self, model_id: str, owner: str, base_model: str, lora: LoraSpec) -> ModelInfo:
+        """The model's info. Its ``tokenizer_id`` is what the SDK's ``get_tokenizer`` gives
+        ``AutoTokenizer.from_pretrained``: a directory's absolute path (the built-in model's asset directory), or a
+        Hub model's repository id, which a client with the same cache or ``HF_ENDPOINT`` loads the same tokenizer
+        from (the SDK passes no revision: a model named ``org/name@rev`` gives its default branch's tokenizer)."""
         ref = resolve_model(base_model)
         tokenizer = ref.hub.repo_id if ref.hub is not None else str(ref.directory)
         return ModelInfo(model_id=model_id, owner=owner, base_model=base_model, lora=lora, tokenizer_id=tokenizer,
@@ -82,8 +86,8 @@ class LearnerTraining(Training):
             key = resolve_model(base_model).model_id
             if key not in self.bases:
                 self.bases[key] = SharedBase(base_model, self.device, self.dtype)
-        except ModelNotFound as exc:
-            raise UserError(f"unknown base model: {exc}") from None
+        except ModelNotFound as exc:       # a Hub model not in the cache: "ORG/NAME: not in the Hugging Face cache ..."
+            raise UserError(f"base model {exc}") from None
         except ValueError as exc:           # a checkpoint Forge cannot load (its config, its family, its weights)
             raise UserError(f"base model {base_model!r} cannot be loaded: {exc}") from None
         return self.bases[key]
