@@ -13,7 +13,7 @@ import click
 
 from forge import variables
 from forge.cli.common import check_port_option, entry_point, setup_logging, start_metrics, write_ready_file
-from forge.cli.options import envvars_of, given_args, settings_command
+from forge.cli.options import RUN_FILE, envvars_of, given_args, settings_command
 from forge.learner.config import LearnerConfig
 from forge.settings import entries
 
@@ -206,6 +206,21 @@ def _serve_stats(config: LearnerConfig, trainer, publisher):
     return server, prometheus
 
 
+def _check_loss_function(config: LearnerConfig) -> None:
+    """A team's own loss (``--loss-function``, relative to the run file's folder, else the current directory), run
+    on a dry batch before anything starts: refused in one line when it fails."""
+    if config.loss.function is None:
+        return
+    from forge.learner.losses import check_loss_function
+    from forge.loading import PluginError
+
+    run_file = click.get_current_context().meta.get(RUN_FILE)
+    try:
+        check_loss_function(config.loss.function, Path(run_file).resolve().parent if run_file else Path.cwd())
+    except PluginError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--loss-function'") from None
+
+
 @settings_command("learner", LearnerConfig, shared_tables=("tracking",))
 def learner(config: LearnerConfig) -> None:
     """Train the policy with CISPO (or PPO-clip, GRPO) on windowed-FIFO batches from the pool, checkpoint with the
@@ -221,6 +236,7 @@ def learner(config: LearnerConfig) -> None:
     if variables.read("RANK") in (None, "0"):      # rank 0 serves Stats and metrics
         check_port_option(config.host, config.port, "--port")
         check_port_option(config.host, config.metrics_port, "--metrics-port")
+    _check_loss_function(config)
     stop = _stop_on_signals()
     curve = _curve_keys(config)
     import torch

@@ -94,6 +94,9 @@ class LearnerConfig(Settings):
             raise SettingsError("--context-parallel splits packed trees: it needs --tree")
         if (self.weights_key is None) != (self.weights_clients is None):
             raise SettingsError("--weights-key and --weights-clients go together")
+        if self.loss.kind == "dr_grpo" and self.loss.function is None and self.reward.normalize != "none":
+            raise SettingsError(f"--loss dr_grpo divides no advantage by a standard deviation: give --normalize none "
+                                f"(not {self.reward.normalize})")
 
     @property
     def planned_processes(self) -> int:
