@@ -18,6 +18,7 @@ import torch
 
 from forge.learner.checkpoint import Checkpointer, set_rng_state
 from forge.learner.context_parallel import context_groups
+from forge.learner.dynamic_sampling import filled_batch
 from forge.learner.expert_replay import RoutingTally
 from forge.learner.lora import (
     DRAFT_PREFIX,
@@ -27,7 +28,7 @@ from forge.learner.lora import (
     merged_state_dict,
     save_adapter,
 )
-from forge.learner.losses import LossConfig, loss_metrics, policy_loss
+from forge.learner.losses import LossConfig, check_loss_function, loss_metrics, policy_loss
 from forge.learner.metrics import MetricsWriter
 from forge.learner.parallel import Distributed, full_state_dict, gathered_state_dict, split_for_ranks
 from forge.learner.policy import PolicyOutput, policy_forward
@@ -92,6 +93,8 @@ class Trainer:
         text (rank 0)."""
         if config.context_parallel > 1 and not config.tree:
             raise ValueError("--context-parallel splits packed trees: it needs --tree")
+        if loss.function is not None:       # a team's own loss: checked on a dry batch (PluginError) before anything
+            check_loss_function(loss.function)
         self.model = model
         self.context, self.dp_index, self.dp_size = context_groups(distributed, config.context_parallel)
         if config.activation_checkpointing:
@@ -114,6 +117,7 @@ class Trainer:
         self.trainable_params = sum(p.numel() for p in trainable)
         self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.last: dict[str, Any] = {}
+        self.dropped_groups: list[int] = []     # consumed, not trained (dynamic sampling), since the last record
 
     # ------------------------------------------------------------------ resume
 
@@ -144,13 +148,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
+    def _take(self, should_stop: Callable[[], bool]) -> Batch | None:
+        """Rank 0's next batch from the FIFO, its constant groups replaced with ``dynamic_sampling``."""
+        if self.rewards.dynamic_sampling:
+            return filled_batch(self.fifo, self.rewards, should_stop)
+        return self.fifo.next_batch(should_stop)
+
     def _next_batch(self, should_stop: Callable[[], bool]) -> Batch | None:
-        batch = self.fifo.next_batch(should_stop) if self.dist.is_main else None
+        batch = self._take(should_stop) if self.dist.is_main else None
         if not self.dist.enabled:
             return batch
         payload = None if batch is None else (
             [e.SerializeToString() for e in batch.entries], batch.seq, batch.head, batch.tail, batch.window,
-            batch.waited_s, batch.taken_at)
+            batch.waited_s, batch.taken_at, batch.dropped)
         payload = self.dist.broadcast(payload)
         if payload is None:
             return None
@@ -170,14 +180,18 @@ class Trainer:
         """The next batch with something to train: its rewards, the samples kept and every sample's staleness. A
         batch whose samples were all too stale to keep is consumed without a step (no update, no new version)."""
         while (batch := self._next_batch(should_stop)) is not None:
+            self.dropped_groups += batch.dropped
+            self.state.trained_positions += batch.dropped
             rewards = batch_rewards(batch.entries, self.rewards)
             samples, staleness = self._select(build_samples(batch.entries, rewards,
                                                             tuple(self.model.config.eos_token_ids), self.grammars))
-            if samples or not staleness:
+            if samples or (batch.entries and not staleness):
                 return batch, rewards, samples, staleness
             self.state.trained_positions += [e.position for e in batch.entries]
             self.state.pool_seq = batch.seq
-            if self.dist.is_main:
+            if self.dist.is_main and not batch.entries:
+                log.info("dropped %d groups whose returns were all equal; none left to train", len(batch.dropped))
+            elif self.dist.is_main:
                 log.info("dropped a batch of %d samples, all more than %d versions behind version %d", len(staleness),
                          self.config.max_staleness, self.state.version)
         return None
@@ -230,7 +244,8 @@ class Trainer:
             if real:                # the loss of the whole tree, on every rank of its context group
                 policy_sum += float(policy.detach()) * share
                 mtp_sum += float(mtp.detach()) * share if mtp is not None else 0.0
-                figures.append(loss_metrics(out.logprobs.detach(), micro.old_logprobs, mask, self.loss)
+                figures.append(loss_metrics(out.logprobs.detach(), micro.old_logprobs, mask, self.loss,
+                                            micro.sample_index)
                                | {"count": float(micro.num_tokens)})
             # FSDP averages gradients over ranks: scale back to their sum (the losses use global counts).
             (loss * (self.dist.world_size if real else 0.0)).backward()
@@ -257,6 +272,7 @@ class Trainer:
             sums["load_max"] /= self.dist.world_size
             record.update(tally.figures(sums))
         self.last = record
+        self.dropped_groups = []
         if self.metrics is not None and self.dist.is_main:
             self.metrics.write(record)      # before the checkpoint: a redone step rewrites its record
         if self.sample_log is not None and self.dist.is_main:
@@ -383,6 +399,7 @@ class Trainer:
             "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
             "staleness_max": max(staleness, default=0),
             "dropped_stale": len(staleness) - len(samples) if self.config.staleness_policy == "drop" else 0,
+            "dropped_groups": len(self.dropped_groups), "dropped_positions": self.dropped_groups,
             "positions": [e.position for e in batch.entries],
             "taken_at": batch.taken_at,     # (head, window) when each entry was taken
             "ratio_mean": weighted("ratio_mean"), "clip_frac": weighted("clip_frac"),

@@ -70,6 +70,7 @@ class Batch:
     window: int                       # the window size last applied
     waited_s: float
     taken_at: list[tuple[int, int]] = field(default_factory=list)   # (head, window) when each entry was taken
+    dropped: list[int] = field(default_factory=list)    # positions consumed but not trained (dynamic sampling)
 
 
 class WindowedFifo:
