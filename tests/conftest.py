@@ -23,7 +23,8 @@ SERIAL = frozenset({"tests/integration/app/test_e2e.py", "tests/integration/app/
                     "tests/integration/learner/test_multinode_learner.py", "tests/integration/app/test_team_run.py",
                     "tests/integration/rollout/test_verifiers_env.py", "tests/integration/rollout/test_openenv_env.py",
                     "tests/integration/rollout/test_mcp_agent.py", "tests/integration/rollout/test_long_tasks.py",
-                    "tests/integration/learner/test_learner_launch.py", "tests/integration/app/test_up_hub_model.py"})
+                    "tests/integration/learner/test_learner_launch.py", "tests/integration/app/test_up_hub_model.py",
+                    "tests/integration/learner/test_tinker_ranks.py"})
 # The heavy suite (`make test-heavy`, which .ci/run runs too): the serial runs and the other long multi-process and
 # long-context modules. Its tests are marked `heavy`; `make test` (the README's command) leaves them out.
 HEAVY = SERIAL | frozenset({

@@ -16,9 +16,11 @@ import logging
 
 import click
 
+from forge import variables
 from forge.cli.common import FetchFailed, check_port_option, entry_point, setup_logging, write_ready_file
 from forge.cli.options import settings_command
 from forge.learner.tinker.config import TinkerConfig
+from forge.learner.tinker.types import Training
 
 log = logging.getLogger("forge.tinker")
 
@@ -60,16 +62,32 @@ def tinker(config: TinkerConfig) -> None:
     """Serve the Tinker API (TINKER_BASE_URL=http://HOST:PORT, TINKER_API_KEY=one of the --api-key keys): clients
     create LoRA models on the --base-model models, train them with forward_backward and optim_step under Tinker's
     losses, save and load their state under --run-dir, and sample from saved weights on the --actor actors. What a
-    key creates only that key can see."""
+    key creates only that key can see. With --nproc N, N ranks train (rank 0 serves)."""
     setup_logging(config.log_level)
-    check_port_option(config.host, config.port, "--port")
-    check_port_option(config.host, config.grpc_port, "--grpc-port")
+    if variables.read("RANK") in (None, "0"):          # rank 0 serves; the other ranks only train
+        check_port_option(config.host, config.port, "--port")
+        check_port_option(config.host, config.grpc_port, "--grpc-port")
     have_base_models(config.base_models)
-    from forge.learner.tinker.server import TinkerServer
+    from forge.learner.tinker.rank_launch import close_ranks, open_ranks, run_under_torchrun
     from forge.learner.tinker.training import LearnerTraining
 
+    if config.nproc > 1 and not variables.is_set("WORLD_SIZE"):
+        run_under_torchrun(config)
     device, dtype = training_device(config.device, config.dtype)
-    training = LearnerTraining(config.run_dir, device=device, dtype=dtype, token_budget=config.token_budget)
+    if config.nproc > 1 or int(variables.read("WORLD_SIZE")) > 1:
+        training = open_ranks(config, dtype)            # a rank > 0 follows rank 0 there, then exits
+        try:
+            serve(config, training)
+        finally:
+            close_ranks(training)
+        return
+    serve(config, LearnerTraining(config.run_dir, device=device, dtype=dtype, token_budget=config.token_budget))
+
+
+def serve(config: TinkerConfig, training: Training) -> None:
+    """The server over ``training`` (and the actors' sampling, when given) until a stop signal."""
+    from forge.learner.tinker.server import TinkerServer
+
     sampling = None
     if config.actors:
         from forge.learner.tinker.sampling import ActorSampling

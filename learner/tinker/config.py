@@ -1,6 +1,6 @@
 """Settings of a forge-tinker process: the listeners and the clients' API keys, the run directory where models and
 checkpoints live, the base models offered, the protocol's limits (poll hold, body size, sessions), and the settings
-of its two parts: training (device, dtype, tokens per micro-batch) and sampling (the actors, their key, and the
+of its two parts: training (device, dtype, tokens per micro-batch, ranks) and sampling (the actors, their key, and the
 weights channel sampler adapters are published on)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from forge import variables
 from forge.rpc.client import check_addresses
 from forge.settings import (
     Settings,
@@ -70,6 +71,13 @@ class TinkerConfig(Settings):
                               "CPU).")
     token_budget: int = setting(8192, min=1, help="Tokens per training micro-batch: a forward_backward batch is run "
                                                   "in micro-batches of at most this many tokens.")
+    nproc: int = setting(1, min=1, help="Training processes on this machine (one per GPU): with more than one, "
+                                       "forge-tinker relaunches itself under torchrun; rank 0 serves the API and "
+                                       "every rank trains its share of each batch on the base model sharded with "
+                                       "FSDP2 (gloo on CPU, NCCL on GPUs).")
+    collective_timeout_s: float = setting(600.0, min=1, help="With --nproc > 1: how long a collective waits for a "
+                                                             "silent rank before the server stops (a rank that dies "
+                                                             "stops it at once).")
     actors: tuple[str, ...] = setting((), flag="actor", metavar="HOST:PORT", validate=check_addresses,
                                       help="An actor that samples for the clients (repeatable). Without one, "
                                            "sampling is refused.")
@@ -85,6 +93,10 @@ class TinkerConfig(Settings):
     log_level: str = log_level_setting()
 
     def check(self) -> None:
+        if self.nproc > 1 and variables.is_set("WORLD_SIZE") and int(variables.read("WORLD_SIZE")) != self.nproc:
+            raise SettingsError(f"--nproc {self.nproc} asks for {self.nproc} ranks, but torchrun launched "
+                                f"{variables.read('WORLD_SIZE')} (WORLD_SIZE): give the same, or leave --nproc to "
+                                "torchrun")
         if not self.api_keys:
             raise SettingsError("give at least one --api-key (or --api-key-file): every Tinker client needs a key "
                                 "starting with 'tml-'")

@@ -8,6 +8,11 @@ A datum is the learner's sample of its model input followed by its last target (
 of the input predicts a term), whose terms' targets are then replaced by the datum's own ``target_tokens`` (Tinker's
 targets need not be the next input token; with [N, K] targets each position's term is repeated K times). Terms come
 back in the trees' order; ``index`` maps them to the batch's flattened targets (datum by datum, position-major).
+
+On several ranks (``forge.learner.tinker.ranks``) each rank packs its own share of a batch, and every rank must run
+as many passes as the others, since FSDP gathers the base's layers in each: a rank with fewer packed sequences (or
+none) runs one-token idle passes whose loss is multiplied by zero, one with a shorter stem (or none) runs the stem's
+phantom passes, as the learner's trainer does.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from forge.learner.parallel import Distributed
 from forge.learner.samples import Sample
-from forge.learner.tree import TreeBatch, pack_step, stem_forward, tree_policy_forward
+from forge.learner.tree import TreeBatch, build_trie, make_stem, pack_step, stem_forward, tree_policy_forward
 from forge.model.policy import Policy
 
 
@@ -71,19 +77,35 @@ def expand_terms(batch: TreeBatch, counts: np.ndarray, targets: Tensor) -> None:
     batch.targets = targets.to(device)
 
 
+def idle_batch(token_budget: int, device: str | torch.device) -> TreeBatch:
+    """A one-token tree whose terms go nowhere: the pass a rank with fewer sequences runs to keep in step."""
+    sample = Sample(tokens=[0, 0], prompt_len=1, old_logprobs=[0.0], versions=[], advantage=0.0, temperature=1.0,
+                    top_k=0, top_p=1.0, domain="", position=-1, session_id="", call_index=0)
+    return pack_step([sample], token_budget, device).batches[0]
+
+
 def packed_logprobs(model: Policy, tokens: Sequence[np.ndarray], targets: Sequence[np.ndarray], token_budget: int,
-                    on_batch: Callable[[Tensor, np.ndarray], Tensor | None], device: str | torch.device = "cpu"
-                    ) -> np.ndarray:
+                    on_batch: Callable[[Tensor, np.ndarray], Tensor | None], device: str | torch.device = "cpu",
+                    distributed: Distributed | None = None) -> np.ndarray:
     """log p of every target (flattened, float32), computed over packed trees. ``on_batch(logprobs, index)`` sees
     each packed sequence's terms (with their graph when gradients are enabled) and may return a loss, which is
     back-propagated at once (the stem's share after the last sequence): the gradient adds up in the parameters'
-    ``.grad``."""
-    terms = flat_terms(targets)
-    samples = datum_samples(tokens, terms)
-    step = pack_step(samples, token_budget, device)
-    state = stem_forward(model, step.stem, piece_tokens=token_budget) if step.stem is not None else None
-    out = np.zeros(terms.targets.size, dtype=np.float32)
-    for batch in step.batches:
+    ``.grad``. With ``distributed``, every rank calls this (with its own share, possibly none) and runs as many
+    passes as the busiest rank."""
+    distributed = distributed or Distributed()
+    if not tokens:
+        out, batches, stem = np.zeros(0, dtype=np.float32), [], None
+    else:
+        terms = flat_terms(targets)
+        step = pack_step(datum_samples(tokens, terms), token_budget, device)
+        out, batches, stem = np.zeros(terms.targets.size, dtype=np.float32), step.batches, step.stem
+    if distributed.max(int(stem is not None)) and stem is None:        # another rank has a stem: run its passes
+        stem = make_stem(build_trie([[0]]), np.zeros(1, dtype=np.int64), device)
+    state = None
+    if stem is not None:
+        passes = distributed.max(stem.piece_count(token_budget))
+        state = stem_forward(model, stem, piece_tokens=token_budget, passes=passes)
+    for batch in batches:
         index = term_index(batch, terms)
         counts = np.concatenate([np.full(len(s.tokens) - 1, terms.widths[s.position]) for s in batch.samples])
         expand_terms(batch, counts, torch.from_numpy(terms.targets[index]))
@@ -92,6 +114,10 @@ def packed_logprobs(model: Policy, tokens: Sequence[np.ndarray], targets: Sequen
         loss = on_batch(logprobs, index)
         if loss is not None and loss.requires_grad:
             loss.backward()
+    for _ in range(distributed.max(len(batches)) - len(batches)):
+        logprobs = tree_policy_forward(model, idle_batch(token_budget, device)).logprobs
+        if logprobs.requires_grad:
+            (logprobs.sum() * 0.0).backward()
     if state is not None and torch.is_grad_enabled():
         state.backward()
     return out

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from forge.checkpoints.reference import ModelNotFound, resolve_model
+from forge.learner.parallel import Distributed
 from forge.learner.tinker.adapters import LORA_ALPHA, SharedBase, adapter_version, check_spec, read_adapter
 from forge.learner.tinker.checkpoints import KINDS, OPTIMIZER_FILE, STATE_FILE, CheckpointStore, new_model_id
 from forge.learner.tinker.packed_forward import packed_logprobs
@@ -53,10 +54,14 @@ class LoadedModel:
 
 
 class LearnerTraining(Training):
-    def __init__(self, run_dir: Path, *, device: str = "cpu", dtype: str = "float32", token_budget: int = 8192) -> None:
+    def __init__(self, run_dir: Path, *, device: str = "cpu", dtype: str = "float32", token_budget: int = 8192,
+                 distributed: Distributed | None = None) -> None:
+        """``distributed``: this process's rank of several (``forge.learner.tinker.ranks``), whose forward passes
+        keep in step with the other ranks'; None: one process."""
         if token_budget < 1:
             raise ValueError("token_budget must be positive")
         self.device, self.dtype, self.token_budget = device, dtype, token_budget
+        self.distributed = distributed or Distributed()
         self.store = CheckpointStore(Path(run_dir))
         self.infos: dict[str, ModelInfo] = {}
         self.bases: dict[str, SharedBase] = {}
@@ -141,34 +146,47 @@ class LearnerTraining(Training):
     def forward(self, model_id: str, data: list[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None,
                 backward: bool) -> ForwardResult:
         with self.lock:
-            info = self.model_info(model_id)
-            loss = resolve_loss(loss_fn, loss_fn_config)
-            if not data:
-                raise UserError("no data: a forward pass needs at least one datum")
-            vocab = self._base(info.base_model).vocab_size
-            for i, datum in enumerate(data):
-                check_datum(loss, datum, i, vocab)
-            model = self._model(model_id)
-            inputs = [term_inputs(loss, datum) for datum in data]
-            flat = {key: torch.from_numpy(np.concatenate([i[key] for i in inputs])) for key in inputs[0]}
-            device = model.base.policy.output_weight.device
-            pieces: list[tuple[np.ndarray, torch.Tensor]] = []
-
-            def on_batch(logprobs: torch.Tensor, index: np.ndarray) -> torch.Tensor:
-                rows = torch.from_numpy(index)
-                terms = elementwise_loss(loss, logprobs.float(), {k: v[rows].to(device) for k, v in flat.items()})
-                pieces.append((index, terms.detach().cpu()))
-                return terms.sum()
-
-            with torch.enable_grad() if backward else torch.no_grad():
-                logprobs = packed_logprobs(model.base.policy, [d.tokens for d in data],
-                                           [d.inputs["target_tokens"] for d in data], self.token_budget, on_batch,
-                                           device)
-            losses = np.zeros_like(logprobs)
-            for index, terms in pieces:
-                losses[index] = terms.numpy()
+            self.check_forward(model_id, data, loss_fn, loss_fn_config)
+            logprobs, losses = self.forward_terms(model_id, data, loss_fn, loss_fn_config, backward)
             return ForwardResult(outputs=_per_datum(data, logprobs, losses),
                                  metrics={"loss:sum": float(losses.astype(np.float64).sum())})
+
+    def check_forward(self, model_id: str, data: list[Datum], loss_fn: str,
+                      loss_fn_config: dict[str, float] | None) -> None:
+        """UserError for a forward pass that cannot run as asked (nothing changes; the base may be loaded)."""
+        info = self.model_info(model_id)
+        loss = resolve_loss(loss_fn, loss_fn_config)
+        if not data:
+            raise UserError("no data: a forward pass needs at least one datum")
+        vocab = self._base(info.base_model).vocab_size
+        for i, datum in enumerate(data):
+            check_datum(loss, datum, i, vocab)
+
+    def forward_terms(self, model_id: str, data: list[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None,
+                      backward: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The flattened log-probabilities and loss terms of checked ``data`` (which may be empty on a rank of
+        several, whose passes keep in step with the others'); with ``backward`` the gradient is added."""
+        loss = resolve_loss(loss_fn, loss_fn_config)
+        model = self._model(model_id)
+        device = model.base.policy.output_weight.device
+        inputs = [term_inputs(loss, datum) for datum in data]
+        flat = {key: torch.from_numpy(np.concatenate([i[key] for i in inputs])) for key in inputs[0]} if data else {}
+        pieces: list[tuple[np.ndarray, torch.Tensor]] = []
+
+        def on_batch(logprobs: torch.Tensor, index: np.ndarray) -> torch.Tensor:
+            rows = torch.from_numpy(index)
+            terms = elementwise_loss(loss, logprobs.float(), {k: v[rows].to(device) for k, v in flat.items()})
+            pieces.append((index, terms.detach().cpu()))
+            return terms.sum()
+
+        with torch.enable_grad() if backward else torch.no_grad():
+            logprobs = packed_logprobs(model.base.policy, [d.tokens for d in data],
+                                       [d.inputs["target_tokens"] for d in data], self.token_budget, on_batch,
+                                       device, self.distributed)
+        losses = np.zeros_like(logprobs)
+        for index, terms in pieces:
+            losses[index] = terms.numpy()
+        return logprobs, losses
 
     # The optimizer.
     def optim_step(self, model_id: str, adam: AdamSpec) -> dict[str, float]:
