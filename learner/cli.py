@@ -223,9 +223,9 @@ def _check_loss_function(config: LearnerConfig) -> None:
 
 @settings_command("learner", LearnerConfig, shared_tables=("tracking",))
 def learner(config: LearnerConfig) -> None:
-    """Train the policy with CISPO (or PPO-clip, GRPO) on windowed-FIFO batches from the pool, checkpoint with the
-    pool cursor (a restart neither skips nor repeats entries), co-train the MTP draft, and publish every new
-    weight version over ZeroMQ. Progress goes to stdout, metrics to RUN_DIR/metrics.jsonl (and to the experiment
+    """Train the policy with CISPO (or PPO-clip, GRPO, GSPO, DAPO, Dr. GRPO, a team's own loss) on windowed-FIFO
+    batches from the pool, checkpoint with the pool cursor (a restart neither skips nor repeats entries), co-train
+    the MTP draft, and publish every new weight version over ZeroMQ. Progress goes to stdout, metrics to RUN_DIR/metrics.jsonl (and to the experiment
     trackers --tracker names); SIGTERM stops after the current step with a checkpoint."""
     if config.pool_path is not None and not config.create_pool and not (config.pool_path / "data.mdb").exists():
         raise click.BadParameter(f"{config.pool_path} holds no pool (no data.mdb): check the path, or give "
