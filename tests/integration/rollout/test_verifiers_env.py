@@ -22,8 +22,13 @@ ENVS = Path(__file__).parent / "vf_envs"
 pytestmark = pytest.mark.xdist_group("serial")  # forge up runs: one at a time (conftest.SERIAL)
 
 
-def forge_up(tmp_path: Path, env: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return short_runs.forge_up(tmp_path, f"[env]\n{env}\n", timeout)
+# Each episode of a toolset run starts the toolset's server (``python -m vftest_calc``: verifiers' imports, seconds of
+# CPU each); a step of one group, two groups in flight, plays the two steps on half the episodes.
+ONE_GROUP_STEPS = ("--groups-in-flight", "2", "--set", "learner.batch_groups=1")
+
+
+def forge_up(tmp_path: Path, env: str, timeout: float = 900, args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return short_runs.forge_up(tmp_path, f"[env]\n{env}\n", timeout, args=args)
 
 
 @pytest.mark.slow
@@ -59,7 +64,8 @@ def test_a_single_turn_environment_trains_with_its_rubric(tmp_path):
 @pytest.mark.parametrize(("loader", "name"), [("with_tools", "vftest_tool"), ("with_shared_tools", "vftest_shared")],
                          ids=["toolset-per-episode", "toolset-of-the-taskset"])
 def test_an_environment_with_an_mcp_toolset_trains(tmp_path, loader, name):
-    result = forge_up(tmp_path, f'verifiers = "{ENVS / "envs.py"}:{loader}"\neval_fraction = 0.25\ngroup_size = 2')
+    result = forge_up(tmp_path, f'verifiers = "{ENVS / "envs.py"}:{loader}"\neval_fraction = 0.25\ngroup_size = 2',
+                      args=ONE_GROUP_STEPS)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["domains"] == [name] and set(summary["eval_end"]) == {name}
