@@ -3,28 +3,100 @@ own, forge-learner, forge-actor, forge-gateway and forge-cache, which import the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, MutableMapping
+
 import click
 
 from forge import __version__
-from forge.actors.cli import actor
-from forge.app.config_show import config_group
-from forge.app.dash.cli import dash
-from forge.app.deploy.cli import deploy
-from forge.app.keys import keys_group
-from forge.app.model_commands import model_group
-from forge.app.sandbox_cli import sandbox_group
-from forge.app.top.cli import plot, top
-from forge.app.up.cli import up
-from forge.cache.cli import cache
 from forge.cli.common import CONTEXT_SETTINGS
-from forge.gateway.cli import gateway
-from forge.learner.cli import learner
-from forge.learner.tinker.cli import tinker
-from forge.pool.cli import pool_group
-from forge.rollout.cli import rollout
+
+# The commands by name, in the order they were added; each is imported by _load the first time it is looked up, so a
+# short command (forge sandbox exec inside an episode, forge rollout) pays for its own imports alone.
+NAMES = ("up", "rollout", "learner", "actor", "gateway", "cache", "tinker", "top", "plot", "dash", "model", "pool",
+         "config", "keys", "deploy", "sandbox")
 
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+def _load(name: str) -> click.Command:
+    """The command ``name``, imported now."""
+    match name:
+        case "up":
+            from forge.app.up.cli import up as command
+        case "rollout":
+            from forge.rollout.cli import rollout as command
+        case "learner":
+            from forge.learner.cli import learner as command
+        case "actor":
+            from forge.actors.cli import actor as command
+        case "gateway":
+            from forge.gateway.cli import gateway as command
+        case "cache":
+            from forge.cache.cli import cache as command
+        case "tinker":
+            from forge.learner.tinker.cli import tinker as command
+        case "top":
+            from forge.app.top.cli import top as command
+        case "plot":
+            from forge.app.top.cli import plot as command
+        case "dash":
+            from forge.app.dash.cli import dash as command
+        case "model":
+            from forge.app.model_commands import model_group as command
+        case "pool":
+            from forge.pool.cli import pool_group as command
+        case "config":
+            from forge.app.config_show import config_group as command
+        case "keys":
+            from forge.app.keys import keys_group as command
+        case "deploy":
+            from forge.app.deploy.cli import deploy as command
+        case "sandbox":
+            from forge.app.sandbox_cli import sandbox_group as command
+        case _:
+            raise KeyError(name)
+    return command
+
+
+class LazyCommands(MutableMapping):
+    """A group's commands by name (click's ``Group.commands``), each loaded by ``load`` when first looked up:
+    listing the names imports nothing, and iterating over the items imports every command."""
+
+    def __init__(self, names: tuple[str, ...], load: Callable[[str], click.Command]) -> None:
+        self._names = list(names)
+        self._load = load
+        self._loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._loaded:
+            if name not in self._names:
+                raise KeyError(name)
+            self._loaded[name] = self._load(name)
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        if name not in self._names:
+            self._names.append(name)
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        self._names.remove(name)
+        self._loaded.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands are imported when one is run (or its help shown), not when the group is."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = LazyCommands(NAMES, _load)
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, "-V", "--version", prog_name="forge")
 def forge() -> None:
     """Forge: reinforcement learning of LLM agents at scale.
@@ -35,11 +107,6 @@ def forge() -> None:
     ([learner], [actor], [gateway], [cache], [pool], [up]) may describe a whole deployment; forge config show
     COMMAND prints the settings a command would run with and where each came from.
     """
-
-
-for command in (up, rollout, learner, actor, gateway, cache, tinker, top, plot, dash, model_group, pool_group, config_group,
-                keys_group, deploy, sandbox_group):
-    forge.add_command(command)
 
 
 def main() -> None:
