@@ -103,6 +103,19 @@ def _initial_model(config: LearnerConfig, restored, seed: int):
     return policy, ref.directory
 
 
+def _reference_model(config: LearnerConfig, seed: int, distributed):
+    """The reference KL's frozen policy: the starting checkpoint (``--model``, also when resuming), sharded as the
+    policy; None without ``kl_coef`` or with LoRA (whose reference is the base, adapters off)."""
+    if config.loss.kl_coef <= 0 or config.lora.enabled:
+        return None
+    from forge.checkpoints import load_model
+    from forge.learner.parallel import shard_model
+    from forge.learner.reference import frozen
+
+    reference, _ = load_model(config.model, seed=seed, impl=config.model_impl)
+    return shard_model(frozen(reference).to(distributed.device), distributed)
+
+
 def check_lora_resume(adapter_dir: Path, lora, model: str) -> None:
     """UsageError unless the checkpoint in ``adapter_dir``'s parent can be resumed with ``lora`` on ``model``."""
     import json
@@ -257,6 +270,7 @@ def learner(config: LearnerConfig) -> None:
     checkpointer.tokenizer_dir = source_dir
     grammars = Grammars(source_dir, policy.config.vocab_size, tuple(policy.config.eos_token_ids))
     policy = shard_model(policy.to(distributed.device), distributed)
+    reference = _reference_model(config, seed, distributed)
     pool = _open_pool(config) if distributed.is_main else None
     publisher = metrics = server = prometheus = sample_log = trackers = None
     if distributed.is_main:
@@ -269,7 +283,7 @@ def learner(config: LearnerConfig) -> None:
     trainer = Trainer(policy, distributed, config=config.trainer, loss=config.loss, rewards=config.reward,
                       window=config.window, pool=pool, checkpointer=checkpointer, publisher=publisher,
                       metrics=metrics, grammars=grammars, lora=config.lora if config.lora.enabled else None,
-                      base_model=config.model, sample_log=sample_log)
+                      base_model=config.model, sample_log=sample_log, reference=reference)
     if restored is not None:
         trainer.restore()
 

@@ -4,6 +4,7 @@ publish the new weight version, and checkpoint together with the pool cursor."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import statistics
 import time
@@ -18,6 +19,7 @@ import torch
 
 from forge.learner.checkpoint import Checkpointer, set_rng_state
 from forge.learner.context_parallel import context_groups
+from forge.learner.corrections import MismatchTally, PreviousVersion, corrected, token_versions
 from forge.learner.dynamic_sampling import filled_batch
 from forge.learner.expert_replay import RoutingTally
 from forge.learner.lora import (
@@ -32,6 +34,7 @@ from forge.learner.losses import LossConfig, check_loss_function, loss_metrics, 
 from forge.learner.metrics import MetricsWriter
 from forge.learner.parallel import Distributed, full_state_dict, gathered_state_dict, split_for_ranks
 from forge.learner.policy import PolicyOutput, policy_forward
+from forge.learner.reference import adapters_off, frozen, kl_loss
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.sample_table import SampleLog
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
@@ -75,6 +78,32 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     return total
 
 
+@dataclass
+class _Passes:
+    """What a step's micro-batches share (global counts, weights) and accumulate (losses, figures, tallies)."""
+
+    samples: list[Sample]
+    config: Any                         # the model's
+    loss: LossConfig
+    routing: str
+    share: float = 1.0                  # this rank's share of a context group's trees
+    computed: float = 1.0               # tokens the step computes, over every rank (the balance loss's weights)
+    policy_sum: float = 0.0
+    mtp_sum: float = 0.0
+    kl_sum: float = 0.0
+    figures: list[dict[str, float]] = field(default_factory=list)
+    mismatch: MismatchTally = field(default_factory=MismatchTally)
+
+    def __post_init__(self) -> None:
+        samples = self.samples
+        self.tokens = max(1.0, float(sum(s.num_completion for s in samples)))
+        self.sequences = max(1.0, float(len(samples)))
+        self.mtp_tokens = max(1.0, float(sum(s.num_completion - (s.prompt_len == 1) for s in samples)))
+        self.mtp_k = self.loss.mtp_top_k if self.loss.mtp_weight > 0 else 0
+        self.tally = RoutingTally(self.config.num_experts, self.config.num_experts_per_tok)
+        self.balance = self.loss.router_balance_weight if self.config.sparse_layers else 0.0
+
+
 def _dummy_sample() -> Sample:
     """A one-token sample whose loss is multiplied by zero: keeps FSDP collectives in step across ranks."""
     return Sample([0, 0], 1, [0.0], [0], 0.0, 1.0, 0, 1.0, "", -1, "", 0)
@@ -86,11 +115,13 @@ class Trainer:
                  checkpointer: Checkpointer | None = None, publisher: Any = None,
                  metrics: MetricsWriter | None = None, grammars: Grammars | None = None,
                  lora: LoraConfig | None = None, base_model: str | None = None,
-                 sample_log: SampleLog | None = None) -> None:
+                 sample_log: SampleLog | None = None, reference: CausalLM | None = None) -> None:
         """``grammars`` replay the structured-output calls' grammars (None: such calls are left out). ``lora``: the
         model carries those adapters (``forge.learner.lora``), trained on ``base_model``; actors and checkpoints
         get its weights merged, checkpoints the adapter too. ``sample_log`` keeps some steps' trajectories as
-        text (rank 0)."""
+        text (rank 0). ``reference``: the frozen policy of the reference KL (``loss.kl_coef`` > 0, full
+        fine-tuning; sharded as ``model`` is): by default, in one process, a copy of ``model`` as given; with LoRA
+        the model itself with its adapters off."""
         if config.context_parallel > 1 and not config.tree:
             raise ValueError("--context-parallel splits packed trees: it needs --tree")
         if loss.function is not None:       # a team's own loss: checked on a dry batch (PluginError) before anything
@@ -118,6 +149,16 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.last: dict[str, Any] = {}
         self.dropped_groups: list[int] = []     # consumed, not trained (dynamic sampling), since the last record
+        self.reference = self._reference(reference)
+        self.previous = PreviousVersion()       # the version before the current one (--recompute-behaviour)
+
+    def _reference(self, given: CausalLM | None) -> CausalLM | None:
+        """The reference KL's separate frozen policy (None: off, or LoRA's base with adapters off)."""
+        if self.loss.kl_coef <= 0 or self.lora is not None:
+            return None
+        if given is None and self.dist.enabled:
+            raise ValueError("kl_coef with several ranks needs the reference policy, sharded as the model is")
+        return frozen(given if given is not None else copy.deepcopy(self.model))
 
     # ------------------------------------------------------------------ resume
 
@@ -202,58 +243,31 @@ class Trainer:
             return None
         batch, rewards, samples, staleness = taken
         started = time.perf_counter()
-        total_tokens = max(1.0, float(sum(s.num_completion for s in samples)))
-        total_samples = max(1.0, float(len(samples)))
-        total_mtp = max(1.0, float(sum(s.num_completion - (s.prompt_len == 1) for s in samples)))
         micros, stem, packed_tokens = self._micro_batches(samples)
-
+        side = self._side_logprobs(micros, stem, samples)
         self.model.train()
-        policy_sum = mtp_sum = 0.0
-        figures: list[dict[str, float]] = []
-        mtp_k = self.loss.mtp_top_k if self.loss.mtp_weight > 0 else 0
         config = self.model.config
-        tally = RoutingTally(config.num_experts, config.num_experts_per_tok)
-        balance = self.loss.router_balance_weight if config.sparse_layers else 0.0
+        passes = _Passes(samples, config, self.loss, self.config.routing)
         # The ranks of a context group hold the same trees and stem: each counts a share of them.
-        share = 1.0 / self.context.size
-        computed = max(1.0, self.dist.sum(float(packed_tokens + (stem.num_nodes if stem is not None else 0))) * share)
+        passes.share = 1.0 / self.context.size
+        passes.computed = max(1.0, self.dist.sum(float(packed_tokens + (stem.num_nodes if stem is not None else 0)))
+                              * passes.share)
         state: StemState | None = None
         if stem is not None:        # each rank of a context group computes its share of every piece
-            state = stem_forward(self.model, stem, mtp_k, routing_mode=self.config.routing,
-                                 balance_weight=balance * stem.num_nodes / computed * self.dist.world_size,
-                                 piece_tokens=self.config.micro_batch_tokens, group=self.context,
-                                 passes=self.dist.max(stem.piece_count(self.config.micro_batch_tokens)))
+            state = self._stem_state(self.model, stem, passes.mtp_k,
+                                     passes.balance * stem.num_nodes / passes.computed * self.dist.world_size)
             for routing in state.routings:
-                tally.add(routing)
-        for micro in micros:
-            real = micro.samples[0].position >= 0
-            if self.context.enabled:
-                out = sharded_tree_forward(self.model, micro, self.context, mtp_k, stem=state,
-                                           routing_mode=self.config.routing, keep_router_logits=balance > 0)
-            elif self.config.tree:
-                out = tree_policy_forward(self.model, micro, mtp_k, stem=state, routing_mode=self.config.routing,
-                                          keep_router_logits=balance > 0)
-            else:
-                out = policy_forward(self.model, micro, mtp_k, self.config.routing, keep_router_logits=balance > 0)
-            mask = torch.ones_like(out.logprobs)
-            policy = policy_loss(self.loss, out.logprobs, micro.old_logprobs, micro.advantages, mask,
-                                 micro.sample_index, total_tokens, total_samples)
-            mtp = out.mtp_kl.sum() / total_mtp if out.mtp_kl is not None else None
-            loss = policy if mtp is None else policy + self.loss.mtp_weight * mtp
-            loss = loss + self._balance_term(out, tally, balance, computed, real)
-            if real:                # the loss of the whole tree, on every rank of its context group
-                policy_sum += float(policy.detach()) * share
-                mtp_sum += float(mtp.detach()) * share if mtp is not None else 0.0
-                figures.append(loss_metrics(out.logprobs.detach(), micro.old_logprobs, mask, self.loss,
-                                            micro.sample_index)
-                               | {"count": float(micro.num_tokens)})
-            # FSDP averages gradients over ranks: scale back to their sum (the losses use global counts).
-            (loss * (self.dist.world_size if real else 0.0)).backward()
+                passes.tally.add(routing)
+        for index, micro in enumerate(micros):
+            self._train_micro(passes, micro, state, side[0][index] if side[0] else None,
+                              side[1][index] if side[1] else None)
         if state is not None:
             state.backward()        # the stem's share, summed over the trees that borrowed from it
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
+        if self.config.recompute_behaviour:
+            self.previous.keep(self.model, self.state.version)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
@@ -262,15 +276,18 @@ class Trainer:
         train_s = time.perf_counter() - started
 
         self.state.pool_seq = batch.seq
-        record = self._record(batch, rewards, samples, staleness, figures, grad_norm, train_s,
-                              policy_sum=self.dist.sum(policy_sum), mtp_sum=self.dist.sum(mtp_sum),
+        share = passes.share
+        record = self._record(batch, rewards, samples, staleness, passes.figures, grad_norm, train_s,
+                              policy_sum=self.dist.sum(passes.policy_sum), mtp_sum=self.dist.sum(passes.mtp_sum),
                               packed_tokens=round(self.dist.sum(float(packed_tokens)) * share),
                               stem_tokens=round(self.dist.sum(float(stem.num_nodes if stem is not None else 0)) * share))
         record["stem_rank_tokens"] = self.dist.max(state.computed_rows if state is not None else 0)
+        record.update(self._mismatch_record(passes, samples))
+        record["loss"] += self.loss.kl_coef * record.get("ref_kl", 0.0)
         if config.sparse_layers:           # the same on every rank: the collectives run everywhere or nowhere
-            sums = {name: self.dist.sum(value) for name, value in tally.sums().items()}
+            sums = {name: self.dist.sum(value) for name, value in passes.tally.sums().items()}
             sums["load_max"] /= self.dist.world_size
-            record.update(tally.figures(sums))
+            record.update(passes.tally.figures(sums))
         self.last = record
         self.dropped_groups = []
         if self.metrics is not None and self.dist.is_main:
@@ -281,6 +298,102 @@ class Trainer:
             self._publish()
         if self.state.step % self.config.checkpoint_every == 0:
             self.save_checkpoint()
+        return record
+
+    def _forward(self, model: CausalLM, micro: Any, mtp_k: int, state: StemState | None,
+                 keep_router_logits: bool = False) -> PolicyOutput:
+        """A micro-batch's pass, the step's way: a tree sharded over the context group, a packed tree, or padded."""
+        if self.context.enabled:
+            return sharded_tree_forward(model, micro, self.context, mtp_k, stem=state,
+                                        routing_mode=self.config.routing, keep_router_logits=keep_router_logits)
+        if self.config.tree:
+            return tree_policy_forward(model, micro, mtp_k, stem=state, routing_mode=self.config.routing,
+                                       keep_router_logits=keep_router_logits)
+        return policy_forward(model, micro, mtp_k, self.config.routing, keep_router_logits=keep_router_logits)
+
+    def _stem_state(self, model: CausalLM, stem: Stem, mtp_k: int, balance_weight: float = 0.0) -> StemState:
+        return stem_forward(model, stem, mtp_k, routing_mode=self.config.routing, balance_weight=balance_weight,
+                            piece_tokens=self.config.micro_batch_tokens, group=self.context,
+                            passes=self.dist.max(stem.piece_count(self.config.micro_batch_tokens)))
+
+    @torch.no_grad()
+    def _logprobs_pass(self, model: CausalLM, micros: list[Any], stem: Stem | None) -> list[torch.Tensor]:
+        """Every micro-batch's log-probs under ``model`` (no gradient), computed as the training pass computes them
+        (the same trees, stem and routing)."""
+        state = self._stem_state(model, stem, 0) if stem is not None else None
+        return [self._forward(model, micro, 0, state).logprobs.detach() for micro in micros]
+
+    def _side_logprobs(self, micros: list[Any], stem: Stem | None, samples: list[Sample]
+                       ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
+        """Per micro-batch, the reference's log-probs (with ``kl_coef``) and the learner's at the previous version
+        (with ``recompute_behaviour``, where the step has tokens sampled at it), else None."""
+        reference = previous = None
+        self.model.eval()
+        if self.loss.kl_coef > 0:
+            if self.reference is not None:
+                reference = self._logprobs_pass(self.reference, micros, stem)
+            else:                           # LoRA: the base is the model with its adapters off
+                with adapters_off(self.model):
+                    reference = self._logprobs_pass(self.model, micros, stem)
+        held = self.previous.version
+        if (self.config.recompute_behaviour and held is not None and held != self.state.version
+                and any(held in s.versions for s in samples)):
+            with self.previous.held(self.model):
+                previous = self._logprobs_pass(self.model, micros, stem)
+        return reference, previous
+
+    def _learner_side(self, micro: Any, current: torch.Tensor, previous: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The learner's log-probs of a micro-batch's terms at their sampling versions where it holds them (the
+        current version's pass, the previous version's), else the current policy's; and which terms fell back."""
+        versions = token_versions(micro.samples, micro.num_tokens, self.state.version).to(current.device)
+        side = current.detach()
+        own = versions == self.state.version
+        if previous is not None:
+            at_previous = versions == self.previous.version
+            side = torch.where(at_previous, previous, side)
+            own = own | at_previous
+        return side, ~own
+
+    def _train_micro(self, passes: _Passes, micro: Any, state: StemState | None, reference: torch.Tensor | None,
+                     previous: torch.Tensor | None) -> None:
+        """One micro-batch's forward and backward: policy loss (corrected), reference KL, MTP and balance terms."""
+        real = micro.samples[0].position >= 0
+        out = self._forward(self.model, micro, passes.mtp_k, state, passes.balance > 0)
+        mask = torch.ones_like(out.logprobs)
+        side, fell_back = self._learner_side(micro, out.logprobs, previous)
+        old, advantages = corrected(self.loss, side, micro.old_logprobs, micro.advantages, mask, micro.sample_index)
+        policy = policy_loss(self.loss, out.logprobs, old, advantages, mask, micro.sample_index, passes.tokens,
+                             passes.sequences)
+        loss = policy
+        kl = None
+        if reference is not None:
+            kl = kl_loss(self.loss, out.logprobs, reference, mask, micro.sample_index, passes.tokens,
+                         passes.sequences)
+            loss = loss + self.loss.kl_coef * kl
+        mtp = out.mtp_kl.sum() / passes.mtp_tokens if out.mtp_kl is not None else None
+        loss = loss if mtp is None else loss + self.loss.mtp_weight * mtp
+        loss = loss + self._balance_term(out, passes.tally, passes.balance, passes.computed, real)
+        if real:                # the loss of the whole tree, on every rank of its context group
+            share = passes.share
+            passes.policy_sum += float(policy.detach()) * share
+            passes.mtp_sum += float(mtp.detach()) * share if mtp is not None else 0.0
+            passes.kl_sum += float(kl.detach()) * share if kl is not None else 0.0
+            passes.figures.append(loss_metrics(out.logprobs.detach(), old, mask, self.loss, micro.sample_index)
+                                  | {"count": float(micro.num_tokens)})
+            passes.mismatch.add(side, micro.old_logprobs, [s.domain for s in micro.samples], micro.sample_index,
+                                fell_back, share)
+        # FSDP averages gradients over ranks: scale back to their sum (the losses use global counts).
+        (loss * (self.dist.world_size if real else 0.0)).backward()
+
+    def _mismatch_record(self, passes: _Passes, samples: list[Sample]) -> dict[str, float]:
+        """The reference KL and the mismatch figures, summed over the ranks."""
+        keys = passes.mismatch.keys([s.domain for s in samples])
+        totals = {key: self.dist.sum(passes.mismatch.sums[key[0]][key[1]] if key[0] in passes.mismatch.sums
+                                     else 0.0) for key in keys}
+        record = passes.mismatch.figures(totals)
+        if self.loss.kl_coef > 0:
+            record["ref_kl"] = self.dist.sum(passes.kl_sum)
         return record
 
     def _balance_term(self, out: PolicyOutput, tally: RoutingTally, weight: float, computed: float,

@@ -42,4 +42,8 @@ class TrainerConfig(Settings):
                                                           "limit]; 0 trains only on samples of the current version.")
     staleness_policy: str = setting("drop", choices=("drop", "keep"),
                                     help="What to do with samples staler than --max-staleness.")
+    recompute_behaviour: bool = setting(False, help="Keep the previous version's trainable weights and compute the "
+                                                    "learner's log-probs of tokens sampled at that version with them "
+                                                    "(the mismatch metrics and corrections); without it such tokens "
+                                                    "are measured against the current policy.")
     seed: int = setting(0, help="Seed of the initial model (when fresh) and of the training step.")
