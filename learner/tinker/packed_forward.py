@@ -101,7 +101,7 @@ def packed_logprobs(model: Policy, tokens: Sequence[np.ndarray], targets: Sequen
         out, batches, stem = np.zeros(terms.targets.size, dtype=np.float32), step.batches, step.stem
     if distributed.max(int(stem is not None)) and stem is None:        # another rank has a stem: run its passes
         stem = make_stem(build_trie([[0]]), np.zeros(1, dtype=np.int64), device)
-    state = None
+    state, most = None, distributed.max(len(batches))          # every rank agrees before any pass
     if stem is not None:
         passes = distributed.max(stem.piece_count(token_budget))
         state = stem_forward(model, stem, piece_tokens=token_budget, passes=passes)
@@ -114,7 +114,7 @@ def packed_logprobs(model: Policy, tokens: Sequence[np.ndarray], targets: Sequen
         loss = on_batch(logprobs, index)
         if loss is not None and loss.requires_grad:
             loss.backward()
-    for _ in range(distributed.max(len(batches)) - len(batches)):
+    for _ in range(most - len(batches)):
         logprobs = tree_policy_forward(model, idle_batch(token_budget, device)).logprobs
         if logprobs.requires_grad:
             (logprobs.sum() * 0.0).backward()

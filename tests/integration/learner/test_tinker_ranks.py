@@ -10,6 +10,8 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,6 +23,7 @@ from safetensors.numpy import load_file
 from forge.reaper import child_pids
 from forge.v1 import tinker_wire_pb2 as pb
 
+from conftest import HELPERS
 from helpers.processes import Service, wait_gone
 
 pytestmark = pytest.mark.xdist_group("serial")
@@ -122,6 +125,8 @@ def drive(server: Service) -> dict[str, object]:
     saved = client.run("save_weights", {"model_id": model_id, "path": "mid", "seq_id": (seq := seq + 1)})
     step("last")
     seen["forward"] = outputs(client.run("forward_backward", raw=forward_body(model_id, seq := seq + 1, data, True)))
+    seen["alone"] = outputs(client.run("forward_backward",              # one datum: the other rank runs idle passes
+                                       raw=forward_body(model_id, seq := seq + 1, data[3:4], True)))
     wrong = [(np.array([1, 2**30, 2]), np.ones(2, dtype=np.float32))]        # a token past the vocabulary
     refused = client.run("forward_backward", raw=forward_body(model_id, seq := seq + 1, wrong))
     assert refused["category"] == "user" and "vocab" in json.dumps(refused).lower(), refused
@@ -191,6 +196,18 @@ def test_two_ranks_train_as_one(servers):
     assert seen_two["step0"]["loss"] > seen_two["last"]["loss"]                 # it trains
     assert_close(seen_two["last"], seen_two["again"], "the step after load_weights")
     assert_close(seen_two["adapter/after"], seen_two["adapter/again"], "the adapter after it")
+
+
+def test_prompt_logprobs_on_two_ranks(tmp_path):
+    """Prompt log-probabilities (the sharded base's forward on every rank) under the base and a sampler's weights,
+    driven in-process on two ranks, equal one process's."""
+    out = tmp_path / "answers.json"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(HELPERS / "tinker_ranks_prompt.py"), str(tmp_path), str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    answers = json.loads(out.read_text())
+    assert_close(answers["one"], answers["ranks"], "prompt log-probs on 2 ranks against 1")
 
 
 def test_a_stop_signal_stops_every_rank(servers):
