@@ -228,22 +228,33 @@ def check_tracked(run_dir: Path, uri: str, result: dict) -> None:
     assert "<class" not in json.dumps(summary)
 
 
-@pytest.mark.timeout(1800)
-def test_forge_up_disaggregated_trains_through_its_prefill_actor(tmp_path):
-    """The main job with one prefill and one decode actor, stopped by learner steps: calls go through the prefill
-    actor, the learner trains on them, and both actors apply its versions."""
+@pytest.fixture(scope="module")
+def disaggregated_moe(tmp_path_factory) -> tuple[UpConfig, dict]:
+    """The main job on tiny-moe with one prefill and one decode actor, stopped by learner steps (its config and
+    result): two tests read it, the prefill actor's and the replayed routing's."""
     # Which calls skip the prefill pool by default depends on what the router has heard when they come; with a
     # threshold of one token none can (a prompt's last token is never counted as cached), so every call must be
     # prefilled apart, whatever the machine's speed.
-    config = UpConfig(run_dir=tmp_path / "run", prefill_actors=1, minutes=20.0, steps=4, eval_size=8,
-                      eval_samples=1).with_services(gateway={"prefill_min_tokens": 1}, learner=FRESH)
-    result = asyncio.run(run(config, Console(record=True, width=120)))
+    config = UpConfig(run_dir=tmp_path_factory.mktemp("disaggregated-moe") / "run", model=ModelChoice(path="tiny-moe"),
+                      prefill_actors=1, minutes=20.0, steps=4, eval_size=8, eval_samples=1).with_services(
+        gateway={"prefill_min_tokens": 1}, learner=FRESH)
+    return config, asyncio.run(run(config, Console(record=True, width=120)))
+
+
+def pool_calls(run_dir: Path) -> list:
+    with PoolReader(run_dir / "pool") as pool:
+        return [c for e in pool.entries(start=0, limit=100_000) for s in e.members for c in pool.get_session(s).calls]
+
+
+@pytest.mark.timeout(1800)
+def test_forge_up_disaggregated_trains_through_its_prefill_actor(disaggregated_moe):
+    """The main job with one prefill and one decode actor, stopped by learner steps: calls go through the prefill
+    actor, the learner trains on them, and both actors apply its versions."""
+    config, result = disaggregated_moe
     assert result["learner"].get("version", 0) >= 4
     services = {s["name"]: s for s in json.loads((config.run_dir / "services.json").read_text())}
     assert set(services) >= {"actor-0", "actor-prefill-0", "gateway", "cache", "learner"}
-    with PoolReader(config.run_dir / "pool") as pool:
-        entries = pool.entries(start=0, limit=100_000)
-        calls = [c for e in entries for s in e.members for c in pool.get_session(s).calls]
+    calls = pool_calls(config.run_dir)
     assert calls and max(v for c in calls for v in c.weight_versions) >= 1, "no call used a learner version"
     gateway = result["gateway"]
     assert gateway["prefill_skipped"] == 0 and gateway["prefills"] >= 1, gateway
@@ -317,16 +328,13 @@ def test_forge_up_trains_two_runs_on_one_actor_each_with_its_adapter(tmp_path):
 
 
 @pytest.mark.timeout(1800)
-def test_forge_up_on_the_moe_model_trains_with_replayed_routing(tmp_path):
-    """The main job on tiny-moe, stopped by learner steps: every recorded call carries its actor's routing, the
-    learner replays it and reports the mismatch and the expert load, and the actor applies its versions."""
-    config = UpConfig(run_dir=tmp_path / "run", model=ModelChoice(path="tiny-moe"), minutes=20.0, steps=4,
-                      eval_size=8, eval_samples=1).with_services(learner=FRESH)
-    result = asyncio.run(run(config, Console(record=True, width=120)))
+def test_forge_up_on_the_moe_model_trains_with_replayed_routing(disaggregated_moe):
+    """The main job on tiny-moe, stopped by learner steps: every recorded call carries the routing of all its
+    positions (the prompt's travels with the KV its prefill actor hands over), the learner replays it and reports
+    the mismatch and the expert load, and the actors apply its versions."""
+    config, result = disaggregated_moe
     assert result["learner"].get("version", 0) >= 4
-    with PoolReader(config.run_dir / "pool") as pool:
-        entries = pool.entries(start=0, limit=100_000)
-        calls = [c for e in entries for s in e.members for c in pool.get_session(s).calls]
+    calls = pool_calls(config.run_dir)
     assert calls and max(v for c in calls for v in c.weight_versions) >= 1, "no call used a learner version"
     for call in calls:
         ids = expert_routing.decode(call.routed_experts)
