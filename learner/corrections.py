@@ -135,11 +135,14 @@ class MismatchTally:
         index = sample_index.cpu()
         values = {"count": torch.ones_like(log_w), "kl": torch.exp(log_w) - 1.0 - log_w, "abs_logp": log_w.abs(),
                   "outside": ((log_w < OUTSIDE[0]) | (log_w > OUTSIDE[1])).double(), "current": current.double().cpu()}
-        for row, domain in enumerate(domains):
-            rows = index == row
+        names = sorted({domain or "default" for domain in domains})
+        of_sample = torch.tensor([names.index(domain or "default") for domain in domains], dtype=torch.long)
+        of_term = of_sample[index] if index.numel() else index
+        for number, name in enumerate(names):
+            rows = of_term == number
             if not bool(rows.any()):
                 continue
-            sums = self.sums[domain or "default"]
+            sums = self.sums[name]
             for key, value in values.items():
                 sums[key] += float(value[rows].sum()) * weight
 
