@@ -28,6 +28,8 @@ def _torchrun_command(config: LearnerConfig, args: tuple[str, ...]) -> list[str]
     ambiguous abbreviation of its --nproc-per-node): they read it from their environment (``_rank_environment``).
     A rank that fails ends the whole job (no in-place restarts): the job is started again, and every node resumes
     from the last checkpoint."""
+    from forge.learner.launch import without_nproc
+
     if config.nnodes == 1:
         placement = ["--standalone"]
     else:
@@ -37,20 +39,7 @@ def _torchrun_command(config: LearnerConfig, args: tuple[str, ...]) -> list[str]
     # The agent leaves SIGTERM and SIGINT to the ranks (TorchrunJob starts it ignoring them): where a scheduler
     # signals every process of the job (scancel --signal=TERM), it would otherwise end the ranks mid-checkpoint.
     return [sys.executable, "-m", "torch.distributed.run", *placement, f"--nproc-per-node={config.nproc}",
-            "--signals-to-handle=SIGHUP,SIGQUIT", "-m", "forge.learner", *_without_nproc(args)]
-
-
-def _without_nproc(args: tuple[str, ...]) -> list[str]:
-    """``args`` less their ``--nproc N`` and ``--nproc=N``."""
-    kept, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == "--nproc":
-            skip = True
-        elif not arg.startswith("--nproc="):
-            kept.append(arg)
-    return kept
+            "--signals-to-handle=SIGHUP,SIGQUIT", "-m", "forge.learner", *without_nproc(args)]
 
 
 def _rank_environment(config: LearnerConfig) -> dict[str, str]:

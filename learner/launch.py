@@ -20,6 +20,20 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
+def without_nproc(args: tuple[str, ...]) -> list[str]:
+    """``args`` less their ``--nproc N`` and ``--nproc=N``: the ranks read it from their environment (torchrun's own
+    parser would take it as its ``--nproc-per-node``)."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            kept.append(arg)
+    return kept
+
+
 def _start_agent() -> None:
     """In the agent's process before it runs: ignore the stop signals, which are the ranks' (they install their own
     handlers; a scheduler such as Slurm signals every process of a job step, the agent included); and stop when

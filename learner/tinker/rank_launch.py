@@ -26,16 +26,10 @@ log = logging.getLogger("forge.tinker")
 def torchrun_command(args: tuple[str, ...], nproc: int) -> list[str]:
     """``forge-tinker ARGS`` as ``nproc`` ranks under torchrun; the ranks read ``--nproc`` from their environment
     (torchrun's own parser would take it as its ``--nproc-per-node``)."""
-    kept, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == "--nproc":
-            skip = True
-        elif not arg.startswith("--nproc="):
-            kept.append(arg)
+    from forge.learner.launch import without_nproc
+
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--signals-to-handle=SIGHUP,SIGQUIT", "-m", "forge.learner.tinker", *kept]
+            "--signals-to-handle=SIGHUP,SIGQUIT", "-m", "forge.learner.tinker", *without_nproc(args)]
 
 
 def run_under_torchrun(config: TinkerConfig) -> None:
