@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from forge.learner.parallel import Distributed, shard_model
 from forge.learner.tinker.adapters import SharedBase
-from forge.learner.tinker.training import LearnerTraining, LoadedModel, _check_adam, _per_datum
+from forge.learner.tinker.training import LearnerTraining, LoadedModel, _check_adam, _per_datum, checked_prompt
 from forge.learner.tinker.types import (
     AdamSpec,
     Checkpoint,
@@ -344,12 +344,7 @@ class RankedTraining(Training):
             model_id, _, _ = self.training.store.find(sampler_path)
             base_model = self.training.model_info(model_id).base_model
         base = self._ensure_base(base_model)
-        ids = np.asarray(tokens)
-        if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu" or ids.min() < 0 \
-                or ids.max() >= base.vocab_size:
-            raise UserError(f"the prompt must be a non-empty list of token ids below {base.vocab_size}")
-        if not isinstance(top_k, int) or top_k < 0:
-            raise UserError(f"top_k must be a non-negative integer, not {top_k!r}")
+        checked_prompt(tokens, top_k, base.vocab_size)
         return self._everywhere("prompt_logprobs", base_model, sampler_path, list(tokens), top_k)
 
     def close(self) -> None:

@@ -53,6 +53,17 @@ class LoadedModel:
     step: int = 0
 
 
+def checked_prompt(tokens: list[int], top_k: object, vocab_size: int) -> np.ndarray:
+    """A prompt to score, as ids: a non-empty list of token ids below ``vocab_size``, with a non-negative ``top_k``;
+    UserError otherwise."""
+    ids = np.asarray(tokens)
+    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= vocab_size:
+        raise UserError(f"the prompt must be a non-empty list of token ids below {vocab_size}")
+    if not isinstance(top_k, int) or top_k < 0:
+        raise UserError(f"top_k must be a non-negative integer, not {top_k!r}")
+    return ids
+
+
 class LearnerTraining(Training):
     def __init__(self, run_dir: Path, *, device: str = "cpu", dtype: str = "float32", token_budget: int = 8192,
                  distributed: Distributed | None = None) -> None:
@@ -298,12 +309,7 @@ class LearnerTraining(Training):
                 model_id, _, directory = self.store.find(sampler_path)
                 base_model = self.model_info(model_id).base_model
             base = self._base(base_model)
-            ids = np.asarray(tokens)
-            if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu" or ids.min() < 0 \
-                    or ids.max() >= base.vocab_size:
-                raise UserError(f"the prompt must be a non-empty list of token ids below {base.vocab_size}")
-            if not isinstance(top_k, int) or top_k < 0:
-                raise UserError(f"top_k must be a non-negative integer, not {top_k!r}")
+            ids = checked_prompt(tokens, top_k, base.vocab_size)
             if sampler_path is None:
                 return _prompt_logprobs(base, None, ids, top_k)
             scratch = f"sampler-{new_model_id()}"
