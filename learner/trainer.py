@@ -10,7 +10,6 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -19,7 +18,7 @@ import torch
 
 from forge.learner.checkpoint import Checkpointer, set_rng_state
 from forge.learner.context_parallel import context_groups
-from forge.learner.corrections import MismatchTally, PreviousVersion, corrected, token_versions
+from forge.learner.corrections import PreviousVersion, corrected, token_versions
 from forge.learner.dynamic_sampling import filled_batch
 from forge.learner.expert_replay import RoutingTally
 from forge.learner.lora import (
@@ -38,6 +37,7 @@ from forge.learner.reference import adapters_off, frozen, kl_loss
 from forge.learner.rewards import RewardConfig, batch_rewards
 from forge.learner.sample_table import SampleLog
 from forge.learner.samples import Sample, build_samples, make_micro_batch, micro_batches
+from forge.learner.step_state import StepPasses, TrainerState, dummy_sample, optimizer_bytes
 from forge.learner.trainer_config import TrainerConfig
 from forge.learner.tree import (
     Stem,
@@ -56,57 +56,6 @@ from forge.sampling.grammar import Grammars
 from forge.v1 import pool_pb2
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainerState:
-    step: int = 0
-    version: int = 0                    # weight version of the current parameters; grows by one per step and
-                                        # never repeats across restarts (see restore)
-    pool_seq: int = 0
-    trained_positions: list[int] = field(default_factory=list)   # entries trained since the last checkpoint
-
-
-def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """The memory this rank's optimizer state holds (its shard, under FSDP2)."""
-    total = 0
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                local = value.to_local() if hasattr(value, "to_local") else value
-                total += local.numel() * local.element_size()
-    return total
-
-
-@dataclass
-class _Passes:
-    """What a step's micro-batches share (global counts, weights) and accumulate (losses, figures, tallies)."""
-
-    samples: list[Sample]
-    config: Any                         # the model's
-    loss: LossConfig
-    routing: str
-    share: float = 1.0                  # this rank's share of a context group's trees
-    computed: float = 1.0               # tokens the step computes, over every rank (the balance loss's weights)
-    policy_sum: float = 0.0
-    mtp_sum: float = 0.0
-    kl_sum: float = 0.0
-    figures: list[dict[str, float]] = field(default_factory=list)
-    mismatch: MismatchTally = field(default_factory=MismatchTally)
-
-    def __post_init__(self) -> None:
-        samples = self.samples
-        self.tokens = max(1.0, float(sum(s.num_completion for s in samples)))
-        self.sequences = max(1.0, float(len(samples)))
-        self.mtp_tokens = max(1.0, float(sum(s.num_completion - (s.prompt_len == 1) for s in samples)))
-        self.mtp_k = self.loss.mtp_top_k if self.loss.mtp_weight > 0 else 0
-        self.tally = RoutingTally(self.config.num_experts, self.config.num_experts_per_tok)
-        self.balance = self.loss.router_balance_weight if self.config.sparse_layers else 0.0
-
-
-def _dummy_sample() -> Sample:
-    """A one-token sample whose loss is multiplied by zero: keeps FSDP collectives in step across ranks."""
-    return Sample([0, 0], 1, [0.0], [0], 0.0, 1.0, 0, 1.0, "", -1, "", 0)
 
 
 class Trainer:
@@ -247,7 +196,7 @@ class Trainer:
         side = self._side_logprobs(micros, stem, samples)
         self.model.train()
         config = self.model.config
-        passes = _Passes(samples, config, self.loss, self.config.routing)
+        passes = StepPasses(samples, config, self.loss, self.config.routing)
         # The ranks of a context group hold the same trees and stem: each counts a share of them.
         passes.share = 1.0 / self.context.size
         passes.computed = max(1.0, self.dist.sum(float(packed_tokens + (stem.num_nodes if stem is not None else 0)))
@@ -355,7 +304,7 @@ class Trainer:
             own = own | at_previous
         return side, ~own
 
-    def _train_micro(self, passes: _Passes, micro: Any, state: StemState | None, reference: torch.Tensor | None,
+    def _train_micro(self, passes: StepPasses, micro: Any, state: StemState | None, reference: torch.Tensor | None,
                      previous: torch.Tensor | None) -> None:
         """One micro-batch's forward and backward: policy loss (corrected), reference KL, MTP and balance terms."""
         real = micro.samples[0].position >= 0
@@ -386,7 +335,7 @@ class Trainer:
         # FSDP averages gradients over ranks: scale back to their sum (the losses use global counts).
         (loss * (self.dist.world_size if real else 0.0)).backward()
 
-    def _mismatch_record(self, passes: _Passes, samples: list[Sample]) -> dict[str, float]:
+    def _mismatch_record(self, passes: StepPasses, samples: list[Sample]) -> dict[str, float]:
         """The reference KL and the mismatch figures, summed over the ranks."""
         keys = passes.mismatch.keys([s.domain for s in samples])
         totals = {key: self.dist.sum(passes.mismatch.sums[key[0]][key[1]] if key[0] in passes.mismatch.sums
@@ -436,7 +385,7 @@ class Trainer:
             packed = sum(len(s.tokens) for s in local)
         missing = self.dist.max(len(micros)) - len(micros)
         if missing:
-            dummy = [_dummy_sample()]
+            dummy = [dummy_sample()]
             micros += [pack_step(dummy, budget, device).batches[0] if self.config.tree
                        else make_micro_batch(dummy, device)] * missing
         return micros, stem, packed
