@@ -239,7 +239,6 @@ def learner(config: LearnerConfig) -> None:
         check_port_option(config.host, config.port, "--port")
         check_port_option(config.host, config.metrics_port, "--metrics-port")
     _check_loss_function(config)
-    stop = _stop_on_signals()
     curve = _curve_keys(config)
     import torch
 
@@ -275,6 +274,9 @@ def learner(config: LearnerConfig) -> None:
                       base_model=config.model, sample_log=sample_log, reference=reference)
     if restored is not None:
         trainer.restore()
+    # Only now does a stop wait for the current step: until here the default action ends the rank at once, also
+    # where it blocks in C (a rendezvous or process group whose peer died before it joined).
+    stop = _stop_on_signals()
 
     if distributed.is_main:
         server, prometheus = _serve_stats(config, trainer, publisher)
