@@ -70,8 +70,12 @@ alive() {
     return 1
 }
 
-# fail NAME WHY: say why NAME failed, with the last lines of its log; stop everything; end the job with status 1.
+# fail NAME WHY: say why NAME failed, with the errors its log names (a torchrun job's come long before its last lines)
+# and the last lines of its log; stop everything; end the job with status 1.
 fail() {
+    local errors
+    errors=$(grep -E '^(Error: |[A-Za-z_.]*(Error|Exception): )' "$LOGS/$1.log" 2>/dev/null | head -n 5 || true)
+    [ -z "$errors" ] || printf '%s %s: %s\n' "$1" "$2" "$errors" >&2
     echo "$1 $2; the last lines of $LOGS/$1.log:" >&2
     tail -n 20 "$LOGS/$1.log" >&2 || true
     stop_all
