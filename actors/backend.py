@@ -69,6 +69,7 @@ class GenerationRequest:
     prefill_only: bool = False      # sample the first token only, and store the prompt's KV blocks in the L3 cache
     continuation: Continuation | None = None
     adapter: str = ""               # the named LoRA adapter to sample with (several runs on one actor); "" = none
+    score_from: int = 0             # > 0: sample nothing, score the prompt's tokens from this position on
 
 
 TopTokens = tuple[list[int], list[float]]      # the most likely token ids of one distribution and their log-probs
@@ -244,6 +245,9 @@ class RequestLimits:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise InvalidRequest(f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        if request.score_from:
+            self._check_scoring(request)
+            return 0, frozenset()
         if len(prompt) >= self.max_positions:
             raise InvalidRequest(f"the prompt has {len(prompt)} tokens; the model's context is "
                                  f"{self.max_positions}, leaving no room to generate")
@@ -267,6 +271,18 @@ class RequestLimits:
         if request.continuation is not None:
             self._check_continuation(request, max_tokens, stops)
         return max_tokens, stops
+
+    def _check_scoring(self, request: GenerationRequest) -> None:
+        """A scoring request (``score_from``) scores tokens it is given and samples none."""
+        prompt = request.prompt_ids
+        if request.score_from >= len(prompt):
+            raise InvalidRequest(f"score_from is {request.score_from}, but the prompt has {len(prompt)} tokens: "
+                                 f"nothing to score")
+        if request.prefill_only or request.continuation is not None:
+            raise InvalidRequest("a scoring request (score_from) is served whole, not handed over between actors")
+        if len(prompt) > min(self.max_positions, self.kv_capacity):
+            raise InvalidRequest(f"the prompt has {len(prompt)} tokens; this actor scores at most "
+                                 f"{min(self.max_positions, self.kv_capacity)}")
 
     def _check_continuation(self, request: GenerationRequest, max_tokens: int, stops: frozenset[int]) -> None:
         given = request.continuation
@@ -391,6 +407,7 @@ class Backend(ABC):
 
     name: str = "backend"
     hands_over: ClassVar[bool] = False     # serves prefill_only requests and continuations (disaggregated serving)
+    scores: ClassVar[bool] = False         # serves scoring requests (GenerationRequest.score_from)
 
     @abstractmethod
     def submit(self, request: GenerationRequest) -> RequestStream:

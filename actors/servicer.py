@@ -74,7 +74,7 @@ def request_from_proto(request: actor_pb2.GenerateRequest) -> GenerationRequest:
         continuation = Continuation(list(given.token_ids), list(given.logprobs), given.weight_version)
     return GenerationRequest(request.request_id, list(request.prompt_ids), sampling_from_proto(request.sampling),
                              request.session_id, request.stream_interval, request.prefill_only, continuation,
-                             request.adapter)
+                             request.adapter, request.score_from)
 
 
 class ActorServicer(actor_pb2_grpc.ActorServicer):
@@ -95,6 +95,8 @@ class ActorServicer(actor_pb2_grpc.ActorServicer):
     def _role_refusal(self, request: actor_pb2.GenerateRequest) -> str | None:
         """Why this actor does not serve ``request`` (None: it does)."""
         handover = request.prefill_only or request.HasField("continuation")
+        if request.score_from and not self.backend.scores:
+            return f"the {self.backend.name} backend does not score prompts (score_from): the torch engine does"
         if handover and not self.backend.hands_over:
             return f"the {self.backend.name} backend serves no prefill-only requests or continuations"
         if self.role == "prefill" and not request.prefill_only:

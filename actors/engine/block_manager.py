@@ -73,11 +73,12 @@ class BlockManager:
         return hits
 
     def prompt_block_hashes(self, seq: Sequence, salt: bytes) -> list[bytes]:
-        """Chained hashes of the full blocks ``seq`` would compute at admission: all but its last token, whose
-        logits are needed to sample the next one. Hashed once per request (``Sequence.hashes``)."""
+        """Chained hashes of the full blocks ``seq`` may take from the cache at admission: those before the first
+        position whose logits it needs (its last token's, to sample the next one; a scoring request's, before the
+        first token it scores). Hashed once per request (``Sequence.hashes``)."""
         if not self.prefix_caching:
             return []
-        count = (len(seq) - 1) // self.block_size
+        count = seq.logits_from // self.block_size
         return seq.hashes(salt, self.block_size, count)[:count]
 
     @staticmethod

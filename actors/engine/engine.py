@@ -50,6 +50,7 @@ MESSAGES_PER_STEP = 4          # adaptive streaming's target (EngineConfig.strea
 class TorchEngine(Backend):
     name = "torch"
     hands_over = True
+    scores = True
 
     def __init__(self, model: CausalLM, config: EngineConfig | None = None, initial_version: int = 0,
                  grammars: Grammars | None = None) -> None:
@@ -94,8 +95,8 @@ class TorchEngine(Backend):
         self._pending_adapters: list[AdapterWeights | str] = []     # versions to install, names to drop, in order
         self._closed = False
         self._started = time.time()
-        self._counters = dict(steps=0, tokens=0, prompt_tokens=0, finished=0, drafts=0, drafts_accepted=0,
-                              weight_swaps=0, weight_rejections=0)
+        self._counters = dict(steps=0, tokens=0, prompt_tokens=0, scored_tokens=0, finished=0, drafts=0,
+                              drafts_accepted=0, weight_swaps=0, weight_rejections=0)
         self._recent: deque[tuple[float, int]] = deque()
         self.connector: EngineConnector | None = None   # KV events, speeds, L3 cache (l3.py attaches itself)
         self.stream_factory: Callable[[str], RequestStream] = RequestStream   # where a request's chunks go
@@ -258,7 +259,8 @@ class TorchEngine(Backend):
         request_id = request.request_id or uuid.uuid4().hex
         prompt = list(request.prompt_ids)
         try:
-            edits = call_edits(params, prompt, self._limits.eos_token_ids, self.grammars)
+            edits = None if request.score_from else call_edits(params, prompt, self._limits.eos_token_ids,
+                                                                 self.grammars)
         except ValueError as exc:          # a grammar that does not compile, or no tokenizer to compile it
             raise InvalidRequest(str(exc)) from None
         self.ledger.check_adapter_named(request)      # accepted: installed before it is stepped
@@ -269,7 +271,7 @@ class TorchEngine(Backend):
         seq = Sequence(request_id, prompt, len(prompt), params, self.stream_factory(request_id),
                        1 if request.prefill_only else max_tokens, stops, seed=seed,
                        stream_interval=request.stream_interval, edits=edits, prefill_only=request.prefill_only,
-                       room=max_tokens, adapter=request.adapter)
+                       room=max_tokens, adapter=request.adapter, score_from=request.score_from)
         given = request.continuation
         if given is not None and edits is not None and edits.matcher is not None \
                 and not edits.matcher.allows(given.token_ids[0]):
@@ -401,6 +403,9 @@ class TorchEngine(Backend):
             if item.seq.failure is not None:          # its token was drawn without its grammar: not kept
                 self._finish(item.seq, FinishReason.ERROR, error=item.seq.failure)
                 continue
+            if item.seq.score_from:
+                self._scored(item)
+                continue
             if result is not None:
                 self._counters["tokens"] += len(result.tokens)      # counted before a client can have them
                 self._emit(item, result, interval)
@@ -450,6 +455,18 @@ class TorchEngine(Backend):
         elif first or len(chunk.token_ids) >= (seq.stream_interval or interval):
             seq.unsent = None
             seq.stream.put(chunk)
+
+    def _scored(self, item: Work) -> None:
+        """Version the scores the step added; once every token is scored, send them all and end the request."""
+        seq = item.seq
+        seq.score_versions.extend([self.version_of(seq)] * (len(seq.scores) - len(seq.score_versions)))
+        if item.end < len(seq.token_ids):
+            return
+        self._counters["scored_tokens"] += len(seq.scores)
+        seq.first_token = time.perf_counter()
+        seq.unsent = TokenChunk(seq.token_ids[seq.score_from:], seq.scores, seq.score_versions,
+                                cached_prompt_tokens=seq.prefix_hit_tokens)
+        self._finish(seq, FinishReason.STOP)
 
     def _routed_experts(self, seq: Sequence) -> RoutedExperts | None:
         """The routing of every position the sequence fed through the model (all but its last token), for a model

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 class EngineProcess(Backend):
     name = "torch"
     hands_over = True
+    scores = True
 
     def __init__(self, spec: EngineSpec, start_timeout_s: float = 600.0,
                  on_exit: Callable[[str], None] | None = None, call_timeout_s: float = 30.0) -> None:

@@ -34,6 +34,8 @@ from forge.sampling.sampling import batched_sampling_logprobs, top_logprobs
 
 PreparedWeights = dict[int, Pack] | None
 
+SCORE_ROWS = 256            # positions a scoring request's log-probs are computed for at once
+
 
 @dataclass
 class Work:
@@ -47,7 +49,7 @@ class Work:
 
     @property
     def samples(self) -> bool:
-        return self.end == len(self.seq.token_ids)
+        return self.end == len(self.seq.token_ids) and not self.seq.score_from
 
     @property
     def draft(self) -> Draft | None:
@@ -158,6 +160,7 @@ class ModelRunner:
         if chosen is not None:
             self.cache.store_routing(layout, chosen)
         flat = hidden.reshape(-1, hidden.shape[-1])
+        self._score(work, flat, width)
 
         logit_rows, owners = [], []
         for b, item in enumerate(work):
@@ -201,6 +204,28 @@ class ModelRunner:
         if self.speculative:
             self._mtp_pass(work, results, flat, width)
         return results
+
+    def _score(self, work: list[Work], flat: Tensor, width: int) -> None:
+        """Append to each scoring sequence the log-probability, under the model's own distribution (no temperature,
+        no edits), of every token this step's positions predict that it has not scored yet (a preempted request
+        recomputes positions it scored before)."""
+        rows, targets, owners = [], [], []
+        for b, item in enumerate(work):
+            seq = item.seq
+            if not seq.score_from:
+                continue
+            for position in range(max(item.start, seq.score_from - 1 + len(seq.scores)),
+                                  min(item.end, len(seq.token_ids) - 1)):
+                rows.append(b * width + position - item.start)
+                targets.append(seq.token_ids[position + 1])
+                owners.append(seq)
+        for first in range(0, len(rows), SCORE_ROWS):      # [rows, vocab] logits at a time: bounded memory
+            picked = slice(first, first + SCORE_ROWS)
+            seqs = owners[picked]
+            logits = self._logits(flat[self._tensor(rows[picked])], [(seq, 0) for seq in seqs]).float()
+            chosen = torch.log_softmax(logits, dim=-1).gather(-1, self._tensor(targets[picked]).unsqueeze(-1))
+            for seq, value in zip(seqs, chosen.squeeze(-1).tolist(), strict=True):
+                seq.scores.append(value)
 
     def _logits(self, rows: Tensor, row_seqs: list[tuple[Sequence, int]]) -> Tensor:
         """The logits of hidden ``rows``, each with its sequence's adapter's output-head term when it has one."""

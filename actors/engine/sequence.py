@@ -63,6 +63,9 @@ class Sequence:
     forced: tuple[int, float] | None = None  # a continuation's first token and its log-prob, taken instead of a draw
     adapter: str = ""                   # the named adapter it is sampled with ("": the engine's own weights)
     failure: str | None = None          # why its grammar failed in a step: the step ends it with this error
+    score_from: int = 0                 # a scoring request: the first position it scores (0: it generates)
+    scores: list[float] = field(default_factory=list)   # scoring: log p of token score_from + i, as computed
+    score_versions: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -96,6 +99,12 @@ class Sequence:
             parent = block_hash(parent, self.token_ids[start:start + block_size])
             chain.append(parent)
         return chain
+
+    @property
+    def logits_from(self) -> int:
+        """The first position whose logits the request needs: the one before the first scored token, or its last
+        (to sample the next). Prefix-cached blocks end before it, since a cached position is not computed."""
+        return self.score_from - 1 if self.score_from else len(self.token_ids) - 1
 
     @property
     def num_pending(self) -> int:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from forge.v1 import common_pb2 as forge_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66orge/v1/actor.proto\x12\x08\x66orge.v1\x1a\x15\x66orge/v1/common.proto\"\xe7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.forge.v1.SamplingParams\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x17\n\x0fstream_interval\x18\x05 \x01(\r\x12\x14\n\x0cprefill_only\x18\x06 \x01(\x08\x12,\n\x0c\x63ontinuation\x18\x07 \x01(\x0b\x32\x16.forge.v1.Continuation\x12\x0f\n\x07\x61\x64\x61pter\x18\x08 \x01(\t\"K\n\x0c\x43ontinuation\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\"\x8b\x03\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x04 \x03(\x03\x12-\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x16.forge.v1.FinishReason\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x07 \x01(\x05\x12 \n\x06timing\x18\x08 \x01(\x0b\x32\x10.forge.v1.Timing\x12\r\n\x05\x61\x63tor\x18\t \x01(\t\x12+\n\x0ctop_logprobs\x18\n \x03(\x0b\x32\x15.forge.v1.TopLogprobs\x12\x17\n\x0fhandover_blocks\x18\x0b \x01(\x05\x12\x11\n\tretryable\x18\x0c \x01(\x08\x12\x11\n\tcontinues\x18\r \x01(\x08\x12/\n\x0erouted_experts\x18\x0e \x01(\x0b\x32\x17.forge.v1.ExpertRouting\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32\xbb\x01\n\x05\x41\x63tor\x12@\n\x08Generate\x12\x19.forge.v1.GenerateRequest\x1a\x17.forge.v1.GenerateChunk0\x01\x12\x38\n\x05\x41\x62ort\x12\x16.forge.v1.AbortRequest\x1a\x17.forge.v1.AbortResponse\x12\x36\n\x05Stats\x12\x16.forge.v1.StatsRequest\x1a\x15.forge.v1.StatsReportb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66orge/v1/actor.proto\x12\x08\x66orge.v1\x1a\x15\x66orge/v1/common.proto\"\xfb\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.forge.v1.SamplingParams\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x17\n\x0fstream_interval\x18\x05 \x01(\r\x12\x14\n\x0cprefill_only\x18\x06 \x01(\x08\x12,\n\x0c\x63ontinuation\x18\x07 \x01(\x0b\x32\x16.forge.v1.Continuation\x12\x0f\n\x07\x61\x64\x61pter\x18\x08 \x01(\t\x12\x12\n\nscore_from\x18\t \x01(\r\"K\n\x0c\x43ontinuation\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\"\x8b\x03\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x17\n\x0fweight_versions\x18\x04 \x03(\x03\x12-\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x16.forge.v1.FinishReason\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x07 \x01(\x05\x12 \n\x06timing\x18\x08 \x01(\x0b\x32\x10.forge.v1.Timing\x12\r\n\x05\x61\x63tor\x18\t \x01(\t\x12+\n\x0ctop_logprobs\x18\n \x03(\x0b\x32\x15.forge.v1.TopLogprobs\x12\x17\n\x0fhandover_blocks\x18\x0b \x01(\x05\x12\x11\n\tretryable\x18\x0c \x01(\x08\x12\x11\n\tcontinues\x18\r \x01(\x08\x12/\n\x0erouted_experts\x18\x0e \x01(\x0b\x32\x17.forge.v1.ExpertRouting\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32\xbb\x01\n\x05\x41\x63tor\x12@\n\x08Generate\x12\x19.forge.v1.GenerateRequest\x1a\x17.forge.v1.GenerateChunk0\x01\x12\x38\n\x05\x41\x62ort\x12\x16.forge.v1.AbortRequest\x1a\x17.forge.v1.AbortResponse\x12\x36\n\x05Stats\x12\x16.forge.v1.StatsRequest\x1a\x15.forge.v1.StatsReportb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,15 +33,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'forge.v1.actor_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=58
-  _globals['_GENERATEREQUEST']._serialized_end=289
-  _globals['_CONTINUATION']._serialized_start=291
-  _globals['_CONTINUATION']._serialized_end=366
-  _globals['_GENERATECHUNK']._serialized_start=369
-  _globals['_GENERATECHUNK']._serialized_end=764
-  _globals['_ABORTREQUEST']._serialized_start=766
-  _globals['_ABORTREQUEST']._serialized_end=800
-  _globals['_ABORTRESPONSE']._serialized_start=802
-  _globals['_ABORTRESPONSE']._serialized_end=832
-  _globals['_ACTOR']._serialized_start=835
-  _globals['_ACTOR']._serialized_end=1022
+  _globals['_GENERATEREQUEST']._serialized_end=309
+  _globals['_CONTINUATION']._serialized_start=311
+  _globals['_CONTINUATION']._serialized_end=386
+  _globals['_GENERATECHUNK']._serialized_start=389
+  _globals['_GENERATECHUNK']._serialized_end=784
+  _globals['_ABORTREQUEST']._serialized_start=786
+  _globals['_ABORTREQUEST']._serialized_end=820
+  _globals['_ABORTRESPONSE']._serialized_start=822
+  _globals['_ABORTRESPONSE']._serialized_end=852
+  _globals['_ACTOR']._serialized_start=855
+  _globals['_ACTOR']._serialized_end=1042
 # @@protoc_insertion_point(module_scope)

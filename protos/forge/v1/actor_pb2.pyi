@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_ids", "sampling", "session_id", "stream_interval", "prefill_only", "continuation", "adapter")
+    __slots__ = ("request_id", "prompt_ids", "sampling", "session_id", "stream_interval", "prefill_only", "continuation", "adapter", "score_from")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class GenerateRequest(_message.Message):
     PREFILL_ONLY_FIELD_NUMBER: _ClassVar[int]
     CONTINUATION_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FROM_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
@@ -25,7 +26,8 @@ class GenerateRequest(_message.Message):
     prefill_only: bool
     continuation: Continuation
     adapter: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., stream_interval: _Optional[int] = ..., prefill_only: _Optional[bool] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., adapter: _Optional[str] = ...) -> None: ...
+    score_from: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., stream_interval: _Optional[int] = ..., prefill_only: _Optional[bool] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., adapter: _Optional[str] = ..., score_from: _Optional[int] = ...) -> None: ...
 
 class Continuation(_message.Message):
     __slots__ = ("token_ids", "logprobs", "weight_version")
