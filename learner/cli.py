@@ -208,6 +208,29 @@ def _serve_stats(config: LearnerConfig, trainer, publisher):
     return server, prometheus
 
 
+def _check_teacher(config: LearnerConfig) -> None:
+    """Refuse, in one line, a teacher whose tokenizer is not the student's (it scores the student's token ids)."""
+    if config.teacher is None:
+        return
+    from forge.learner.distill import check_same_tokenizer
+
+    try:
+        check_same_tokenizer(config.model, config.teacher)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--teacher'") from None
+
+
+def _distillation(config: LearnerConfig, is_main: bool):
+    """On-policy distillation's part of the trainer (None without --teacher); rank 0 asks the teacher's actors."""
+    if config.teacher is None:
+        return None
+    from forge.learner.distill import Distillation, TeacherScorer
+
+    scorer = TeacherScorer(config.teacher_actors, config.teacher_api_key, config.teacher_requests) if is_main \
+        else None
+    return Distillation(config.distill_weight, scorer)
+
+
 def _check_loss_function(config: LearnerConfig) -> None:
     """A team's own loss (``--loss-function``, relative to the run file's folder, else the current directory), run
     on a dry batch before anything starts: refused in one line when it fails."""
@@ -239,6 +262,7 @@ def learner(config: LearnerConfig) -> None:
         check_port_option(config.host, config.port, "--port")
         check_port_option(config.host, config.metrics_port, "--metrics-port")
     _check_loss_function(config)
+    _check_teacher(config)
     curve = _curve_keys(config)
     import torch
 
@@ -271,7 +295,8 @@ def learner(config: LearnerConfig) -> None:
     trainer = Trainer(policy, distributed, config=config.trainer, loss=config.loss, rewards=config.reward,
                       window=config.window, pool=pool, checkpointer=checkpointer, publisher=publisher,
                       metrics=metrics, grammars=grammars, lora=config.lora if config.lora.enabled else None,
-                      base_model=config.model, sample_log=sample_log, reference=reference)
+                      base_model=config.model, sample_log=sample_log, reference=reference,
+                      distillation=_distillation(config, distributed.is_main))
     if restored is not None:
         trainer.restore()
     # Only now does a stop wait for the current step: until here the default action ends the rank at once, also
@@ -312,6 +337,8 @@ def learner(config: LearnerConfig) -> None:
             trackers.close()
         if pool is not None:
             pool.close()
+        if trainer.distillation is not None:
+            trainer.distillation.close()
         distributed.close(failed=failed)
     if failed:
         sys.exit(1)

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge import variables
-from forge.checkpoints import IMPLS, check_impl, trainable_model
+from forge.checkpoints import IMPLS, cached_model, check_impl, trainable_model
 from forge.learner.lora_config import LoraConfig
 from forge.learner.loss_config import LossConfig
 from forge.learner.rewards import RewardConfig
 from forge.learner.trainer_config import TrainerConfig
 from forge.pool import WindowConfig
-from forge.rpc.client import check_address
+from forge.rpc.client import check_address, check_addresses
 from forge.settings import Settings, SettingsError, log_level_setting, metrics_port_setting, ready_file_setting, setting
 from forge.tracking import TrackingConfig
 from forge.weights.curve import check_client_keys, check_key_pair
@@ -71,6 +71,19 @@ class LearnerConfig(Settings):
     metrics_port: int | None = metrics_port_setting()
     ready_file: Path | None = ready_file_setting("address, pid, weights_fetch, weights_announce, metrics_url")
     log_level: str = log_level_setting()
+    teacher: str | None = setting(None, validate=cached_model,
+                                  help="On-policy distillation: the teacher model (a reference as --model takes, "
+                                       "sharing the student's tokenizer), served by the actors --teacher-actor names, "
+                                       "which score the student's sampled tokens (docs/learner.md).")
+    teacher_actors: tuple[str, ...] = setting((), flag="teacher-actor", metavar="HOST:PORT", validate=check_addresses,
+                                              help="An actor serving --teacher (repeatable; forge up starts them).")
+    teacher_api_key: str | None = setting(None, env="FORGE_TEACHER_API_KEY", secret=True,
+                                          help="API key the teacher's actors require.")
+    distill_weight: float = setting(1.0, min=0, max=1,
+                                    help="With --teacher, each token's advantage is (1 − w) × the reward's + w × "
+                                         "(log π_teacher − log π_student) at that token (1: distillation alone).")
+    teacher_requests: int = setting(64, min=1, help="With --teacher: scoring requests in flight to its actors at once "
+                                                    "(they batch them).")
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -92,6 +105,9 @@ class LearnerConfig(Settings):
         self._check_world()
         if self.trainer.context_parallel > 1 and not self.trainer.tree:
             raise SettingsError("--context-parallel splits packed trees: it needs --tree")
+        if (self.teacher is None) != (not self.teacher_actors):
+            raise SettingsError("--teacher and --teacher-actor go together: the teacher model and the actors serving "
+                                "it (forge up starts them)")
         if (self.weights_key is None) != (self.weights_clients is None):
             raise SettingsError("--weights-key and --weights-clients go together")
         if self.loss.kind == "dr_grpo" and self.loss.function is None and self.reward.normalize != "none":

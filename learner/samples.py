@@ -37,10 +37,17 @@ class Sample:
     call_index: int
     edits: LogitEdits | None = None     # the actor's edits of each completion token's logits, by token index
     routing: np.ndarray | None = None   # a model with experts: the actor's routing of tokens[:-1] (see expert_routing)
+    token_advantages: list[float] | None = None   # one per completion token, in place of ``advantage`` (distillation)
 
     @property
     def num_completion(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    def completion_advantages(self) -> list[float]:
+        """The advantage of each completion token."""
+        if self.token_advantages is not None:
+            return self.token_advantages
+        return [self.advantage] * self.num_completion
 
 
 def sampling_of(call: pool_pb2.CallRecord) -> tuple[float, int, float]:
@@ -133,7 +140,7 @@ def make_micro_batch(samples: list[Sample], device: torch.device | str = "cpu") 
         positions += range(sample.prompt_len - 1, len(sample.tokens) - 1)
         targets += sample.tokens[sample.prompt_len:]
         old += sample.old_logprobs
-        adv += [sample.advantage] * count
+        adv += sample.completion_advantages()
         temp += [sample.temperature] * count
         top_k += [sample.top_k] * count
         top_p += [sample.top_p] * count

@@ -19,6 +19,7 @@ import torch
 from forge.learner.checkpoint import Checkpointer, set_rng_state
 from forge.learner.context_parallel import context_groups
 from forge.learner.corrections import PreviousVersion, corrected, token_versions
+from forge.learner.distill import Distillation
 from forge.learner.dynamic_sampling import filled_batch
 from forge.learner.expert_replay import RoutingTally
 from forge.learner.lora import (
@@ -64,13 +65,15 @@ class Trainer:
                  checkpointer: Checkpointer | None = None, publisher: Any = None,
                  metrics: MetricsWriter | None = None, grammars: Grammars | None = None,
                  lora: LoraConfig | None = None, base_model: str | None = None,
-                 sample_log: SampleLog | None = None, reference: CausalLM | None = None) -> None:
+                 sample_log: SampleLog | None = None, reference: CausalLM | None = None,
+                 distillation: Distillation | None = None) -> None:
         """``grammars`` replay the structured-output calls' grammars (None: such calls are left out). ``lora``: the
         model carries those adapters (``forge.learner.lora``), trained on ``base_model``; actors and checkpoints
         get its weights merged, checkpoints the adapter too. ``sample_log`` keeps some steps' trajectories as
         text (rank 0). ``reference``: the frozen policy of the reference KL (``loss.kl_coef`` > 0, full
         fine-tuning; sharded as ``model`` is): by default, in one process, a copy of ``model`` as given; with LoRA
-        the model itself with its adapters off."""
+        the model itself with its adapters off. ``distillation``: a teacher's log-probs turn into per-token
+        advantages (``forge.learner.distill``)."""
         if config.context_parallel > 1 and not config.tree:
             raise ValueError("--context-parallel splits packed trees: it needs --tree")
         if loss.function is not None:       # a team's own loss: checked on a dry batch (PluginError) before anything
@@ -100,6 +103,7 @@ class Trainer:
         self.dropped_groups: list[int] = []     # consumed, not trained (dynamic sampling), since the last record
         self.reference = self._reference(reference)
         self.previous = PreviousVersion()       # the version before the current one (--recompute-behaviour)
+        self.distillation = distillation
 
     def _reference(self, given: CausalLM | None) -> CausalLM | None:
         """The reference KL's separate frozen policy (None: off, or LoRA's base with adapters off)."""
@@ -192,6 +196,7 @@ class Trainer:
             return None
         batch, rewards, samples, staleness = taken
         started = time.perf_counter()
+        distilled = self.distillation.apply(samples, self.dist) if self.distillation is not None else {}
         micros, stem, packed_tokens = self._micro_batches(samples)
         side = self._side_logprobs(micros, stem, samples)
         self.model.train()
@@ -232,6 +237,7 @@ class Trainer:
                               stem_tokens=round(self.dist.sum(float(stem.num_nodes if stem is not None else 0)) * share))
         record["stem_rank_tokens"] = self.dist.max(state.computed_rows if state is not None else 0)
         record.update(self._mismatch_record(passes, samples))
+        record.update(distilled)
         record["loss"] += self.loss.kl_coef * record.get("ref_kl", 0.0)
         if config.sparse_layers:           # the same on every rank: the collectives run everywhere or nowhere
             sums = {name: self.dist.sum(value) for name, value in passes.tally.sums().items()}

@@ -324,7 +324,7 @@ def make_tree_batch(trie: Trie, samples: Sequence[Sample], first: int, last: int
         term_setting.append(np.full(count, setting, dtype=np.int64))
         targets += sample.tokens[sample.prompt_len:]
         old += sample.old_logprobs
-        adv += [sample.advantage] * count
+        adv += sample.completion_advantages()
         index += [row] * count
     empty = np.zeros(0, dtype=np.int64)
     term_local = _local(nodes, np.concatenate(term_nodes) if term_nodes else empty)
