@@ -97,6 +97,9 @@ class UpConfig(Settings):
                                                          "(torch backend, --cache); 0: every actor does both.")
     decode_actors: int = setting(0, min=0, max=16, help="With --prefill-actors: the decode actors (0: as many as "
                                                         "--actors).")
+    teacher_actors: int = setting(1, min=1, max=16, help="With [learner] teacher (on-policy distillation): actor "
+                                                         "processes serving the teacher model, which score the "
+                                                         "student's samples.")
     runs: tuple[str, ...] = setting((), flag="run", metavar="NAME", validate=check_run_names,
                                     help="Train several runs on one actor fleet (repeatable): per NAME a learner "
                                          "training LoRA adapters ([learner] lora_rank), a gateway, a pool and its "

@@ -151,6 +151,7 @@ class Plan:
 
     def _check_combination(self) -> None:
         self._check_runs()
+        self._check_teacher()
         if self.config.prefill_actors and not self.cache_on:
             raise SettingsError("--prefill-actors needs the torch backend and forge-cache (--cache): the prompt's KV "
                                 f"is handed over through it (the actors' backend is {self.backend})")
@@ -160,6 +161,17 @@ class Plan:
             raise SettingsError(f"[learner] lora_publish = \"adapters\" needs actors that merge adapter versions "
                                 f"({' or '.join(ADAPTER_BACKENDS)}); the actors' backend is {self.backend}: publish "
                                 f"merged weights")
+
+    def _check_teacher(self) -> None:
+        """A teacher whose tokenizer is not the student's is refused before anything starts."""
+        if self.teacher is None:
+            return
+        from forge.learner.distill import check_same_tokenizer
+
+        try:
+            check_same_tokenizer(self.config.model.path, self.teacher)
+        except ValueError as exc:               # ModelNotFound too
+            raise SettingsError(f"[learner] teacher: {exc}") from None
 
     @property
     def shared(self) -> bool:
@@ -213,8 +225,10 @@ class Plan:
     def cache(self) -> Instance:
         return self._instance("cache", "cache", {"dir": self.config.run_dir / "cache", "port": 0, **self.metrics()})
 
-    def learner(self, lane: Lane | None = None) -> Instance:
-        """The learner of ``lane`` (the run's only one by default); a shared run's publishes its adapters."""
+    def learner(self, lane: Lane | None = None, teachers: tuple[str, ...] = (),
+                pending: frozenset[str] = frozenset()) -> Instance:
+        """The learner of ``lane`` (the run's only one by default), asking the actors at ``teachers`` for its
+        teacher's log-probs; a shared run's publishes its adapters."""
         lane = lane or self.lanes()[0]
         secret = self.lane_curves[lane.name][0] if lane.name in self.lane_curves else \
             None if self.curve is None else self.curve.server_secret
@@ -225,10 +239,13 @@ class Plan:
         tracking = self.config.tracking
         samples = {"tracker": (), "sample_table_every": tracking.sample_every,
                    "sample_table_size": tracking.sample_size}
+        teacher = {"teacher_actor": teachers} if teachers else {}
+        keys = {**WIRED["learner"], "teacher_api_key": "actor"} if teachers else None
         return self._instance(lane.instance("learner"), "learner", {
             "pool": lane.directory / "pool", "run_dir": lane.directory / "learner", "create_pool": True,
             "weights_fetch": LOOPBACK_ANY, "weights_announce": LOOPBACK_ANY, "port": 0, **self.metrics(), **curve,
-            **shared, **samples}, own={"seed": self.config.seed + lane.index}, env={"OMP_NUM_THREADS": "1"})
+            **shared, **samples, **teacher}, own={"seed": self.config.seed + lane.index}, keys=keys,
+            env={"OMP_NUM_THREADS": "1"}, pending=pending)
 
     def actor(self, index: int, weights: Mapping[str, str] | None = None, l3_cache: str | None = None,
               pending: frozenset[str] = frozenset(), adapters: tuple[str, ...] = ()) -> Instance:
@@ -244,6 +261,20 @@ class Plan:
         keys = {n: k for n, k in WIRED["actor"].items() if l3_cache or n != "l3_api_key"}
         return self._instance(name, "actor", wiring, own={"seed": self.config.seed + index}, keys=keys,
                               pending=pending)
+
+    @property
+    def teacher(self) -> str | None:
+        """The learner's teacher model (on-policy distillation), None without one."""
+        return self.overrides["learner"].values.get("teacher")
+
+    def teacher_names(self) -> list[str]:
+        return [f"teacher-{i}" for i in range(self.config.teacher_actors)] if self.teacher is not None else []
+
+    def teacher_actor(self, name: str) -> Instance:
+        """An actor serving the teacher: its own model on the torch engine (which scores), no weight stream."""
+        keys = {n: k for n, k in WIRED["actor"].items() if n != "l3_api_key"}
+        return self._instance(name, "actor", {"port": 0, "name": name, "model": self.teacher, "backend": "torch",
+                                              **self.metrics()}, keys=keys)
 
     def gateway(self, name: str, pool: str, actors: list[str], prefill: list[str],
                 pending: frozenset[str] = frozenset(), lane: Lane | None = None) -> Instance:
@@ -271,7 +302,9 @@ class Plan:
         roles, lanes = self.roles(), self.lanes()
         weights = {"weights_fetch": LOOPBACK_ANY, "weights_announce": LOOPBACK_ANY}
         adapters = self.adapter_links({lane.name: weights for lane in lanes}) if self.shared else ()
-        found = [*([self.cache()] if self.cache_on else []), *(self.learner(lane) for lane in lanes),
+        teachers = tuple(stand_in(100 + i) for i in range(len(self.teacher_names())))
+        found = [*([self.cache()] if self.cache_on else []), *(self.teacher_actor(n) for n in self.teacher_names()),
+                 *(self.learner(lane, teachers, frozenset({"teacher_actor"})) for lane in lanes),
                  *(self.actor(i, None if self.shared else weights, stand_in(0) if self.cache_on else None,
                               frozenset({*weights, "l3_cache", "adapter"}), adapters) for i in range(len(roles)))]
         serving = [stand_in(1 + i) for i, (_, role) in enumerate(roles) if role != "prefill"]

@@ -60,14 +60,17 @@ class System:
         return plan
 
     def start(self) -> None:
-        """Start the services level by level: forge-cache and the learners side by side, then every actor, then
-        every gateway; each level waits for the ready files of the one before, whose addresses it is given."""
+        """Start the services level by level: forge-cache and the learners side by side (after the teacher's
+        actors, when distilling: the learners are given their addresses), then every actor, then every gateway;
+        each level waits for the ready files of the one before, whose addresses it is given."""
         plan = self.plan()
         cache = self._start(plan.cache()) if plan.cache_on else None
         lanes = plan.lanes()
         for lane in lanes:
             lane.directory.mkdir(parents=True, exist_ok=True)
-        learners = {lane.name: self._start(plan.learner(lane)) for lane in lanes}
+        teachers = [self._start(plan.teacher_actor(name)) for name in plan.teacher_names()]
+        scoring = tuple(teacher.wait_ready().info["address"] for teacher in teachers)
+        learners = {lane.name: self._start(plan.learner(lane, scoring)) for lane in lanes}
         l3 = cache.wait_ready().info["address"] if cache is not None else None
         endpoints = {name: {field: learner.wait_ready().info[field] for field in ("weights_fetch", "weights_announce")}
                      for name, learner in learners.items()}
