@@ -88,8 +88,9 @@ class UpConfig(Settings):
     run_dir: Path | None = setting(None, path="dir", help="Where logs, the pool, checkpoints, metrics and plots go "
                                                           "[default: runs/up-<time>].")
     minutes: float = setting(10.0, min=0.1, help="How long to train (the held-out readings come on top).")
-    steps: int = setting(0, min=0, help="Stop once the learner has made this many steps (0: train for --minutes; "
-                                        "--minutes still bounds the run).")
+    steps: int = setting(0, min=0, help="Train this many learner steps: the learner stops at the last (its "
+                                        "max_steps) and the run ends with it (0: train for --minutes, which still "
+                                        "bounds the run).")
     actors: int = setting(1, min=1, max=16, help="Actor processes (with --prefill-actors: decode actors, unless "
                                                  "--decode-actors says how many).")
     prefill_actors: int = setting(0, min=0, max=16, help="Prefill actors: calls are prefilled there and continued on "

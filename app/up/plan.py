@@ -244,8 +244,13 @@ class Plan:
         return self._instance(lane.instance("learner"), "learner", {
             "pool": lane.directory / "pool", "run_dir": lane.directory / "learner", "create_pool": True,
             "weights_fetch": LOOPBACK_ANY, "weights_announce": LOOPBACK_ANY, "port": 0, **self.metrics(), **curve,
-            **shared, **samples, **teacher}, own={"seed": self.config.seed + lane.index}, keys=keys,
+            **shared, **samples, **teacher}, own={"seed": self.config.seed + lane.index, **self._last_step()}, keys=keys,
             env={"OMP_NUM_THREADS": "1"}, pending=pending)
+
+    def _last_step(self) -> dict[str, int]:
+        """With --steps N the learner stops at step N itself (the end's held-out reading then reads the policy of
+        step N, not one still training on the groups queued meanwhile)."""
+        return {"max_steps": self.config.steps} if self.config.steps else {}
 
     def actor(self, index: int, weights: Mapping[str, str] | None = None, l3_cache: str | None = None,
               pending: frozenset[str] = frozenset(), adapters: tuple[str, ...] = ()) -> Instance:

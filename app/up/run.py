@@ -171,12 +171,15 @@ async def run(config: UpConfig, console: Console, team: Team | None = None
         for part in lanes.parts:
             part.live.training_started = started
         deadline = started + config.minutes * 60
+        ended: list[str] = []
         with Live(lanes.view(), console=console, refresh_per_second=1) as shown:
             while (not stop.is_set() and time.time() < deadline and not any(task.done() for task in driving)
-                   and not lanes.trained_enough()):
+                   and not lanes.trained_enough() and not (ended := system.exited())):
                 await asyncio.sleep(1.0)
                 lanes.track()
                 shown.update(lanes.view())
+        if ended:
+            console.print(f"{', '.join(ended)} ended: the run ends (logs in {config.run_dir / 'logs'})")
         stop.set()
         await asyncio.gather(*driving)
         stop_polling.set()
@@ -209,8 +212,19 @@ def lane_result(part: LaneRun, settings: dict[str, Any]) -> dict[str, Any]:
             "eval_failed_sessions": live.eval_failures, "episodes": driver.stats.episodes,
             "blackbox_episodes": driver.stats.blackbox, "failed_episodes": driver.stats.failed,
             "failures": list(driver.stats.failures), "train_reward": driver.stats.reward(),
-            "learner": live.gauges.get(lane.instance("learner"), {}),
+            "learner": _learner_figures(lane, live.gauges.get(lane.instance("learner"), {})),
             "gateway": live.gauges.get(lane.instance("gateway"), {}), "minutes": (time.time() - live.started) / 60}
+
+
+def _learner_figures(lane: Lane, gauges: dict[str, float]) -> dict[str, float]:
+    """The learner's last Stats gauges, its step and version those of its last metrics record where that is later
+    (a learner that stopped at its last step, --steps, between two polls of its Stats)."""
+    metrics = lane.directory / "learner" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    last = json.loads(lines[-1]) if lines and lines[-1].strip() else {}
+    if last.get("step", 0) <= gauges.get("step", 0):
+        return gauges
+    return {**gauges, "step": float(last["step"]), "version": float(last.get("version", gauges.get("version", 0)))}
 
 
 async def evaluate_both(config: UpConfig, actor: str, tokenizer, api_key: str | None = None, adapter: str = ""

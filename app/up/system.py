@@ -108,6 +108,10 @@ class System:
             entry["api_key_file"] = str(self.keys.file(kind))
         return entry
 
+    def exited(self) -> list[str]:
+        """The services whose process has ended (a learner that made its last step, or one that crashed)."""
+        return [process.name for process in self.services if not process.alive]
+
     def get(self, name: str) -> ServiceProcess:
         return next(s for s in self.services if s.name == name)
 
