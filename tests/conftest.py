@@ -44,6 +44,7 @@ HEAVY = SERIAL | frozenset({
     "tests/integration/rollout/test_dataset_hub.py",        # a Hub dataset through a stand-in Hub, then offline
     "tests/integration/rollout/test_env_refusals.py",       # forge up refusing environments, a process each
     "tests/integration/core/test_tracking_mlflow.py",       # forge-learner against a real MLflow server, killed too
+    "tests/integration/app/test_distill_up.py",             # a forge up run distilling from a teacher's actor
 })
 
 

@@ -88,3 +88,19 @@ def random_tiny_moe(directory: Path, seed: int = 0, router_scale: float = 10.0) 
     scale_routers(model, router_scale)
     model.save_pretrained(path)
     return path
+
+
+def perturbed_tiny(directory: Path, scale: float = 0.5, seed: int = 0) -> Path:
+    """The built-in tiny model (its tokenizer too) with every weight moved by ``scale`` of its tensor's standard
+    deviation of noise: another model of the same tokenizer, e.g. a teacher to distil from."""
+    from forge.checkpoints import TINY_DIR
+
+    model = CausalLM.from_pretrained(TINY_DIR)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * parameter.std() * scale)
+    model.save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (directory / name).write_bytes((TINY_DIR / name).read_bytes())
+    return directory
