@@ -18,11 +18,8 @@ Per loss:
   in value), and the run's wall time (start-up, both held-out readings and training) with its training time (first
   to last step) in parentheses.
 
-Each run stops at exactly ``--steps``: ``forge up --steps N`` alone stops its rollouts once it sees the learner at
-step N, but its learner keeps training on the queued groups during the end reading (and when the learner stops
-itself with ``learner.max_steps``, forge up's poll of its step may miss it), so the learner is also given
-``--set learner.max_steps=N``, and the bench sends forge up a SIGINT (its Ctrl-C: it stops cleanly, with the end
-reading) once the learner has stopped at step N. Repeats are interleaved (repeat 1 of every loss, then repeat 2,
+Each run stops at exactly ``--steps``: ``forge up --steps N`` has its learner stop at step N and ends the run
+with it, so the end reading reads the policy of step N. Repeats are interleaved (repeat 1 of every loss, then repeat 2,
 ...) so that the machine's load falls on every loss alike; the table gives medians over ``--repeats``. Every run's
 directory (logs, summary.json, metrics.jsonl) is kept under ``--out``, with results.json.
 
@@ -39,7 +36,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -55,7 +51,6 @@ from forge.learner.loss_config import LOSS_KINDS
 log = logging.getLogger("bench.algorithms")
 
 MISMATCH = ("mismatch_kl", "mismatch_abs_logp", "mismatch_outside")
-GRACE_S = 6.0          # forge up polls the learner every 2 s: after this, it missed the last step
 TAIL_LINES = 40
 
 
@@ -116,7 +111,7 @@ def up_args(loss: str, run_dir: Path, steps: int, seed: int, eval_size: int, eva
             minutes: float) -> list[str]:
     args = ["up", "--run-dir", str(run_dir), "--steps", str(steps), "--minutes", str(minutes),
             "--eval-size", str(eval_size), "--eval-samples", str(eval_samples), "--seed", str(seed),
-            "--set", f"learner.loss={loss}", "--set", f"learner.max_steps={steps}"]
+            "--set", f"learner.loss={loss}"]
     if loss == "dr_grpo":
         args += ["--set", "learner.normalize=none"]
     return args
@@ -124,30 +119,20 @@ def up_args(loss: str, run_dir: Path, steps: int, seed: int, eval_size: int, eva
 
 def run_one(forge: Path, loss: str, run_dir: Path, steps: int, seed: int, eval_size: int, eval_samples: int,
             minutes: float) -> dict[str, Any]:
-    """One ``forge up`` run of ``loss``, stopped once its learner stopped at ``steps``; its figures."""
+    """One ``forge up`` run of ``loss`` for ``steps`` learner steps; its figures."""
     run_dir.mkdir(parents=True)
     up_log = run_dir / "forge-up.log"
     metrics_path = run_dir / "learner" / "metrics.jsonl"
-    learner_log = run_dir / "logs" / "learner.log"
     command = [str(forge), *up_args(loss, run_dir, steps, seed, eval_size, eval_samples, minutes)]
     env = {**os.environ, "COLUMNS": "120", "TERM": "dumb", "NO_COLOR": "1"}
     started = time.perf_counter()
     hard_limit = minutes * 60 + 600            # forge up's own --minutes bounds training; the readings come on top
-    signalled_at: float | None = None
-    learner_done_at: float | None = None
     with up_log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             while process.poll() is None:
                 time.sleep(1.0)
-                now = time.perf_counter()
-                if learner_done_at is None and learner_log.is_file() and \
-                        f"learner stopped at step {steps} " in learner_log.read_text(errors="replace"):
-                    learner_done_at = now
-                if signalled_at is None and learner_done_at is not None and now - learner_done_at > GRACE_S:
-                    process.send_signal(signal.SIGINT)          # forge up's Ctrl-C: stop rolling out, read, stop
-                    signalled_at = now
-                if now - started > hard_limit:
+                if time.perf_counter() - started > hard_limit:
                     process.terminate()
                     process.wait(120)
                     raise failure(f"{loss}: forge up still ran after {hard_limit:.0f} s; stopped", run_dir, up_log)
@@ -184,8 +169,7 @@ def run_one(forge: Path, loss: str, run_dir: Path, steps: int, seed: int, eval_s
             "eval_end": summary["eval_end"], **mismatch,
             "mismatch_current_frac": statistics.fmean(current) if current else float("nan"),
             "final_loss": last["loss"], "wall_s": wall,
-            "train_s": last["time"] - min(r["time"] for r in steps_done), "episodes": summary.get("episodes", 0),
-            "stopped_by_bench": signalled_at is not None}
+            "train_s": last["time"] - min(r["time"] for r in steps_done), "episodes": summary.get("episodes", 0)}
 
 
 def median(runs: list[dict[str, Any]], key: str, domain: str | None = None) -> float:
@@ -250,9 +234,8 @@ def main(losses: list[str], steps: int, repeats: int, seed: int, eval_size: int,
         results[loss].append(result)
         readings = ", ".join(f"{d} {result['eval_start'][d]:.2f}→{result['eval_end'][d]:.2f}"
                              for d in result["domains"])
-        log.info("run %d/%d: %s, repeat %d: %d steps in %.0f s (training %.0f s)%s; held-out %s; k3 KL %.1e; "
-                 "loss %+.4f", number, len(planned), loss, repeat, steps, result["wall_s"], result["train_s"],
-                 " [stopped by the bench]" if result["stopped_by_bench"] else "", readings,
+        log.info("run %d/%d: %s, repeat %d: %d steps in %.0f s (training %.0f s); held-out %s; k3 KL %.1e; "
+                 "loss %+.4f", number, len(planned), loss, repeat, steps, result["wall_s"], result["train_s"], readings,
                  statistics.fmean(result[f"mismatch_kl/{d}"] for d in result["domains"]), result["final_loss"])
     rows = table(results)
     (out / "results.json").write_text(json.dumps({"settings": {
