@@ -3,7 +3,8 @@ size), with LoRA adapters of a given rank (their B drawn at random, the same on 
 the gradients each step used and the resulting parameters. The cases run one after another in the same processes
 (one job, one process group: the start-up of torch and of the job is paid once), each from a fresh seed, model,
 trainer and context groups. Arguments: CASES [DEVICE], CASES a JSON file of a list of cases, each {"model", "pool",
-"out", "micro_batch_tokens", "lora_rank", "context_parallel", "activation_checkpointing"}; DEVICE: cpu, the default,
+"out", "micro_batch_tokens", "lora_rank", "context_parallel", "activation_checkpointing", "loss" (LossConfig's
+fields)}; DEVICE: cpu, the default,
 or cuda (a GPU per rank, NCCL)."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from forge.pool.window import WindowConfig
 
 
 def step(distributed: Distributed, model: str, pool: str, out: str, micro_batch_tokens: int, lora_rank: int = 0,
-         context_parallel: int = 1, activation_checkpointing: bool = False) -> None:
+         context_parallel: int = 1, activation_checkpointing: bool = False, loss: dict | None = None) -> None:
     torch.manual_seed(0)
     network = load_model(model)[0]          # Forge's own family, or transformers'
     lora = LoraConfig(rank=lora_rank, alpha=8.0, publish="adapters") if lora_rank else None
@@ -38,7 +39,7 @@ def step(distributed: Distributed, model: str, pool: str, out: str, micro_batch_
     trainer = Trainer(network, distributed, TrainerConfig(lr=1e-3, micro_batch_tokens=micro_batch_tokens,
                                                           context_parallel=context_parallel,
                                                           activation_checkpointing=activation_checkpointing),
-                      LossConfig(mtp_weight=0.5, mtp_top_k=8), RewardConfig(),
+                      LossConfig(mtp_weight=0.5, mtp_top_k=8, **(loss or {})), RewardConfig(),
                       WindowConfig(window=16, batch_groups=4), rollouts, lora=lora)
     grads = capture_gradients(trainer, network)
     record = trainer.step()

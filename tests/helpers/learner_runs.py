@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -83,6 +84,7 @@ class Step:
     context_parallel: int = 1
     micro_batch_tokens: int = 64
     activation_checkpointing: bool = False
+    loss: tuple[tuple[str, Any], ...] = ()      # LossConfig fields of the step's loss (default: CISPO)
 
 
 def steps(wanted: list[Step], device: str = "cpu") -> list[dict]:
@@ -92,13 +94,13 @@ def steps(wanted: list[Step], device: str = "cpu") -> list[dict]:
     cases = []
     for step in wanted:
         name = (f"{step.nproc}-{step.context_parallel}-{step.lora_rank}-{int(step.activation_checkpointing)}-"
-                f"{step.micro_batch_tokens}-{device}")
+                f"{step.micro_batch_tokens}-{device}" + "".join(f"-{value}" for _, value in step.loss))
         copy = step.directory / f"pool-{name}"
         shutil.copytree(step.directory / "pool", copy)
         cases.append({"model": str(step.model_dir), "pool": str(copy), "out": str(step.directory / f"params-{name}.pt"),
                       "micro_batch_tokens": step.micro_batch_tokens, "lora_rank": step.lora_rank,
                       "context_parallel": step.context_parallel,
-                      "activation_checkpointing": step.activation_checkpointing})
+                      "activation_checkpointing": step.activation_checkpointing, "loss": dict(step.loss)})
     for nproc in sorted({step.nproc for step in wanted}):
         job = [case for step, case in zip(wanted, cases, strict=True) if step.nproc == nproc]
         listed = Path(job[0]["out"]).with_suffix(".json")

@@ -34,6 +34,12 @@ CONFIGS = {"dense": CONFIG, "experts": MOE_CONFIG}
 AFTER_A_STEP, FOR_A_FAMILY, WITH_LORA = ("test_fsdp2_two_processes_equal_one_after_a_step",
                                          "test_fsdp2_two_processes_equal_one_for_a_family_trained_through_transformers",
                                          "test_fsdp2_two_processes_equal_one_with_lora")
+FOR_EACH_LOSS = "test_fsdp2_two_processes_equal_one_with_lora_for_each_loss"
+# Each loss besides CISPO, with LoRA adapters (rank 4), two of them with the reference KL (LoRA's: adapters off) and
+# a mismatch correction on top.
+LOSSES = {"ppo": (("kind", "ppo"),), "grpo": (("kind", "grpo"), ("kl_coef", 0.2), ("correction", "icepop")),
+          "gspo": (("kind", "gspo"), ("kl_coef", 0.3), ("kl_estimator", "k2"), ("correction", "tis")),
+          "dapo": (("kind", "dapo"),), "dr_grpo": (("kind", "dr_grpo"), ("dr_grpo_max_tokens", 16))}
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +68,18 @@ def fsdp2_steps(request, tmp_path_factory) -> dict[tuple[str, str], tuple[dict, 
                 fill_on_policy(pool, load_model(model_dir)[0], groups=4, vocab=SMALL["vocab_size"], group_size=3,
                                system_len=12)
             prepared[FOR_A_FAMILY, family] = (directory, model_dir, 0, reference.state_dict())
-    results = iter(steps([Step(directory, model_dir, nproc, lora_rank)
-                          for directory, model_dir, lora_rank, _ in prepared.values() for nproc in (1, 2)]))
+    losses = {case: () for case in prepared}
+    for name, loss in LOSSES.items():
+        if (FOR_EACH_LOSS, name) in selected:
+            directory = root / f"loss-{name}"
+            model = make_model(7, CONFIG)
+            model.save_pretrained(directory / "model")
+            with Pool(directory / "pool") as pool:
+                fill_from(pool, model, groups=4, group_size=3, calls=2, max_tokens=9)
+            prepared[FOR_EACH_LOSS, name] = (directory, directory / "model", 4, model.state_dict())
+            losses[FOR_EACH_LOSS, name] = loss
+    results = iter(steps([Step(directory, model_dir, nproc, lora_rank, loss=losses[case])
+                          for case, (directory, model_dir, lora_rank, _) in prepared.items() for nproc in (1, 2)]))
     return {case: (before, next(results), next(results)) for case, (*_, before) in prepared.items()}
 
 
@@ -91,7 +107,17 @@ def test_fsdp2_two_processes_equal_one_for_a_family_trained_through_transformers
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_fsdp2_two_processes_equal_one_with_lora(fsdp2_steps, config):
     """Adapters sharded with their layers beside frozen weights; only they and the MTP draft move."""
-    base, one, two = fsdp2_steps[WITH_LORA, config]
+    assert_same_lora_step(*fsdp2_steps[WITH_LORA, config])
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_fsdp2_two_processes_equal_one_with_lora_for_each_loss(fsdp2_steps, loss):
+    """Every loss (and the reference KL and a correction on two of them) trains LoRA adapters alike on 1 and 2."""
+    assert_same_lora_step(*fsdp2_steps[FOR_EACH_LOSS, loss])
+
+
+def assert_same_lora_step(base: dict, one: dict, two: dict) -> None:
     assert one["loss"] == pytest.approx(two["loss"], abs=1e-5) and one["tokens"] == two["tokens"] > 0
     trained = {name for name in one["grads"] if ".lora_" in name or name.startswith("mtp.")}
     assert one["grads"].keys() == two["grads"].keys() == trained and len(trained) > 10
