@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 AFFINITY_TOKENS = 64        # the leading tokens that pick a sample's actor
 SCORE_TIMEOUT_S = 600.0     # one scoring request, queued behind the others on a busy actor included
+UNREACHABLE_WAIT_S = 900.0  # how long every teacher actor may be unreachable (loading, restarting) before a step fails
+UNREACHABLE_RETRY_S = 2.0
 
 
 class TeacherError(RuntimeError):
@@ -97,20 +99,28 @@ class TeacherScorer:
         return list(self._threads.map(self._score_one, samples))
 
     def _score_one(self, sample: Sample) -> list[float]:
+        """The sample's scores from its actor, else the next one; while every actor is unreachable (still loading
+        the teacher, restarting), asked again for up to ``UNREACHABLE_WAIT_S``."""
         if not sample.num_completion:
             return []
         first = self._actor_of(sample)
-        reasons = []
-        for turn in range(len(self.actors)):          # the next actor where one is down
-            index = (first + turn) % len(self.actors)
-            try:
-                return self._ask(index, sample)
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:        # the same on every actor
-                    raise TeacherError(f"teacher actor {self.actors[index]} refused a sample: {exc.details()}") \
-                        from None
-                reasons.append(f"{self.actors[index]}: {exc.code().name} {exc.details()}")
-        raise TeacherError(f"no teacher actor scored a sample: {'; '.join(reasons)}")
+        deadline = time.monotonic() + UNREACHABLE_WAIT_S
+        while True:
+            reasons, unreachable = [], True
+            for turn in range(len(self.actors)):          # the next actor where one is down
+                index = (first + turn) % len(self.actors)
+                try:
+                    return self._ask(index, sample)
+                except grpc.RpcError as exc:
+                    if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:        # the same on every actor
+                        raise TeacherError(f"teacher actor {self.actors[index]} refused a sample: "
+                                           f"{exc.details()}") from None
+                    unreachable &= exc.code() == grpc.StatusCode.UNAVAILABLE
+                    reasons.append(f"{self.actors[index]}: {exc.code().name} {exc.details()}")
+            if not unreachable or time.monotonic() > deadline:
+                raise TeacherError(f"no teacher actor scored a sample: {'; '.join(reasons)}")
+            log.warning("no teacher actor is reachable (%s): asking again", "; ".join(reasons))
+            time.sleep(UNREACHABLE_RETRY_S)
 
     def _actor_of(self, sample: Sample) -> int:
         head = sample.tokens[:min(AFFINITY_TOKENS, sample.prompt_len)]
