@@ -91,6 +91,10 @@ class DeployConfig(Settings):
                                                        "CPU process).")
     actors: int = setting(1, min=1, max=4096, help="Actors (inference servers).")
     actor_gpus: int = setting(1, min=0, max=64, help="GPUs of each actor (0: a CPU actor).")
+    teacher_actors: int = setting(1, min=1, max=4096,
+                                  help="Actors serving the run file's [learner] teacher (on-policy distillation), "
+                                       "each with --actor-gpus GPUs; slurm: beside the actors, on their nodes. "
+                                       "None without a teacher.")
     gateways: int = setting(1, min=1, max=64, help="Gateways; with a [tasks] and [agent] run file, one rollout "
                                                    "driver each.")
     relay_fanout: int = setting(0, min=0, max=1024,

@@ -43,10 +43,10 @@ RUN_CONFIG = "forge-run"
 POD_NAME = "FORGE_POD_NAME"         # every pod's own name (the downward API), whose ordinal is its rank or index
 GPU = "nvidia.com/gpu"
 # Seconds a service may take to start before its liveness probe counts (model loading, vLLM's engine start-up).
-START_S = {"learner": 1800, "actor": 900, "gateway": 300, "pool": 300, "cache": 300}
+START_S = {"learner": 1800, "actor": 900, "teacher": 900, "gateway": 300, "pool": 300, "cache": 300}
 # Seconds a pod is given to stop on SIGTERM (the learner checkpoints after its current step).
-STOP_S = {"learner": 600, "actor": 60, "gateway": 60, "pool": 60, "cache": 30, "rollout": 60}
-HUB_READERS = ("learner", "actor", "gateway", "rollout")   # the pods that load a model (a Hub one from the cache)
+STOP_S = {"learner": 600, "actor": 60, "teacher": 60, "gateway": 60, "pool": 60, "cache": 30, "rollout": 60}
+HUB_READERS = ("learner", "actor", "teacher", "gateway", "rollout")   # the pods that load a model (a Hub one from the cache)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -98,6 +98,14 @@ class Manifests:
     def actor_host(self, index: int | str) -> str:
         return f"actor-{index}.actor.{self.config.namespace}.svc"
 
+    def teacher_host(self, index: int | str) -> str:
+        return f"teacher-{index}.teacher.{self.config.namespace}.svc"
+
+    @property
+    def teachers(self) -> int:
+        """The teacher's actors (on-policy distillation): none without a [learner] teacher."""
+        return self.config.teacher_actors if self.run.teacher is not None else 0
+
     def gateway_host(self, index: int | str) -> str:
         return f"gateway-{index}.gateway-pods.{self.config.namespace}.svc"
 
@@ -110,7 +118,13 @@ class Manifests:
         rank = Shell("$rank") if self.config.learner_nodes > 1 else 0
         return services.learner(self.run, self.config, name="learner", run_file=RUN_FILE_IN_POD, rank=rank,
                                 rdzv=f"learner-0.learner.{self.config.namespace}.svc:{RDZV_PORT}",
-                                pool=self.pool_address, run_dir=f"{self.base}/learner")
+                                pool=self.pool_address, run_dir=f"{self.base}/learner",
+                                teachers=[f"{self.teacher_host(k)}:{ACTOR_PORT}" for k in range(self.teachers)])
+
+    def teacher_command(self) -> Command:
+        """The teacher's actors' command (on-policy distillation)."""
+        return services.teacher(self.run, self.config, name=Shell(f"${POD_NAME}"), run_file=RUN_FILE_IN_POD,
+                                host=ANY, port=ACTOR_PORT)
 
     def actor_command(self, relay: bool = False) -> Command:
         """The actors' command (``relay``: with the relay options, which the pods add where they have children)."""
@@ -199,7 +213,7 @@ class Manifests:
         volumes: list[dict[str, Any]] = [
             {"name": "run-file", "configMap": {"name": RUN_CONFIG}},
             {"name": "shared", "persistentVolumeClaim": {"claimName": self.config.volume}}]
-        if component in ("learner", "actor"):
+        if component in ("learner", "actor", "teacher"):
             volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
         spec: dict[str, Any] = {"enableServiceLinks": False, "terminationGracePeriodSeconds": STOP_S[component],
                                 "containers": [container], "volumes": volumes}
@@ -283,6 +297,10 @@ class Manifests:
                     probes=self.grpc_probes(CACHE_PORT, "cache")))])
         add("20-learner.yaml", f"The learner: {c.learner_nodes} node(s) of {c.learner_processes} process(es); "
                                "rank 0 (pod learner-0) serves Stats and the weights.", self.learner_documents())
+        if self.teachers:
+            add("25-teacher.yaml", f"The teacher's actors ([learner] teacher: {run.teacher}): {self.teachers}, which "
+                                   "the learner asks for the log-probs of the student's samples.",
+                self.teacher_documents())
         add("30-actors.yaml", f"The actors: {c.actors}" + (f", in a weights relay tree of fan-out {c.relay_fanout}"
                                                            if c.relay_fanout else "") + ".", self.actor_documents())
         add("40-gateway.yaml", f"The gateway(s): {c.gateways}, behind the Service 'gateway' (the agents' door).",
@@ -353,6 +371,13 @@ class Manifests:
         container = self.container(command, ["/bin/sh", "-c", script(prelude, command.words(), tail)], ports=ports,
                                    probes=self.grpc_probes(ACTOR_PORT, "actor"), gpus=c.actor_gpus)
         return [self.service("actor", "actor", ports), self.stateful_set("actor", "actor", "actor", c.actors, container)]
+
+    def teacher_documents(self) -> list[dict[str, Any]]:
+        command = self.teacher_command()
+        container = self.container(command, ["/bin/sh", "-c", script([], command.words())], ports={"grpc": ACTOR_PORT},
+                                   probes=self.grpc_probes(ACTOR_PORT, "teacher"), gpus=self.config.actor_gpus)
+        return [self.service("teacher", "teacher", {"grpc": ACTOR_PORT}),
+                self.stateful_set("teacher", "teacher", "teacher", self.teachers, container)]
 
     def gateway_documents(self) -> list[dict[str, Any]]:
         command = self.gateway_command()

@@ -72,6 +72,11 @@ class RunFile:
         return self._fields(ModelChoice, "model").get("model")
 
     @property
+    def teacher(self) -> str | None:
+        """``[learner] teacher``: the model the learner distils from, served by actors of its own (None: none)."""
+        return self.options("learner").get("teacher")
+
+    @property
     def model_impl(self) -> str | None:
         """``[model] impl`` (None: not given)."""
         from forge.rollout.config import ModelChoice
@@ -84,7 +89,8 @@ class RunFile:
         where the services run, which then read them from the cache."""
         from forge.checkpoints.reference import hub_id_of
 
-        named = [self.model, *(self.options(kind).get("model") for kind in ("learner", "actor", "gateway"))]
+        named = [self.model, *(self.options(kind).get("model") for kind in ("learner", "actor", "gateway")),
+                 self.teacher]
         ids = (hub_id_of(m) for m in named if isinstance(m, str))
         return list(dict.fromkeys(str(hub) for hub in ids if hub is not None))
 

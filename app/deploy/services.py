@@ -9,6 +9,7 @@ is the wiring — listeners, addresses, directories, keys — which a run file's
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,13 +133,15 @@ def _ready(ready_file: str | None) -> dict[str, Any]:
 
 
 def learner(run: RunFile, config: DeployConfig, *, name: str, run_file: str, rank: int | Shell, rdzv: str,
-            pool: str, run_dir: str, ready_file: str | None = None) -> Command:
-    """One learner node: ``--nproc`` processes, rank 0 of the job serving Stats and the weights."""
+            pool: str, run_dir: str, ready_file: str | None = None, teachers: Sequence[str] = ()) -> Command:
+    """One learner node: ``--nproc`` processes, rank 0 of the job serving Stats and the weights, asking the actors
+    at ``teachers`` for the teacher's log-probs when the run distils."""
+    keys = {**service("learner").keys, "teacher_api_key": "actor"} if teachers else None
     return _command(run, "learner", name, run_file, {
         "nproc": config.learner_processes, **multinode_values(config.learner_nodes, rank, rdzv),
         "host": ANY, "port": LEARNER_PORT, "weights_fetch": f"tcp://{ANY}:{WEIGHTS_FETCH_PORT}",
         "weights_announce": f"tcp://{ANY}:{WEIGHTS_ANNOUNCE_PORT}", "pool_address": pool, "run_dir": _path(run_dir),
-        **_ready(ready_file)})
+        **({"teacher_actor": tuple(teachers)} if teachers else {}), **_ready(ready_file)}, keys)
 
 
 def actor(run: RunFile, config: DeployConfig, *, name: str, run_file: str, host: str, port: int, fetch: str,
@@ -151,6 +154,20 @@ def actor(run: RunFile, config: DeployConfig, *, name: str, run_file: str, host:
         "host": host, "port": port, "name": name, "weights_fetch": fetch, "weights_announce": announce,
         **(relay_values(*relay) if relay else {}), **({"l3_cache": cache} if cache else {}), **_ready(ready_file)},
         keys)
+
+
+def teacher(run: RunFile, config: DeployConfig, *, name: str, run_file: str, host: str, port: int,
+            ready_file: str | None = None) -> Command:
+    """An actor serving the run's ``[learner] teacher`` (on-policy distillation): the actors' settings, but its own
+    model on the torch engine (which scores), no weight stream and no L3 cache."""
+    from forge.checkpoints.reference import hub_id_of
+
+    keys = {k: v for k, v in service("actor").keys.items() if k != "l3_api_key"}
+    command = _command(run, "actor", name, run_file, {"host": host, "port": port, "name": name, "backend": "torch",
+                                                      **_ready(ready_file)}, keys)
+    hub = hub_id_of(run.teacher) if run.teacher is not None else None
+    return dataclasses.replace(command, values={**command.values,
+                                                "model": Shell(str(hub)) if hub is not None else run.teacher})
 
 
 def gateway(run: RunFile, config: DeployConfig, *, name: str, run_file: str, grpc_port: int, http_port: int,

@@ -40,7 +40,8 @@ class BatchScript:
         self.config = config
         self.run = run
         self.cache_on = config.cache and run.cache_serves_actors
-        self.layout = Layout.of(config)
+        self.teachers = config.teacher_actors if run.teacher is not None else 0
+        self.layout = Layout.of(config, self.teachers)
 
     @staticmethod
     def node(index: int) -> Shell:
@@ -78,7 +79,18 @@ class BatchScript:
         return services.learner(self.run, self.config, name=f"learner-rank{rank}", run_file=Shell("$RUN_FILE"),
                                 rank=rank, rdzv=Shell(f"{self.learner_address(0)}:{RDZV_PORT}"),
                                 pool=Shell(f"{self.services_address}:{POOL_PORT}"), run_dir=Shell("$RUN/learner"),
-                                ready_file=Shell("$READY/learner.json"))
+                                ready_file=Shell("$READY/learner.json"),
+                                teachers=[Shell(f"{self.address(self.layout.teachers[k])}:{self.teacher_port(k)}")
+                                          for k in range(self.teachers)])
+
+    def teacher_port(self, index: int) -> int:
+        return ACTOR_PORT + self.layout.teacher_slot(index) * SLOT_STRIDE
+
+    def teacher_command(self, index: int) -> Command:
+        """The teacher's actor ``index`` (on-policy distillation), listening on its node's address."""
+        return services.teacher(self.run, self.config, name=f"teacher-{index}", run_file=Shell("$RUN_FILE"),
+                                host=self.address(self.layout.teachers[index]), port=self.teacher_port(index),
+                                ready_file=Shell(f"$READY/teachers/teacher-{index}.json"))
 
     def actor_command(self, index: int) -> Command:
         c = self.config
@@ -206,7 +218,7 @@ class BatchScript:
             'done',
             'mkdir -p "$RUN/learner" "$RUN/cache" "$LOGS"',
             'rm -rf "$READY"',
-            'mkdir -p "$READY/actors"',
+            'mkdir -p "$READY/actors" "$READY/teachers"',
             'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then',
             '    echo "restart ${SLURM_RESTART_COUNT} of job $SLURM_JOB_ID: the learner resumes from its last checkpoint"',
             "fi",
@@ -247,6 +259,12 @@ class BatchScript:
         if self.cache_on:
             lines += ["", "# The L3 KV cache.", self.start(self.cache_command(), SERVICES_NODE),
                       'wait_file cache "$READY/cache.json"']
+        if self.teachers:
+            lines += ["", f"# The teacher's actors ([learner] teacher: {self.run.teacher}), which the learner asks for "
+                          "the log-probs of the student's samples."]
+            lines += [self.start(self.teacher_command(k), node, layout.teacher_devices(k))
+                      for k, node in enumerate(layout.teachers)]
+            lines += [f'wait_file teacher-{k} "$READY/teachers/teacher-{k}.json"' for k in range(self.teachers)]
         lines += ["", f"# The learner: {c.learner_nodes} rank(s), rank 0 serving Stats and the weights."]
         lines += [self.start(self.learner_command(r), node, layout.learner_devices())
                   for r, node in enumerate(layout.learners)]

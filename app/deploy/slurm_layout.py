@@ -25,16 +25,19 @@ class Layout:
     actors_per_node: int
     learner_gpus: int
     actor_gpus: int
+    teachers: tuple[int, ...] = ()      # node of each of the teacher's actors (on-policy distillation)
 
     @classmethod
-    def of(cls, config: DeployConfig) -> Layout:
-        """The layout of ``config``'s services on its job's nodes (``DeployConfig.check`` refused what cannot be
-        placed)."""
+    def of(cls, config: DeployConfig, teachers: int = 0) -> Layout:
+        """The layout of ``config``'s services, and of ``teachers`` actors serving a teacher, on its job's nodes
+        (``DeployConfig.check`` refused what cannot be placed): teacher k beside actor k (modulo the actors), after
+        the actors of its node."""
         c = config
         nodes = c.job_nodes
         learners = tuple((1 + rank) % nodes for rank in range(c.learner_nodes))
         actors = tuple((1 + c.learner_nodes + i // c.actors_per_node) % nodes for i in range(c.actors))
-        return cls(nodes, learners, actors, c.actors_per_node, c.learner_gpus, c.actor_gpus)
+        return cls(nodes, learners, actors, c.actors_per_node, c.learner_gpus, c.actor_gpus,
+                   tuple(actors[k % len(actors)] for k in range(teachers)))
 
     @property
     def shared(self) -> bool:
@@ -45,13 +48,18 @@ class Layout:
         """The actor's place among the actors of its node (its ports are offset by it)."""
         return index % self.actors_per_node
 
+    def teacher_slot(self, index: int) -> int:
+        """The teacher actor's place on its node, after the node's actors' places (its ports are offset by it)."""
+        node = self.teachers[index]
+        return self.actors_per_node + sum(1 for n in self.teachers[:index] if n == node)
+
     def learner_on(self, node: int) -> bool:
         return node in self.learners
 
     def node_gpus(self, node: int) -> int:
         """GPUs the node's services take."""
         learner = self.learner_gpus if self.learner_on(node) else 0
-        return learner + self.actor_gpus * sum(1 for n in self.actors if n == node)
+        return learner + self.actor_gpus * sum(1 for n in (*self.actors, *self.teachers) if n == node)
 
     @property
     def gpus_per_node(self) -> int:
@@ -76,6 +84,16 @@ class Layout:
         first = (self.learner_gpus if self.learner_on(node) else 0) + self.actor_slot(index) * self.actor_gpus
         return _devices(first, self.actor_gpus)
 
+    def teacher_devices(self, index: int) -> str | None:
+        """CUDA_VISIBLE_DEVICES of a teacher's actor: after its node's learner's and actors' GPUs."""
+        if self.actor_gpus == 0:
+            return ""
+        node = self.teachers[index]
+        actors = sum(1 for n in self.actors if n == node)
+        before = sum(1 for n in self.teachers[:index] if n == node)
+        first = (self.learner_gpus if self.learner_on(node) else 0) + (actors + before) * self.actor_gpus
+        return _devices(first, self.actor_gpus)
+
     def roles(self, node: int, rollout: bool, cache: bool) -> list[str]:
         """What runs on ``node``, in words."""
         found = []
@@ -86,6 +104,9 @@ class Layout:
         actors = [str(i) for i, n in enumerate(self.actors) if n == node]
         if actors:
             found.append(f"actor{'s' if len(actors) > 1 else ''} {', '.join(actors)}")
+        teachers = [str(k) for k, n in enumerate(self.teachers) if n == node]
+        if teachers:
+            found.append(f"teacher actor{'s' if len(teachers) > 1 else ''} {', '.join(teachers)}")
         return found
 
     def describe(self, rollout: bool, cache: bool) -> list[str]:

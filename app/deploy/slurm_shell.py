@@ -139,7 +139,7 @@ step_in() {
 stop_all() {
     trap '' TERM INT
     local group k step steps until
-    for group in rollout gateway actor learner cache pool; do
+    for group in rollout gateway actor learner teacher cache pool; do
         steps=$(steps_now)
         for k in "${!NAMES[@]}"; do
             [[ ${NAMES[k]} == "$group"* ]] && kill -0 "${PIDS[k]}" 2>/dev/null || continue

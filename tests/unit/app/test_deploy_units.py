@@ -401,3 +401,59 @@ def test_a_hub_model_is_fetched_where_the_services_run_which_then_read_the_cache
     assert plain.exit_code == 0, plain.output
     assert all("initContainers" not in doc["spec"]["template"]["spec"] for _, doc in documents(out)
                if doc["kind"] in ("StatefulSet", "Job"))
+
+
+# On-policy distillation: the teacher's actors.
+
+TEACHING = TEAM.replace("[learner]\nlr = 2e-4\n", '[learner]\nlr = 2e-4\nteacher = "tiny-moe"\n')
+
+
+def test_slurm_starts_the_teacher_s_actors_beside_the_actors_before_the_learner(tmp_path):
+    result, out = deploy(tmp_path, "slurm", "--actors", "3", "--actors-per-node", "2", "--teacher-actors", "2",
+                         "--actor-gpus", "1", "--learner-gpus", "0", text=TEACHING)
+    assert result.exit_code == 0, result.output
+    script = next(out.glob("*.sbatch")).read_text()
+    starts = slurm_starts(script)
+    names = [name for name, _ in starts]
+    assert names.index("teacher-1") < names.index("learner-rank0")
+    assert script.index('wait_file teacher-1 "$READY/teachers/teacher-1.json"') < script.index("start learner-rank0")
+    by_name = dict(starts)
+    # node 0: the services, node 1: the learner, node 2: actors 0 and 1, node 3: actor 2; the teacher's actors
+    # beside actors 0 and 1, after them on node 2 (ports and GPUs)
+    for k, (port, gpu) in enumerate(((50071, 2), (50081, 3))):
+        words = by_name[f"teacher-{k}"]
+        assert words[:2] == ["env", f"CUDA_VISIBLE_DEVICES={gpu}"]
+        assert words[words.index("--model") + 1] == "tiny-moe" and words[words.index("--backend") + 1] == "torch"
+        assert words[words.index("--port") + 1] == str(port) and words[words.index("--host") + 1] == "${ADDRS[2]}"
+        assert "--weights-fetch" not in words and "--l3-cache" not in words and "--api-key-file" in words
+    learner = by_name["learner-rank0"]
+    given = [learner[i + 1] for i, word in enumerate(learner) if word == "--teacher-actor"]
+    assert given == ["${ADDRS[2]}:50071", "${ADDRS[2]}:50081"] and "--teacher-api-key-file" in learner
+    assert "actors 0, 1; teacher actors 0, 1" in script and "#SBATCH --gres=gpu:4" in script
+    assert "learner teacher cache pool" in script             # stopped after the learner's last step
+    (tmp_path / "plain").mkdir()
+    plain, out = deploy(tmp_path / "plain", "slurm", "--teacher-actors", "2")
+    written = next(out.glob("*.sbatch")).read_text()
+    assert plain.exit_code == 0 and "start teacher-" not in written and "--teacher-actor" not in written
+
+
+def test_k8s_runs_the_teacher_s_actors_as_a_stateful_set_the_learner_is_given(tmp_path):
+    result, out = deploy(tmp_path, "k8s", "--teacher-actors", "2", text=TEACHING)
+    assert result.exit_code == 0, result.output
+    found = {(doc["kind"], doc["metadata"]["name"]): (name, doc) for name, doc in documents(out)}
+    name, teachers = found["StatefulSet", "teacher"]
+    assert name == "25-teacher.yaml" and teachers["spec"]["replicas"] == 2 and ("Service", "teacher") in found
+    container = teachers["spec"]["template"]["spec"]["containers"][0]
+    words = shlex.split(container["command"][-1].replace("\\\n", " ").split("exec ", 1)[1])
+    assert words[words.index("--model") + 1] == "tiny-moe" and words[words.index("--backend") + 1] == "torch"
+    assert "--weights-fetch" not in words
+    learner = found["StatefulSet", "learner"][1]["spec"]["template"]["spec"]["containers"][0]
+    argv = learner["command"]
+    assert [argv[i + 1] for i, w in enumerate(argv) if w == "--teacher-actor"] == [
+        f"teacher-{k}.teacher.forge.svc:50051" for k in range(2)]
+    keyed = {v["name"]: v["valueFrom"]["secretKeyRef"]["key"] for v in learner["env"] if "secretKeyRef" in
+             v.get("valueFrom", {})}
+    assert [kind for name, kind in keyed.items() if "TEACHER_API_KEY" in name] == ["actor"]
+    (tmp_path / "plain").mkdir()
+    plain, out = deploy(tmp_path / "plain", "k8s")
+    assert plain.exit_code == 0 and not (out / "25-teacher.yaml").exists()
