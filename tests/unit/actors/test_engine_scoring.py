@@ -15,7 +15,7 @@ from forge.actors.backend import FinishReason, GenerationRequest, InvalidRequest
 from forge.model import CausalLM
 from forge.sampling.params import SamplingParams
 
-from helpers.engines import CONFIG, engine_for, make_model
+from helpers.engines import CONFIG, engine_for, make_model, moe_model
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +62,18 @@ def test_scores_equal_a_full_forward_pass_with_prefix_hits_and_chunks(model, spe
         assert logprobs == pytest.approx(reference(model, longer, 3), abs=1e-5)
         assert engine.stats()["scored_tokens"] == 30 + 9 + len(longer) - 3
         assert engine.stats()["tokens"] == 0            # nothing sampled
+    finally:
+        engine.close()
+
+
+def test_a_model_with_experts_scores_as_its_forward_pass():
+    experts = moe_model()
+    engine = engine_for(experts, max_num_batched_tokens=16)
+    try:
+        ids = list(range(3, 40))
+        _, logprobs, _, last = score(engine, ids, 9)
+        assert logprobs == pytest.approx(reference(experts, ids, 9), abs=1e-5)
+        assert last.routed_experts is not None          # the routing of the positions it fed, as a generation's
     finally:
         engine.close()
 

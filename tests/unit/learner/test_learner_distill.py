@@ -20,6 +20,7 @@ from forge.learner.distill import (
     distill_figures,
     distilled_advantages,
 )
+from forge.learner.lora import LoraConfig, add_adapters
 from forge.learner.losses import LossConfig
 from forge.learner.parallel import Distributed
 from forge.learner.recompute import learner_logprobs
@@ -32,6 +33,7 @@ from forge.v1 import pool_pb2
 
 from helpers.gradients import capture_gradients
 from helpers.learner_runs import make_model
+from helpers.lora import randomize_adapters
 from helpers.random_model import copy_of, random_tiny
 from helpers.threads import one_thread  # noqa: F401  (autouse)
 
@@ -98,18 +100,23 @@ def write_pool(path, groups: int, seed: int) -> None:
                 pool.close_session(session_id=record.session_id, outcome_rewards={"r": float(rollout == 0)})
 
 
-@pytest.mark.parametrize("kind", ["cispo", "gspo", "dapo"])
-def test_a_distilled_step_is_the_same_tree_packed_and_sample_by_sample(tmp_path, kind):
+@pytest.mark.parametrize("kind,lora", [("cispo", False), ("gspo", False), ("dapo", False), ("cispo", True),
+                                       ("dr_grpo", True)])
+def test_a_distilled_step_is_the_same_tree_packed_and_sample_by_sample(tmp_path, kind, lora):
+    """With every loss, and training LoRA adapters (their B drawn at random) as well as the whole model."""
     model, teacher = make_model(6), make_model(7)
     write_pool(tmp_path / "pool", 4, seed=2)
+    adapters = LoraConfig(rank=4, alpha=8.0) if lora else None
     runs = {}
     for tree in (True, False):
         shutil.copytree(tmp_path / "pool", tmp_path / f"pool-{tree}")
         trained = copy_of(model)
+        if adapters is not None:
+            randomize_adapters(add_adapters(trained, adapters), seed=1)
         scorer = InProcessTeacher(teacher)
         trainer = Trainer(trained, Distributed(), TrainerConfig(lr=1e-2, tree=tree, micro_batch_tokens=24),
                           LossConfig(kind=kind), RewardConfig(), WindowConfig(mode="fifo", batch_groups=4),
-                          Pool(tmp_path / f"pool-{tree}"), distillation=Distillation(0.7, scorer))
+                          Pool(tmp_path / f"pool-{tree}"), distillation=Distillation(0.7, scorer), lora=adapters)
         grads = capture_gradients(trainer, trained)
         record = trainer.step()
         assert scorer.asked == 12
