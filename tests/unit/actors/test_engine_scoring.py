@@ -119,3 +119,23 @@ def test_bad_scoring_requests_are_refused(model):
             engine.submit(GenerationRequest("", [1, 2, 3], SamplingParams(), prefill_only=True, score_from=1))
     finally:
         engine.close()
+
+
+def test_an_actor_whose_backend_does_not_score_refuses_scoring_requests(model):
+    from forge.actors.engine.engine import TorchEngine
+    from forge.actors.servicer import ActorServicer
+    from forge.v1 import actor_pb2
+
+    class Sampler(TorchEngine):        # a backend that samples but does not score (vLLM's, TensorRT-LLM's)
+        name = "vllm"
+        scores = False
+
+    scoring = actor_pb2.GenerateRequest(prompt_ids=[1, 2, 3], score_from=1)
+    for backend, refused in ((engine_for(model), None), (Sampler(model), "the vllm backend does not score")):
+        try:
+            servicer = ActorServicer(backend, "actor-0")
+            refusal = servicer._role_refusal(scoring)
+            assert refusal is None if refused is None else refused in refusal
+            assert servicer._role_refusal(actor_pb2.GenerateRequest(prompt_ids=[1, 2, 3])) is None
+        finally:
+            backend.close()
