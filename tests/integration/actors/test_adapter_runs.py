@@ -1,11 +1,17 @@
 """Two runs on one actor: each run's learner publishes its own LoRA adapter versions, one forge-actor process (its
 engine core, or vLLM with a LoRA adapter per run) serves both beside the shared base, and each run's gateway names its adapter. Every session's calls are
 sampled with its run's adapter (the learner's recomputation with that run's merged model gives the recorded
-log-probs) and land in its run's pool; a new version of one run's adapter leaves the other run's untouched."""
+log-probs) and land in its run's pool; a new version of one run's adapter leaves the other run's untouched. The vLLM
+actor is then killed (``kill -9``): its reaper ends vLLM's engine core and workers, which nothing else would (they
+would hold their memory, on a GPU the device's, until someone found them)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
+from pathlib import Path
 
 import grpc
 import pytest
@@ -16,7 +22,7 @@ from forge.weights import WeightPublisher
 
 from helpers.gateway_procs import calls_of, chat_calls, start_gateway
 from helpers.lora import adapted_run
-from helpers.processes import start_actor
+from helpers.processes import start_actor, wait_gone
 from helpers.random_model import random_tiny
 from helpers.recompute import learner_and_recorded
 from helpers.waiting import wait_for
@@ -40,6 +46,7 @@ def test_two_runs_share_one_actor_each_with_its_adapter_and_pool(tmp_path, backe
     base = CausalLM.from_pretrained(base_dir)
     publishers = {run: WeightPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") for run in RUNS}
     started = []
+    engine_processes: list[int] = []         # vLLM's: ended here should the test fail before its kill
     try:
         merged = {}
         for seed, run in enumerate(RUNS, start=1):
@@ -49,6 +56,8 @@ def test_two_runs_share_one_actor_each_with_its_adapter_and_pool(tmp_path, backe
                                                                f"{publishers[run].announce_endpoint}")]
         actor = start_actor(tmp_path, "--model", str(base_dir), *links, *backend, timeout_s=900)
         started.append(actor)
+        if "vllm" in backend:
+            engine_processes = vllm_processes_of(actor)
         gateways = {}
         for run in RUNS:
             gateways[run] = start_gateway(tmp_path, [actor.address], tmp_path / f"pool-{run}", "--model",
@@ -76,11 +85,30 @@ def test_two_runs_share_one_actor_each_with_its_adapter_and_pool(tmp_path, backe
         wait_for(lambda: adapter_version_of(actor, "run-b") == 2, "the actor to serve run-b's version 2")
         check_run("run-b", 2, "second")
         check_run("run-a", 1, "second")
+        if "vllm" in backend:
+            started.remove(actor)
+            actor.stop(signal.SIGKILL)
+            wait_gone(engine_processes)
+            engine_processes = []
     finally:
         for proc in reversed(started):
             proc.stop()
         for publisher in publishers.values():
             publisher.close()
+        for pid in engine_processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def vllm_processes_of(actor) -> list[int]:
+    """The actor's children and grandchildren, as it started them: vLLM's engine core (one of them) and workers."""
+    from forge.reaper import child_pids
+
+    children = child_pids(actor.proc.pid)
+    found = children + [grandchild for child in children for grandchild in child_pids(child)]
+    titles = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in found]
+    assert any(b"EngineCore" in title for title in titles), titles
+    return found
 
 
 def adapter_version_of(actor, run: str) -> int:

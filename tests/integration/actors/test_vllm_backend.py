@@ -1,7 +1,8 @@
 """The vLLM backend against the torch engine, transformers and the learner's recomputation, on the same checkpoints:
 greedy tokens, sampled tokens' log-probabilities (with temperature, truncation and every edit of the logits: min_tokens,
-logit_bias, penalties, structured output), weight versions (swapped in process and streamed from a real learner
-process) and KV events in Forge's hash chain. Needs vLLM (``make test-vllm``)."""
+logit_bias, penalties, structured output), weight versions swapped in process (a LoRA adapter version, then a full
+swap) and KV events in Forge's hash chain. One vLLM engine on the tiny checkpoint serves every test that takes the
+``tiny`` fixture; those that change its weights come last, in file order. Needs vLLM (``make test-vllm``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
 from forge.checkpoints import load_model, resolve_model
 from forge.checkpoints.random_qwen3 import write_qwen3
+from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM
 from forge.sampling.grammar import Grammar, Grammars
 from forge.sampling.logit_edits import LogitEdits, call_edits
@@ -24,7 +26,9 @@ from forge.sampling.params import SamplingParams
 from forge.sampling.sampling import batched_sampling_logprobs, sampling_logprobs
 from forge.tokenizer.tokenizer import Tokenizer
 
+from helpers.lora import randomize_adapters
 from helpers.random_model import random_tiny
+from helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -42,14 +46,18 @@ def run(backend, prompts, params: SamplingParams) -> list[tuple[list[int], list[
     return results
 
 
-def hf_greedy(directory: Path, prompt: list[int], new_tokens: int) -> list[int]:
+def hf_greedy(directory: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Transformers' greedy continuation of each of ``prompts`` (one at a time, the model loaded once)."""
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32).eval()
+    continuations = []
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        for prompt in prompts:
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)
+            continuations.append(out[0, len(prompt):].tolist())
+    return continuations
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +102,8 @@ def test_greedy_tokens_equal_the_torch_engine_and_transformers_on_the_tiny_model
     for (tokens, logprobs, versions), (want, want_logprobs, _) in zip(ours, theirs, strict=True):
         assert tokens == want and versions == [0] * 12
         torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want_logprobs), atol=1e-4, rtol=0)
-    for prompt, (tokens, _, _) in list(zip(PROMPTS, ours, strict=True))[:4]:
-        assert tokens == hf_greedy(directory, prompt, 12)
+    for (tokens, _, _), want in zip(ours[:4], hf_greedy(directory, PROMPTS[:4], 12), strict=True):
+        assert tokens == want
 
 
 def test_greedy_tokens_equal_on_a_100m_qwen3_written_by_transformers(tmp_path):
@@ -103,8 +111,8 @@ def test_greedy_tokens_equal_on_a_100m_qwen3_written_by_transformers(tmp_path):
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     ours, theirs = vllm_and_torch_engine(directory, greedy, threads=2)
     assert [o[0] for o in ours] == [t[0] for t in theirs]
-    for prompt, (tokens, _, _) in list(zip(PROMPTS, ours, strict=True))[:2]:
-        assert tokens == hf_greedy(directory, prompt, 8)
+    for (tokens, _, _), want in zip(ours[:2], hf_greedy(directory, PROMPTS[:2], 8), strict=True):
+        assert tokens == want
 
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, seed=11, max_tokens=16, ignore_eos=True),
@@ -329,3 +337,79 @@ def test_top_logprobs_equal_the_torch_engines_and_the_learners(tiny, params):
                 assert [top[0] for c in theirs for top in c.top_logprobs] == [ids for ids, _ in tops]
     finally:
         engine.close()
+
+
+# The tests below change the shared engine's weights (a LoRA adapter version, then a full swap): they come last, in
+# this order, so that every test above samples the checkpoint's weights at version 0.
+
+
+def test_a_lora_adapter_version_serves_what_the_torch_engine_serves_with_it(tiny):
+    """An adapter version (the learner's lora_publish = "adapters") merged onto vLLM's checkpoint and onto the torch
+    engine's: the same tokens and log-probs, stamped with its version."""
+    from forge.learner.lora import LoraConfig, adapter_version, add_adapters
+
+    backend, directory = tiny
+    lora = LoraConfig(rank=4, alpha=8.0, publish="adapters")
+    adapted = randomize_adapters(add_adapters(load_model(directory)[0], lora), seed=2)
+    version = adapter_version(adapted.state_dict(), lora)
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine = torch_engine(directory)
+    try:
+        before = run(backend, PROMPTS[:4], greedy)
+        backend.load_weights(1, version)
+        engine.load_weights(1, version)
+        assert engine.wait_for_version(1, timeout=60)
+        ours, theirs = run(backend, PROMPTS[:4], greedy), run(engine, PROMPTS[:4], greedy)
+    finally:
+        engine.close()
+    assert [o[0] for o in ours] == [t[0] for t in theirs] != [b[0] for b in before]
+    assert all(set(o[2]) == {1} for o in ours)
+    for (_, logprobs, _), (_, want, _) in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want), atol=1e-4, rtol=0)
+
+
+def test_a_weight_swap_stamps_later_tokens_and_matches_the_torch_engine_on_the_new_weights(tiny):
+    backend, directory = tiny
+    original = CausalLM.from_pretrained(directory).state_dict()
+    new = {name: tensor * (1.0 + 0.05 * (i % 3)) for i, (name, tensor) in enumerate(original.items())}
+    long_run = backend.submit(GenerationRequest("", PROMPTS[1], SamplingParams(temperature=0, max_tokens=400,
+                                                                                ignore_eos=True)))
+    first = long_run.get(timeout=120)
+    backend.load_weights(backend.weight_version + 1, new)
+    version = backend.weight_version
+    rest = list(long_run)
+    versions = [v for c in [first, *rest] for v in c.weight_versions]
+    assert versions[0] == version - 1 and versions[-1] == version and versions == sorted(versions)
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine = TorchEngine(load_model(directory)[0], EngineConfig(kv_cache_bytes=KV))
+    try:
+        engine.load_weights(1, new)
+        assert engine.wait_for_version(1, timeout=60)
+        ours, theirs = run(backend, PROMPTS[:8], greedy), run(engine, PROMPTS[:8], greedy)
+    finally:
+        engine.close()
+    assert [o[0] for o in ours] == [t[0] for t in theirs]
+    assert all(set(o[2]) == {version} for o in ours)
+    for (_, logprobs, _), (_, want, _) in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want), atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="not newer"):
+        backend.load_weights(version, new)
+    with pytest.raises(ValueError, match="does not fit"):
+        backend.load_weights(version + 1, {**new, "model.norm.weight": torch.ones(3)})
+    assert backend.stats()["weight_swap_ms"] > 0
+
+
+def test_kv_events_name_the_prompt_blocks_in_forges_hash_chain(tiny):
+    backend, _ = tiny
+    size = backend.block_size
+    prompt = [(11 * j) % 700 + 5 for j in range(3 * size + 5)]
+    run(backend, [prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    wanted = chain_hashes(prompt, size, kv_salt(backend.model_id, backend.weight_version))
+    log, describe = backend.kv_events()
+    wait_for(lambda: set(wanted) <= set(log.poll("", 0).events[0].block_hashes),
+             "vLLM's stored blocks to reach the event log")
+    layout, figures = describe()
+    assert layout.block_size == size and layout.weight_version == backend.weight_version
+    assert {"running", "waiting", "kv_used_frac", "tokens_per_s"} <= set(figures)
+    again = backend.submit(GenerationRequest("", prompt, SamplingParams(temperature=0, max_tokens=1)))
+    assert next(iter(again)).cached_prompt_tokens >= 3 * size

@@ -1,12 +1,9 @@
-"""vLLM as an actor backend across weight versions: swaps, LoRA adapter versions and named adapters, KV events,
-an actor process following a real learner, a killed actor, models with experts and other families, each against
-the torch engine and the learner."""
+"""vLLM as an actor backend across weight versions: named adapters, an actor process following a real learner,
+models with experts and other families, each against the torch engine and the learner. (Swaps, a LoRA adapter
+version and KV events on the tiny model are in test_vllm_backend.py, on its engine; a killed vLLM actor in
+test_adapter_runs.py, on its actor.)"""
 
 from __future__ import annotations
-
-import contextlib
-import os
-from pathlib import Path
 
 import grpc
 import pytest
@@ -16,91 +13,19 @@ from forge.actors.backend import GenerationRequest, InvalidRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
 from forge.checkpoints import load_model, resolve_model
-from forge.kvhash import chain_hashes, kv_salt
 from forge.model import CausalLM
 from forge.sampling.params import SamplingParams
 from forge.sampling.sampling import sampling_logprobs
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
-from integration.actors.test_vllm_backend import (  # tiny: the module fixture
-    KV,
-    PROMPTS,
-    learner_logprobs,
-    picked,
-    run,
-    seeded,
-    tiny,  # noqa: F401
-    torch_engine,
-)
+from integration.actors.test_vllm_backend import KV, PROMPTS, learner_logprobs, picked, run, seeded, torch_engine
 
 from helpers.families import SERVABLE, write_family
-from helpers.lora import adapted_run, randomize_adapters
-from helpers.processes import start_actor, wait_gone
+from helpers.lora import adapted_run
+from helpers.processes import start_actor
 from helpers.random_model import random_tiny, random_tiny_moe
 from helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-
-
-
-
-def test_a_weight_swap_stamps_later_tokens_and_matches_the_torch_engine_on_the_new_weights(tiny):  # noqa: F811 (the fixture)
-    backend, directory = tiny
-    original = CausalLM.from_pretrained(directory).state_dict()
-    new = {name: tensor * (1.0 + 0.05 * (i % 3)) for i, (name, tensor) in enumerate(original.items())}
-    long_run = backend.submit(GenerationRequest("", PROMPTS[1], SamplingParams(temperature=0, max_tokens=400,
-                                                                                ignore_eos=True)))
-    first = long_run.get(timeout=120)
-    backend.load_weights(backend.weight_version + 1, new)
-    version = backend.weight_version
-    rest = list(long_run)
-    versions = [v for c in [first, *rest] for v in c.weight_versions]
-    assert versions[0] == version - 1 and versions[-1] == version and versions == sorted(versions)
-    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    engine = TorchEngine(load_model(directory)[0], EngineConfig(kv_cache_bytes=KV))
-    try:
-        engine.load_weights(1, new)
-        assert engine.wait_for_version(1, timeout=60)
-        ours, theirs = run(backend, PROMPTS[:8], greedy), run(engine, PROMPTS[:8], greedy)
-    finally:
-        engine.close()
-    assert [o[0] for o in ours] == [t[0] for t in theirs]
-    assert all(set(o[2]) == {version} for o in ours)
-    for (_, logprobs, _), (_, want, _) in zip(ours, theirs, strict=True):
-        torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want), atol=1e-4, rtol=0)
-    with pytest.raises(ValueError, match="not newer"):
-        backend.load_weights(version, new)
-    with pytest.raises(ValueError, match="does not fit"):
-        backend.load_weights(version + 1, {**new, "model.norm.weight": torch.ones(3)})
-    assert backend.stats()["weight_swap_ms"] > 0
-
-
-def test_a_lora_adapter_version_serves_what_the_torch_engine_serves_with_it(tmp_path):
-    """An adapter version (the learner's lora_publish = "adapters") merged onto vLLM's checkpoint and onto the torch
-    engine's: the same tokens and log-probs, stamped with its version."""
-    from forge.actors.vllm.backend import VllmBackend
-    from forge.learner.lora import LoraConfig, adapter_version, add_adapters
-
-    directory = random_tiny(tmp_path / "tiny", seed=3)
-    lora = LoraConfig(rank=4, alpha=8.0, publish="adapters")
-    adapted = randomize_adapters(add_adapters(load_model(directory)[0], lora), seed=2)
-    version = adapter_version(adapted.state_dict(), lora)
-    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    backend = VllmBackend(resolve_model(directory), EngineConfig(kv_cache_bytes=KV, threads=1))
-    engine = torch_engine(directory)
-    try:
-        before = run(backend, PROMPTS[:4], greedy)
-        backend.load_weights(1, version)
-        engine.load_weights(1, version)
-        assert engine.wait_for_version(1, timeout=60)
-        ours, theirs = run(backend, PROMPTS[:4], greedy), run(engine, PROMPTS[:4], greedy)
-    finally:
-        engine.close()
-        backend.close()
-    assert [o[0] for o in ours] == [t[0] for t in theirs] != [b[0] for b in before]
-    assert all(set(o[2]) == {1} for o in ours)
-    for (_, logprobs, _), (_, want, _) in zip(ours, theirs, strict=True):
-        torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want), atol=1e-4, rtol=0)
 
 
 def test_named_adapters_are_vllm_loras_each_sampled_as_its_runs_merged_model(tmp_path):
@@ -149,22 +74,6 @@ def test_named_adapters_are_vllm_loras_each_sampled_as_its_runs_merged_model(tmp
         assert second[1] == first[1] and second[2] != first[2]
     finally:
         backend.close()
-
-
-def test_kv_events_name_the_prompt_blocks_in_forges_hash_chain(tiny):  # noqa: F811 (the fixture)
-    backend, _ = tiny
-    size = backend.block_size
-    prompt = [(11 * j) % 700 + 5 for j in range(3 * size + 5)]
-    run(backend, [prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
-    wanted = chain_hashes(prompt, size, kv_salt(backend.model_id, backend.weight_version))
-    log, describe = backend.kv_events()
-    wait_for(lambda: set(wanted) <= set(log.poll("", 0).events[0].block_hashes),
-             "vLLM's stored blocks to reach the event log")
-    layout, figures = describe()
-    assert layout.block_size == size and layout.weight_version == backend.weight_version
-    assert {"running", "waiting", "kv_used_frac", "tokens_per_s"} <= set(figures)
-    again = backend.submit(GenerationRequest("", prompt, SamplingParams(temperature=0, max_tokens=1)))
-    assert next(iter(again)).cached_prompt_tokens >= 3 * size
 
 
 def test_an_actor_process_follows_a_real_learners_versions(tmp_path):
@@ -216,28 +125,6 @@ def test_an_actor_process_follows_a_real_learners_versions(tmp_path):
     finally:
         engine.close()
     assert [t for c in chunks for t in c.token_ids] == want
-
-
-def test_a_killed_vllm_actor_leaves_no_engine_process_behind(tmp_path):
-    """``kill -9`` of a forge-actor that embeds vLLM: its reaper ends vLLM's engine core and workers, which nothing
-    else would (they would hold their memory, on a GPU the device's, until someone found them)."""
-    import signal
-
-    from forge.reaper import child_pids
-
-    actor = start_actor(tmp_path, "--backend", "vllm", "--model", str(random_tiny(tmp_path)), name="vllm-killed",
-                        timeout_s=900)
-    children = child_pids(actor.proc.pid)
-    left = children + [grandchild for child in children for grandchild in child_pids(child)]
-    try:
-        titles = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
-        assert any(b"EngineCore" in title for title in titles), titles
-        actor.stop(signal.SIGKILL)
-        wait_gone(left)
-    finally:
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_model_with_experts_samples_what_the_torch_engine_samples_before_and_after_a_weight_swap(tmp_path):
