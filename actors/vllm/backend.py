@@ -67,6 +67,7 @@ class VllmBackend(Backend):
     work happens on the backend's own event loop."""
 
     name = "vllm"
+    scores = True
 
     def __init__(self, ref: ModelRef, config: EngineConfig, *, dtype: str = "float32", device: str = "cpu",
                  initial_version: int = 0, kv_events: bool = True, start_timeout_s: float = 900.0,
@@ -213,6 +214,12 @@ class VllmBackend(Backend):
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        if request.score_from:          # one sampled token, discarded; the prompt's own log-probs, at temperature 1
+            params = VllmSamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, max_tokens=1, temperature=1.0,
+                                        prompt_logprobs=0, detokenize=False)
+            request = replace(request, request_id=request_id)
+            asyncio.run_coroutine_threadsafe(self._score(request, params, stream, adapter), self._loop)
+            return stream
         try:
             params = VllmSamplingParams(output_kind=RequestOutputKind.DELTA,
                                         **outputs.sampling_kwargs(request.params, max_tokens, stops))
@@ -274,12 +281,46 @@ class VllmBackend(Backend):
             log.exception("vLLM request %s failed", request_id)
             stream.put(TokenChunk(finish_reason=FinishReason.ERROR, error=f"vLLM failed: {exc}"))
         finally:
-            with self._lock:
-                self.ledger.live.pop(request_id, None)
-                self._request_adapters.pop(request_id, None)
-                self._counters["finished"] += 1
-            if not stream.finished.is_set():
-                stream.put(TokenChunk(finish_reason=FinishReason.ABORT))
+            self._ended(request_id, stream)
+
+    async def _score(self, request: GenerationRequest, params: Any, stream: RequestStream,
+                     adapter: tuple[int, Any] | None = None) -> None:
+        """A scoring request (``score_from``): the log-probability vLLM gives each of its tokens from ``score_from``
+        on (its prompt log-probs, from the raw logits), in one chunk that ends it."""
+        from vllm.inputs import TokensPrompt
+
+        request_id, ids = request.request_id, list(request.prompt_ids)
+        started = time.perf_counter()
+        try:
+            final = None
+            async for output in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, request_id,
+                                                  lora_request=adapter[1] if adapter is not None else None):
+                final = output
+            if final is None or final.prompt_logprobs is None:
+                raise RuntimeError("vLLM returned no prompt log-probs")
+            version = adapter[0] if adapter is not None else self._version
+            scored = ids[request.score_from:]
+            chunk = TokenChunk(scored, outputs.prompt_scores(final.prompt_logprobs, ids, request.score_from),
+                               [version] * len(scored), cached_prompt_tokens=int(final.num_cached_tokens or 0),
+                               finish_reason=FinishReason.STOP)
+            outputs.chunk_timing(chunk, final.metrics, started, time.perf_counter())
+            stream.put(chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("vLLM scoring request %s failed", request_id)
+            stream.put(TokenChunk(finish_reason=FinishReason.ERROR, error=f"vLLM failed: {exc}"))
+        finally:
+            self._ended(request_id, stream)
+
+    def _ended(self, request_id: str, stream: RequestStream) -> None:
+        """A request's end, however it came: out of the ledger, counted, its stream closed."""
+        with self._lock:
+            self.ledger.live.pop(request_id, None)
+            self._request_adapters.pop(request_id, None)
+            self._counters["finished"] += 1
+        if not stream.finished.is_set():
+            stream.put(TokenChunk(finish_reason=FinishReason.ABORT))
 
     def _refusal(self) -> str:
         if self._closed:

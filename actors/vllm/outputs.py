@@ -61,6 +61,12 @@ def chunk_of(completion: Any, version: int, top_logprobs: int = 0) -> TokenChunk
     return chunk
 
 
+def prompt_scores(prompt_logprobs: Any, ids: list[int], score_from: int) -> list[float]:
+    """The log-probability of each of ``ids`` from ``score_from`` on, from vLLM's prompt log-probs (one entry per
+    prompt position, None at the first, each holding at least the prompt's own token)."""
+    return [float(prompt_logprobs[i][ids[i]].logprob) for i in range(score_from, len(ids))]
+
+
 def routing_of_rows(rows: Any, positions: int, sparse_layers: tuple[int, ...], num_experts: int) -> RoutedExperts:
     """vLLM's routed experts of a finished request (``CompletionOutput.routed_experts``: one row per position it
     fed, [rows, every decoder layer, top_k]) as the record's ``RoutedExperts`` over ``positions`` (the prompt and

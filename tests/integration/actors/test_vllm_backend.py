@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from forge.actors.backend import GenerationRequest, InvalidRequest
+from forge.actors.backend import FinishReason, GenerationRequest, InvalidRequest
 from forge.actors.config import EngineConfig
 from forge.actors.engine.engine import TorchEngine
 from forge.checkpoints import load_model, resolve_model
@@ -335,6 +335,31 @@ def test_top_logprobs_equal_the_torch_engines_and_the_learners(tiny, params):
             if params.greedy:
                 theirs = list(engine.submit(GenerationRequest("", prompt, params)))
                 assert [top[0] for c in theirs for top in c.top_logprobs] == [ids for ids, _ in tops]
+    finally:
+        engine.close()
+
+
+def test_scoring_requests_give_the_torch_engines_scores(tiny):
+    """A teacher's actor may be vLLM: its scores of given tokens (prompt log-probs, temperature 1) are the torch
+    engine's and a forward pass's, whatever the request's own sampling parameters."""
+    backend, directory = tiny
+    model = CausalLM.from_pretrained(directory).eval()
+    engine = torch_engine(directory)
+    try:
+        for prompt in PROMPTS[:3]:
+            ids = prompt + [(7 * i + 3) % 200 + 5 for i in range(12)]
+            request = GenerationRequest("", ids, SamplingParams(temperature=0.3, top_k=4), score_from=len(prompt))
+            ours = list(backend.submit(request))
+            theirs = list(engine.submit(request))
+            assert ours[-1].finish_reason == theirs[-1].finish_reason == FinishReason.STOP
+            assert [t for c in ours for t in c.token_ids] == ids[len(prompt):]
+            scores = [v for c in ours for v in c.logprobs]
+            with torch.no_grad():
+                logits = model.logits(model(torch.tensor([ids])))[0].float()
+            forward = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(
+                -1, torch.tensor(ids[len(prompt):])[:, None])[:, 0].tolist()
+            assert scores == pytest.approx(forward, abs=1e-4)
+            assert scores == pytest.approx([v for c in theirs for v in c.logprobs], abs=1e-4)
     finally:
         engine.close()
 
