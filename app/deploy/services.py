@@ -159,11 +159,12 @@ def actor(run: RunFile, config: DeployConfig, *, name: str, run_file: str, host:
 def teacher(run: RunFile, config: DeployConfig, *, name: str, run_file: str, host: str, port: int,
             ready_file: str | None = None) -> Command:
     """An actor serving the run's ``[learner] teacher`` (on-policy distillation): the actors' settings, but its own
-    model on the torch engine (which scores), no weight stream and no L3 cache."""
+    model on the backend ``auto`` picks for it (the torch engine or vLLM: both score), no weight stream and no L3
+    cache."""
     from forge.checkpoints.reference import hub_id_of
 
     keys = {k: v for k, v in service("actor").keys.items() if k != "l3_api_key"}
-    command = _command(run, "actor", name, run_file, {"host": host, "port": port, "name": name, "backend": "torch",
+    command = _command(run, "actor", name, run_file, {"host": host, "port": port, "name": name, "backend": "auto",
                                                       **_ready(ready_file)}, keys)
     hub = hub_id_of(run.teacher) if run.teacher is not None else None
     return dataclasses.replace(command, values={**command.values,

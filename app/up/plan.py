@@ -276,9 +276,10 @@ class Plan:
         return [f"teacher-{i}" for i in range(self.config.teacher_actors)] if self.teacher is not None else []
 
     def teacher_actor(self, name: str) -> Instance:
-        """An actor serving the teacher: its own model on the torch engine (which scores), no weight stream."""
+        """An actor serving the teacher: its own model on the backend ``auto`` picks for it (the torch engine for
+        Forge's families, vLLM for any other: both score), no weight stream."""
         keys = {n: k for n, k in WIRED["actor"].items() if n != "l3_api_key"}
-        return self._instance(name, "actor", {"port": 0, "name": name, "model": self.teacher, "backend": "torch",
+        return self._instance(name, "actor", {"port": 0, "name": name, "model": self.teacher, "backend": "auto",
                                               **self.metrics()}, keys=keys)
 
     def gateway(self, name: str, pool: str, actors: list[str], prefill: list[str],

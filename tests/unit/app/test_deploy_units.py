@@ -423,7 +423,7 @@ def test_slurm_starts_the_teacher_s_actors_beside_the_actors_before_the_learner(
     for k, (port, gpu) in enumerate(((50071, 2), (50081, 3))):
         words = by_name[f"teacher-{k}"]
         assert words[:2] == ["env", f"CUDA_VISIBLE_DEVICES={gpu}"]
-        assert words[words.index("--model") + 1] == "tiny-moe" and words[words.index("--backend") + 1] == "torch"
+        assert words[words.index("--model") + 1] == "tiny-moe" and words[words.index("--backend") + 1] == "auto"
         assert words[words.index("--port") + 1] == str(port) and words[words.index("--host") + 1] == "${ADDRS[2]}"
         assert "--weights-fetch" not in words and "--l3-cache" not in words and "--api-key-file" in words
     learner = by_name["learner-rank0"]
@@ -445,7 +445,7 @@ def test_k8s_runs_the_teacher_s_actors_as_a_stateful_set_the_learner_is_given(tm
     assert name == "25-teacher.yaml" and teachers["spec"]["replicas"] == 2 and ("Service", "teacher") in found
     container = teachers["spec"]["template"]["spec"]["containers"][0]
     words = shlex.split(container["command"][-1].replace("\\\n", " ").split("exec ", 1)[1])
-    assert words[words.index("--model") + 1] == "tiny-moe" and words[words.index("--backend") + 1] == "torch"
+    assert words[words.index("--model") + 1] == "tiny-moe" and words[words.index("--backend") + 1] == "auto"
     assert "--weights-fetch" not in words
     learner = found["StatefulSet", "learner"][1]["spec"]["template"]["spec"]["containers"][0]
     argv = learner["command"]

@@ -169,7 +169,7 @@ def test_forge_up_plans_the_teacher_s_actors_before_the_learner_and_refuses_anot
     assert plan.teacher_names() == ["teacher-0", "teacher-1"]
     for name in plan.teacher_names():
         settings = found[name].settings
-        assert settings.model == str(teacher) and settings.backend == "torch" and settings.weights_fetch is None
+        assert settings.model == str(teacher) and settings.backend == "auto" and settings.weights_fetch is None
     learner_settings = found["learner"].settings
     assert learner_settings.teacher == str(teacher) and len(learner_settings.teacher_actors) == 2
     assert found["actor-0"].settings.model == "tiny"
