@@ -117,10 +117,22 @@ class Lanes:
                 max_queued_groups=config.driver.groups_in_flight + 2 * batch_groups), part.workload,
                 queued_groups=queued_groups)
 
+    def lane_done(self, part: LaneRun) -> bool:
+        """Whether the lane's learner has made the run's --steps (read from its metrics once it has stopped)."""
+        steps, name = self.config.steps, part.lane.instance("learner")
+        gauges = self.gauges.get(name, {})
+        if not steps or gauges.get("step", 0) >= steps:
+            return bool(steps)
+        return name in self.system.exited() and _learner_figures(part.lane, gauges).get("step", 0) >= steps
+
     def trained_enough(self) -> bool:
-        steps = self.config.steps
-        return bool(steps) and all(self.gauges.get(part.lane.instance("learner"), {}).get("step", 0) >= steps
-                                   for part in self.parts)
+        return all(self.lane_done(part) for part in self.parts)
+
+    def ended_early(self) -> list[str]:
+        """The services that ended before the run (a learner that made its steps, while other runs' learners go
+        on, is not one)."""
+        done = {part.lane.instance("learner") for part in self.parts if self.lane_done(part)}
+        return [name for name in self.system.exited() if name not in done]
 
     def track(self) -> None:
         """Hand the trackers what is new: the learners' steps and sample tables, the rollouts' figures."""
@@ -174,7 +186,7 @@ async def run(config: UpConfig, console: Console, team: Team | None = None
         ended: list[str] = []
         with Live(lanes.view(), console=console, refresh_per_second=1) as shown:
             while (not stop.is_set() and time.time() < deadline and not any(task.done() for task in driving)
-                   and not lanes.trained_enough() and not (ended := system.exited())):
+                   and not lanes.trained_enough() and not (ended := lanes.ended_early())):
                 await asyncio.sleep(1.0)
                 lanes.track()
                 shown.update(lanes.view())
