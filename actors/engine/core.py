@@ -77,6 +77,7 @@ class CoreInfo:
     pid: int
     relay_fetch: str | None = None          # the relay's bound endpoints (a * port resolved), when relaying
     relay_announce: str | None = None
+    adapter_versions: dict[str, int] = field(default_factory=dict)   # named adapters served when it was sent
 
 
 class _OutboxStream(RequestStream):
@@ -89,7 +90,9 @@ class _OutboxStream(RequestStream):
 
 
 class _Outbox:
-    """Chunks put by the engine (loop thread, or a closing thread), sent together after each loop pass."""
+    """Chunks put by the engine (loop thread, or a closing thread), sent together after each loop pass; nothing
+    before the ready message (``open``), which the front reads first: the loop may pass before it is sent (an
+    adapter version installed while the core starts), and what changed then goes in the ready message itself."""
 
     def __init__(self, send: Callable[[tuple], None], versions: Callable[[], tuple[int, dict[str, int]]]) -> None:
         """``versions``: the engine's weight version and its adapters' (sent whenever they change)."""
@@ -98,6 +101,7 @@ class _Outbox:
         self._lock = threading.Lock()
         self._chunks: list[tuple[str, TokenChunk]] = []
         self._sent_versions: tuple[int, dict[str, int]] | None = None
+        self._open = False
 
     def stream(self, request_id: str) -> RequestStream:
         return _OutboxStream(request_id, self)
@@ -106,13 +110,22 @@ class _Outbox:
         with self._lock:
             self._chunks.append((request_id, chunk))
 
+    def open(self, ready: Callable[[int, dict[str, int]], tuple]) -> None:
+        """Send ``ready(weight version, adapter versions)`` as of now, then let every later pass flush."""
+        with self._lock:
+            versions = self._versions()
+            self._send(ready(*versions))
+            self._sent_versions, self._open = versions, True
+
     def flush(self) -> None:
         with self._lock:
+            if not self._open:
+                return
             chunks, self._chunks = self._chunks, []
-        versions = self._versions()
-        if chunks or versions != self._sent_versions:
-            self._sent_versions = versions
-            self._send(("out", chunks, *versions))
+            versions = self._versions()
+            if chunks or versions != self._sent_versions:
+                self._sent_versions = versions
+                self._send(("out", chunks, *versions))
 
 
 class EngineCore:
@@ -180,9 +193,9 @@ class EngineCore:
                                         for link in spec.adapters]
         shapes = {name: tuple(t.shape) for name, t in engine.model.state_dict().items()}
         relay = self.relay
-        self.send(("ready", CoreInfo(engine.limits(), shapes, engine.weight_version, engine.config.model_id,
-                                     os.getpid(), relay.fetch_endpoint if relay else None,
-                                     relay.announce_endpoint if relay else None)))
+        outbox.open(lambda version, adapters: ("ready", CoreInfo(
+            engine.limits(), shapes, version, engine.config.model_id, os.getpid(),
+            relay.fetch_endpoint if relay else None, relay.announce_endpoint if relay else None, dict(adapters))))
 
     def serve(self, parent: int) -> None:
         """Handle the front's commands until it closes us or goes away."""

@@ -83,7 +83,7 @@ class EngineProcess(Backend):
             raise
         self._limits = self.info.limits
         self._version = self.info.weight_version
-        self._adapter_versions: dict[str, int] = {}     # served by the core, as of its last message
+        self._adapter_versions = dict(self.info.adapter_versions)     # served by the core, as of its last message
         # versions sent, adapters the core accepted through load_adapter (maybe not yet served), live streams
         self.ledger = Ledger(self._version, self._limits.max_in_flight)
         self._receiver = threading.Thread(target=self._receive, name="engine-front", daemon=True)
