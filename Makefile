@@ -62,9 +62,10 @@ test-browser: venv
 test-cluster: venv
 	$(BIN)/python -m pytest -q -m cluster tests/cluster
 
-## The vLLM backend's tests (marked vllm), in $(VLLM_VENV) with vLLM's CPU build beside the CPU torch.
+## The vLLM backend's tests (marked vllm), in $(VLLM_VENV) with vLLM's CPU build beside the CPU torch, on
+## $(TEST_WORKERS) xdist workers as make test runs (a module a worker; the serial forge up runs one after another).
 test-vllm: vllm-venv
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
+	$(VLLM_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m vllm
 
 vllm-venv: $(VLLM_STAMP)
 
