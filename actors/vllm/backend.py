@@ -48,13 +48,13 @@ from forge.actors.backend import (
     GenerationRequest,
     InvalidRequest,
     Ledger,
-    RequestLimits,
     RequestStream,
     TokenChunk,
     check_weights,
 )
 from forge.actors.config import VLLM_INSTALL_HINT, EngineConfig
-from forge.actors.vllm import checkpoint, outputs
+from forge.actors.limits import RequestLimits
+from forge.actors.vllm import checkpoint, outputs, scoring
 from forge.checkpoints import ModelRef
 from forge.model.lora_weights import adapter_rank, check_named_adapter_version, write_peft_directory
 from forge.reaper import Reaper
@@ -214,11 +214,11 @@ class VllmBackend(Backend):
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        if request.score_from:          # one sampled token, discarded; the prompt's own log-probs, at temperature 1
-            params = VllmSamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, max_tokens=1, temperature=1.0,
-                                        prompt_logprobs=0, detokenize=False)
+        if request.score_from:
             request = replace(request, request_id=request_id)
-            asyncio.run_coroutine_threadsafe(self._score(request, params, stream, adapter), self._loop)
+            version = adapter[0] if adapter is not None else self._version
+            work = scoring.score(self.llm, request, scoring.score_params(), stream, adapter[1] if adapter is not None else None, version)
+            asyncio.run_coroutine_threadsafe(self._served(request_id, stream, work), self._loop)
             return stream
         try:
             params = VllmSamplingParams(output_kind=RequestOutputKind.DELTA,
@@ -229,7 +229,8 @@ class VllmBackend(Backend):
                 self._request_adapters.pop(request_id, None)
             raise InvalidRequest(str(exc)) from exc
         request = replace(request, request_id=request_id)
-        asyncio.run_coroutine_threadsafe(self._generate(request, params, stream, adapter), self._loop)
+        asyncio.run_coroutine_threadsafe(self._served(request_id, stream, self._generate(request, params, stream,
+                                                                                          adapter)), self._loop)
         return stream
 
     async def _generate(self, request: GenerationRequest, params: Any, stream: RequestStream,
@@ -242,73 +243,48 @@ class VllmBackend(Backend):
         first: float | None = None
         held = TokenChunk()              # tokens kept back to send ``every`` at a time (the first goes at once)
         generated = 0
-        try:
-            prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
-            lora = adapter[1] if adapter is not None else None
-            async for output in self.llm.generate(prompt, params, request_id, lora_request=lora):
-                completion = output.outputs[0]
-                generated += len(completion.token_ids)          # outputs are deltas
-                version = adapter[0] if adapter is not None else self._version
-                chunk = outputs.chunk_of(completion, version, request.params.top_logprobs)
-                if first is None:
-                    first = time.perf_counter()
-                    if every > 1 and len(chunk.token_ids) > 1:     # vLLM merged steps: the first token goes alone
-                        head, chunk = outputs.split_first(chunk)
-                        head.cached_prompt_tokens = int(output.num_cached_tokens or 0)
-                        stream.put(head)
-                        if len(chunk.token_ids) < every and not output.finished:
-                            held = chunk
-                            continue
-                    else:
-                        chunk.cached_prompt_tokens = int(output.num_cached_tokens or 0)
-                elif every > 1:
-                    chunk = outputs.joined(held, chunk)
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+        lora = adapter[1] if adapter is not None else None
+        async for output in self.llm.generate(prompt, params, request_id, lora_request=lora):
+            completion = output.outputs[0]
+            generated += len(completion.token_ids)          # outputs are deltas
+            version = adapter[0] if adapter is not None else self._version
+            chunk = outputs.chunk_of(completion, version, request.params.top_logprobs)
+            if first is None:
+                first = time.perf_counter()
+                if every > 1 and len(chunk.token_ids) > 1:     # vLLM merged steps: the first token goes alone
+                    head, chunk = outputs.split_first(chunk)
+                    head.cached_prompt_tokens = int(output.num_cached_tokens or 0)
+                    stream.put(head)
                     if len(chunk.token_ids) < every and not output.finished:
                         held = chunk
                         continue
-                    held = TokenChunk()
-                if output.finished:
-                    chunk.finish_reason = outputs.VLLM_FINISH.get(str(completion.finish_reason), FinishReason.STOP)
-                    outputs.chunk_timing(chunk, output.metrics, started, first)
-                    rows = getattr(completion, "routed_experts", None)
-                    if self.routing is not None and rows is not None:
-                        fed = len(request.prompt_ids) + generated - 1
-                        chunk.routed_experts = outputs.routing_of_rows(rows, fed, *self.routing)
-                stream.put(chunk)
+                else:
+                    chunk.cached_prompt_tokens = int(output.num_cached_tokens or 0)
+            elif every > 1:
+                chunk = outputs.joined(held, chunk)
+                if len(chunk.token_ids) < every and not output.finished:
+                    held = chunk
+                    continue
+                held = TokenChunk()
+            if output.finished:
+                chunk.finish_reason = outputs.VLLM_FINISH.get(str(completion.finish_reason), FinishReason.STOP)
+                outputs.chunk_timing(chunk, output.metrics, started, first)
+                rows = getattr(completion, "routed_experts", None)
+                if self.routing is not None and rows is not None:
+                    fed = len(request.prompt_ids) + generated - 1
+                    chunk.routed_experts = outputs.routing_of_rows(rows, fed, *self.routing)
+            stream.put(chunk)
+
+    async def _served(self, request_id: str, stream: RequestStream, work: Any) -> None:
+        """Run a request's coroutine ``work``: a failure ends its stream with the error; either way it leaves the
+        ledger."""
+        try:
+            await work
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.exception("vLLM request %s failed", request_id)
-            stream.put(TokenChunk(finish_reason=FinishReason.ERROR, error=f"vLLM failed: {exc}"))
-        finally:
-            self._ended(request_id, stream)
-
-    async def _score(self, request: GenerationRequest, params: Any, stream: RequestStream,
-                     adapter: tuple[int, Any] | None = None) -> None:
-        """A scoring request (``score_from``): the log-probability vLLM gives each of its tokens from ``score_from``
-        on (its prompt log-probs, from the raw logits), in one chunk that ends it."""
-        from vllm.inputs import TokensPrompt
-
-        request_id, ids = request.request_id, list(request.prompt_ids)
-        started = time.perf_counter()
-        try:
-            final = None
-            async for output in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, request_id,
-                                                  lora_request=adapter[1] if adapter is not None else None):
-                final = output
-            if final is None or final.prompt_logprobs is None:
-                raise RuntimeError("vLLM returned no prompt log-probs")
-            version = adapter[0] if adapter is not None else self._version
-            scored = ids[request.score_from:]
-            chunk = TokenChunk(scored, outputs.prompt_scores(final.prompt_logprobs, ids, request.score_from),
-                               [version] * len(scored), cached_prompt_tokens=int(final.num_cached_tokens or 0),
-                               finish_reason=FinishReason.STOP)
-            outputs.chunk_timing(chunk, final.metrics, started, time.perf_counter())
-            stream.put(chunk)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.exception("vLLM scoring request %s failed", request_id)
             stream.put(TokenChunk(finish_reason=FinishReason.ERROR, error=f"vLLM failed: {exc}"))
         finally:
             self._ended(request_id, stream)
