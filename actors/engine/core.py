@@ -31,10 +31,11 @@ from typing import Any
 
 import zmq
 
-from forge.actors.backend import FinishReason, GenerationRequest, RequestLimits, RequestStream, TokenChunk
+from forge.actors.backend import FinishReason, GenerationRequest, RequestStream, TokenChunk
 from forge.actors.config import AdapterLink, EngineConfig
 from forge.actors.engine.cpu_threads import reserve_cpu_threads
 from forge.actors.engine.engine import TorchEngine
+from forge.actors.limits import RequestLimits
 from forge.cli.options import settings_command
 from forge.settings import Settings, setting
 from forge.weights.curve import ClientKeys, ServerKeys

@@ -19,7 +19,6 @@ from forge.actors.backend import (
     FinishReason,
     InvalidRequest,
     Ledger,
-    RequestLimits,
     RequestStream,
     RoutedExperts,
     TokenChunk,
@@ -33,6 +32,7 @@ from forge.actors.engine.paged_attention import PagedKVCache
 from forge.actors.engine.runner import ModelRunner, PreparedWeights, Sampled, Work
 from forge.actors.engine.scheduler import Scheduler, SchedulerConfig
 from forge.actors.engine.sequence import Sequence, Status
+from forge.actors.limits import RequestLimits
 from forge.kvhash import kv_salt
 from forge.model.qwen3 import CausalLM
 from forge.sampling.grammar import Grammars
@@ -268,18 +268,7 @@ class TorchEngine(Backend):
             raise InvalidRequest("a request naming an adapter is served whole, not handed over between actors")
         if request.prefill_only and (self.connector is None or not self.connector.hands_over):
             raise InvalidRequest("prefill_only needs an L3 cache to hand the prompt's KV blocks over (--l3-cache)")
-        seq = Sequence(request_id, prompt, len(prompt), params, self.stream_factory(request_id),
-                       1 if request.prefill_only else max_tokens, stops, seed=seed,
-                       stream_interval=request.stream_interval, edits=edits, prefill_only=request.prefill_only,
-                       room=max_tokens, adapter=request.adapter, score_from=request.score_from)
-        given = request.continuation
-        if given is not None and edits is not None and edits.matcher is not None \
-                and not edits.matcher.allows(given.token_ids[0]):
-            raise InvalidRequest(f"the continuation's first token {given.token_ids[0]} does not follow the grammar")
-        if given is not None:
-            seq.forced = (given.token_ids[0], given.logprobs[0])
-            seq.handover_version = given.weight_version
-        return seq
+        return Sequence.of(request, request_id, self.stream_factory(request_id), max_tokens, stops, seed, edits)
 
     # ------------------------------------------------------------------ loop
 

@@ -9,7 +9,7 @@ from enum import Enum
 import numpy as np
 import torch
 
-from forge.actors.backend import RequestStream, TokenChunk
+from forge.actors.backend import GenerationRequest, InvalidRequest, RequestStream, TokenChunk
 from forge.kvhash import block_hash
 from forge.sampling.logit_edits import CompletionEdits
 from forge.sampling.params import SamplingParams
@@ -66,6 +66,25 @@ class Sequence:
     score_from: int = 0                 # a scoring request: the first position it scores (0: it generates)
     scores: list[float] = field(default_factory=list)   # scoring: log p of token score_from + i, as computed
     score_versions: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, request: GenerationRequest, request_id: str, stream: RequestStream, max_tokens: int,
+           stops: frozenset[int], seed: int, edits: CompletionEdits | None) -> Sequence:
+        """The state of a checked ``request`` (its resolved ``max_tokens`` and ``stops``); InvalidRequest for a
+        continuation whose first token its grammar does not allow."""
+        prompt = list(request.prompt_ids)
+        seq = cls(request_id, prompt, len(prompt), request.params, stream, 1 if request.prefill_only else max_tokens,
+                  stops, seed=seed, stream_interval=request.stream_interval, edits=edits,
+                  prefill_only=request.prefill_only, room=max_tokens, adapter=request.adapter,
+                  score_from=request.score_from)
+        given = request.continuation
+        if given is not None and edits is not None and edits.matcher is not None \
+                and not edits.matcher.allows(given.token_ids[0]):
+            raise InvalidRequest(f"the continuation's first token {given.token_ids[0]} does not follow the grammar")
+        if given is not None:
+            seq.forced = (given.token_ids[0], given.logprobs[0])
+            seq.handover_version = given.weight_version
+        return seq
 
     def __len__(self) -> int:
         return len(self.token_ids)
