@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge.actors.kinds import KINDS, BackendKind, kind_of, pick_backend
+from forge.actors.loadtest.config import LoadTestConfig
 from forge.adapter_names import check_adapter_name
 from forge.checkpoints import cached_model
 from forge.kv.client import FETCH_POLICIES, parse_addresses
@@ -176,7 +177,9 @@ class ActorConfig(Settings):
     backend: str = setting("auto", choices=BACKENDS,
                            help="Inference backend: the embedded torch engine, vLLM (CPU or GPU, optional extra), "
                                 "TensorRT-LLM (GPU, optional extra), or auto: torch for the families Forge implements "
-                                "(qwen3, qwen3_moe), vLLM for the others; see docs/backends.md.")
+                                "(qwen3, qwen3_moe), vLLM for the others; loadtest answers at a set pace from no "
+                                "model, to measure the gateway alone (training runs refuse it); see "
+                                "docs/backends.md.")
     host: str = setting("127.0.0.1", help="Interface to bind (loopback by default).")
     port: int = setting(50051, min=0, max=65535, help="gRPC port; 0 picks a free one (see --ready-file).")
     metrics_port: int | None = metrics_port_setting()
@@ -250,6 +253,7 @@ class ActorConfig(Settings):
     ready_file: Path | None = ready_file_setting("address, instance, pid, metrics_url, relay_fetch, relay_announce")
     log_level: str = log_level_setting()
     engine: EngineConfig = field(default_factory=EngineConfig)
+    loadtest: LoadTestConfig = field(default_factory=LoadTestConfig)
 
     def check(self) -> None:
         if (self.weights_fetch is None) != (self.weights_announce is None):

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from forge.actors.backend import BackendFactory
 from forge.actors.engine.factory import TorchFactory
+from forge.actors.loadtest.factory import LoadTestFactory
 from forge.actors.trtllm.factory import TrtllmFactory
 from forge.actors.vllm.factory import VllmFactory
 
-FACTORIES: dict[str, type[BackendFactory]] = {f.name: f for f in (TorchFactory, VllmFactory, TrtllmFactory)}
+FACTORIES: dict[str, type[BackendFactory]] = {f.name: f for f in (TorchFactory, VllmFactory, TrtllmFactory, LoadTestFactory)}
 
 
 def factory_for(name: str) -> BackendFactory:

@@ -17,12 +17,14 @@ class BackendKind:
     serves_adapters: bool = False       # LoRA adapter versions, merged onto its weights or named (--adapter)
     caps_adapter_rank: bool = False     # serves named adapters up to --max-adapter-rank only (sized at start)
     follows_adapter_source: bool = False    # adds and drops named adapters at run time (--adapter-source)
+    samples_model: bool = True          # samples the model's policy (a training run's actors must)
 
 
 TORCH = BackendKind("torch", uses_l3_cache=True, hands_over=True, serves_adapters=True, follows_adapter_source=True)
 VLLM = BackendKind("vllm", serves_adapters=True, caps_adapter_rank=True)
 TRTLLM = BackendKind("trtllm")
-KINDS = {kind.name: kind for kind in (TORCH, VLLM, TRTLLM)}
+LOADTEST = BackendKind("loadtest", samples_model=False)     # tokens at a set pace from no model: middleware benches
+KINDS = {kind.name: kind for kind in (TORCH, VLLM, TRTLLM, LOADTEST)}
 
 
 def pick_backend(backend: str, model: str) -> tuple[str, str]:

@@ -97,15 +97,19 @@ class RunFile:
     @property
     def backend(self) -> str:
         """The actors' backend, ``auto`` settled for the run's model."""
-        from forge.actors.kinds import pick_backend
+        from forge.actors.kinds import kind_of, pick_backend
 
         actor = self.options("actor")
         model = self.model or str(actor.get("model", "tiny"))
         try:
-            return pick_backend(str(actor.get("backend", "auto")), model)[0]
+            backend = pick_backend(str(actor.get("backend", "auto")), model)[0]
         except ValueError as exc:       # auto reads the model's config: a Hub model not in this machine's cache
             raise RunFileError(f"{self.path}: the actors' backend is auto, which reads {model}'s config: {exc}; or "
                                "set [actor] backend") from None
+        if not kind_of(backend).samples_model:
+            raise RunFileError(f"{self.path}: [actor] backend = \"{backend}\" samples no model (it measures the "
+                               "middleware alone): a training run needs torch, vllm, trtllm or auto")
+        return backend
 
     @property
     def cache_serves_actors(self) -> bool:

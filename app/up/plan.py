@@ -150,6 +150,9 @@ class Plan:
         return actor_roles(self.config)
 
     def _check_combination(self) -> None:
+        if not kind_of(self.backend).samples_model:
+            raise SettingsError(f"[actor] backend = \"{self.backend}\" samples no model (it measures the middleware "
+                                "alone): a training run needs torch, vllm, trtllm or auto")
         self._check_runs()
         self._check_teacher()
         if self.config.prefill_actors and not self.cache_on:

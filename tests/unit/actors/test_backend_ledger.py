@@ -65,4 +65,5 @@ def test_what_each_backend_does_is_asked_of_its_kind_and_every_kind_has_a_factor
     assert not kind_of("trtllm").serves_adapters
     assert kind_of("no such backend") == BackendKind("no such backend")
     assert backends_that("serves_adapters") == ("torch", "vllm")
-    assert set(KINDS) == set(FACTORIES) and BACKENDS == ("auto", "torch", "vllm", "trtllm")
+    assert not kind_of("loadtest").samples_model and kind_of("trtllm").samples_model
+    assert set(KINDS) == set(FACTORIES) and BACKENDS == ("auto", "torch", "vllm", "trtllm", "loadtest")

@@ -457,3 +457,11 @@ def test_k8s_runs_the_teacher_s_actors_as_a_stateful_set_the_learner_is_given(tm
     (tmp_path / "plain").mkdir()
     plain, out = deploy(tmp_path / "plain", "k8s")
     assert plain.exit_code == 0 and not (out / "25-teacher.yaml").exists()
+
+
+@pytest.mark.parametrize("target", ["k8s", "slurm"])
+def test_a_run_file_with_the_load_test_backend_is_refused(tmp_path, target):
+    """It samples no model: a deployment that trains refuses it before writing anything."""
+    result, out = deploy(tmp_path, target, text="[actor]\nbackend = 'loadtest'\n")
+    assert result.exit_code != 0 and "samples no model" in result.output
+    assert not out.exists() or not any(out.iterdir())

@@ -147,3 +147,10 @@ def test_several_runs_need_lora_adapters_on_actors_that_serve_them(tmp_path):
         UpConfig(runs=("a", "a"))
     with pytest.raises(SettingsError, match="--prefill-actors"):
         UpConfig(runs=("a", "b"), prefill_actors=1)
+
+
+def test_a_training_run_refuses_the_load_test_backend(tmp_path):
+    """It samples no model: ``forge up`` refuses it before anything starts."""
+    config = UpConfig(run_dir=tmp_path / "run").with_services(actor={"backend": "loadtest"})
+    with pytest.raises(SettingsError, match="samples no model"):
+        Plan(config)
