@@ -1,0 +1,364 @@
+"""The middleware at load: many multi-turn sessions in flight through the gateway(s) and the pool, against an actor
+on the load-test backend (``forge-actor --backend loadtest``: tokens at a set pace from no model, so what is measured
+is the middleware alone) or on the torch engine, beside the same sessions calling the actor directly.
+
+Each session opens with a user turn of about --prompt-tokens tokens and makes --calls calls; after each, it adds the
+reply and a new user turn, so its context grows by both every call, and waits --think-ms (the agent's own time: the
+session stays open, idle). --clients processes hold the sessions between them. Paths:
+
+- direct:   the actor's gRPC Generate with the prompt the client rendered (no middleware, nothing recorded);
+- chat:     OpenAI chat completions over HTTP, at /s/<session>/v1 (a black-box agent);
+- messages: Anthropic Messages over HTTP, at /s/<session>/v1;
+- grpc:     the gateway's gRPC Chat (a white-box agent).
+
+With --gateways N > 1 the gateways record into one ``forge pool serve`` and share the actor; each session is pinned
+to gateway (its number mod N), as ``forge deploy --gateways N`` pins them by id.
+
+Reported per number of sessions and path: calls and sessions a second, p50 / p99 latency and what the path adds to
+direct's, the gateways' CPU per call (their children included), their anonymous resident memory per session left
+open at the end, and the pool's bytes per call and per new token (the turn's new prompt tokens and its completion)
+against the 8 bytes an id and its log-prob hold. ``--json`` prints every figure and the counts (calls made, failed,
+recorded in the pool) the test suite's smoke run checks.
+
+Usage: python bench/gateway_load.py [--sessions 64 256 1024] [--calls 8] [--paths direct chat messages grpc]
+       [--backend loadtest|torch] [--gateways 1] [--clients 2] [--prompt-tokens 256] [--max-tokens 32]
+       [--think-ms 0] [--tokens-per-s 50] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import secrets
+import statistics
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from forge.launch import ServiceProcess
+from forge.pool.pool import PoolReader
+
+PATHS = ("direct", "chat", "messages", "grpc")
+FILLER = ("the quick brown fox jumps over a lazy dog while seven wizards quietly box jugs of liquid gold and "
+          "every sentence counts its words ")
+BYTES_PER_TOKEN = 8            # an int32 id and a float32 log-prob
+
+
+@dataclass(frozen=True)
+class Load:
+    """One client process's share: sessions ``first`` .. ``first + count - 1`` on ``path``."""
+
+    path: str
+    first: int
+    count: int
+    calls: int
+    prompt_tokens: int
+    max_tokens: int
+    think_s: float
+    targets: dict[str, list[str]]       # path -> the addresses its sessions spread over
+    run: str
+
+
+@dataclass
+class Outcome:
+    latencies: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    new_tokens: int = 0                 # prompt tokens each call added to its session's context, and completions
+    wall_s: float = 0.0
+
+
+def opening(session: int, tokens: int) -> str:
+    words = FILLER.split()
+    return f"Session {session}: " + " ".join(words[i % len(words)] for i in range(max(tokens - 4, 1)))
+
+
+async def _session_http(http, base: str, path: str, sid: str, s: int, load: Load, outcome: Outcome) -> None:
+    url = f"{base}/s/{sid}/v1/" + ("chat/completions" if path == "chat" else "messages")
+    messages = [{"role": "user", "content": opening(s, load.prompt_tokens)}]
+    for c in range(load.calls):
+        body = {"model": "forge-tiny", "messages": messages, "max_tokens": load.max_tokens, "temperature": 1.0}
+        body |= {"seed": s * 1000 + c} if path == "chat" else {"metadata": {"user_id": sid}}
+        started = time.perf_counter()
+        async with http.post(url, json=body) as response:
+            answer = await response.json(content_type=None)
+        outcome.latencies.append(time.perf_counter() - started)
+        if response.status != 200:
+            outcome.failures.append(f"{path} HTTP {response.status}: {str(answer)[:200]}")
+            return
+        if path == "chat":
+            reply, usage = answer["choices"][0]["message"]["content"] or "", answer["usage"]
+            outcome.new_tokens += usage["completion_tokens"]
+        else:
+            reply = "".join(block.get("text", "") for block in answer["content"])
+            outcome.new_tokens += answer["usage"]["output_tokens"]
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"Turn {c}: go on."}]
+        if load.think_s:
+            await asyncio.sleep(load.think_s)
+
+
+async def _session_grpc(stub, s: int, load: Load, outcome: Outcome) -> None:
+    from forge.v1 import common_pb2, gateway_pb2
+
+    sid = (await stub.StartSession(gateway_pb2.StartSessionRequest(task_id="load"))).session.session_id
+    messages = [gateway_pb2.ChatMessage(role="user", content=opening(s, load.prompt_tokens))]
+    for c in range(load.calls):
+        sampling = common_pb2.SamplingParams(temperature=1.0, seed=s * 1000 + c, max_tokens=load.max_tokens)
+        started = time.perf_counter()
+        reply = []
+        async for chunk in stub.Chat(gateway_pb2.ChatRequest(session_id=sid, messages=messages, sampling=sampling)):
+            reply.append(chunk.text)
+            outcome.new_tokens += len(chunk.token_ids)
+        outcome.latencies.append(time.perf_counter() - started)
+        messages += [gateway_pb2.ChatMessage(role="assistant", content="".join(reply)),
+                     gateway_pb2.ChatMessage(role="user", content=f"Turn {c}: go on.")]
+        if load.think_s:
+            await asyncio.sleep(load.think_s)
+
+
+async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome) -> None:
+    from forge.v1 import actor_pb2, common_pb2
+
+    messages = [{"role": "user", "content": opening(s, load.prompt_tokens)}]
+    for c in range(load.calls):
+        sampling = common_pb2.SamplingParams(temperature=1.0, seed=s * 1000 + c, max_tokens=load.max_tokens)
+        started = time.perf_counter()
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids: list[int] = []
+        async for chunk in stub.Generate(actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling)):
+            ids += chunk.token_ids
+        outcome.latencies.append(time.perf_counter() - started)
+        outcome.new_tokens += len(ids)
+        messages += [{"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)},
+                     {"role": "user", "content": f"Turn {c}: go on."}]
+        if load.think_s:
+            await asyncio.sleep(load.think_s)
+
+
+async def _client(load: Load) -> Outcome:
+    import aiohttp
+    import grpc
+
+    from forge.assets import TINY_DIR
+    from forge.tokenizer import Tokenizer
+    from forge.v1 import actor_pb2_grpc, gateway_pb2_grpc
+
+    outcome = Outcome()
+    addresses = load.targets[load.path]
+    sessions = range(load.first, load.first + load.count)
+
+    async def guarded(run) -> None:
+        try:
+            await run
+        except Exception as exc:                # a failed session is counted, the others go on
+            outcome.failures.append(f"{load.path}: {type(exc).__name__}: {exc}"[:300])
+
+    started = time.perf_counter()
+    if load.path in ("chat", "messages"):
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as http:
+            await asyncio.gather(*(guarded(_session_http(http, addresses[s % len(addresses)], load.path,
+                                                         f"load-{load.run}-{s}", s, load, outcome))
+                                   for s in sessions))
+    else:
+        channels = [grpc.aio.insecure_channel(a, options=[("grpc.max_concurrent_streams", 1 << 20)])
+                    for a in addresses]
+        try:
+            if load.path == "grpc":
+                stubs = [gateway_pb2_grpc.GatewayStub(c) for c in channels]
+                await asyncio.gather(*(guarded(_session_grpc(stubs[s % len(stubs)], s, load, outcome))
+                                       for s in sessions))
+            else:
+                tokenizer = Tokenizer.from_dir(TINY_DIR)
+                stubs = [actor_pb2_grpc.ActorStub(c) for c in channels]
+                await asyncio.gather(*(guarded(_session_direct(stubs[s % len(stubs)], tokenizer, s, load, outcome))
+                                       for s in sessions))
+        finally:
+            for channel in channels:
+                await channel.close()
+    outcome.wall_s = time.perf_counter() - started
+    return outcome
+
+
+def run_client(load: Load) -> Outcome:
+    return asyncio.run(_client(load))
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children still running (Linux)."""
+    total = 0.0
+    for one in (pid, *children(pid)):
+        try:
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(k) for k in (task / "children").read_text().split()]
+    return kids
+
+
+def anonymous_kib(pid: int) -> int:
+    """The process's anonymous resident memory (its heap: the pool's mapped pages are counted apart), KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    return 0
+
+
+class System:
+    """The actor, the pool service (several gateways) and the gateways, started in ``root``."""
+
+    def __init__(self, root: Path, args: argparse.Namespace) -> None:
+        self.root, self.services = root, []
+        backend = ["--backend", "loadtest", "--loadtest-tokens-per-s", str(args.tokens_per_s),
+                   "--loadtest-first-token-ms", str(args.first_token_ms)] if args.backend == "loadtest" else \
+            ["--backend", "torch", "--kv-cache-mb", "512", "--threads", "1"]
+        most = max(args.sessions)
+        self.actor = self._start("actor", "forge-actor", ["--port", "0", *backend, "--max-batch", str(min(most, 256)),
+                                                          "--max-waiting", str(most + 64), "--log-level", "WARNING"])
+        self.pool_dir = root / "pool"
+        self.pool_key = secrets.token_hex(16)
+        if args.gateways > 1:
+            self.pool = self._start("pool", "forge", ["pool", "serve", "--path", str(self.pool_dir), "--port", "0",
+                                                      "--log-level", "warning"], {"FORGE_POOL_API_KEY": self.pool_key})
+            recording = ["--pool-address", self.pool.info["address"]]
+        else:
+            recording = ["--pool", str(self.pool_dir)]
+        self.gateways = [self._start(f"gateway-{g}", "forge-gateway",
+                                     ["--actor", self.actor.info["address"], *recording, "--grpc-port", "0",
+                                      "--http-port", "0", "--log-level", "WARNING"],
+                                     {"FORGE_GATEWAY_POOL_API_KEY": self.pool_key} if args.gateways > 1 else None)
+                         for g in range(args.gateways)]
+
+    def _start(self, name: str, command: str, arguments: list[str], env: dict[str, str] | None = None):
+        service = ServiceProcess(name, command, arguments, self.root, env=env, timeout_s=300)
+        self.services.append(service)
+        return service
+
+    @property
+    def targets(self) -> dict[str, list[str]]:
+        return {"direct": [self.actor.info["address"]], "chat": [g.info["http_address"] for g in self.gateways],
+                "messages": [g.info["http_address"] for g in self.gateways],
+                "grpc": [g.info["grpc_address"] for g in self.gateways]}
+
+    def pool_figures(self) -> dict[str, float]:
+        with PoolReader(self.pool_dir) as pool:
+            return pool.stats()
+
+    def stop(self) -> None:
+        for service in reversed(self.services):
+            service.stop()
+
+
+def measure(system: System, path: str, sessions: int, args: argparse.Namespace) -> dict[str, float]:
+    run = uuid.uuid4().hex[:8]
+    clients = max(1, min(args.clients, sessions))
+    shares = [sessions // clients + (1 if k < sessions % clients else 0) for k in range(clients)]
+    firsts = [sum(shares[:k]) for k in range(clients)]
+    loads = [Load(path, first, count, args.calls, args.prompt_tokens, args.max_tokens, args.think_ms / 1e3,
+                  system.targets, run) for first, count in zip(firsts, shares, strict=True)]
+    gateway_pids = [g.proc.pid for g in system.gateways]
+    cpu_before = sum(cpu_s(pid) for pid in gateway_pids)
+    memory_before = sum(anonymous_kib(pid) for pid in gateway_pids)
+    pool_before = system.pool_figures()
+    started = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(clients) as workers:
+        outcomes = workers.map(run_client, loads)
+    wall = time.perf_counter() - started
+    calls_made = sum(len(o.latencies) for o in outcomes)
+    failures = [f for o in outcomes for f in o.failures]
+    latencies = [t for o in outcomes for t in o.latencies]
+    pool_after = system.pool_figures()
+    recorded = pool_after["calls"] - pool_before["calls"]
+    written = pool_after["bytes_used"] - pool_before["bytes_used"]
+    new_tokens = sum(o.new_tokens for o in outcomes) + sessions * (args.prompt_tokens + 8 * args.calls)
+    figures = {"sessions": sessions, "calls": calls_made, "failed": len(failures), "recorded_calls": recorded,
+               "calls_per_s": calls_made / wall, "sessions_per_s": sessions / wall}
+    if latencies:
+        p50, p99 = np.percentile(latencies, [50, 99]) * 1e3
+        figures |= {"p50_ms": float(p50), "p99_ms": float(p99)}
+    if path != "direct" and calls_made:
+        figures |= {"gateway_cpu_ms_per_call": (sum(cpu_s(pid) for pid in gateway_pids) - cpu_before) * 1e3
+                    / calls_made,
+                    "gateway_anon_kib_per_session": (sum(anonymous_kib(pid) for pid in gateway_pids) - memory_before)
+                    / sessions,
+                    "pool_bytes_per_call": written / max(recorded, 1),
+                    "pool_bytes_per_new_token": written / max(new_tokens, 1) / BYTES_PER_TOKEN}
+    if failures:
+        figures["first_failure"] = failures[0]          # type: ignore[assignment]
+    return figures
+
+
+def report(results: dict[int, dict[str, dict[str, float]]], args: argparse.Namespace) -> None:
+    print(f"backend {args.backend}, {args.gateways} gateway(s), {args.calls} calls a session, prompt ~"
+          f"{args.prompt_tokens} tokens, {args.max_tokens} new tokens a call, think {args.think_ms:g} ms; medians of "
+          f"{args.repeats} runs; +ms: added to direct's")
+    print(f"{'sessions':>8} {'path':>9} {'calls/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'+p50':>7} {'+p99':>7} "
+          f"{'gw CPU ms':>9} {'KiB/sess':>8} {'pool B/call':>11} {'pool x/tok':>10} {'failed':>6}")
+    for sessions, paths in results.items():
+        base = paths.get("direct")
+        for path, r in paths.items():
+            added = ("", "")
+            if base and path != "direct" and "p50_ms" in r:
+                added = (f"{r['p50_ms'] - base['p50_ms']:+.1f}", f"{r['p99_ms'] - base['p99_ms']:+.1f}")
+            gateway = ("", "", "", "") if "gateway_cpu_ms_per_call" not in r else (
+                f"{r['gateway_cpu_ms_per_call']:.2f}", f"{r['gateway_anon_kib_per_session']:.1f}",
+                f"{r['pool_bytes_per_call']:.0f}", f"{r['pool_bytes_per_new_token']:.2f}")
+            print(f"{sessions:>8} {path:>9} {r['calls_per_s']:>8.1f} {r.get('p50_ms', 0):>8.1f} "
+                  f"{r.get('p99_ms', 0):>8.1f} {added[0]:>7} {added[1]:>7} {gateway[0]:>9} {gateway[1]:>8} "
+                  f"{gateway[2]:>11} {gateway[3]:>10} {int(r['failed']):>6}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--calls", type=int, default=8, help="calls a session makes, one after another")
+    parser.add_argument("--paths", nargs="+", default=["direct", "chat", "grpc"], choices=PATHS)
+    parser.add_argument("--backend", choices=["loadtest", "torch"], default="loadtest")
+    parser.add_argument("--gateways", type=int, default=1)
+    parser.add_argument("--clients", type=int, default=2, help="client processes holding the sessions")
+    parser.add_argument("--prompt-tokens", type=int, default=256, help="about how long a session's first turn is")
+    parser.add_argument("--max-tokens", type=int, default=32, help="new tokens a call")
+    parser.add_argument("--think-ms", type=float, default=0.0, help="a session's wait between its calls")
+    parser.add_argument("--tokens-per-s", type=float, default=50.0, help="loadtest: each request's decode pace")
+    parser.add_argument("--first-token-ms", type=float, default=20.0, help="loadtest: each request's first token")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if min(args.sessions) < 1 or args.calls < 1 or args.gateways < 1 or args.clients < 1:
+        parser.error("--sessions, --calls, --gateways and --clients must be at least 1")
+    root = Path(tempfile.mkdtemp(prefix="forge-gateway-load-"))
+    system = System(root, args)
+    results: dict[int, dict[str, dict[str, float]]] = {}
+    try:
+        for path in args.paths:                             # warm up every path
+            measure(system, path, 2, argparse.Namespace(**{**vars(args), "calls": 1}))
+        for sessions in args.sessions:
+            runs: dict[str, list[dict[str, float]]] = {p: [] for p in args.paths}
+            for _ in range(args.repeats):
+                for path in args.paths:                     # interleaved, so drift hits every path alike
+                    runs[path].append(measure(system, path, sessions, args))
+            results[sessions] = {p: {k: (statistics.median(r[k] for r in rs) if isinstance(rs[0][k], float | int)
+                                         else rs[0][k]) for k in rs[0]} for p, rs in runs.items()}
+    finally:
+        system.stop()
+    if args.json:
+        print(json.dumps({"args": vars(args), "results": results}, indent=2))
+    else:
+        report(results, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""The middleware load harness's smallest configuration (``bench/gateway_load.py``), as the benchmarks run it: real
+gateways and a pool in front of an actor on the load-test backend, every path (direct, chat, messages, gRPC) with
+several multi-turn sessions, and two gateways recording into one pool service. Counts, not times: every call made
+is answered, and every call through a gateway is recorded in the pool, exactly once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+SESSIONS, CALLS = 4, 3
+
+
+def load(*arguments: str) -> dict:
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "gateway_load.py"), "--sessions", str(SESSIONS),
+                           "--calls", str(CALLS), "--clients", "1", "--prompt-tokens", "64", "--max-tokens", "8",
+                           "--tokens-per-s", "0", "--first-token-ms", "0", "--json", *arguments],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(done.stdout)["results"][str(SESSIONS)]
+
+
+@pytest.mark.parametrize(("gateways", "paths"), [(1, ("direct", "chat", "messages", "grpc")), (2, ("chat", "grpc"))])
+def test_every_call_is_answered_and_recorded_once(gateways, paths):
+    results = load("--gateways", str(gateways), "--paths", *paths)
+    assert set(results) == set(paths)
+    for path, figures in results.items():
+        assert figures.get("first_failure") is None, figures
+        assert (figures["calls"], figures["failed"]) == (SESSIONS * CALLS, 0), (path, figures)
+        if path == "direct":
+            assert figures["recorded_calls"] == 0                   # nothing crosses the middleware
+        else:
+            assert figures["recorded_calls"] == SESSIONS * CALLS, (path, figures)
+            assert figures["pool_bytes_per_call"] > 0 and figures["gateway_cpu_ms_per_call"] > 0
