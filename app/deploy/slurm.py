@@ -304,7 +304,9 @@ class BatchScript:
             '    if ! kill -0 "${PIDS[k]}" 2>/dev/null; then echo "${NAMES[k]} ended"; fi',
             "done",
             "stop_all",
-            'if [ "$status" -ne 0 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt "$REQUEUES" ]; then',
+            'if [ "$status" -ne 0 ] && ! this_start; then',
+            '    echo "a service failed (status $status): Slurm requeued the job itself (a node was lost)"',
+            'elif [ "$status" -ne 0 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt "$REQUEUES" ]; then',
             '    echo "a service failed (status $status): requeueing the job (restart $((${SLURM_RESTART_COUNT:-0} + 1)) '
             'of at most $REQUEUES)"',
             '    scontrol requeue "$SLURM_JOB_ID"',

@@ -124,8 +124,19 @@ rollouts_running() {
     return 1
 }
 
-# steps_now: the job's steps as Slurm lists them, "JOB.STEP NAME" a line (asked once, then looked up in).
+# this_start: whether the job is still in this start of it. Slurm requeues a job whose node is lost by itself and
+# may start it again while this script, the earlier start's, still stops its services: the steps of the same names
+# and a requeue are then the new start's, not this script's to touch. Where Slurm does not answer, it is.
+this_start() {
+    local info
+    info=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) || return 0
+    [[ " $info " == *" Restarts=${SLURM_RESTART_COUNT:-0} "* ]]
+}
+
+# steps_now: the job's steps as Slurm lists them, "JOB.STEP NAME" a line (asked once, then looked up in); none once
+# the job has started again (this script's steps are then stopped through their srun).
 steps_now() {
+    this_start || return 0
     squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' 2>/dev/null || true
 }
 
