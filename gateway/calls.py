@@ -111,6 +111,7 @@ class ChatResult(ChatDelta):
     completion_ids: list[int] = field(default_factory=list)
     all_logprobs: list[float] = field(default_factory=list)
     all_top_logprobs: list[common_pb2.TopLogprobs] = field(default_factory=list)
+    all_weight_versions: list[int] = field(default_factory=list)
     tito: str = ""
 
 
@@ -264,7 +265,7 @@ class CallRunner:
                 stopped_by_string=stopped, stop_string=assembler.stop_hit, parsed=parsed, call_index=index,
                 session_id=state.session_id,
                 prompt_ids=build.ids, completion_ids=out.token_ids, all_logprobs=out.logprobs,
-                all_top_logprobs=out.top_logprobs, tito=build.kind)
+                all_top_logprobs=out.top_logprobs, all_weight_versions=out.versions, tito=build.kind)
 
     async def generate(self, state: SessionState, prompt_ids: Sequence[int], sampling: common_pb2.SamplingParams
                        ) -> AsyncIterator[tuple[actor_pb2.GenerateChunk, int | None]]:

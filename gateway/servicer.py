@@ -81,9 +81,15 @@ def _streaming(method: Callable) -> Callable:
     return run
 
 
-def chat_chunk(event: Any) -> gateway_pb2.ChatChunk:
-    chunk = gateway_pb2.ChatChunk(text=event.text, token_ids=event.token_ids, logprobs=event.logprobs,
-                                  weight_versions=event.weight_versions, top_logprobs=event.top_logprobs)
+def chat_chunk(event: Any, whole: bool = False) -> gateway_pb2.ChatChunk:
+    """The chunk of a delta or of the result; ``whole``: the result of a call answered in one chunk, with the whole
+    completion's ids, log-probs and versions (its text is whole already)."""
+    if whole:
+        chunk = gateway_pb2.ChatChunk(text=event.text, token_ids=event.completion_ids, logprobs=event.all_logprobs,
+                                      weight_versions=event.all_weight_versions, top_logprobs=event.all_top_logprobs)
+    else:
+        chunk = gateway_pb2.ChatChunk(text=event.text, token_ids=event.token_ids, logprobs=event.logprobs,
+                                      weight_versions=event.weight_versions, top_logprobs=event.top_logprobs)
     if isinstance(event, ChatResult):
         parsed = event.parsed
         chunk.finish_reason = event.finish_reason
@@ -138,9 +144,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         model = self.gateway.model
         size = request.ByteSize()
         call = await self.gateway.work.run(size, chat_call_from_proto, request, model.vocab_size, model.context_length)
-        stream = await self.gateway.chat(call, session_id, size=size)
+        stream = await self.gateway.chat(call, session_id, stream=not request.whole, size=size)
         async for event in stream.events:
-            yield chat_chunk(event)
+            yield chat_chunk(event, request.whole)
 
     @_streaming
     async def Generate(self, request, context):

@@ -52,7 +52,8 @@ class GatewayChat:
 
     async def chat(self, messages, tools, sampling: SamplingParams) -> Reply:
         request = gateway_pb2.ChatRequest(session_id=self.session_id, messages=_proto_messages(messages),
-                                          tools=_proto_tools(tools), sampling=sampling_to_proto(sampling))
+                                          tools=_proto_tools(tools), sampling=sampling_to_proto(sampling),
+                                          whole=True)
         last = None
         async for chunk in self.stub.Chat(request, timeout=self.timeout_s):
             last = chunk

@@ -107,7 +107,7 @@ class Tool(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ...) -> None: ...
 
 class ChatRequest(_message.Message):
-    __slots__ = ("session_id", "messages", "tools", "sampling", "stop", "tool_choice", "chat_template_kwargs_json", "parallel_tool_calls")
+    __slots__ = ("session_id", "messages", "tools", "sampling", "stop", "tool_choice", "chat_template_kwargs_json", "parallel_tool_calls", "whole")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,7 @@ class ChatRequest(_message.Message):
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
@@ -124,7 +125,8 @@ class ChatRequest(_message.Message):
     tool_choice: str
     chat_template_kwargs_json: str
     parallel_tool_calls: bool
-    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., tool_choice: _Optional[str] = ..., chat_template_kwargs_json: _Optional[str] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
+    whole: bool
+    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., tool_choice: _Optional[str] = ..., chat_template_kwargs_json: _Optional[str] = ..., parallel_tool_calls: _Optional[bool] = ..., whole: _Optional[bool] = ...) -> None: ...
 
 class ChatChunk(_message.Message):
     __slots__ = ("text", "token_ids", "logprobs", "weight_versions", "finish_reason", "tool_calls", "call_index", "prompt_tokens", "completion_tokens", "content", "reasoning_content", "top_logprobs")

@@ -177,6 +177,32 @@ def test_chat_takes_the_openai_parameters_the_http_front_end_takes(gateway):
     assert list(calls[1].prompt_ids) == list(calls[0].prompt_ids)
 
 
+def test_a_whole_chat_is_one_chunk_equal_to_the_streamed_call(gateway):
+    """``whole``: one chunk once the call is recorded, holding what the streamed call's chunks add up to (same seed),
+    its ids, log-probs, versions and top log-probs as the pool records them."""
+    with grpc.insecure_channel(gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        answers = []
+        for whole in (False, True):
+            session_id = stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30).session.session_id
+            sampling = common_pb2.SamplingParams(temperature=1.0, seed=11, max_tokens=12, ignore_eos=True,
+                                                 top_logprobs=2)
+            chunks = list(stub.Chat(gateway_pb2.ChatRequest(session_id=session_id, messages=[user("Tell a story.")],
+                                                            sampling=sampling, whole=whole), timeout=60))
+            answers.append((session_id, chunks))
+    (_, streamed), (whole_session, [whole]) = answers
+    assert len(streamed) > 1
+    assert list(whole.token_ids) == [t for c in streamed for t in c.token_ids]
+    assert list(whole.logprobs) == pytest.approx([v for c in streamed for v in c.logprobs], abs=1e-6)
+    assert list(whole.top_logprobs) == [top for c in streamed for top in c.top_logprobs]
+    assert whole.text == "".join(c.text for c in streamed) and whole.content == streamed[-1].content
+    assert (whole.finish_reason, whole.completion_tokens) == (streamed[-1].finish_reason, 12)
+    with PoolReader(gateway.pool_path) as reader:
+        [call] = reader.get_session(whole_session).calls
+    assert list(call.completion_ids) == list(whole.token_ids) and list(call.logprobs) == list(whole.logprobs)
+    assert list(call.weight_versions) == list(whole.weight_versions)
+
+
 def test_global_and_per_session_keys_on_both_front_ends(tiny_actor, tmp_path):
     gateway = start_gateway(tmp_path, [tiny_actor.address], tmp_path / "pool", "--api-key", GLOBAL_KEY,
                             "--api-key", "second-key")
