@@ -6,10 +6,13 @@ Each session opens with a user turn of about --prompt-tokens tokens and makes --
 reply and a new user turn, so its context grows by both every call, and waits --think-ms (the agent's own time: the
 session stays open, idle). --clients processes hold the sessions between them. Paths:
 
-- direct:   the actor's gRPC Generate with the prompt the client rendered (no middleware, nothing recorded);
+- direct:   the actor's gRPC Generate with the prompt the client rendered before it starts the clock, answered as the
+            gateway asks for a non-streaming call (the first token, then the rest at once; no middleware, nothing
+            recorded);
 - chat:     OpenAI chat completions over HTTP, at /s/<session>/v1 (a black-box agent);
 - messages: Anthropic Messages over HTTP, at /s/<session>/v1;
-- grpc:     the gateway's gRPC Chat (a white-box agent).
+- grpc:     the gateway's gRPC Chat answering each call whole (a white-box agent; ``ChatRequest.whole``);
+- grpc-stream: the same, streamed token by token.
 
 With --gateways N > 1 the gateways record into one ``forge pool serve`` and share the actor; each session is pinned
 to gateway (its number mod N), as ``forge deploy --gateways N`` pins them by id.
@@ -20,7 +23,7 @@ open at the end, and the pool's bytes per call and per new token (the turn's new
 against the 8 bytes an id and its log-prob hold. ``--json`` prints every figure and the counts (calls made, failed,
 recorded in the pool) the test suite's smoke run checks.
 
-Usage: python bench/gateway_load.py [--sessions 64 256 1024] [--calls 8] [--paths direct chat messages grpc]
+Usage: python bench/gateway_load.py [--sessions 64 256 1024] [--calls 8] [--paths direct chat messages grpc ...]
        [--backend loadtest|torch] [--gateways 1] [--clients 2] [--prompt-tokens 256] [--max-tokens 32]
        [--think-ms 0] [--tokens-per-s 50] [--json]
 """
@@ -45,10 +48,11 @@ import numpy as np
 from forge.launch import ServiceProcess
 from forge.pool.pool import PoolReader
 
-PATHS = ("direct", "chat", "messages", "grpc")
+PATHS = ("direct", "chat", "messages", "grpc", "grpc-stream")
 FILLER = ("the quick brown fox jumps over a lazy dog while seven wizards quietly box jugs of liquid gold and "
           "every sentence counts its words ")
 BYTES_PER_TOKEN = 8            # an int32 id and a float32 log-prob
+WHOLE_ANSWER = 2**31 - 1       # the stream interval a non-streaming call asks the actor for: first token, then the rest
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ async def _session_http(http, base: str, path: str, sid: str, s: int, load: Load
             await asyncio.sleep(load.think_s)
 
 
-async def _session_grpc(stub, s: int, load: Load, outcome: Outcome) -> None:
+async def _session_grpc(stub, s: int, load: Load, outcome: Outcome, whole: bool) -> None:
     from forge.v1 import common_pb2, gateway_pb2
 
     sid = (await stub.StartSession(gateway_pb2.StartSessionRequest(task_id="load"))).session.session_id
@@ -112,7 +116,8 @@ async def _session_grpc(stub, s: int, load: Load, outcome: Outcome) -> None:
         sampling = common_pb2.SamplingParams(temperature=1.0, seed=s * 1000 + c, max_tokens=load.max_tokens)
         started = time.perf_counter()
         reply = []
-        async for chunk in stub.Chat(gateway_pb2.ChatRequest(session_id=sid, messages=messages, sampling=sampling)):
+        request = gateway_pb2.ChatRequest(session_id=sid, messages=messages, sampling=sampling, whole=whole)
+        async for chunk in stub.Chat(request):
             reply.append(chunk.text)
             outcome.new_tokens += len(chunk.token_ids)
         outcome.latencies.append(time.perf_counter() - started)
@@ -128,10 +133,11 @@ async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome)
     messages = [{"role": "user", "content": opening(s, load.prompt_tokens)}]
     for c in range(load.calls):
         sampling = common_pb2.SamplingParams(temperature=1.0, seed=s * 1000 + c, max_tokens=load.max_tokens)
-        started = time.perf_counter()
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        started = time.perf_counter()
         ids: list[int] = []
-        async for chunk in stub.Generate(actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling)):
+        request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling, stream_interval=WHOLE_ANSWER)
+        async for chunk in stub.Generate(request):
             ids += chunk.token_ids
         outcome.latencies.append(time.perf_counter() - started)
         outcome.new_tokens += len(ids)
@@ -170,9 +176,10 @@ async def _client(load: Load) -> Outcome:
         channels = [grpc.aio.insecure_channel(a, options=[("grpc.max_concurrent_streams", 1 << 20)])
                     for a in addresses]
         try:
-            if load.path == "grpc":
+            if load.path.startswith("grpc"):
                 stubs = [gateway_pb2_grpc.GatewayStub(c) for c in channels]
-                await asyncio.gather(*(guarded(_session_grpc(stubs[s % len(stubs)], s, load, outcome))
+                whole = load.path == "grpc"
+                await asyncio.gather(*(guarded(_session_grpc(stubs[s % len(stubs)], s, load, outcome, whole))
                                        for s in sessions))
             else:
                 tokenizer = Tokenizer.from_dir(TINY_DIR)
@@ -251,7 +258,8 @@ class System:
     def targets(self) -> dict[str, list[str]]:
         return {"direct": [self.actor.info["address"]], "chat": [g.info["http_address"] for g in self.gateways],
                 "messages": [g.info["http_address"] for g in self.gateways],
-                "grpc": [g.info["grpc_address"] for g in self.gateways]}
+                "grpc": [g.info["grpc_address"] for g in self.gateways],
+                "grpc-stream": [g.info["grpc_address"] for g in self.gateways]}
 
     def pool_figures(self) -> dict[str, float]:
         with PoolReader(self.pool_dir) as pool:

@@ -1,5 +1,5 @@
 """The middleware load harness's smallest configuration (``bench/gateway_load.py``), as the benchmarks run it: real
-gateways and a pool in front of an actor on the load-test backend, every path (direct, chat, messages, gRPC) with
+gateways and a pool in front of an actor on the load-test backend, every path (direct, chat, messages, gRPC whole and streamed) with
 several multi-turn sessions, and two gateways recording into one pool service. Counts, not times: every call made
 is answered, and every call through a gateway is recorded in the pool, exactly once."""
 
@@ -25,7 +25,8 @@ def load(*arguments: str) -> dict:
     return json.loads(done.stdout)["results"][str(SESSIONS)]
 
 
-@pytest.mark.parametrize(("gateways", "paths"), [(1, ("direct", "chat", "messages", "grpc")), (2, ("chat", "grpc"))])
+@pytest.mark.parametrize(("gateways", "paths"), [(1, ("direct", "chat", "messages", "grpc", "grpc-stream")),
+                                                 (2, ("chat", "grpc"))])
 def test_every_call_is_answered_and_recorded_once(gateways, paths):
     results = load("--gateways", str(gateways), "--paths", *paths)
     assert set(results) == set(paths)
