@@ -21,9 +21,10 @@ NO_VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reaso
 def test_only_built_backends_are_offered():
     result = subprocess.run([script("forge-actor"), "--backend", "sglang", "--port", "0"], capture_output=True,
                             text=True, timeout=120)
-    assert result.returncode == 2 and "'sglang' is not one of 'auto', 'torch', 'vllm', 'trtllm'" in result.stderr
+    assert result.returncode == 2
+    assert "'sglang' is not one of 'auto', 'torch', 'vllm', 'trtllm', 'loadtest'" in result.stderr
     shown = subprocess.run([script("forge-actor"), "--help"], capture_output=True, text=True, timeout=120).stdout
-    assert "[auto|torch|vllm|trtllm]" in shown
+    assert "[auto|torch|vllm|trtllm|loadtest]" in shown
 
 
 def llama_checkpoint(directory):
