@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,7 @@ from forge.pool import layout
 from forge.pool.errors import ConflictError, InvalidRequestError, NotFoundError
 from forge.pool.fifo import STATUS_NAMES, new_entry, settle
 from forge.pool.layout import COMPLETED, PENDING, PoolState
+from forge.pool.shared_prompts import StoredIds, shared_with_previous
 from forge.pool.store import Txn
 from forge.v1 import pool_pb2
 
@@ -58,7 +60,8 @@ def prepare_open(request: pool_pb2.OpenSessionRequest) -> pool_pb2.OpenSessionRe
 class PreparedCall:
     session_id: str
     index: int              # < 0: the next index of the session
-    payload: bytes          # the serialised CallRecord as stored
+    payload: bytes          # the serialised CallRecord but its prompt ids
+    prompt: array           # its prompt ids (stored after those it shares with the previous call, shared_prompts)
 
 
 def check_call(record: pool_pb2.CallRecord) -> None:
@@ -73,6 +76,8 @@ def check_call(record: pool_pb2.CallRecord) -> None:
                                   "(one per token needed)")
     if not record.prompt_ids:
         raise InvalidRequestError("prompt_ids is empty")
+    if record.prompt_shared:
+        raise InvalidRequestError("prompt_shared is the pool's own (how it stores a prompt): send whole prompt_ids")
     if np.asarray(record.prompt_ids, dtype=np.int64).min() < 0 or (n and np.asarray(
             record.completion_ids, dtype=np.int64).min() < 0):
         raise InvalidRequestError("token ids must be >= 0")
@@ -103,10 +108,12 @@ def _check_routing(record: pool_pb2.CallRecord) -> None:
 def prepare_call(record: pool_pb2.CallRecord, now: float) -> PreparedCall:
     """Check a call on its own and serialise it; the session is checked by the writer."""
     check_call(record)
-    payload = record.SerializeToString()
-    if not record.created_at:
-        payload += pool_pb2.CallRecord(created_at=now).SerializeToString()   # protobuf merge: sets the field
-    return PreparedCall(record.session_id, record.index, payload)
+    rest = pool_pb2.CallRecord()
+    rest.CopyFrom(record)
+    rest.ClearField("prompt_ids")
+    if not rest.created_at:
+        rest.created_at = now
+    return PreparedCall(record.session_id, record.index, rest.SerializeToString(), array("i", record.prompt_ids))
 
 
 def prepare_close(request: pool_pb2.CloseSessionRequest) -> pool_pb2.CloseSessionRequest:
@@ -164,8 +171,10 @@ def append_call(tx: Txn, state: PoolState, call: PreparedCall, now: float) -> in
     if index != expected:
         kind = "already recorded" if index < expected else "out of order"
         raise ConflictError(f"call {index} of session {call.session_id!r} is {kind}: the next index is {expected}")
-    payload = call.payload if call.index >= 0 else call.payload + pool_pb2.CallRecord(index=index).SerializeToString()
-    tx.put("calls", layout.call_key(call.session_id, index), payload)
+    shared = shared_with_previous(call.prompt, index, lambda k: StoredIds.of(pool_pb2.CallRecord.FromString(
+        tx.get("calls", layout.call_key(call.session_id, k)) or b"")))
+    ids = pool_pb2.CallRecord(index=index, prompt_ids=call.prompt[shared:], prompt_shared=shared)
+    tx.put("calls", layout.call_key(call.session_id, index), call.payload + ids.SerializeToString())
     session.num_calls = index + 1
     tx.put_session(session)
     key = layout.session_key(call.session_id)

@@ -18,6 +18,7 @@ import lmdb
 from forge.pool import layout
 from forge.pool.errors import NotFoundError, PoolError, PoolFullError
 from forge.pool.layout import EntryState, PoolState
+from forge.pool.shared_prompts import expand
 from forge.v1 import pool_pb2
 
 log = logging.getLogger(__name__)
@@ -154,11 +155,14 @@ class Txn:
             yield layout.call_index_of(key), value
 
     def fill_calls(self, out: pool_pb2.SessionWithCalls, session_id: str) -> None:
+        """The session's calls, each with its whole prompt (``forge.pool.shared_prompts``)."""
+        first = len(out.calls)
         for index, data in self.call_items(session_id):
             call = out.calls.add()
             call.ParseFromString(data)
             call.session_id = session_id
             call.index = index
+        expand(out.calls[first:])
 
     def session_with_calls(self, session_id: str, out: pool_pb2.SessionWithCalls | None = None
                            ) -> pool_pb2.SessionWithCalls:

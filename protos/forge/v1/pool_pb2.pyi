@@ -109,7 +109,7 @@ class SessionRecord(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., task_id: _Optional[str] = ..., domain: _Optional[str] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ..., queue_position: _Optional[int] = ..., status: _Optional[_Union[SessionStatus, str]] = ..., outcome_rewards: _Optional[_Mapping[str, float]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., num_calls: _Optional[int] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., failure_reason: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CallRecord(_message.Message):
-    __slots__ = ("session_id", "index", "prompt_ids", "completion_ids", "logprobs", "weight_versions", "actor", "timing", "finish_reason", "process_rewards", "sampling", "created_at", "routed_experts", "adapter")
+    __slots__ = ("session_id", "index", "prompt_ids", "completion_ids", "logprobs", "weight_versions", "actor", "timing", "finish_reason", "process_rewards", "sampling", "created_at", "routed_experts", "adapter", "prompt_shared")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class CallRecord(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_SHARED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     index: int
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -138,7 +139,8 @@ class CallRecord(_message.Message):
     created_at: float
     routed_experts: _common_pb2.ExpertRouting
     adapter: str
-    def __init__(self, session_id: _Optional[str] = ..., index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., completion_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., weight_versions: _Optional[_Iterable[int]] = ..., actor: _Optional[str] = ..., timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., process_rewards: _Optional[_Iterable[float]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., created_at: _Optional[float] = ..., routed_experts: _Optional[_Union[_common_pb2.ExpertRouting, _Mapping]] = ..., adapter: _Optional[str] = ...) -> None: ...
+    prompt_shared: int
+    def __init__(self, session_id: _Optional[str] = ..., index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., completion_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., weight_versions: _Optional[_Iterable[int]] = ..., actor: _Optional[str] = ..., timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., process_rewards: _Optional[_Iterable[float]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., created_at: _Optional[float] = ..., routed_experts: _Optional[_Union[_common_pb2.ExpertRouting, _Mapping]] = ..., adapter: _Optional[str] = ..., prompt_shared: _Optional[int] = ...) -> None: ...
 
 class AppendCallResponse(_message.Message):
     __slots__ = ("index",)

@@ -1,0 +1,115 @@
+"""How the pool stores a session's prompts (``forge.pool.shared_prompts``): a call whose prompt begins with the
+previous call's prompt and completion stores only its new ids, and every reader still gets whole prompts, equal to
+what was appended, on random sessions whose agents extend, repeat or rewrite their history; across a reopened pool, a
+process reward and the FIFO's fetch."""
+
+from __future__ import annotations
+
+import random
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from forge.pool import InvalidRequestError, Pool, PoolReader
+from forge.pool.shared_prompts import StoredIds, shared_with_previous
+from forge.v1 import pool_pb2
+
+from helpers.pool_util import make_call, same_call
+
+
+def session_calls(rng: random.Random, session_id: str, count: int) -> list[pool_pb2.CallRecord]:
+    """Calls of one session: most extend the previous call's ids, some repeat them exactly, some rewrite history."""
+    calls: list[pool_pb2.CallRecord] = []
+    for index in range(count):
+        call = make_call(session_id, index, prompt_len=rng.randrange(1, 12), completion_len=rng.randrange(0, 6))
+        if calls:
+            before = [*calls[-1].prompt_ids, *calls[-1].completion_ids]
+            kind = rng.choice(["extend", "extend", "extend", "repeat", "rewrite", "cut"])
+            prompt = {"extend": [*before, *call.prompt_ids], "repeat": before,
+                      "rewrite": [*before[:-1], before[-1] + 1, *call.prompt_ids],
+                      "cut": before[:max(1, len(before) // 2)]}[kind]
+            del call.prompt_ids[:]
+            call.prompt_ids.extend(prompt)
+        calls.append(call)
+    return calls
+
+
+def stored_prompts(pool, session_id: str) -> list[tuple[int, int]]:
+    """(prompt_shared, stored prompt ids) of each of a session's calls as the pool holds them."""
+    with pool.store.read() as tx:
+        return [(c.prompt_shared, len(c.prompt_ids)) for c in
+                (pool_pb2.CallRecord.FromString(data) for _, data in tx.call_items(session_id))]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32))
+def test_the_shared_count_is_what_a_naive_comparison_finds(seed):
+    """``shared_with_previous`` on the stored chain equals comparing the prompt with the previous call's whole ids."""
+    rng = random.Random(seed)
+    calls = session_calls(rng, "s", rng.randrange(1, 8))
+    chain, whole_before = [], None
+    for call in calls:
+        prompt = array("i", call.prompt_ids)
+        expected = 0
+        if whole_before is not None and whole_before and prompt[:len(whole_before)] == whole_before:
+            expected = len(whole_before)
+        assert shared_with_previous(prompt, len(chain), chain.__getitem__) == expected
+        chain.append(StoredIds(expected, prompt[expected:], array("i", call.completion_ids)))
+        whole_before = prompt + array("i", call.completion_ids)
+
+
+def test_readers_get_whole_prompts_and_the_pool_stores_new_ids(tmp_path):
+    rng = random.Random(7)
+    sessions = {f"s{k}": session_calls(rng, f"s{k}", 12) for k in range(6)}
+    with Pool(tmp_path / "pool") as pool:
+        for sid, calls in sessions.items():
+            pool.open_session(session_id=sid, group_id="g", group_size=len(sessions))
+            for call in calls[:6]:
+                pool.append_call(call)
+    with Pool(tmp_path / "pool") as pool:                  # reopened: the writer reads the stored chain back
+        for sid, calls in sessions.items():
+            for call in calls[6:]:
+                pool.append_call(call)
+            pool.add_process_reward(session_id=sid, call_index=5, reward=0.5)
+            calls[5].process_rewards.append(0.5)
+            got = pool.get_session(sid).calls
+            assert len(got) == len(calls) and all(same_call(g, c) for g, c in zip(got, calls, strict=True))
+            stored = stored_prompts(pool, sid)
+            for k, ((shared, kept), call) in enumerate(zip(stored, calls, strict=True)):
+                before = [*calls[k - 1].prompt_ids, *calls[k - 1].completion_ids] if k else []
+                extends = bool(before) and list(call.prompt_ids[:len(before)]) == before
+                assert shared == (len(before) if extends else 0) and kept == len(call.prompt_ids) - shared
+        for sid in sessions:
+            pool.close_session(session_id=sid)
+    with PoolReader(tmp_path / "pool") as reader:
+        [entry] = reader.fetch(window=1, include_calls=True).entries
+        for session in entry.sessions:
+            calls = sessions[session.session.session_id]
+            assert all(same_call(g, c) for g, c in zip(session.calls, calls, strict=True))
+
+
+def test_a_long_session_stores_each_calls_new_tokens_once(tmp_path):
+    """Twenty calls growing a 2,000-token context: the pool holds each id once, not the context at every call."""
+    calls = []
+    for index in range(20):
+        call = make_call("long", index, prompt_len=100, completion_len=50)
+        if calls:
+            call.prompt_ids[:0] = [*calls[-1].prompt_ids, *calls[-1].completion_ids]
+        calls.append(call)
+    with Pool(tmp_path / "pool") as pool:
+        pool.open_session(session_id="long")
+        for call in calls:
+            pool.append_call(call)
+        assert sum(kept for _, kept in stored_prompts(pool, "long")) == 20 * 100
+        assert [list(c.prompt_ids) for c in pool.get_session("long").calls] == [list(c.prompt_ids) for c in calls]
+
+
+def test_a_client_may_not_send_the_stored_form(tmp_path):
+    with Pool(tmp_path / "pool") as pool:
+        pool.open_session(session_id="s")
+        call = make_call("s", 0)
+        call.prompt_shared = 3
+        with pytest.raises(InvalidRequestError, match="prompt_shared"):
+            pool.append_call(call)
