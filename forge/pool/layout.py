@@ -5,7 +5,8 @@ Databases (all keys byte-ordered, so cursors iterate in queue and call order):
 - ``meta``      ``b"state"`` -> :class:`PoolState` (JSON): head, tail, consume seq, committed cursor, counters.
 - ``sessions``  session id (UTF-8) -> ``forge.v1.SessionRecord``.
 - ``calls``     session id + ``b"\\0"`` + index (u32 big-endian) -> ``forge.v1.CallRecord`` as appended (a creation
-  time or an assigned index, when missing, merged in as protobuf fields appended to the bytes).
+  time or an assigned index, when missing, merged in as protobuf fields appended to the bytes), its prompt ids after
+  those it shares with the previous call's prompt and completion (``forge.pool.shared_prompts``).
 - ``entries``   queue position (u64 big-endian) -> :class:`EntryState` (JSON): group, size, members, counts, status.
 - ``groups``    group id (UTF-8) -> queue position of the group's entry.
 - ``open``      session id -> last activity (f64 big-endian, unix seconds) of every open session.
@@ -22,7 +23,7 @@ from typing import Any, ClassVar
 
 from forge.v1 import pool_pb2
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2          # 2: a call's prompt may be stored after the ids it shares with the previous call
 DATABASES = ("meta", "sessions", "calls", "entries", "groups", "open", "pending", "consumes")
 STATE_KEY = b"state"
 MAX_ID_BYTES = 256          # LMDB keys are at most 511 bytes

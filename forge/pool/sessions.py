@@ -173,6 +173,8 @@ def append_call(tx: Txn, state: PoolState, call: PreparedCall, now: float) -> in
         raise ConflictError(f"call {index} of session {call.session_id!r} is {kind}: the next index is {expected}")
     shared = shared_with_previous(call.prompt, index, lambda k: StoredIds.of(pool_pb2.CallRecord.FromString(
         tx.get("calls", layout.call_key(call.session_id, k)) or b"")))
+    if shared:
+        state.version = max(state.version, layout.FORMAT_VERSION)     # a Forge that cannot read it refuses the pool
     ids = pool_pb2.CallRecord(index=index, prompt_ids=call.prompt[shared:], prompt_shared=shared)
     tx.put("calls", layout.call_key(call.session_id, index), call.payload + ids.SerializeToString())
     session.num_calls = index + 1
