@@ -25,7 +25,7 @@ recorded in the pool) the test suite's smoke run checks.
 
 Usage: python bench/gateway_load.py [--sessions 64 256 1024] [--calls 8] [--paths direct chat messages grpc ...]
        [--backend loadtest|torch] [--gateways 1] [--clients 2] [--prompt-tokens 256] [--max-tokens 32]
-       [--think-ms 0] [--tokens-per-s 50] [--json]
+       [--think-ms 0] [--tokens-per-s 50] [--context 262144] [--json]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import json
 import multiprocessing
 import os
 import secrets
+import shutil
 import statistics
 import tempfile
 import time
@@ -224,16 +225,30 @@ def anonymous_kib(pid: int) -> int:
     return 0
 
 
+def long_context_model(root: Path, context: int) -> Path:
+    """The built-in tiny model's tokenizer and config with a context of ``context`` tokens: what the load-test backend
+    and the gateway read of a model (no weights), for sessions longer than the tiny model's own context."""
+    from forge.assets import TINY_DIR
+
+    directory = root / f"tiny-{context}"
+    shutil.copytree(TINY_DIR, directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}))
+    return directory
+
+
 class System:
     """The actor, the pool service (several gateways) and the gateways, started in ``root``."""
 
     def __init__(self, root: Path, args: argparse.Namespace) -> None:
         self.root, self.services = root, []
+        model = ["--model", str(long_context_model(root, args.context))] if args.context else []
         backend = ["--backend", "loadtest", "--loadtest-tokens-per-s", str(args.tokens_per_s),
                    "--loadtest-first-token-ms", str(args.first_token_ms)] if args.backend == "loadtest" else \
             ["--backend", "torch", "--kv-cache-mb", "512", "--threads", "1"]
         most = max(args.sessions)
-        self.actor = self._start("actor", "forge-actor", ["--port", "0", *backend, "--max-batch", str(min(most, 256)),
+        self.actor = self._start("actor", "forge-actor", ["--port", "0", *model, *backend,
+                                                          "--max-batch", str(min(most, 256)),
                                                           "--max-waiting", str(most + 64), "--log-level", "WARNING"])
         self.pool_dir = root / "pool"
         self.pool_key = secrets.token_hex(16)
@@ -244,7 +259,7 @@ class System:
         else:
             recording = ["--pool", str(self.pool_dir)]
         self.gateways = [self._start(f"gateway-{g}", "forge-gateway",
-                                     ["--actor", self.actor.info["address"], *recording, "--grpc-port", "0",
+                                     ["--actor", self.actor.info["address"], *model, *recording, "--grpc-port", "0",
                                       "--http-port", "0", "--log-level", "WARNING"],
                                      {"FORGE_GATEWAY_POOL_API_KEY": self.pool_key} if args.gateways > 1 else None)
                          for g in range(args.gateways)]
@@ -342,11 +357,15 @@ def main() -> None:
     parser.add_argument("--think-ms", type=float, default=0.0, help="a session's wait between its calls")
     parser.add_argument("--tokens-per-s", type=float, default=50.0, help="loadtest: each request's decode pace")
     parser.add_argument("--first-token-ms", type=float, default=20.0, help="loadtest: each request's first token")
+    parser.add_argument("--context", type=int, default=0,
+                        help="loadtest: serve a model of this context (the tiny model's tokenizer), for long sessions")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if min(args.sessions) < 1 or args.calls < 1 or args.gateways < 1 or args.clients < 1:
         parser.error("--sessions, --calls, --gateways and --clients must be at least 1")
+    if args.context and (args.backend != "loadtest" or args.context < 64):
+        parser.error("--context serves the load-test backend a longer context: give --backend loadtest and at least 64")
     root = Path(tempfile.mkdtemp(prefix="forge-gateway-load-"))
     system = System(root, args)
     results: dict[int, dict[str, dict[str, float]]] = {}
