@@ -229,10 +229,15 @@ class Store:
                 except lmdb.MapResizedError:
                     txn = None
                 if txn is not None:
+                    tx = Txn(txn, self.dbs)
                     try:
-                        yield Txn(txn, self.dbs)
+                        yield tx
                     finally:
                         txn.abort()
+                        # An aborted read transaction keeps its reader slot until the object is freed, and a raised
+                        # error's traceback holds this frame and the caller's until the garbage collector runs:
+                        # enough failed reads in between would fill the reader table (MDB_READERS_FULL).
+                        tx.txn = txn = None
                     return
             self.adopt_map_size()
 

@@ -351,3 +351,18 @@ def test_housekeeping_expires_sessions_and_a_closed_pool_refuses_writes(tmp_path
     with pytest.raises(PoolClosedError):
         pool.fetch(1)
     pool.close()                                         # closing twice is harmless
+
+
+def test_failed_reads_whose_errors_live_on_hold_no_reader_slot(pool):
+    """A read that raises (an unknown session) leaves its error's traceback holding the reading frames until the
+    garbage collector runs; more of them than LMDB has reader slots must not fill the table (MDB_READERS_FULL)."""
+    from forge.pool.store import MAX_READERS
+
+    kept = []
+    for i in range(MAX_READERS + 50):
+        with pytest.raises(NotFoundError) as raised:
+            pool.get_session(f"unknown-{i}")
+        kept.append(raised.value)
+    pool.open_session(session_id="after")
+    assert pool.get_session("after").session.session_id == "after"
+    assert pool.store.env.readers().count("\n") <= 2            # the header, and at most the one spare read
