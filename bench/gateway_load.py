@@ -6,9 +6,9 @@ Each session opens with a user turn of about --prompt-tokens tokens and makes --
 reply and a new user turn, so its context grows by both every call, and waits --think-ms (the agent's own time: the
 session stays open, idle). --clients processes hold the sessions between them. Paths:
 
-- direct:   the actor's gRPC Generate with the prompt the client rendered before it starts the clock, answered as the
-            gateway asks for a non-streaming call (the first token, then the rest at once; no middleware, nothing
-            recorded);
+- direct:   the actor's gRPC Generate with the prompt the client built before it starts the clock, as the gateway
+            builds it (the earlier calls' ids reused, so the actor's prefix cache sees the same prompts), answered as
+            the gateway asks for a non-streaming call (the first token, then the rest at once); nothing is recorded;
 - chat:     OpenAI chat completions over HTTP, at /s/<session>/v1 (a black-box agent);
 - messages: Anthropic Messages over HTTP, at /s/<session>/v1;
 - grpc:     the gateway's gRPC Chat answering each call whole (a white-box agent; ``ChatRequest.whole``);
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import multiprocessing
 import os
@@ -79,9 +80,21 @@ class Outcome:
     wall_s: float = 0.0
 
 
+@functools.cache
+def tokens_per_word() -> float:
+    """How many tokens the tiny model's tokenizer makes of a word of the filler text."""
+    from forge.assets import TINY_DIR
+    from forge.tokenizer import Tokenizer
+
+    text = FILLER * 20
+    return len(Tokenizer.from_dir(TINY_DIR).encode(text)) / len(text.split())
+
+
 def opening(session: int, tokens: int) -> str:
+    """A first user turn of about ``tokens`` tokens."""
     words = FILLER.split()
-    return f"Session {session}: " + " ".join(words[i % len(words)] for i in range(max(tokens - 4, 1)))
+    count = max(round((tokens - 4) / tokens_per_word()), 1)
+    return f"Session {session}: " + " ".join(words[i % len(words)] for i in range(count))
 
 
 async def _session_http(http, base: str, path: str, sid: str, s: int, load: Load, outcome: Outcome) -> None:
@@ -129,12 +142,15 @@ async def _session_grpc(stub, s: int, load: Load, outcome: Outcome, whole: bool)
 
 
 async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome) -> None:
+    from forge.gateway.tito import CallHistory
     from forge.v1 import actor_pb2, common_pb2
 
     messages = [{"role": "user", "content": opening(s, load.prompt_tokens)}]
+    history = CallHistory()
     for c in range(load.calls):
         sampling = common_pb2.SamplingParams(temperature=1.0, seed=s * 1000 + c, max_tokens=load.max_tokens)
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        text = tokenizer.render_chat(messages, add_generation_prompt=True)
+        prompt = history.build(tokenizer, text, has_history=c > 0).ids
         started = time.perf_counter()
         ids: list[int] = []
         request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling, stream_interval=WHOLE_ANSWER)
@@ -142,6 +158,7 @@ async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome)
             ids += chunk.token_ids
         outcome.latencies.append(time.perf_counter() - started)
         outcome.new_tokens += len(ids)
+        history.add(c, prompt, ids)
         messages += [{"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)},
                      {"role": "user", "content": f"Turn {c}: go on."}]
         if load.think_s:

@@ -37,4 +37,3 @@ def test_every_call_is_answered_and_recorded_once(gateways, paths):
             assert figures["recorded_calls"] == 0                   # nothing crosses the middleware
         else:
             assert figures["recorded_calls"] == SESSIONS * CALLS, (path, figures)
-            assert figures["pool_bytes_per_call"] > 0 and figures["gateway_cpu_ms_per_call"] > 0
