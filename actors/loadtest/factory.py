@@ -13,6 +13,7 @@ from forge.actors.limits import RequestLimits
 def _limits(config: ActorConfig, vocab_size: int) -> RequestLimits:
     """The model's context and end ids (config.json; a multimodal model's text_config) and the actor's queue."""
     from forge.checkpoints import resolve_model
+    from forge.model.config import eos_token_ids
 
     path = resolve_model(config.model).directory / "config.json"
     found = json.loads(path.read_text())
@@ -20,10 +21,9 @@ def _limits(config: ActorConfig, vocab_size: int) -> RequestLimits:
     context = found.get("max_position_embeddings") or text.get("max_position_embeddings")
     if not isinstance(context, int) or context <= 1:
         raise ValueError(f"{path}: no context length (max_position_embeddings)")
-    eos = found.get("eos_token_id", text.get("eos_token_id"))
-    eos_ids = (eos,) if isinstance(eos, int) else tuple(i for i in eos or () if isinstance(i, int))
     engine = config.engine
-    return RequestLimits(vocab_size, context, context, eos_ids, engine.max_num_seqs + engine.max_waiting)
+    return RequestLimits(vocab_size, context, context, eos_token_ids(found.get("eos_token_id", text.get("eos_token_id"))),
+                         engine.max_num_seqs + engine.max_waiting)
 
 
 class LoadTestFactory(BackendFactory):
