@@ -47,6 +47,7 @@ from pathlib import Path
 import aiohttp
 import grpc
 import numpy as np
+from procfs import children, cpu_s, memory_kib
 
 from forge.assets import TINY_DIR
 from forge.launch import ServiceProcess
@@ -123,11 +124,6 @@ async def run_grpc(address: str, sessions: int, calls: int, max_tokens: int) -> 
 
         return [t for ts in await asyncio.gather(*(session(s) for s in range(sessions))) for t in ts]
 
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(path: str, targets: dict[str, str], sessions: int, calls: int, max_tokens: int,
@@ -225,18 +221,10 @@ async def probe(base: str, seconds: float) -> dict[str, list[float]]:
     return took
 
 
+
+
 def memory_mib(pid: int) -> dict[str, float]:
-    """Peak and current resident memory of a process (Linux), MiB."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-    return {name: int(fields[key].split()[0]) / 1024 for name, key in (("peak", "VmHWM"), ("now", "VmRSS"))}
-
-
-def children(pid: int) -> list[int]:
-    """The child processes of ``pid`` (Linux), e.g. the gateway's body-decoding process."""
-    kids: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        kids += [int(k) for k in (task / "children").read_text().split()]
-    return kids
+    return {name: kib / 1024 for name, kib in memory_kib(pid).items()}
 
 
 def under_load(args: argparse.Namespace, gateway_info: dict, gateway_pid: int) -> None:

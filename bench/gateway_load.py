@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import multiprocessing
-import os
 import secrets
 import shutil
 import statistics
@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from procfs import children, cpu_s, memory_kib
 
 from forge.launch import ServiceProcess
 from forge.pool.pool import PoolReader
@@ -215,31 +216,13 @@ def run_client(load: Load) -> Outcome:
     return asyncio.run(_client(load))
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its children still running (Linux)."""
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and of its children still running."""
     total = 0.0
     for one in (pid, *children(pid)):
-        try:
-            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        with contextlib.suppress(FileNotFoundError):        # a child that has just ended
+            total += cpu_s(one)
     return total
-
-
-def children(pid: int) -> list[int]:
-    kids: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        kids += [int(k) for k in (task / "children").read_text().split()]
-    return kids
-
-
-def anonymous_kib(pid: int) -> int:
-    """The process's anonymous resident memory (its heap: the pool's mapped pages are counted apart), KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1])
-    return 0
 
 
 def long_context_model(root: Path, context: int) -> Path:
@@ -310,8 +293,8 @@ def measure(system: System, path: str, sessions: int, args: argparse.Namespace) 
     loads = [Load(path, first, count, args.calls, args.prompt_tokens, args.max_tokens, args.think_ms / 1e3,
                   system.targets, run) for first, count in zip(firsts, shares, strict=True)]
     gateway_pids = [g.proc.pid for g in system.gateways]
-    cpu_before = sum(cpu_s(pid) for pid in gateway_pids)
-    memory_before = sum(anonymous_kib(pid) for pid in gateway_pids)
+    cpu_before = sum(tree_cpu_s(pid) for pid in gateway_pids)
+    memory_before = sum(memory_kib(pid)["anonymous"] for pid in gateway_pids)
     pool_before = system.pool_figures()
     started = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(clients) as workers:
@@ -330,9 +313,9 @@ def measure(system: System, path: str, sessions: int, args: argparse.Namespace) 
         p50, p99 = np.percentile(latencies, [50, 99]) * 1e3
         figures |= {"p50_ms": float(p50), "p99_ms": float(p99)}
     if path != "direct" and calls_made:
-        figures |= {"gateway_cpu_ms_per_call": (sum(cpu_s(pid) for pid in gateway_pids) - cpu_before) * 1e3
+        figures |= {"gateway_cpu_ms_per_call": (sum(tree_cpu_s(pid) for pid in gateway_pids) - cpu_before) * 1e3
                     / calls_made,
-                    "gateway_anon_kib_per_session": (sum(anonymous_kib(pid) for pid in gateway_pids) - memory_before)
+                    "gateway_anon_kib_per_session": (sum(memory_kib(pid)["anonymous"] for pid in gateway_pids) - memory_before)
                     / sessions,
                     "pool_bytes_per_call": written / max(recorded, 1),
                     "pool_bytes_per_new_token": written / max(new_tokens, 1) / BYTES_PER_TOKEN}

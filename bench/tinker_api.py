@@ -41,6 +41,7 @@ from pathlib import Path
 import click
 import grpc
 import numpy as np
+from procfs import cpu_s
 
 from forge.checkpoints.reference import resolve_model
 from forge.launch import ServiceProcess
@@ -111,11 +112,6 @@ class SdkClient:
             self.proc.wait()
         self.log.close()
 
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_tinker(root: Path, model: str, threads: int, actor: str | None = None) -> ServiceProcess:
