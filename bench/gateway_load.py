@@ -80,6 +80,12 @@ class Outcome:
     new_tokens: int = 0                 # prompt tokens each call added to its session's context, and completions
     wall_s: float = 0.0
 
+    def count(self, prompt: int, completion: int, before: int) -> int:
+        """Count a call's new tokens: those of its prompt past the session's context ``before`` (the previous call's
+        prompt and completion) and its completion; the context after it."""
+        self.new_tokens += (prompt - before if prompt >= before else prompt) + completion
+        return prompt + completion
+
 
 @functools.cache
 def tokens_per_word() -> float:
@@ -101,6 +107,7 @@ def opening(session: int, tokens: int) -> str:
 async def _session_http(http, base: str, path: str, sid: str, s: int, load: Load, outcome: Outcome) -> None:
     url = f"{base}/s/{sid}/v1/" + ("chat/completions" if path == "chat" else "messages")
     messages = [{"role": "user", "content": opening(s, load.prompt_tokens)}]
+    context = 0
     for c in range(load.calls):
         body = {"model": "forge-tiny", "messages": messages, "max_tokens": load.max_tokens, "temperature": 1.0}
         body |= {"seed": s * 1000 + c} if path == "chat" else {"metadata": {"user_id": sid}}
@@ -113,10 +120,10 @@ async def _session_http(http, base: str, path: str, sid: str, s: int, load: Load
             return
         if path == "chat":
             reply, usage = answer["choices"][0]["message"]["content"] or "", answer["usage"]
-            outcome.new_tokens += usage["completion_tokens"]
+            context = outcome.count(usage["prompt_tokens"], usage["completion_tokens"], context)
         else:
-            reply = "".join(block.get("text", "") for block in answer["content"])
-            outcome.new_tokens += answer["usage"]["output_tokens"]
+            reply, usage = "".join(block.get("text", "") for block in answer["content"]), answer["usage"]
+            context = outcome.count(usage["input_tokens"], usage["output_tokens"], context)
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"Turn {c}: go on."}]
         if load.think_s:
             await asyncio.sleep(load.think_s)
@@ -127,6 +134,7 @@ async def _session_grpc(stub, s: int, load: Load, outcome: Outcome, whole: bool)
 
     sid = (await stub.StartSession(gateway_pb2.StartSessionRequest(task_id="load"))).session.session_id
     messages = [gateway_pb2.ChatMessage(role="user", content=opening(s, load.prompt_tokens))]
+    context = 0
     for c in range(load.calls):
         sampling = common_pb2.SamplingParams(temperature=1.0, seed=s * 1000 + c, max_tokens=load.max_tokens)
         started = time.perf_counter()
@@ -134,8 +142,9 @@ async def _session_grpc(stub, s: int, load: Load, outcome: Outcome, whole: bool)
         request = gateway_pb2.ChatRequest(session_id=sid, messages=messages, sampling=sampling, whole=whole)
         async for chunk in stub.Chat(request):
             reply.append(chunk.text)
-            outcome.new_tokens += len(chunk.token_ids)
+            last = chunk
         outcome.latencies.append(time.perf_counter() - started)
+        context = outcome.count(last.prompt_tokens, last.completion_tokens, context)
         messages += [gateway_pb2.ChatMessage(role="assistant", content="".join(reply)),
                      gateway_pb2.ChatMessage(role="user", content=f"Turn {c}: go on.")]
         if load.think_s:
@@ -158,7 +167,6 @@ async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome)
         async for chunk in stub.Generate(request):
             ids += chunk.token_ids
         outcome.latencies.append(time.perf_counter() - started)
-        outcome.new_tokens += len(ids)
         history.add(c, prompt, ids)
         messages += [{"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)},
                      {"role": "user", "content": f"Turn {c}: go on."}]
@@ -306,7 +314,7 @@ def measure(system: System, path: str, sessions: int, args: argparse.Namespace) 
     pool_after = system.pool_figures()
     recorded = pool_after["calls"] - pool_before["calls"]
     written = pool_after["bytes_used"] - pool_before["bytes_used"]
-    new_tokens = sum(o.new_tokens for o in outcomes) + sessions * (args.prompt_tokens + 8 * args.calls)
+    new_tokens = sum(o.new_tokens for o in outcomes)
     figures = {"sessions": sessions, "calls": calls_made, "failed": len(failures), "recorded_calls": recorded,
                "calls_per_s": calls_made / wall, "sessions_per_s": sessions / wall}
     if latencies:
