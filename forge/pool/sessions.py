@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import uuid
-from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +14,7 @@ from forge.pool import layout
 from forge.pool.errors import ConflictError, InvalidRequestError, NotFoundError
 from forge.pool.fifo import STATUS_NAMES, new_entry, settle
 from forge.pool.layout import COMPLETED, PENDING, PoolState
-from forge.pool.shared_prompts import StoredIds, shared_with_previous
+from forge.pool.shared_prompts import StoredIds, ids_of, shared_with_previous
 from forge.pool.store import Txn
 from forge.v1 import pool_pb2
 
@@ -61,7 +60,7 @@ class PreparedCall:
     session_id: str
     index: int              # < 0: the next index of the session
     payload: bytes          # the serialised CallRecord but its prompt ids
-    prompt: array           # its prompt ids (stored after those it shares with the previous call, shared_prompts)
+    prompt: np.ndarray      # its prompt ids, int32 (stored after those it shares with the previous call)
 
 
 def check_call(record: pool_pb2.CallRecord) -> None:
@@ -113,7 +112,7 @@ def prepare_call(record: pool_pb2.CallRecord, now: float) -> PreparedCall:
     rest.ClearField("prompt_ids")
     if not rest.created_at:
         rest.created_at = now
-    return PreparedCall(record.session_id, record.index, rest.SerializeToString(), array("i", record.prompt_ids))
+    return PreparedCall(record.session_id, record.index, rest.SerializeToString(), ids_of(record.prompt_ids))
 
 
 def prepare_close(request: pool_pb2.CloseSessionRequest) -> pool_pb2.CloseSessionRequest:
@@ -175,7 +174,7 @@ def append_call(tx: Txn, state: PoolState, call: PreparedCall, now: float) -> in
         tx.get("calls", layout.call_key(call.session_id, k)) or b"")))
     if shared:
         state.version = max(state.version, layout.FORMAT_VERSION)     # a Forge that cannot read it refuses the pool
-    ids = pool_pb2.CallRecord(index=index, prompt_ids=call.prompt[shared:], prompt_shared=shared)
+    ids = pool_pb2.CallRecord(index=index, prompt_ids=call.prompt[shared:].tolist(), prompt_shared=shared)
     tx.put("calls", layout.call_key(call.session_id, index), call.payload + ids.SerializeToString())
     session.num_calls = index + 1
     tx.put_session(session)

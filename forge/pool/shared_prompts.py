@@ -6,13 +6,15 @@ prompts; a call whose prompt does not begin so (an agent that rewrote its histor
 The writer checks the new prompt against the previous call's ids without building them: it walks the session's
 stored calls back from the last, comparing each one's own ids with the matching stretch of the prompt, so an append
 that shares reads and compares O(context) ids once, whatever the number of calls, and one that does not stops at the
-first difference, most often within the last call."""
+first difference, most often within the last call. Ids are held as numpy arrays: protobuf hands a repeated field
+to numpy at C speed, where building an ``array`` or a list from it costs a Python step an id."""
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 from forge.pool.errors import PoolError
 from forge.v1 import pool_pb2
@@ -23,12 +25,12 @@ class StoredIds:
     """The ids one stored call holds: its shared count, the rest of its prompt, its completion."""
 
     shared: int
-    prompt_tail: array
-    completion: array
+    prompt_tail: np.ndarray
+    completion: np.ndarray
 
     @classmethod
     def of(cls, call: pool_pb2.CallRecord) -> StoredIds:
-        return cls(call.prompt_shared, array("i", call.prompt_ids), array("i", call.completion_ids))
+        return cls(call.prompt_shared, ids_of(call.prompt_ids), ids_of(call.completion_ids))
 
     @property
     def whole(self) -> int:
@@ -36,7 +38,12 @@ class StoredIds:
         return self.shared + len(self.prompt_tail) + len(self.completion)
 
 
-def shared_with_previous(prompt: array, index: int, stored_call: Callable[[int], StoredIds]) -> int:
+def ids_of(values: Iterable[int]) -> np.ndarray:
+    """Token ids (a protobuf repeated field, a list) as an int32 array."""
+    return np.asarray(values, dtype=np.int32)
+
+
+def shared_with_previous(prompt: np.ndarray, index: int, stored_call: Callable[[int], StoredIds]) -> int:
     """How many of ``prompt``'s first ids are the whole ids of the session's call ``index - 1`` (the prompt begins
     with all of them), else 0. ``stored_call(k)``: call k as stored. The calls are read from the last back, each only
     while the prompt still matches and the stretch it is compared with lies in an earlier call: a prompt that does
@@ -52,9 +59,9 @@ def shared_with_previous(prompt: array, index: int, stored_call: Callable[[int],
         if end > stored.shared:
             tail_end = stored.shared + len(stored.prompt_tail)
             upto = min(end, tail_end)
-            if prompt[stored.shared:upto] != stored.prompt_tail[:upto - stored.shared]:
+            if not np.array_equal(prompt[stored.shared:upto], stored.prompt_tail[:upto - stored.shared]):
                 return 0
-            if end > tail_end and prompt[tail_end:end] != stored.completion[:end - tail_end]:
+            if end > tail_end and not np.array_equal(prompt[tail_end:end], stored.completion[:end - tail_end]):
                 return 0
             end = stored.shared
             if end == 0:
