@@ -71,11 +71,14 @@ class Load:
     think_s: float
     targets: dict[str, list[str]]       # path -> the addresses its sessions spread over
     run: str
+    until: float = 0.0                  # time.time() until which each session slot starts new sessions (0: one each)
+    end_sessions: bool = False          # end each session after its calls, as an agent's driver does
 
 
 @dataclass
 class Outcome:
     latencies: list[float] = field(default_factory=list)
+    ended: list[float] = field(default_factory=list)     # time.time() at each call's answer
     failures: list[str] = field(default_factory=list)
     new_tokens: int = 0                 # prompt tokens each call added to its session's context, and completions
     wall_s: float = 0.0
@@ -85,6 +88,10 @@ class Outcome:
         prompt and completion) and its completion; the context after it."""
         self.new_tokens += (prompt - before if prompt >= before else prompt) + completion
         return prompt + completion
+
+    def answered(self, started: float) -> None:
+        self.latencies.append(time.perf_counter() - started)
+        self.ended.append(time.time())
 
 
 @functools.cache
@@ -114,7 +121,7 @@ async def _session_http(http, base: str, path: str, sid: str, s: int, load: Load
         started = time.perf_counter()
         async with http.post(url, json=body) as response:
             answer = await response.json(content_type=None)
-        outcome.latencies.append(time.perf_counter() - started)
+        outcome.answered(started)
         if response.status != 200:
             outcome.failures.append(f"{path} HTTP {response.status}: {str(answer)[:200]}")
             return
@@ -127,6 +134,10 @@ async def _session_http(http, base: str, path: str, sid: str, s: int, load: Load
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"Turn {c}: go on."}]
         if load.think_s:
             await asyncio.sleep(load.think_s)
+    if load.end_sessions:
+        async with http.post(f"{base}/v1/sessions/{sid}/end", json={"outcome_rewards": {"load": 1.0}}) as response:
+            if response.status != 200:
+                outcome.failures.append(f"{path} end HTTP {response.status}: {(await response.text())[:200]}")
 
 
 async def _session_grpc(stub, s: int, load: Load, outcome: Outcome, whole: bool) -> None:
@@ -143,12 +154,14 @@ async def _session_grpc(stub, s: int, load: Load, outcome: Outcome, whole: bool)
         async for chunk in stub.Chat(request):
             reply.append(chunk.text)
             last = chunk
-        outcome.latencies.append(time.perf_counter() - started)
+        outcome.answered(started)
         context = outcome.count(last.prompt_tokens, last.completion_tokens, context)
         messages += [gateway_pb2.ChatMessage(role="assistant", content="".join(reply)),
                      gateway_pb2.ChatMessage(role="user", content=f"Turn {c}: go on.")]
         if load.think_s:
             await asyncio.sleep(load.think_s)
+    if load.end_sessions:
+        await stub.EndSession(gateway_pb2.EndSessionRequest(session_id=sid, outcome_rewards={"load": 1.0}))
 
 
 async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome) -> None:
@@ -166,7 +179,7 @@ async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome)
         request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling, stream_interval=WHOLE_ANSWER)
         async for chunk in stub.Generate(request):
             ids += chunk.token_ids
-        outcome.latencies.append(time.perf_counter() - started)
+        outcome.answered(started)
         history.add(c, prompt, ids)
         messages += [{"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)},
                      {"role": "user", "content": f"Turn {c}: go on."}]
@@ -186,19 +199,26 @@ async def _client(load: Load) -> Outcome:
     addresses = load.targets[load.path]
     sessions = range(load.first, load.first + load.count)
 
-    async def guarded(run) -> None:
-        try:
-            await run
-        except Exception as exc:                # a failed session is counted, the others go on
-            outcome.failures.append(f"{load.path}: {type(exc).__name__}: {exc}"[:300])
+    async def guarded(session, s: int) -> None:
+        """Session slot ``s``: one session, or new ones until ``load.until``."""
+        cycle = 0
+        while True:
+            try:
+                await session(s, f"load-{load.run}-{s}" + (f"-{cycle}" if cycle else ""))
+            except Exception as exc:                # a failed session is counted, the others go on
+                outcome.failures.append(f"{load.path}: {type(exc).__name__}: {exc}"[:300])
+            cycle += 1
+            if time.time() >= load.until:
+                return
 
     started = time.perf_counter()
     if load.path in ("chat", "messages"):
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as http:
-            await asyncio.gather(*(guarded(_session_http(http, addresses[s % len(addresses)], load.path,
-                                                         f"load-{load.run}-{s}", s, load, outcome))
-                                   for s in sessions))
+            def session(s: int, sid: str):
+                return _session_http(http, addresses[s % len(addresses)], load.path, sid, s, load, outcome)
+
+            await asyncio.gather(*(guarded(session, s) for s in sessions))
     else:
         channels = [grpc.aio.insecure_channel(a, options=[("grpc.max_concurrent_streams", 1 << 20)])
                     for a in addresses]
@@ -206,13 +226,13 @@ async def _client(load: Load) -> Outcome:
             if load.path.startswith("grpc"):
                 stubs = [gateway_pb2_grpc.GatewayStub(c) for c in channels]
                 whole = load.path == "grpc"
-                await asyncio.gather(*(guarded(_session_grpc(stubs[s % len(stubs)], s, load, outcome, whole))
-                                       for s in sessions))
+                await asyncio.gather(*(guarded(lambda s, sid: _session_grpc(stubs[s % len(stubs)], s, load, outcome,
+                                                                            whole), s) for s in sessions))
             else:
                 tokenizer = Tokenizer.from_dir(TINY_DIR)
                 stubs = [actor_pb2_grpc.ActorStub(c) for c in channels]
-                await asyncio.gather(*(guarded(_session_direct(stubs[s % len(stubs)], tokenizer, s, load, outcome))
-                                       for s in sessions))
+                await asyncio.gather(*(guarded(lambda s, sid: _session_direct(stubs[s % len(stubs)], tokenizer, s,
+                                                                              load, outcome), s) for s in sessions))
         finally:
             for channel in channels:
                 await channel.close()

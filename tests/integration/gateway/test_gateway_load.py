@@ -1,7 +1,8 @@
 """The middleware load harness's smallest configuration (``bench/gateway_load.py``), as the benchmarks run it: real
 gateways and a pool in front of an actor on the load-test backend, every path (direct, chat, messages, gRPC whole and streamed) with
-several multi-turn sessions, and two gateways recording into one pool service. Counts, not times: every call made
-is answered, and every call through a gateway is recorded in the pool, exactly once."""
+several multi-turn sessions, and two gateways recording into one pool service; and the soak
+(``bench/gateway_soak.py``), whose sessions end and start anew. Counts, not times: every call made is answered, and
+every call through a gateway is recorded in the pool, exactly once."""
 
 from __future__ import annotations
 
@@ -37,3 +38,22 @@ def test_every_call_is_answered_and_recorded_once(gateways, paths):
             assert figures["recorded_calls"] == 0                   # nothing crosses the middleware
         else:
             assert figures["recorded_calls"] == SESSIONS * CALLS, (path, figures)
+
+
+@pytest.mark.parametrize("path", ["chat", "grpc"])
+def test_the_soak_ends_its_sessions_and_records_every_call(path):
+    """``bench/gateway_soak.py`` at its smallest: each session slot runs at least one session, whatever the machine's
+    speed; every call is recorded, every ended session leaves the gateway's memory."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "gateway_soak.py"), "--minutes", "0.02",
+                           "--window-minutes", "0.01", "--sessions", str(SESSIONS), "--calls", str(CALLS),
+                           "--clients", "1", "--prompt-tokens", "64", "--max-tokens", "8", "--tokens-per-s", "0",
+                           "--first-token-ms", "0", "--path", path, "--json"], capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    summary = report["summary"]
+    assert summary["failed"] == 0 and summary["first_failure"] is None, summary
+    assert summary["calls"] >= SESSIONS * CALLS and summary["calls"] % CALLS == 0
+    assert summary["recorded_calls"] == summary["calls"]
+    assert sum(w["calls"] for w in report["windows"]) == summary["calls"]
+    assert report["windows"][-1]["held_sessions"] == 0
