@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from forge.actors.kinds import BackendKind
 from forge.actors.limits import InvalidRequest
 from forge.model.lora_weights import is_adapter_version, merge_adapter_version
 from forge.sampling.params import SamplingParams
@@ -319,9 +320,21 @@ class Ledger:
 class Backend(ABC):
     """An inference backend. Implementations are thread-safe: any thread may submit, abort or load weights."""
 
-    name: str = "backend"
-    hands_over: ClassVar[bool] = False     # serves prefill_only requests and continuations (disaggregated serving)
-    scores: ClassVar[bool] = False         # serves scoring requests (GenerationRequest.score_from)
+    kind: ClassVar[BackendKind]            # what this backend does (``forge.actors.kinds``): its one source
+
+    @property
+    def name(self) -> str:
+        return self.kind.name
+
+    @property
+    def hands_over(self) -> bool:
+        """Serves prefill_only requests and continuations (disaggregated serving)."""
+        return self.kind.hands_over
+
+    @property
+    def scores(self) -> bool:
+        """Serves scoring requests (GenerationRequest.score_from)."""
+        return self.kind.scores
 
     @abstractmethod
     def submit(self, request: GenerationRequest) -> RequestStream:

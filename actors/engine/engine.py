@@ -32,6 +32,7 @@ from forge.actors.engine.paged_attention import PagedKVCache
 from forge.actors.engine.runner import ModelRunner, PreparedWeights, Sampled, Work
 from forge.actors.engine.scheduler import Scheduler, SchedulerConfig
 from forge.actors.engine.sequence import Sequence, Status
+from forge.actors.kinds import TORCH
 from forge.actors.limits import RequestLimits
 from forge.kvhash import kv_salt
 from forge.model.qwen3 import CausalLM
@@ -48,9 +49,7 @@ MESSAGES_PER_STEP = 4          # adaptive streaming's target (EngineConfig.strea
 
 
 class TorchEngine(Backend):
-    name = "torch"
-    hands_over = True
-    scores = True
+    kind = TORCH
 
     def __init__(self, model: CausalLM, config: EngineConfig | None = None, initial_version: int = 0,
                  grammars: Grammars | None = None) -> None:

@@ -40,6 +40,7 @@ from forge.actors.backend import (
     check_weights,
 )
 from forge.actors.engine.core import CoreInfo, EngineSpec
+from forge.actors.kinds import TORCH
 from forge.model.lora_weights import is_adapter_version
 from forge.v1 import router_pb2
 
@@ -47,9 +48,7 @@ log = logging.getLogger(__name__)
 
 
 class EngineProcess(Backend):
-    name = "torch"
-    hands_over = True
-    scores = True
+    kind = TORCH
 
     def __init__(self, spec: EngineSpec, start_timeout_s: float = 600.0,
                  on_exit: Callable[[str], None] | None = None, call_timeout_s: float = 30.0) -> None:

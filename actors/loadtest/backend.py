@@ -34,6 +34,7 @@ from forge.actors.backend import (
     TokenChunk,
     batched_wakeups,
 )
+from forge.actors.kinds import LOADTEST
 from forge.actors.limits import InvalidRequest, RequestLimits
 from forge.actors.loadtest.config import LoadTestConfig
 from forge.tokenizer import Tokenizer
@@ -76,7 +77,7 @@ class _Live:
 class LoadTestBackend(Backend):
     """Tokens at a set pace from no model (see the module's docstring)."""
 
-    name = "loadtest"
+    kind = LOADTEST
 
     def __init__(self, plain: Sequence[int], limits: RequestLimits, pace: LoadTestConfig, stream_interval: int = 0,
                  seed: int = 0, version: int = 0) -> None:

@@ -29,6 +29,7 @@ from forge.actors.backend import (
     RequestStream,
     TokenChunk,
 )
+from forge.actors.kinds import TRTLLM
 from forge.model.lora_weights import is_adapter_version
 from forge.sampling.params import SamplingParams
 
@@ -97,7 +98,7 @@ def ipc_handles(state_dict: Mapping[str, torch.Tensor], device: torch.device) ->
 
 
 class TrtllmBackend(Backend):
-    name = "trtllm"
+    kind = TRTLLM
 
     def __init__(self, model_dir: str, vocab_size: int, max_context: int, eos_token_ids: tuple[int, ...],
                  max_waiting: int = 1024, kv_cache_fraction: float = 0.8) -> None:

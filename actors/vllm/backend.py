@@ -53,6 +53,7 @@ from forge.actors.backend import (
     check_weights,
 )
 from forge.actors.config import VLLM_INSTALL_HINT, EngineConfig
+from forge.actors.kinds import VLLM
 from forge.actors.limits import RequestLimits
 from forge.actors.vllm import checkpoint, outputs, scoring
 from forge.checkpoints import ModelRef
@@ -66,8 +67,7 @@ class VllmBackend(Backend):
     """vLLM serving one checkpoint. Thread-safe: submit, abort and load_weights may come from any thread; the
     work happens on the backend's own event loop."""
 
-    name = "vllm"
-    scores = True
+    kind = VLLM
 
     def __init__(self, ref: ModelRef, config: EngineConfig, *, dtype: str = "float32", device: str = "cpu",
                  initial_version: int = 0, kv_events: bool = True, start_timeout_s: float = 900.0,

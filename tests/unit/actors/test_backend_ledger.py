@@ -67,3 +67,16 @@ def test_what_each_backend_does_is_asked_of_its_kind_and_every_kind_has_a_factor
     assert backends_that("serves_adapters") == ("torch", "vllm")
     assert not kind_of("loadtest").samples_model and kind_of("trtllm").samples_model
     assert set(KINDS) == set(FACTORIES) and BACKENDS == ("auto", "torch", "vllm", "trtllm", "loadtest")
+
+
+def test_a_serving_backend_says_what_it_does_from_its_kind():
+    """The serving backends answer ``hands_over``, ``scores`` and their name from ``forge.actors.kinds``, the one
+    place the settings and the deployments read too."""
+    from forge.actors.engine.engine import TorchEngine
+    from forge.actors.engine.process import EngineProcess
+    from forge.actors.loadtest.backend import LoadTestBackend
+
+    for backend in (TorchEngine, EngineProcess, LoadTestBackend):
+        assert KINDS[backend.kind.name] is backend.kind
+    assert TorchEngine.kind.hands_over and TorchEngine.kind.scores and kind_of("vllm").scores
+    assert not LoadTestBackend.kind.hands_over and not LoadTestBackend.kind.scores and not kind_of("trtllm").scores
