@@ -1,6 +1,7 @@
 """The pool from the gateway's event loop: an in-process ``Pool`` or a remote ``PoolClient`` behind coroutines.
-Blocking calls run on a dedicated thread pool; an in-process pool's appends are awaited on its group-commit future
-directly. Every failure comes out as a ``GatewayError``."""
+Blocking calls run on a dedicated thread pool; an in-process pool's writes of sessions and calls are awaited on its
+group-commit futures directly (no thread each, and as many at once as come). Every failure comes out as a
+``GatewayError``."""
 
 from __future__ import annotations
 
@@ -32,20 +33,24 @@ class AsyncPool:
         except (PoolError, grpc.RpcError) as exc:
             raise from_pool_error(exc) from exc
 
-    async def append_call(self, record: pool_pb2.CallRecord) -> int:
-        submit = getattr(self.pool, "append_call_async", None)
+    async def _write(self, method: str, *args: Any) -> Any:
+        """``method``: on the pool's group-commit future where it has one (``method_async``), else in a thread."""
+        submit = getattr(self.pool, f"{method}_async", None)
         if submit is None:
-            return await self._run("append_call", record)
+            return await self._run(method, *args)
         try:
-            return await asyncio.wrap_future(submit(record))
+            return await asyncio.wrap_future(submit(*args))
         except PoolError as exc:
             raise from_pool_error(exc) from exc
 
+    async def append_call(self, record: pool_pb2.CallRecord) -> int:
+        return await self._write("append_call", record)
+
     async def open_session(self, request: pool_pb2.OpenSessionRequest) -> pool_pb2.SessionRecord:
-        return await self._run("open_session", request)
+        return await self._write("open_session", request)
 
     async def close_session(self, request: pool_pb2.CloseSessionRequest) -> pool_pb2.SessionRecord:
-        return await self._run("close_session", request)
+        return await self._write("close_session", request)
 
     async def add_process_reward(self, session_id: str, call_index: int, reward: float) -> None:
         await self._run("add_process_reward", session_id, call_index, reward)

@@ -132,9 +132,13 @@ class Pool(PoolReader):
                      ) -> pool_pb2.SessionRecord:
         """Open a session (fields of OpenSessionRequest); its queue entry is its group's, created by the group's
         first session."""
+        return self.open_session_async(request, **fields).result()
+
+    def open_session_async(self, request: pool_pb2.OpenSessionRequest | None = None, /, **fields: Any) -> Future:
+        """Queue a session's opening; the future gives its record once durably committed (or the error)."""
         checked = sessions.prepare_open(request if request is not None else pool_pb2.OpenSessionRequest(**fields))
         now = time.time()
-        return self._write("open", lambda tx, st: sessions.open_session(tx, st, checked, now))
+        return self.writer.submit(lambda tx, st: sessions.open_session(tx, st, checked, now), "open")
 
     def append_call_async(self, record: pool_pb2.CallRecord) -> Future:
         """Queue a call; the future gives its index once it is durably committed (or the error)."""
@@ -154,9 +158,13 @@ class Pool(PoolReader):
     def close_session(self, request: pool_pb2.CloseSessionRequest | None = None, /, **fields: Any
                       ) -> pool_pb2.SessionRecord:
         """Close a session as completed (with outcome rewards and metrics) or failed (``failed=True``)."""
+        return self.close_session_async(request, **fields).result()
+
+    def close_session_async(self, request: pool_pb2.CloseSessionRequest | None = None, /, **fields: Any) -> Future:
+        """Queue a session's closing; the future gives its record once durably committed (or the error)."""
         checked = sessions.prepare_close(request if request is not None else pool_pb2.CloseSessionRequest(**fields))
         now, least = time.time(), self.config.min_completed
-        return self._write("close", lambda tx, st: sessions.close_session(tx, st, checked, least, now))
+        return self.writer.submit(lambda tx, st: sessions.close_session(tx, st, checked, least, now), "close")
 
     def expire_sessions(self, older_than_s: float) -> list[str]:
         """Close as failed ("timeout") the open sessions idle longer than ``older_than_s`` seconds; also settle
