@@ -12,18 +12,22 @@ session stays open, idle). --clients processes hold the sessions between them. P
 - chat:     OpenAI chat completions over HTTP, at /s/<session>/v1 (a black-box agent);
 - messages: Anthropic Messages over HTTP, at /s/<session>/v1;
 - grpc:     the gateway's gRPC Chat answering each call whole (a white-box agent; ``ChatRequest.whole``);
-- grpc-stream: the same, streamed token by token.
+- grpc-stream: the same, streamed token by token;
+- litellm:  chat's calls sent to a LiteLLM proxy (``bench/litellm_proxy.py``, the proxy teams put in front of vLLM
+            to log calls) at /v1, which forwards them to the gateway with the session in X-Forge-Session-Id; the
+            peer baseline. It needs LiteLLM's own environment (``.venv-litellm``, see that module) and one gateway.
 
 With --gateways N > 1 the gateways record into one ``forge pool serve`` and share the actor; each session is pinned
 to gateway (its number mod N), as ``forge deploy --gateways N`` pins them by id.
 
 Reported per number of sessions and path: calls and sessions a second, p50 / p99 latency and what the path adds to
-direct's, the gateways' CPU per call (their children included), their anonymous resident memory per session left
-open at the end, and the pool's bytes per call and per new token (the turn's new prompt tokens and its completion)
-against the 8 bytes an id and its log-prob hold. ``--json`` prints every figure and the counts (calls made, failed,
-recorded in the pool) the test suite's smoke run checks.
+direct's, the gateways' CPU per call (their children included) and, for litellm, the proxy's (its process tree), the
+gateways' anonymous resident memory per session left open at the end (from the last repeat, once the first has set
+the allocator's high-water mark), and the pool's bytes per call and per new token (the turn's new prompt tokens and
+its completion) against the 8 bytes an id and its log-prob hold. ``--json`` prints every figure and the counts
+(calls made, failed, calls and sessions recorded in the pool) the test suite's smoke run checks.
 
-Usage: python bench/gateway_load.py [--sessions 64 256 1024] [--calls 8] [--paths direct chat messages grpc ...]
+Usage: python bench/gateway_load.py [--sessions 64 256 1024] [--calls 8] [--paths direct chat litellm grpc ...]
        [--backend loadtest|torch] [--gateways 1] [--clients 2] [--prompt-tokens 256] [--max-tokens 32]
        [--think-ms 0] [--tokens-per-s 50] [--context 262144] [--json]
 """
@@ -46,15 +50,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from litellm_proxy import SESSION_HEADER, LiteLLMProxy
 from procfs import children, cpu_s, memory_kib
 
 from forge.launch import ServiceProcess
 from forge.pool.pool import PoolReader
 
-PATHS = ("direct", "chat", "messages", "grpc", "grpc-stream")
+PATHS = ("direct", "chat", "messages", "grpc", "grpc-stream", "litellm")
+HTTP_PATHS = ("chat", "messages", "litellm")
 FILLER = ("the quick brown fox jumps over a lazy dog while seven wizards quietly box jugs of liquid gold and "
           "every sentence counts its words ")
 BYTES_PER_TOKEN = 8            # an int32 id and a float32 log-prob
+# Memory a session holds is read from the last repeat: the first leaves the allocator at the high-water mark of that
+# many calls in flight at once, which a later repeat of the same load reuses instead of growing.
+LAST_REPEAT = frozenset({"gateway_anon_kib_per_session"})
 WHOLE_ANSWER = 2**31 - 1       # the stream interval a non-streaming call asks the actor for: first token, then the rest
 
 
@@ -112,14 +121,19 @@ def opening(session: int, tokens: int) -> str:
 
 
 async def _session_http(http, base: str, path: str, sid: str, s: int, load: Load, outcome: Outcome) -> None:
-    url = f"{base}/s/{sid}/v1/" + ("chat/completions" if path == "chat" else "messages")
+    if path == "litellm":                   # the proxy's route; the session goes to the gateway in a header
+        url, headers = f"{base}/v1/chat/completions", {**LiteLLMProxy.client_headers(), SESSION_HEADER: sid}
+        gateways = load.targets["chat"]
+        base, path = gateways[s % len(gateways)], "chat"        # ended at the gateway; answered as chat's
+    else:
+        url, headers = f"{base}/s/{sid}/v1/" + ("chat/completions" if path == "chat" else "messages"), {}
     messages = [{"role": "user", "content": opening(s, load.prompt_tokens)}]
     context = 0
     for c in range(load.calls):
         body = {"model": "forge-tiny", "messages": messages, "max_tokens": load.max_tokens, "temperature": 1.0}
         body |= {"seed": s * 1000 + c} if path == "chat" else {"metadata": {"user_id": sid}}
         started = time.perf_counter()
-        async with http.post(url, json=body) as response:
+        async with http.post(url, json=body, headers=headers) as response:
             answer = await response.json(content_type=None)
         outcome.answered(started)
         if response.status != 200:
@@ -212,7 +226,7 @@ async def _client(load: Load) -> Outcome:
                 return
 
     started = time.perf_counter()
-    if load.path in ("chat", "messages"):
+    if load.path in HTTP_PATHS:
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as http:
             def session(s: int, sid: str):
@@ -291,6 +305,10 @@ class System:
                                       "--http-port", "0", "--log-level", "WARNING"],
                                      {"FORGE_GATEWAY_POOL_API_KEY": self.pool_key} if args.gateways > 1 else None)
                          for g in range(args.gateways)]
+        self.proxy: LiteLLMProxy | None = None
+        if "litellm" in getattr(args, "paths", ()):        # the peer baseline, in front of the (one) gateway
+            self.proxy = LiteLLMProxy(root, self.gateways[0].info["http_address"])
+            self.services.append(self.proxy)
 
     def _start(self, name: str, command: str, arguments: list[str], env: dict[str, str] | None = None):
         service = ServiceProcess(name, command, arguments, self.root, env=env, timeout_s=300)
@@ -302,7 +320,8 @@ class System:
         return {"direct": [self.actor.info["address"]], "chat": [g.info["http_address"] for g in self.gateways],
                 "messages": [g.info["http_address"] for g in self.gateways],
                 "grpc": [g.info["grpc_address"] for g in self.gateways],
-                "grpc-stream": [g.info["grpc_address"] for g in self.gateways]}
+                "grpc-stream": [g.info["grpc_address"] for g in self.gateways],
+                "litellm": [self.proxy.url] if self.proxy else []}
 
     def pool_figures(self) -> dict[str, float]:
         with PoolReader(self.pool_dir) as pool:
@@ -323,11 +342,14 @@ def measure(system: System, path: str, sessions: int, args: argparse.Namespace) 
     gateway_pids = [g.proc.pid for g in system.gateways]
     cpu_before = sum(tree_cpu_s(pid) for pid in gateway_pids)
     memory_before = sum(memory_kib(pid)["anonymous"] for pid in gateway_pids)
+    proxy = system.proxy if path == "litellm" else None
+    proxy_before = proxy.cpu_s() if proxy else 0.0
     pool_before = system.pool_figures()
     started = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(clients) as workers:
         outcomes = workers.map(run_client, loads)
     wall = time.perf_counter() - started
+    proxy_cpu_s = proxy.cpu_s() - proxy_before if proxy else 0.0
     calls_made = sum(len(o.latencies) for o in outcomes)
     failures = [f for o in outcomes for f in o.failures]
     latencies = [t for o in outcomes for t in o.latencies]
@@ -336,6 +358,7 @@ def measure(system: System, path: str, sessions: int, args: argparse.Namespace) 
     written = pool_after["bytes_used"] - pool_before["bytes_used"]
     new_tokens = sum(o.new_tokens for o in outcomes)
     figures = {"sessions": sessions, "calls": calls_made, "failed": len(failures), "recorded_calls": recorded,
+               "recorded_sessions": pool_after["sessions"] - pool_before["sessions"],
                "calls_per_s": calls_made / wall, "sessions_per_s": sessions / wall}
     if latencies:
         p50, p99 = np.percentile(latencies, [50, 99]) * 1e3
@@ -347,6 +370,8 @@ def measure(system: System, path: str, sessions: int, args: argparse.Namespace) 
                     / sessions,
                     "pool_bytes_per_call": written / max(recorded, 1),
                     "pool_bytes_per_new_token": written / max(new_tokens, 1) / BYTES_PER_TOKEN}
+    if proxy and calls_made:
+        figures["proxy_cpu_ms_per_call"] = proxy_cpu_s * 1e3 / calls_made
     if failures:
         figures["first_failure"] = failures[0]          # type: ignore[assignment]
     return figures
@@ -355,9 +380,9 @@ def measure(system: System, path: str, sessions: int, args: argparse.Namespace) 
 def report(results: dict[int, dict[str, dict[str, float]]], args: argparse.Namespace) -> None:
     print(f"backend {args.backend}, {args.gateways} gateway(s), {args.calls} calls a session, prompt ~"
           f"{args.prompt_tokens} tokens, {args.max_tokens} new tokens a call, think {args.think_ms:g} ms; medians of "
-          f"{args.repeats} runs; +ms: added to direct's")
+          f"{args.repeats} runs; +ms: added to direct's (litellm's: the proxy's and the gateway's); CPU: ms a call")
     print(f"{'sessions':>8} {'path':>9} {'calls/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'+p50':>7} {'+p99':>7} "
-          f"{'gw CPU ms':>9} {'KiB/sess':>8} {'pool B/call':>11} {'pool x/tok':>10} {'failed':>6}")
+          f"{'gw CPU':>7} {'proxy CPU':>9} {'KiB/sess':>8} {'pool B/call':>11} {'pool x/tok':>10} {'failed':>6}")
     for sessions, paths in results.items():
         base = paths.get("direct")
         for path, r in paths.items():
@@ -367,8 +392,9 @@ def report(results: dict[int, dict[str, dict[str, float]]], args: argparse.Names
             gateway = ("", "", "", "") if "gateway_cpu_ms_per_call" not in r else (
                 f"{r['gateway_cpu_ms_per_call']:.2f}", f"{r['gateway_anon_kib_per_session']:.1f}",
                 f"{r['pool_bytes_per_call']:.0f}", f"{r['pool_bytes_per_new_token']:.2f}")
+            proxy = f"{r['proxy_cpu_ms_per_call']:.2f}" if "proxy_cpu_ms_per_call" in r else ""
             print(f"{sessions:>8} {path:>9} {r['calls_per_s']:>8.1f} {r.get('p50_ms', 0):>8.1f} "
-                  f"{r.get('p99_ms', 0):>8.1f} {added[0]:>7} {added[1]:>7} {gateway[0]:>9} {gateway[1]:>8} "
+                  f"{r.get('p99_ms', 0):>8.1f} {added[0]:>7} {added[1]:>7} {gateway[0]:>7} {proxy:>9} {gateway[1]:>8} "
                   f"{gateway[2]:>11} {gateway[3]:>10} {int(r['failed']):>6}")
 
 
@@ -394,6 +420,8 @@ def main() -> None:
         parser.error("--sessions, --calls, --gateways and --clients must be at least 1")
     if args.context and (args.backend != "loadtest" or args.context < 64):
         parser.error("--context serves the load-test backend a longer context: give --backend loadtest and at least 64")
+    if "litellm" in args.paths and args.gateways != 1:
+        parser.error("the litellm path routes to one gateway: give --gateways 1")
     root = Path(tempfile.mkdtemp(prefix="forge-gateway-load-"))
     system = System(root, args)
     results: dict[int, dict[str, dict[str, float]]] = {}
@@ -405,8 +433,9 @@ def main() -> None:
             for _ in range(args.repeats):
                 for path in args.paths:                     # interleaved, so drift hits every path alike
                     runs[path].append(measure(system, path, sessions, args))
-            results[sessions] = {p: {k: (statistics.median(r[k] for r in rs) if isinstance(rs[0][k], float | int)
-                                         else rs[0][k]) for k in rs[0]} for p, rs in runs.items()}
+            results[sessions] = {p: {k: (rs[-1][k] if k in LAST_REPEAT else statistics.median(r[k] for r in rs)
+                                         if isinstance(rs[0][k], float | int) else rs[0][k]) for k in rs[0]}
+                                 for p, rs in runs.items()}
     finally:
         system.stop()
     if args.json:

@@ -57,3 +57,16 @@ def test_the_soak_ends_its_sessions_and_records_every_call(path):
     assert summary["recorded_calls"] == summary["calls"]
     assert sum(w["calls"] for w in report["windows"]) == summary["calls"]
     assert report["windows"][-1]["held_sessions"] == 0
+
+
+@pytest.mark.skipif(not (REPO / ".venv-litellm" / "bin" / "litellm").exists(),
+                    reason="needs LiteLLM's own environment (.venv-litellm): see bench/litellm_proxy.py")
+def test_litellm_keeps_each_session_one_gateway_session():
+    """The peer baseline, a LiteLLM proxy in front of the gateway: it forwards X-Forge-Session-Id, so each session's
+    calls are recorded in one pool session, as chat's are; and its CPU is counted."""
+    results = load("--paths", "chat", "litellm")
+    for path, figures in results.items():
+        assert figures.get("first_failure") is None, figures
+        assert (figures["calls"], figures["recorded_calls"], figures["recorded_sessions"]) == \
+            (SESSIONS * CALLS, SESSIONS * CALLS, SESSIONS), (path, figures)
+    assert results["litellm"]["proxy_cpu_ms_per_call"] > 0 and "proxy_cpu_ms_per_call" not in results["chat"]
