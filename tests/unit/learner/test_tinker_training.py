@@ -86,7 +86,9 @@ def test_packed_passes_equal_unpacked_ones(training: LearnerTraining) -> None:
     (unpacked * scale).sum().backward()
     np.testing.assert_allclose(packed, unpacked.detach().numpy(), rtol=0, atol=2e-5)
     for name, grad in packed_grads.items():
-        torch.testing.assert_close(grad, parameters[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+        # float32 sums in another order: an element's error scales with the tensor's largest, not its own size
+        scale = max(1.0, float(parameters[name].grad.abs().max()))
+        torch.testing.assert_close(grad, parameters[name].grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
         parameters[name].grad = None
 
 
