@@ -58,6 +58,18 @@ class CallMemo:
             memo = memo.base
         return np.concatenate(parts[::-1]) if len(parts) > 1 else self.own
 
+    def begins(self, ids: np.ndarray) -> bool:
+        """Whether ``ids`` begin with this call's whole ids, compared piece by piece along its chain (no copy)."""
+        if not 0 < self.length <= len(ids):
+            return False
+        memo = self
+        while memo is not None:
+            start = memo.length - len(memo.own)
+            if not np.array_equal(ids[start:memo.length], memo.own):
+                return False
+            memo = memo.base
+        return True
+
     def last_ids(self, count: int) -> np.ndarray:
         parts, have, memo = [], 0, self
         while memo is not None and have < count:
@@ -136,8 +148,7 @@ class CallHistory:
     def __init__(self, max_calls: int = 64) -> None:
         self.max_calls = max_calls
         self.calls: dict[int, CallMemo] = {}
-        self._last: CallMemo | None = None
-        self._last_ids: np.ndarray | None = None    # its ids whole, to find whether the next call extends it
+        self._last: CallMemo | None = None          # the call added last: the next one most often extends it
 
     def __len__(self) -> int:
         return len(self.calls)
@@ -145,14 +156,11 @@ class CallHistory:
     def add(self, index: int, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> None:
         prompt = np.asarray(prompt_ids, dtype=np.int32)
         completion = np.asarray(completion_ids, dtype=np.int32)
-        last, base = self._last, None
-        if last is not None and 0 < last.length <= len(prompt) and \
-                np.array_equal(prompt[:last.length], self._last_ids):
-            base = last
+        base = self._last if self._last is not None and self._last.begins(prompt) else None
         start = base.length if base is not None else 0
         memo = CallMemo(index, np.concatenate([prompt[start:], completion]), len(prompt), base)
         self.calls[index] = memo
-        self._last, self._last_ids = memo, np.concatenate([prompt, completion])
+        self._last = memo
         while len(self.calls) > self.max_calls:
             del self.calls[min(self.calls)]
 
