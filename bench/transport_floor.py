@@ -36,7 +36,7 @@ CHUNKS = [gateway_pb2.ChatChunk(token_ids=[7]), gateway_pb2.ChatChunk(text="w" *
 METHOD = "/forge.bench.Floor/Chat"
 
 
-def _serve_http(ready) -> None:
+def _serve_http(ready, _actor_like: bool = False) -> None:
     from aiohttp import web
 
     async def chat(request: web.Request) -> web.Response:
@@ -56,38 +56,21 @@ def _serve_http(ready) -> None:
     asyncio.run(main())
 
 
-def _serve_grpc(ready) -> None:
+def _serve_grpc(ready, actor_like: bool = False) -> None:
+    """The gRPC API's server: Forge's decoding interceptor, the request decoded, one chunk back. ``actor_like``: as an
+    actor answers a non-streaming call instead, the request left undecoded and two chunks back."""
     import grpc
 
     from forge.rpc.decoding import AioDecodeInterceptor
 
-    async def chat(request: gateway_pb2.ChatRequest, context: grpc.aio.ServicerContext):
-        yield CHUNKS[-1]
-
-    async def main() -> None:
-        server = grpc.aio.server(interceptors=[AioDecodeInterceptor()])
-        handler = grpc.unary_stream_rpc_method_handler(chat, gateway_pb2.ChatRequest.FromString,
-                                                       gateway_pb2.ChatChunk.SerializeToString)
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("forge.bench.Floor", {"Chat": handler})])
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        ready.put(port)
-        await server.wait_for_termination()
-
-    asyncio.run(main())
-
-
-def _serve_actor_like(ready) -> None:
-    """A gRPC server answering each call with two chunks, as an actor answers a non-streaming call."""
-    import grpc
-
-    async def generate(request: bytes, context: grpc.aio.ServicerContext):
-        for chunk in CHUNKS:
+    async def chat(request: object, context: grpc.aio.ServicerContext):
+        for chunk in CHUNKS if actor_like else CHUNKS[-1:]:
             yield chunk
 
     async def main() -> None:
-        server = grpc.aio.server()
-        handler = grpc.unary_stream_rpc_method_handler(generate, None, gateway_pb2.ChatChunk.SerializeToString)
+        server = grpc.aio.server(interceptors=[] if actor_like else [AioDecodeInterceptor()])
+        handler = grpc.unary_stream_rpc_method_handler(chat, None if actor_like else gateway_pb2.ChatRequest.FromString,
+                                                       gateway_pb2.ChatChunk.SerializeToString)
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("forge.bench.Floor", {"Chat": handler})])
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
@@ -129,11 +112,11 @@ def _own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(serve, calls_of, calls: int, concurrency: int) -> tuple[float, float]:
+def measure(serve, actor_like: bool, calls_of, calls: int, concurrency: int) -> tuple[float, float]:
     """(server, client) CPU ms per call."""
     context = multiprocessing.get_context("spawn")
     ready = context.Queue()
-    server = context.Process(target=serve, args=(ready,), daemon=True)
+    server = context.Process(target=serve, args=(ready, actor_like), daemon=True)
     server.start()
     try:
         port = ready.get(timeout=120)
@@ -155,12 +138,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.calls < args.concurrency or args.concurrency < 1 or args.repeats < 1:
         parser.error("--calls must be at least --concurrency, which must be at least 1; --repeats at least 1")
-    cases = {"aiohttp server (HTTP APIs)": (_serve_http, _http_calls, 0),
-             "grpc.aio server (gRPC API)": (_serve_grpc, _grpc_calls, 0),
-             "grpc.aio client (to an actor)": (_serve_actor_like, _grpc_calls, 1)}
+    cases = {"aiohttp server (HTTP APIs)": (_serve_http, False, _http_calls, 0),
+             "grpc.aio server (gRPC API)": (_serve_grpc, False, _grpc_calls, 0),
+             "grpc.aio client (to an actor)": (_serve_grpc, True, _grpc_calls, 1)}
     print(f"CPU ms a call, medians of {args.repeats} runs of {args.calls} calls, {args.concurrency} in flight")
-    for name, (serve, calls_of, side) in cases.items():
-        runs = [measure(serve, calls_of, args.calls, args.concurrency)[side] for _ in range(args.repeats)]
+    for name, (serve, actor_like, calls_of, side) in cases.items():
+        runs = [measure(serve, actor_like, calls_of, args.calls, args.concurrency)[side] for _ in range(args.repeats)]
         print(f"{name:32s} {statistics.median(runs):6.3f}  (runs: {', '.join(f'{r:.3f}' for r in runs)})")
 
 
