@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -41,7 +41,9 @@ def dash_url(tmp_path_factory):
 
 
 def wait(driver, condition, what: str):
-    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition, message=f"waiting for {what}")
+    # the page redraws parts of itself while it loads, so an element found in one poll may be gone by the next look
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+                         ).until(condition, message=f"waiting for {what}")
 
 
 def console_errors(driver) -> list[str]:
