@@ -219,8 +219,8 @@ class ActorCall:
                     raise UpstreamFailed(f"actor {endpoint.address} failed mid-stream: {code.name}: "
                                          f"{details}") from exc
                 last_error = f"{endpoint.address}: {code.name}: {details}"
-                log.warning("actor %s failed before the first token (%s); trying another", endpoint.address,
-                            code.name)
+                log.warning("actor %s failed before the first token (%s: %s); trying another", endpoint.address,
+                            code.name, details)
             except _Retry as exc:
                 actor.failures += 1
                 if started:
