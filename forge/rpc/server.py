@@ -49,6 +49,12 @@ class ServerOptions:
     max_message_bytes: int = 256 * 1024 * 1024
     grace_s: float = 5.0                       # how long in-flight calls may finish on stop
     api_keys: Sequence[str] = ()               # when set, every call but health checks needs one
+    # Calls received but not yet taken up by the service, and how long one may wait so. An asyncio server takes up
+    # one call per turn of its loop, so a burst on a busy actor waits in gRPC; gRPC's defaults cancel such calls
+    # (bare CANCELLED, unseen by the service) past 1,000 waiting (at random; all past 3,000) or 30 s. The service's
+    # own admission (an actor's --max-waiting) is the limit that answers with a reason; deadlines are the callers'.
+    max_waiting_calls: int = 65_536
+    unrequested_wait_s: int = 3600
 
 
 def format_address(host: str, port: int) -> str:
@@ -74,7 +80,9 @@ def check_port_free(host: str, port: int) -> None:
 def channel_options(options: ServerOptions) -> list[tuple[str, int]]:
     return [("grpc.max_receive_message_length", options.max_message_bytes),
             ("grpc.max_send_message_length", options.max_message_bytes),
-            ("grpc.so_reuseport", 0)]
+            ("grpc.so_reuseport", 0), ("grpc.server_max_unrequested_time_in_server", options.unrequested_wait_s),
+            ("grpc.server.max_pending_requests", options.max_waiting_calls),
+            ("grpc.server.max_pending_requests_hard_limit", options.max_waiting_calls)]
 
 
 def register_and_bind(server: grpc.Server | grpc.aio.Server, services: list[ServiceBinding], health_servicer: object,

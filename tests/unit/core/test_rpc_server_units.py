@@ -76,3 +76,57 @@ def test_the_asyncio_server_can_serve_on_a_loop_the_caller_runs():
         loop.call_soon_threadsafe(loop.stop)
         runner.join(10)
         loop.close()
+
+
+
+def _calls_behind_a_busy_loop(options, calls: int) -> list[bool]:
+    """Send ``calls`` calls to an asyncio server while its loop is blocked, long enough for them to wait in gRPC
+    past a 1 s limit; then let the loop run: whether each was answered (False: gRPC cancelled it)."""
+    import asyncio
+    import time
+
+    from forge.rpc.aio_server import AioGrpcServer
+    from forge.rpc.server import ServiceBinding
+    from forge.v1 import learner_pb2
+
+    from helpers.stats_server import AsyncLearner
+
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, name="callers-loop", daemon=True)
+    runner.start()
+    binding = ServiceBinding.of(learner_pb2_grpc.add_LearnerServicer_to_server, AsyncLearner(0.0), learner_pb2,
+                                "Learner")
+    gate = threading.Event()
+    answered = []
+    try:
+        with AioGrpcServer([binding], options, loop=loop) as server, \
+                grpc.insecure_channel(server.address) as channel:
+            stub = learner_pb2_grpc.LearnerStub(channel)
+            assert stub.Stats(common_pb2.StatsRequest(), timeout=10).gauges      # connected and serving
+            loop.call_soon_threadsafe(gate.wait)                                # the loop is busy
+            futures = [stub.Stats.future(common_pb2.StatsRequest(), timeout=300) for _ in range(calls)]
+            time.sleep(4.0)
+            gate.set()
+            for future in futures:
+                try:
+                    answered.append(bool(future.result().gauges))
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.CANCELLED, exc
+                    answered.append(False)
+    finally:
+        gate.set()
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
+        loop.close()
+    return answered
+
+
+def test_a_burst_of_calls_waits_for_a_busy_server():
+    """An asyncio server takes up one call per turn of its loop, so a burst on a busy one waits in gRPC, which
+    cancels waiting calls past a count and an age. Forge's servers let 3,000 calls wait through a blocked loop
+    (gRPC's own limits cancel some past 1,000); the controls show each of its two limits at work."""
+    from forge.rpc.server import ServerOptions
+
+    assert all(_calls_behind_a_busy_loop(ServerOptions(), 3000))
+    assert not all(_calls_behind_a_busy_loop(ServerOptions(max_waiting_calls=100), 1000))
+    assert not all(_calls_behind_a_busy_loop(ServerOptions(unrequested_wait_s=1), 8))
