@@ -24,12 +24,13 @@ Reported per number of sessions and path: calls and sessions a second, p50 / p99
 direct's, the gateways' CPU per call (their children included) and, for litellm, the proxy's (its process tree), the
 gateways' anonymous resident memory per session left open at the end (from the last repeat, once the first has set
 the allocator's high-water mark), and the pool's bytes per call and per new token (the turn's new prompt tokens and
-its completion) against the 8 bytes an id and its log-prob hold. ``--json`` prints every figure and the counts
+its completion) against the 8 bytes an id and its log-prob hold. ``--stages`` runs the gateways under
+``bench/gateway_stages.py`` and adds their CPU a call by stage of a call. ``--json`` prints every figure and the counts
 (calls made, failed, calls and sessions recorded in the pool) the test suite's smoke run checks.
 
 Usage: python bench/gateway_load.py [--sessions 64 256 1024] [--calls 8] [--paths direct chat litellm grpc ...]
        [--backend loadtest|torch] [--gateways 1] [--clients 2] [--prompt-tokens 256] [--max-tokens 32]
-       [--think-ms 0] [--tokens-per-s 50] [--context 262144] [--json]
+       [--think-ms 0] [--tokens-per-s 50] [--context 262144] [--stages] [--json]
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import json
 import multiprocessing
 import secrets
 import shutil
+import signal
 import statistics
 import tempfile
 import time
@@ -49,6 +51,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import gateway_stages
 import numpy as np
 from litellm_proxy import SESSION_HEADER, LiteLLMProxy
 from procfs import children, cpu_s, memory_kib
@@ -300,10 +303,14 @@ class System:
             recording = ["--pool-address", self.pool.info["address"]]
         else:
             recording = ["--pool", str(self.pool_dir)]
-        self.gateways = [self._start(f"gateway-{g}", "forge-gateway",
+        self.stage_files = [root / f"stages-{g}.json" for g in range(args.gateways)] \
+            if getattr(args, "stages", False) else []
+        gateway = str(Path(gateway_stages.__file__)) if self.stage_files else "forge-gateway"
+        self.gateways = [self._start(f"gateway-{g}", gateway,
                                      ["--actor", self.actor.info["address"], *model, *recording, "--grpc-port", "0",
                                       "--http-port", "0", "--log-level", "WARNING"],
-                                     {"FORGE_GATEWAY_POOL_API_KEY": self.pool_key} if args.gateways > 1 else None)
+                                     ({"FORGE_GATEWAY_POOL_API_KEY": self.pool_key} if args.gateways > 1 else {})
+                                     | ({gateway_stages.OUT_ENV: str(self.stage_files[g])} if self.stage_files else {}))
                          for g in range(args.gateways)]
         self.proxy: LiteLLMProxy | None = None
         if "litellm" in getattr(args, "paths", ()):        # the peer baseline, in front of the (one) gateway
@@ -322,6 +329,22 @@ class System:
                 "grpc": [g.info["grpc_address"] for g in self.gateways],
                 "grpc-stream": [g.info["grpc_address"] for g in self.gateways],
                 "litellm": [self.proxy.url] if self.proxy else []}
+
+    def stage_totals(self) -> dict[str, list[float]]:
+        """CPU seconds and calls of each stage of a call in the gateways so far (``--stages``)."""
+        totals = {stage: [0.0, 0] for stage in gateway_stages.STAGES}
+        for gateway, path in zip(self.gateways, self.stage_files, strict=True):
+            before = (gateway_stages.read(path) or {}).get("written", 0)
+            gateway.proc.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 120
+            while (now := gateway_stages.read(path)) is None or now["written"] == before:
+                if time.monotonic() > deadline or not gateway.alive:
+                    raise RuntimeError(f"{gateway.name} wrote no stage figures (see {gateway.log_path})")
+                time.sleep(0.02)
+            for stage, figures in now["stages"].items():
+                totals[stage][0] += figures["cpu_s"]
+                totals[stage][1] += figures["calls"]
+        return totals
 
     def pool_figures(self) -> dict[str, float]:
         with PoolReader(self.pool_dir) as pool:
@@ -345,6 +368,7 @@ def measure(system: System, path: str, sessions: int, args: argparse.Namespace) 
     proxy = system.proxy if path == "litellm" else None
     proxy_before = proxy.cpu_s() if proxy else 0.0
     pool_before = system.pool_figures()
+    stages_before = system.stage_totals() if system.stage_files else {}
     started = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(clients) as workers:
         outcomes = workers.map(run_client, loads)
@@ -370,6 +394,13 @@ def measure(system: System, path: str, sessions: int, args: argparse.Namespace) 
                     / sessions,
                     "pool_bytes_per_call": written / max(recorded, 1),
                     "pool_bytes_per_new_token": written / max(new_tokens, 1) / BYTES_PER_TOKEN}
+    if stages_before and path != "direct" and calls_made:
+        stages_after = system.stage_totals()
+        for stage, (cpu_before, calls_before) in stages_before.items():
+            figures[f"stage_{stage}_ms"] = (stages_after[stage][0] - cpu_before) * 1e3 / calls_made
+            figures[f"stage_{stage}_calls"] = stages_after[stage][1] - calls_before
+        figures["stage_rest_ms"] = figures["gateway_cpu_ms_per_call"] - sum(
+            figures[f"stage_{stage}_ms"] for stage in stages_before)
     if proxy and calls_made:
         figures["proxy_cpu_ms_per_call"] = proxy_cpu_s * 1e3 / calls_made
     if failures:
@@ -396,6 +427,15 @@ def report(results: dict[int, dict[str, dict[str, float]]], args: argparse.Names
             print(f"{sessions:>8} {path:>9} {r['calls_per_s']:>8.1f} {r.get('p50_ms', 0):>8.1f} "
                   f"{r.get('p99_ms', 0):>8.1f} {added[0]:>7} {added[1]:>7} {gateway[0]:>7} {proxy:>9} {gateway[1]:>8} "
                   f"{gateway[2]:>11} {gateway[3]:>10} {int(r['failed']):>6}")
+    staged = [(sessions, path, r) for sessions, paths in results.items() for path, r in paths.items()
+              if "stage_rest_ms" in r]
+    if staged:
+        names = [*gateway_stages.STAGES, "rest"]
+        print("\ngateway CPU a call by stage, ms (thread CPU of each stage's functions; rest: the transports, the event "
+              "loop and the glue between stages)")
+        print(f"{'sessions':>8} {'path':>9} " + " ".join(f"{n:>10}" for n in names))
+        for sessions, path, r in staged:
+            print(f"{sessions:>8} {path:>9} " + " ".join(f"{r[f'stage_{n}_ms']:>10.3f}" for n in names))
 
 
 def main() -> None:
@@ -413,6 +453,8 @@ def main() -> None:
     parser.add_argument("--first-token-ms", type=float, default=20.0, help="loadtest: each request's first token")
     parser.add_argument("--context", type=int, default=0,
                         help="loadtest: serve a model of this context (the tiny model's tokenizer), for long sessions")
+    parser.add_argument("--stages", action="store_true",
+                        help="also break the gateways' CPU down by stage of a call (bench/gateway_stages.py)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

@@ -29,9 +29,10 @@ def console_script(name: str) -> str:
 class ServiceProcess:
     def __init__(self, name: str, command: str, args: list[str], run_dir: Path, env: dict[str, str] | None = None,
                  timeout_s: float = 180.0, inherit_env: bool = True, wait: bool = True) -> None:
-        """Start console script ``command`` with ``args`` (plus ``--ready-file``) and, with ``wait``, wait until it
-        is ready (else call ``wait_ready`` later: services that do not need each other start side by side); the
-        ready file is RUN_DIR/NAME.json and the log RUN_DIR/logs/NAME.log. ``env`` goes on top of this process's
+        """Start console script ``command`` (or a Python file, given by its path, run with this interpreter) with
+        ``args`` (plus ``--ready-file``) and, with ``wait``, wait until it is ready (else call ``wait_ready`` later:
+        services that do not need each other start side by side); the ready file is RUN_DIR/NAME.json and the log
+        RUN_DIR/logs/NAME.log. ``env`` goes on top of this process's
         environment, or is the whole of it (``inherit_env=False``)."""
         self.name = name
         self.ready_file = run_dir / f"{name}.json"
@@ -42,7 +43,8 @@ class ServiceProcess:
         self.timeout_s = timeout_s
         self._started = time.monotonic()
         self.info: dict[str, Any] = {}
-        self.proc = subprocess.Popen([console_script(command), *args, "--ready-file", str(self.ready_file)],
+        program = [sys.executable, command] if command.endswith(".py") else [console_script(command)]
+        self.proc = subprocess.Popen([*program, *args, "--ready-file", str(self.ready_file)],
                                      stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**(os.environ if inherit_env else {}), "PYTHONUNBUFFERED": "1",
                                           **(env or {})},

@@ -70,3 +70,18 @@ def test_litellm_keeps_each_session_one_gateway_session():
         assert (figures["calls"], figures["recorded_calls"], figures["recorded_sessions"]) == \
             (SESSIONS * CALLS, SESSIONS * CALLS, SESSIONS), (path, figures)
     assert results["litellm"]["proxy_cpu_ms_per_call"] > 0 and "proxy_cpu_ms_per_call" not in results["chat"]
+
+
+@pytest.mark.parametrize("path", ["chat", "grpc"])
+def test_stages_count_each_call_once(path):
+    """``--stages``: the gateway runs under ``bench/gateway_stages.py``, whose stage functions are each counted once a
+    call (the request read, the template rendered), and whose figures come back for every call made."""
+    results = load("--paths", path, "--stages")
+    figures = results[path]
+    assert (figures["calls"], figures["failed"]) == (SESSIONS * CALLS, 0), figures
+    for stage in ("request", "template"):
+        assert figures[f"stage_{stage}_calls"] == SESSIONS * CALLS, (stage, figures)
+    for stage in ("completion", "answer", "pool"):
+        assert figures[f"stage_{stage}_calls"] >= SESSIONS * CALLS, (stage, figures)
+    assert all(figures[f"stage_{stage}_ms"] >= 0 for stage in ("request", "template", "tokens", "routing",
+                                                               "completion", "answer", "pool"))
