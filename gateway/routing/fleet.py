@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter, OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Sequence, ValuesView
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -96,6 +96,36 @@ class Pending:
     raw_s: float                # the estimate before the actor's calibration factor
 
 
+class PendingCalls:
+    """An actor's pending calls by request, with the sum of the tokens they have to prefill kept as they come and go:
+    the router reads it at every call, and thousands of calls may be pending at once."""
+
+    def __init__(self, calls: dict[int, Pending] | None = None) -> None:
+        self._calls: dict[int, Pending] = dict(calls or {})
+        self.compute_tokens = sum(p.compute_tokens for p in self._calls.values())
+
+    def __setitem__(self, key: int, call: Pending) -> None:
+        self.pop(key)
+        self._calls[key] = call
+        self.compute_tokens += call.compute_tokens
+
+    def __getitem__(self, key: int) -> Pending:
+        return self._calls[key]
+
+    def pop(self, key: int, default: Pending | None = None) -> Pending | None:
+        call = self._calls.pop(key, None)
+        if call is None:
+            return default
+        self.compute_tokens -= call.compute_tokens
+        return call
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def values(self) -> ValuesView[Pending]:
+        return self._calls.values()
+
+
 class ActorModel:
     def __init__(self, address: str, prior_prefill_tps: float = 2000.0, default_capacity: int = 65536) -> None:
         self.address = address
@@ -109,7 +139,7 @@ class ActorModel:
         self.calibration = Ewma(1.0, alpha=0.1)     # actual / estimated time to first token
         self.wait_s = Ewma(0.0, alpha=0.1)          # time to first token beyond the call's own prefill
         self.eviction_age = Ewma(math.inf, alpha=0.01)   # time since last use of the blocks the actor evicts
-        self.pending: dict[int, Pending] = {}
+        self._pending = PendingCalls()
         self.active_blocks = 0                       # prompt blocks of this gateway's calls in flight here
         self.live: Counter[bytes] = Counter()        # blocks of the live sessions whose home this actor is
         self.sessions = 0                            # live sessions whose home this actor is
@@ -133,8 +163,17 @@ class ActorModel:
                 live.pop(block_hash, None)
 
     @property
+    def pending(self) -> PendingCalls:
+        """Calls routed here whose first token has not come yet."""
+        return self._pending
+
+    @pending.setter
+    def pending(self, calls: dict[int, Pending]) -> None:
+        self._pending = PendingCalls(calls)
+
+    @property
     def pending_tokens(self) -> int:
-        return sum(p.compute_tokens for p in self.pending.values())
+        return self._pending.compute_tokens
 
     def apply(self, answer: router_pb2.KVEvents, now: float | None = None) -> None:
         """Take in one poll's answer (received at ``now``): layout, figures, and the events (or snapshot) since

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from forge.gateway.routing import (
     CacheAwareRouter,
@@ -263,3 +265,21 @@ def test_new_sessions_spread_their_homes_and_long_sessions_avoid_congested_or_fo
     for gap in (1.0, 2.0, 50.0, 60.0):
         aging.gaps.add(gap)
     assert aging.gaps.survival(30.0) == 0.5
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 7), st.integers(1, 10_000)), max_size=60))
+def test_pending_tokens_are_the_sum_of_the_pending_calls(steps):
+    """The router reads an actor's pending prefill tokens at every call, kept as calls come, are replaced and go:
+    after any sequence of them it equals the sum over the calls still pending."""
+    from forge.gateway.routing.fleet import ActorModel
+
+    model = ActorModel("a:1")
+    for add, key, tokens in steps:
+        if add:
+            model.pending[key] = Pending(tokens, 0.0, 0.0)
+        else:
+            model.pending.pop(key)
+        assert model.pending_tokens == sum(p.compute_tokens for p in model.pending.values())
+    model.pending = {1: Pending(5, 0.0, 0.0), 2: Pending(7, 0.0, 0.0)}
+    assert model.pending_tokens == 12 and len(model.pending) == 2
