@@ -24,7 +24,8 @@ Reported per number of sessions and path: calls and sessions a second, p50 / p99
 direct's, the gateways' CPU per call (their children included) and, for litellm, the proxy's (its process tree), the
 gateways' anonymous resident memory per session left open at the end (from the last repeat, once the first has set
 the allocator's high-water mark), and the pool's bytes per call and per new token (the turn's new prompt tokens and
-its completion) against the 8 bytes an id and its log-prob hold. ``--stages`` runs the gateways under
+its completion) against the 8 bytes an id and its log-prob hold; with ``--json``, also the client processes' own CPU
+a call and the new tokens a call (the same on every path: each does the same work). ``--stages`` runs the gateways under
 ``bench/gateway_stages.py`` and adds their CPU a call by stage of a call. ``--json`` prints every figure and the counts
 (calls made, failed, calls and sessions recorded in the pool) the test suite's smoke run checks.
 
@@ -94,6 +95,7 @@ class Outcome:
     failures: list[str] = field(default_factory=list)
     new_tokens: int = 0                 # prompt tokens each call added to its session's context, and completions
     wall_s: float = 0.0
+    cpu_s: float = 0.0                  # the client process's own (building prompts on the direct path)
 
     def count(self, prompt: int, completion: int, before: int) -> int:
         """Count a call's new tokens: those of its prompt past the session's context ``before`` (the previous call's
@@ -187,6 +189,7 @@ async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome)
 
     messages = [{"role": "user", "content": opening(s, load.prompt_tokens)}]
     history = CallHistory()
+    context = 0
     for c in range(load.calls):
         sampling = common_pb2.SamplingParams(temperature=1.0, seed=s * 1000 + c, max_tokens=load.max_tokens)
         text = tokenizer.render_chat(messages, add_generation_prompt=True)
@@ -197,6 +200,7 @@ async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome)
         async for chunk in stub.Generate(request):
             ids += chunk.token_ids
         outcome.answered(started)
+        context = outcome.count(len(prompt), len(ids), context)
         history.add(c, prompt, ids)
         messages += [{"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)},
                      {"role": "user", "content": f"Turn {c}: go on."}]
@@ -228,7 +232,7 @@ async def _client(load: Load) -> Outcome:
             if time.time() >= load.until:
                 return
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     if load.path in HTTP_PATHS:
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as http:
@@ -254,6 +258,7 @@ async def _client(load: Load) -> Outcome:
             for channel in channels:
                 await channel.close()
     outcome.wall_s = time.perf_counter() - started
+    outcome.cpu_s = time.process_time() - cpu_started
     return outcome
 
 
@@ -383,7 +388,9 @@ def measure(system: System, path: str, sessions: int, args: argparse.Namespace) 
     new_tokens = sum(o.new_tokens for o in outcomes)
     figures = {"sessions": sessions, "calls": calls_made, "failed": len(failures), "recorded_calls": recorded,
                "recorded_sessions": pool_after["sessions"] - pool_before["sessions"],
-               "calls_per_s": calls_made / wall, "sessions_per_s": sessions / wall}
+               "calls_per_s": calls_made / wall, "sessions_per_s": sessions / wall,
+               "new_tokens_per_call": new_tokens / max(calls_made, 1),
+               "client_cpu_ms_per_call": sum(o.cpu_s for o in outcomes) * 1e3 / max(calls_made, 1)}
     if latencies:
         p50, p99 = np.percentile(latencies, [50, 99]) * 1e3
         figures |= {"p50_ms": float(p50), "p99_ms": float(p99)}

@@ -31,6 +31,7 @@ def load(*arguments: str) -> dict:
 def test_every_call_is_answered_and_recorded_once(gateways, paths):
     results = load("--gateways", str(gateways), "--paths", *paths)
     assert set(results) == set(paths)
+    assert len({figures["new_tokens_per_call"] for figures in results.values()}) == 1, results   # the same work
     for path, figures in results.items():
         assert figures.get("first_failure") is None, figures
         assert (figures["calls"], figures["failed"]) == (SESSIONS * CALLS, 0), (path, figures)
