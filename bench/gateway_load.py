@@ -118,11 +118,31 @@ def tokens_per_word() -> float:
     return len(Tokenizer.from_dir(TINY_DIR).encode(text)) / len(text.split())
 
 
-def opening(session: int, tokens: int) -> str:
+@functools.cache
+def one_token_words() -> tuple[str, ...]:
+    """Words the tiny model's tokenizer makes one token of (after a space), from its vocabulary."""
+    from forge.assets import TINY_DIR
+    from forge.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_dir(TINY_DIR)
+    pieces = (tokenizer.decode([i]) for i in range(tokenizer.vocab_size))
+    return tuple(sorted({p[1:] for p in pieces if p[:1] == " " and p[1:].isalpha() and p[1:].islower()
+                         and len(tokenizer.encode(p)) == 1}))
+
+
+def run_tag(run: str) -> str:
+    """Words naming measurement ``run``, as many tokens whatever the run: each path's prompts differ from the others'
+    from their first words, so no path finds its prompts in the actor's prefix cache from an earlier path's calls."""
+    words = one_token_words()
+    number = int(run, 16)
+    return " ".join(words[(number >> (8 * k)) % len(words)] for k in range(4))
+
+
+def opening(session: int, tokens: int, run: str) -> str:
     """A first user turn of about ``tokens`` tokens."""
     words = FILLER.split()
-    count = max(round((tokens - 4) / tokens_per_word()), 1)
-    return f"Session {session}: " + " ".join(words[i % len(words)] for i in range(count))
+    count = max(round((tokens - 8) / tokens_per_word()), 1)
+    return f"Run {run_tag(run)}, session {session}: " + " ".join(words[i % len(words)] for i in range(count))
 
 
 async def _session_http(http, base: str, path: str, sid: str, s: int, load: Load, outcome: Outcome) -> None:
@@ -132,7 +152,7 @@ async def _session_http(http, base: str, path: str, sid: str, s: int, load: Load
         base, path = gateways[s % len(gateways)], "chat"        # ended at the gateway; answered as chat's
     else:
         url, headers = f"{base}/s/{sid}/v1/" + ("chat/completions" if path == "chat" else "messages"), {}
-    messages = [{"role": "user", "content": opening(s, load.prompt_tokens)}]
+    messages = [{"role": "user", "content": opening(s, load.prompt_tokens, load.run)}]
     context = 0
     for c in range(load.calls):
         body = {"model": "forge-tiny", "messages": messages, "max_tokens": load.max_tokens, "temperature": 1.0}
@@ -163,7 +183,7 @@ async def _session_grpc(stub, s: int, load: Load, outcome: Outcome, whole: bool)
     from forge.v1 import common_pb2, gateway_pb2
 
     sid = (await stub.StartSession(gateway_pb2.StartSessionRequest(task_id="load"))).session.session_id
-    messages = [gateway_pb2.ChatMessage(role="user", content=opening(s, load.prompt_tokens))]
+    messages = [gateway_pb2.ChatMessage(role="user", content=opening(s, load.prompt_tokens, load.run))]
     context = 0
     for c in range(load.calls):
         sampling = common_pb2.SamplingParams(temperature=1.0, seed=s * 1000 + c, max_tokens=load.max_tokens)
@@ -187,7 +207,7 @@ async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome)
     from forge.gateway.tito import CallHistory
     from forge.v1 import actor_pb2, common_pb2
 
-    messages = [{"role": "user", "content": opening(s, load.prompt_tokens)}]
+    messages = [{"role": "user", "content": opening(s, load.prompt_tokens, load.run)}]
     history = CallHistory()
     context = 0
     for c in range(load.calls):
