@@ -48,6 +48,10 @@ SESSION_HEADER = "X-Forge-Session-Id"
 HEADER_FIELDS = {"X-Forge-Task-Id": "task_id", "X-Forge-Domain": "domain", "X-Forge-Group-Id": "group_id"}
 DISCONNECTED = (ConnectionError,)          # ConnectionResetError included: the client went away
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Connections the kernel holds for the loop to accept, and how many the loop accepts a turn (asyncio takes up to the
+# backlog at once). aiohttp's 128 overflows when thousands of agents connect at once, and a connection left in the
+# kernel's queue too long is reset under the client. The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 4096
 
 
 def request_key(request: web.Request) -> str | None:
@@ -102,7 +106,7 @@ class HttpFrontEnd:
     async def start(self, host: str, port: int) -> str:
         self.runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=self.shutdown_grace_s)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, shutdown_timeout=self.shutdown_grace_s)
+        site = web.TCPSite(self.runner, host, port, shutdown_timeout=self.shutdown_grace_s, backlog=LISTEN_BACKLOG)
         await site.start()
         bound = self.runner.addresses[0][1]
         shown = f"[{host}]" if ":" in host else host

@@ -208,3 +208,53 @@ def test_abandoned_sessions_time_out_as_failed(actor, tmp_path):
             assert http.get(f"{gateway.http}/v1/stats").json()["gauges"]["sessions_expired"] >= 1
     finally:
         gateway.stop()
+
+
+def test_a_burst_of_connections_waits_for_a_stopped_gateway(actor, tmp_path):
+    """Agents that connect all at once: while the gateway process is stopped, the kernel completes 1,000 connections
+    to its HTTP port (its listen backlog holds them; aiohttp's default of 128 would hold 129 and drop the rest's
+    handshakes), and once the gateway runs again each gets its answer."""
+    import os
+    import selectors
+    import socket
+    from pathlib import Path
+    from urllib.parse import urlsplit
+
+    connections = 1000
+    if int(Path("/proc/sys/net/core/somaxconn").read_text()) < connections:
+        pytest.skip("the kernel caps listen backlogs below 1,000 here (net.core.somaxconn)")
+    gateway = start_gateway(tmp_path, [actor.address], tmp_path / "pool")
+    address = urlsplit(gateway.http)
+    sockets: list[socket.socket] = []
+    os.kill(gateway.proc.pid, signal.SIGSTOP)
+    try:
+        with selectors.DefaultSelector() as selector:
+            for _ in range(connections):
+                client = socket.socket()
+                client.setblocking(False)
+                client.connect_ex((address.hostname, address.port))
+                sockets.append(client)
+                selector.register(client, selectors.EVENT_WRITE)
+            connected, deadline = 0, time.monotonic() + 60
+            while connected < connections and time.monotonic() < deadline:
+                for key, _ in selector.select(timeout=1.0):
+                    assert key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+                    selector.unregister(key.fileobj)
+                    connected += 1
+        assert connected == connections          # every handshake done by the kernel, the gateway stopped
+        for client in sockets:
+            client.setblocking(True)
+            client.sendall(b"GET /health HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n")
+    finally:
+        os.kill(gateway.proc.pid, signal.SIGCONT)
+    try:
+        for client in sockets:
+            client.settimeout(120)
+            answer = b""
+            while chunk := client.recv(65536):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    finally:
+        for client in sockets:
+            client.close()
+        gateway.stop()
