@@ -147,11 +147,15 @@ def serve(parent: int, grace_s: float, commands: int = 0) -> None:
         gone = watch[0] in ready if watch else start_time(parent) != parent_started
         if not gone and commands not in ready:
             continue
-        chunk = b"" if gone else os.read(commands, 4096)
-        if not chunk:                   # dead, or every writer closed the pipe without a word
-            _reap(adopted, grace_s)
-            return
-        pending += chunk
+        # Alive, one read a turn; dead, every command it wrote before it died (a parent killed right after settling
+        # may die before the reaper has read a word), then reap.
+        closed = False
+        while select.select([commands], [], [], 0)[0]:
+            chunk = os.read(commands, 4096)
+            closed = not chunk                  # every writer closed the pipe
+            pending += chunk
+            if closed or not gone:
+                break
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             command, *pids = line.split()
@@ -163,6 +167,9 @@ def serve(parent: int, grace_s: float, commands: int = 0) -> None:
                 adopting = False
             elif command == b"done":
                 return
+        if gone or closed:
+            _reap(adopted, grace_s)
+            return
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -84,3 +85,34 @@ def test_a_parent_that_closes_its_reaper_keeps_its_children():
     finally:
         end([before, first, second, after, reaper])
         parent.stdout.close()
+
+
+def wait_for_zombie(pid: int) -> None:
+    """Until process ``pid`` has ended (its exit status not collected: ``start_time`` says None)."""
+    deadline = time.monotonic() + 120
+    while start_time(pid) is not None:
+        assert time.monotonic() < deadline, f"process {pid} did not end"
+        time.sleep(0.01)
+
+
+def test_commands_written_just_before_the_parent_died_still_count():
+    """A parent killed right after it settled may die before its reaper has read a word: the reaper reads what the
+    parent wrote before it reaps, so the child it adopted is ended. (Here the reaper starts after the parent's death,
+    its adopt and settle waiting in the pipe.)"""
+    from forge.reaper import serve
+
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    read, write = os.pipe()
+    try:
+        os.write(write, f"adopt\nsettle {child.pid}\n".encode())
+        parent.kill()                       # not waited for: a zombie, still there for the reaper's pidfd
+        wait_for_zombie(parent.pid)
+        serve(parent.pid, 0.5, commands=read)
+        wait_gone([child.pid])
+    finally:
+        os.close(read)
+        os.close(write)
+        for process in (parent, child):
+            process.kill()
+            process.wait()
