@@ -1,6 +1,7 @@
 """The middleware over time: --sessions session slots, each running multi-turn sessions of --calls calls one after
 another and ending each (as an agent's driver does), for --minutes against one gateway, its pool and an actor on the
-load-test backend (``bench/gateway_load.py``'s system and sessions). Nothing consumes the pool, so it only grows.
+load-test backend (``bench/gateway_load.py``'s system, ``bench/load_sessions.py``'s sessions). Nothing consumes the
+pool, so it only grows.
 
 Printed a row per --window-minutes: calls/s, p50 / p99 latency, the gateway's CPU per call, its anonymous resident
 memory and its file-backed resident memory (the pool's mapped pages) at the window's end, the sessions it holds
@@ -25,7 +26,8 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-from gateway_load import Load, System, run_client, tree_cpu_s
+from gateway_load import System, tree_cpu_s
+from load_sessions import Load, run_client
 from procfs import memory_kib
 
 HELD_SESSIONS = re.compile(r"^forge_gateway_sessions_in_memory(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
