@@ -139,7 +139,7 @@ class ActorModel:
         self.calibration = Ewma(1.0, alpha=0.1)     # actual / estimated time to first token
         self.wait_s = Ewma(0.0, alpha=0.1)          # time to first token beyond the call's own prefill
         self.eviction_age = Ewma(math.inf, alpha=0.01)   # time since last use of the blocks the actor evicts
-        self._pending = PendingCalls()
+        self.pending = PendingCalls()                # calls routed here whose first token has not come yet
         self.active_blocks = 0                       # prompt blocks of this gateway's calls in flight here
         self.live: Counter[bytes] = Counter()        # blocks of the live sessions whose home this actor is
         self.sessions = 0                            # live sessions whose home this actor is
@@ -163,17 +163,8 @@ class ActorModel:
                 live.pop(block_hash, None)
 
     @property
-    def pending(self) -> PendingCalls:
-        """Calls routed here whose first token has not come yet."""
-        return self._pending
-
-    @pending.setter
-    def pending(self, calls: dict[int, Pending]) -> None:
-        self._pending = PendingCalls(calls)
-
-    @property
     def pending_tokens(self) -> int:
-        return self._pending.compute_tokens
+        return self.pending.compute_tokens
 
     def apply(self, answer: router_pb2.KVEvents, now: float | None = None) -> None:
         """Take in one poll's answer (received at ``now``): layout, figures, and the events (or snapshot) since

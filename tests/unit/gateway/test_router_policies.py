@@ -19,7 +19,7 @@ from forge.gateway.routing import (
     RouteRequest,
     make_router,
 )
-from forge.gateway.routing.fleet import Layout, Pending, prompt_hashes
+from forge.gateway.routing.fleet import Layout, Pending, PendingCalls, prompt_hashes
 from forge.v1 import router_pb2
 
 from helpers.router_views import View, fleet
@@ -63,7 +63,7 @@ def test_cost_aware_goes_where_the_prefix_is_cached_unless_that_actor_is_queued(
     report(router, "a1:1", prompt_hashes(ids, LAYOUT))
     assert router.choose(RouteRequest("s", [*ids, 5, 6]), set()).address == "a1:1"
     router.on_done(RouteRequest("s", ids), "a1:1")
-    router.models["a1:1"].pending = {i: Pending(4000, 0.0, 0.0) for i in range(3)}   # 12k tokens to prefill
+    router.models["a1:1"].pending = PendingCalls({i: Pending(4000, 0.0, 0.0) for i in range(3)})   # 12k to prefill
     request = RouteRequest("t", [*ids, 7])
     chosen = router.choose(request, set()).address
     assert chosen != "a1:1"
@@ -281,5 +281,5 @@ def test_pending_tokens_are_the_sum_of_the_pending_calls(steps):
         else:
             model.pending.pop(key)
         assert model.pending_tokens == sum(p.compute_tokens for p in model.pending.values())
-    model.pending = {1: Pending(5, 0.0, 0.0), 2: Pending(7, 0.0, 0.0)}
+    model.pending = PendingCalls({1: Pending(5, 0.0, 0.0), 2: Pending(7, 0.0, 0.0)})
     assert model.pending_tokens == 12 and len(model.pending) == 2
