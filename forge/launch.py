@@ -32,8 +32,8 @@ class ServiceProcess:
         """Start console script ``command`` (or a Python file, given by its path, run with this interpreter) with
         ``args`` (plus ``--ready-file``) and, with ``wait``, wait until it is ready (else call ``wait_ready`` later:
         services that do not need each other start side by side); the ready file is RUN_DIR/NAME.json and the log
-        RUN_DIR/logs/NAME.log. ``env`` goes on top of this process's
-        environment, or is the whole of it (``inherit_env=False``)."""
+        RUN_DIR/logs/NAME.log. ``env`` goes on top of this process's environment, or is the whole of it
+        (``inherit_env=False``)."""
         self.name = name
         self.ready_file = run_dir / f"{name}.json"
         self.ready_file.unlink(missing_ok=True)

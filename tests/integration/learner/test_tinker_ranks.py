@@ -2,7 +2,8 @@
 forge-tinker --nproc 1, both real processes driven over raw HTTP the same way: a batch of several datums sharing
 prefixes, a few forward_backward + optim_step calls, a forward, save_weights, load_weights (with the optimizer) and
 the step after it taken again: every loss and log-probability equal within 1e-5, every saved adapter weight
-within 1 % of the learning rate. A request that is wrong is refused on rank 0 and the ranks go on; a rank that dies stops the server with a failed status."""
+within 1 % of the learning rate. A request that is wrong is refused on rank 0 and the ranks go on; a rank that dies
+stops the server with a failed status."""
 
 from __future__ import annotations
 

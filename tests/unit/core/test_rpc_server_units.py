@@ -78,7 +78,6 @@ def test_the_asyncio_server_can_serve_on_a_loop_the_caller_runs():
         loop.close()
 
 
-
 def _calls_behind_a_busy_loop(options, calls: int) -> list[bool]:
     """Send ``calls`` calls to an asyncio server while its loop is blocked, long enough for them to wait in gRPC
     past a 1 s limit; then let the loop run: whether each was answered (False: gRPC cancelled it)."""
