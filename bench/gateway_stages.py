@@ -97,7 +97,7 @@ class StageClock:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             stages = {stage: {"cpu_s": ns / 1e9, "calls": calls} for stage, (ns, calls) in self.totals.items()}
-        return {"stages": stages, "process_cpu_s": time.process_time(), "written": time.time_ns()}
+        return {"stages": stages, "written": time.time_ns()}
 
     def write(self, path: Path) -> None:
         partial = path.with_suffix(".partial")
