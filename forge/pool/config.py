@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge.pool.last_calls import DEFAULT_BYTES as DEFAULT_LAST_CALLS_BYTES
 from forge.pool.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
 from forge.settings import Settings, SettingsError, log_level_setting, metrics_port_setting, ready_file_setting, setting
 
@@ -19,6 +20,9 @@ class PoolConfig(Settings):
                                 help="Largest map: beyond it appends fail with RESOURCE_EXHAUSTED.")
     sync: bool = True                           # fsync every commit before acknowledging (never off in production)
     max_batch: int = 1024                       # most requests committed in one transaction
+    last_calls_bytes: int = setting(DEFAULT_LAST_CALLS_BYTES, click_type="bytes", min=0,
+                                    help="Memory for open sessions' last call ids, so that recording a call costs its "
+                                         "new tokens, not its context (0: read them back from storage each time).")
     min_completed: int = setting(1, min=1, help="A group with fewer completed sessions becomes a FAILED entry.")
     keep_consumed: int | None = setting(None, min=0, help="Keep the records of at most this many consumed entries "
                                                           "[default: all].")

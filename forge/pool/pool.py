@@ -16,6 +16,7 @@ from typing import Any
 from forge.pool import fifo, sessions
 from forge.pool.config import PoolConfig
 from forge.pool.errors import PoolClosedError, PoolError
+from forge.pool.last_calls import LastCalls
 from forge.pool.layout import EntryState, PoolState
 from forge.pool.store import Store, Txn, open_store
 from forge.pool.writer import GroupCommitWriter
@@ -116,6 +117,7 @@ class Pool(PoolReader):
         store.has_writer = True
         super().__init__(path, _store=store)
         self.writer = GroupCommitWriter(store, self.config.max_batch)
+        self.last_calls = LastCalls(self.config.last_calls_bytes)     # the writer thread's alone
         self._stop = threading.Event()
         self._housekeeper: threading.Thread | None = None
         if self.config.session_timeout_s is not None or not self.config.retains_everything:
@@ -144,7 +146,8 @@ class Pool(PoolReader):
         """Queue a call; the future gives its index once it is durably committed (or the error)."""
         now = time.time()
         prepared = sessions.prepare_call(record, now)
-        return self.writer.submit(lambda tx, st: sessions.append_call(tx, st, prepared, now), "append")
+        last = self.last_calls
+        return self.writer.submit(lambda tx, st: sessions.append_call(tx, st, prepared, now, last), "append")
 
     def append_call(self, record: pool_pb2.CallRecord) -> int:
         """Record one call (its index must be the session's next, or negative for "the next") and return its index
@@ -164,13 +167,15 @@ class Pool(PoolReader):
         """Queue a session's closing; the future gives its record once durably committed (or the error)."""
         checked = sessions.prepare_close(request if request is not None else pool_pb2.CloseSessionRequest(**fields))
         now, least = time.time(), self.config.min_completed
-        return self.writer.submit(lambda tx, st: sessions.close_session(tx, st, checked, least, now), "close")
+        last = self.last_calls
+        return self.writer.submit(lambda tx, st: sessions.close_session(tx, st, checked, least, now, last), "close")
 
     def expire_sessions(self, older_than_s: float) -> list[str]:
         """Close as failed ("timeout") the open sessions idle longer than ``older_than_s`` seconds; also settle
         groups that never filled up. Returns the expired session ids."""
         now, least = time.time(), self.config.min_completed
-        expired = self._write("expire", lambda tx, st: sessions.expire(tx, st, older_than_s, least, now))
+        last = self.last_calls
+        expired = self._write("expire", lambda tx, st: sessions.expire(tx, st, older_than_s, least, now, last))
         if expired:
             log.info("expired %d idle sessions", len(expired))
         return expired

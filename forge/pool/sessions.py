@@ -13,8 +13,9 @@ from forge import expert_routing
 from forge.pool import layout
 from forge.pool.errors import ConflictError, InvalidRequestError, NotFoundError
 from forge.pool.fifo import STATUS_NAMES, new_entry, settle
+from forge.pool.last_calls import LastCalls
 from forge.pool.layout import COMPLETED, PENDING, PoolState
-from forge.pool.shared_prompts import StoredIds, ids_of, shared_with_previous
+from forge.pool.shared_prompts import StoredIds, begins_with, ids_of, shared_with_previous
 from forge.pool.store import Txn
 from forge.v1 import pool_pb2
 
@@ -61,6 +62,7 @@ class PreparedCall:
     index: int              # < 0: the next index of the session
     payload: bytes          # the serialised CallRecord but its prompt ids
     prompt: np.ndarray      # its prompt ids, int32 (stored after those it shares with the previous call)
+    completion: np.ndarray  # its completion ids, int32
 
 
 def check_call(record: pool_pb2.CallRecord) -> None:
@@ -107,12 +109,27 @@ def _check_routing(record: pool_pb2.CallRecord) -> None:
 def prepare_call(record: pool_pb2.CallRecord, now: float) -> PreparedCall:
     """Check a call on its own and serialise it; the session is checked by the writer."""
     check_call(record)
-    rest = pool_pb2.CallRecord()
-    rest.CopyFrom(record)
-    rest.ClearField("prompt_ids")
+    rest = _without_prompt(record)
     if not rest.created_at:
         rest.created_at = now
-    return PreparedCall(record.session_id, record.index, rest.SerializeToString(), ids_of(record.prompt_ids))
+    return PreparedCall(record.session_id, record.index, rest.SerializeToString(), ids_of(record.prompt_ids),
+                        ids_of(record.completion_ids))
+
+
+def _without_prompt(record: pool_pb2.CallRecord) -> pool_pb2.CallRecord:
+    """A copy of the record but its prompt ids, made field by field: copying the whole record and clearing them would
+    copy the whole context, one protobuf value at a time."""
+    rest = pool_pb2.CallRecord()
+    for field, value in record.ListFields():
+        if field.name == "prompt_ids":
+            continue
+        if field.is_repeated:
+            getattr(rest, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(rest, field.name).CopyFrom(value)
+        else:
+            setattr(rest, field.name, value)
+    return rest
 
 
 def prepare_close(request: pool_pb2.CloseSessionRequest) -> pool_pb2.CloseSessionRequest:
@@ -163,15 +180,26 @@ def _open_session(tx: Txn, session_id: str, action: str) -> pool_pb2.SessionReco
     return session
 
 
-def append_call(tx: Txn, state: PoolState, call: PreparedCall, now: float) -> int:
+def append_call(tx: Txn, state: PoolState, call: PreparedCall, now: float, last_calls: LastCalls | None = None
+                ) -> int:
+    """Record the call; ``last_calls``: the writer's memory of sessions' last calls, read and (after the commit)
+    updated."""
     session = _open_session(tx, call.session_id, "append calls")
     expected = session.num_calls
     index = expected if call.index < 0 else call.index
     if index != expected:
         kind = "already recorded" if index < expected else "out of order"
         raise ConflictError(f"call {index} of session {call.session_id!r} is {kind}: the next index is {expected}")
-    shared = shared_with_previous(call.prompt, index, lambda k: StoredIds.of(pool_pb2.CallRecord.FromString(
-        tx.get("calls", layout.call_key(call.session_id, k)) or b"")))
+    position = session.queue_position
+    previous = None if last_calls is None or index == 0 else last_calls.get(call.session_id, position, index - 1)
+    if previous is not None:
+        shared = begins_with(call.prompt, previous)
+    else:
+        shared = shared_with_previous(call.prompt, index, lambda k: StoredIds.of(pool_pb2.CallRecord.FromString(
+            tx.get("calls", layout.call_key(call.session_id, k)) or b"")))
+    if last_calls is not None:
+        whole = np.concatenate((call.prompt, call.completion))
+        tx.on_commit.append(lambda: last_calls.put(call.session_id, position, index, whole))
     if shared:
         state.version = max(state.version, layout.FORMAT_VERSION)     # a Forge that cannot read it refuses the pool
     ids = pool_pb2.CallRecord(index=index, prompt_ids=call.prompt[shared:].tolist(), prompt_shared=shared)
@@ -201,8 +229,10 @@ def add_process_reward(tx: Txn, state: PoolState, reward: pool_pb2.ProcessReward
 
 
 def close_session(tx: Txn, state: PoolState, request: pool_pb2.CloseSessionRequest, min_completed: int,
-                  now: float) -> pool_pb2.SessionRecord:
+                  now: float, last_calls: LastCalls | None = None) -> pool_pb2.SessionRecord:
     session = _open_session(tx, request.session_id, "close it again")
+    if last_calls is not None:
+        tx.on_commit.append(lambda: last_calls.forget(request.session_id))
     session.status = pool_pb2.SESSION_STATUS_FAILED if request.failed else pool_pb2.SESSION_STATUS_COMPLETED
     session.failure_reason = request.failure_reason if request.failed else ""
     session.outcome_rewards.update(request.outcome_rewards)
@@ -219,7 +249,8 @@ def close_session(tx: Txn, state: PoolState, request: pool_pb2.CloseSessionReque
     return session
 
 
-def expire(tx: Txn, state: PoolState, idle_s: float, min_completed: int, now: float) -> list[str]:
+def expire(tx: Txn, state: PoolState, idle_s: float, min_completed: int, now: float,
+           last_calls: LastCalls | None = None) -> list[str]:
     """Close as failed ("timeout") every open session idle for longer than ``idle_s``; settle every group that never
     filled up (fewer than G sessions opened, all closed, idle as long) with the sessions it has."""
     if not idle_s >= 0:
@@ -228,7 +259,8 @@ def expire(tx: Txn, state: PoolState, idle_s: float, min_completed: int, now: fl
     idle = [key.decode() for key, value in tx.cursor("open") if layout.unpack_time(value) < cutoff]
     for session_id in idle:
         close_session(tx, state, pool_pb2.CloseSessionRequest(session_id=session_id, failed=True,
-                                                              failure_reason="timeout"), min_completed, now)
+                                                              failure_reason="timeout"), min_completed, now,
+                      last_calls)
     stale = [layout.position_of(key) for key, _ in tx.cursor("pending")]
     for position in stale:
         entry = tx.entry(position)

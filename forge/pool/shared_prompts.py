@@ -3,11 +3,12 @@ prompt and completion ids, as a multi-turn session's prompts do) stores only the
 ``CallRecord.prompt_shared``, so recording a call costs its new tokens, not its context. Readers are given whole
 prompts; a call whose prompt does not begin so (an agent that rewrote its history) is stored whole.
 
-The writer checks the new prompt against the previous call's ids without building them: it walks the session's
-stored calls back from the last, comparing each one's own ids with the matching stretch of the prompt, so an append
-that shares reads and compares O(context) ids once, whatever the number of calls, and one that does not stops at the
-first difference, most often within the last call. Ids are held as numpy arrays: protobuf hands a repeated field
-to numpy at C speed, where building an ``array`` or a list from it costs a Python step an id."""
+The writer checks the new prompt against the previous call's ids. It keeps each open session's last call ids in
+memory (``forge.pool.last_calls``), so most appends compare with them alone, at C speed. Otherwise it walks the
+session's stored calls back from the last without building the whole ids, comparing each call's own ids with the
+matching stretch of the prompt: an append that shares reads and compares O(context) ids once, and one that does not
+stops at the first difference, most often within the last call. Ids are held as numpy arrays: protobuf hands a
+repeated field to numpy at C speed, where building an ``array`` or a list from it costs a Python step an id."""
 
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ class StoredIds:
 def ids_of(values: Iterable[int]) -> np.ndarray:
     """Token ids (a protobuf repeated field, a list) as an int32 array."""
     return np.asarray(values, dtype=np.int32)
+
+
+def begins_with(prompt: np.ndarray, previous: np.ndarray) -> int:
+    """``len(previous)`` if ``prompt`` begins with all of ``previous`` (the previous call's whole ids), else 0."""
+    n = len(previous)
+    return n if len(prompt) >= n and np.array_equal(prompt[:n], previous) else 0
 
 
 def shared_with_previous(prompt: np.ndarray, index: int, stored_call: Callable[[int], StoredIds]) -> int:

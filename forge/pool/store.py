@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +79,13 @@ def lmdb_failure(exc: lmdb.Error, what: str) -> PoolError:
 
 
 class Txn:
-    """A transaction with the pool's databases: typed reads for both kinds, writes for write transactions."""
+    """A transaction with the pool's databases: typed reads for both kinds, writes for write transactions.
+    ``on_commit``: what a write asks to be done once its changes are durably committed (the writer runs it)."""
 
     def __init__(self, txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> None:
         self.txn = txn
         self.dbs = dbs
+        self.on_commit: list[Callable[[], None]] = []
 
     def get(self, db: str, key: bytes) -> bytes | None:
         return self.txn.get(key, db=self.dbs[db])

@@ -1,6 +1,7 @@
 """Group commit: one writer thread drains the queue of pending write requests, applies them in one LMDB
 transaction (each in a nested transaction, so a refused request changes nothing), commits durably, and only then
-resolves their futures. A full map is grown and the batch replayed."""
+runs what the applied requests asked to follow their commit (``Txn.on_commit``) and resolves their futures. A full
+map is grown and the batch replayed."""
 
 from __future__ import annotations
 
@@ -176,8 +177,9 @@ class GroupCommitWriter:
             for request in batch:
                 trial = dataclasses.replace(state)
                 child = env.begin(write=True, parent=txn)
+                child_tx = Txn(child, self.store.dbs)
                 try:
-                    value = request.apply(Txn(child, self.store.dbs), trial)
+                    value = request.apply(child_tx, trial)
                 except lmdb.Error:
                     child.abort()
                     raise
@@ -191,11 +193,17 @@ class GroupCommitWriter:
                     outcomes.append((False, PoolError(f"internal error in {request.kind}: {exc}")))
                     continue
                 child.commit()
+                tx.on_commit.extend(child_tx.on_commit)
                 state = trial
                 outcomes.append((True, value))
             tx.put_state(state)
             txn.commit()
             txn = None
+            for action in tx.on_commit:
+                try:
+                    action()
+                except Exception:      # the batch is committed: its requests succeeded whatever happens here
+                    log.exception("an action after a pool commit failed")
             return outcomes
         finally:
             if txn is not None:

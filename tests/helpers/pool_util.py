@@ -1,4 +1,5 @@
-"""Shared by the pool tests and their helper processes: deterministic call records, a dump of a whole pool, and a
+"""Shared by the pool tests and their helper processes: deterministic call records, sessions whose prompts extend or
+rewrite their history and the form the pool stores them in, a dump of a whole pool, and a
 small pool as ``forge pool``'s commands find it."""
 
 from __future__ import annotations
@@ -26,6 +27,30 @@ def make_call(session_id: str, index: int, prompt_len: int = 16, completion_len:
         weight_versions=[index] * completion_len, actor=f"actor-{seed % 4}",
         timing=common_pb2.Timing(total_s=rng.random()), finish_reason=common_pb2.FINISH_REASON_STOP,
         sampling=common_pb2.SamplingParams(temperature=1.0), created_at=1.0 + index)
+
+
+def varied_session_calls(rng: random.Random, session_id: str, count: int) -> list[pool_pb2.CallRecord]:
+    """Calls of one session: most extend the previous call's ids, some repeat them exactly, some rewrite history."""
+    calls: list[pool_pb2.CallRecord] = []
+    for index in range(count):
+        call = make_call(session_id, index, prompt_len=rng.randrange(1, 12), completion_len=rng.randrange(0, 6))
+        if calls:
+            before = [*calls[-1].prompt_ids, *calls[-1].completion_ids]
+            kind = rng.choice(["extend", "extend", "extend", "repeat", "rewrite", "cut"])
+            prompt = {"extend": [*before, *call.prompt_ids], "repeat": before,
+                      "rewrite": [*before[:-1], before[-1] + 1, *call.prompt_ids],
+                      "cut": before[:max(1, len(before) // 2)]}[kind]
+            del call.prompt_ids[:]
+            call.prompt_ids.extend(prompt)
+        calls.append(call)
+    return calls
+
+
+def stored_prompts(pool, session_id: str) -> list[tuple[int, int]]:
+    """(prompt_shared, stored prompt ids) of each of a session's calls as the pool holds them."""
+    with pool.store.read() as tx:
+        return [(c.prompt_shared, len(c.prompt_ids)) for c in
+                (pool_pb2.CallRecord.FromString(data) for _, data in tx.call_items(session_id))]
 
 
 def same_call(stored: pool_pb2.CallRecord, expected: pool_pb2.CallRecord) -> bool:

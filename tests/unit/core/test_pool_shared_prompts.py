@@ -14,33 +14,8 @@ from hypothesis import strategies as st
 
 from forge.pool import InvalidRequestError, Pool, PoolReader
 from forge.pool.shared_prompts import StoredIds, shared_with_previous
-from forge.v1 import pool_pb2
 
-from helpers.pool_util import make_call, same_call
-
-
-def session_calls(rng: random.Random, session_id: str, count: int) -> list[pool_pb2.CallRecord]:
-    """Calls of one session: most extend the previous call's ids, some repeat them exactly, some rewrite history."""
-    calls: list[pool_pb2.CallRecord] = []
-    for index in range(count):
-        call = make_call(session_id, index, prompt_len=rng.randrange(1, 12), completion_len=rng.randrange(0, 6))
-        if calls:
-            before = [*calls[-1].prompt_ids, *calls[-1].completion_ids]
-            kind = rng.choice(["extend", "extend", "extend", "repeat", "rewrite", "cut"])
-            prompt = {"extend": [*before, *call.prompt_ids], "repeat": before,
-                      "rewrite": [*before[:-1], before[-1] + 1, *call.prompt_ids],
-                      "cut": before[:max(1, len(before) // 2)]}[kind]
-            del call.prompt_ids[:]
-            call.prompt_ids.extend(prompt)
-        calls.append(call)
-    return calls
-
-
-def stored_prompts(pool, session_id: str) -> list[tuple[int, int]]:
-    """(prompt_shared, stored prompt ids) of each of a session's calls as the pool holds them."""
-    with pool.store.read() as tx:
-        return [(c.prompt_shared, len(c.prompt_ids)) for c in
-                (pool_pb2.CallRecord.FromString(data) for _, data in tx.call_items(session_id))]
+from helpers.pool_util import make_call, same_call, stored_prompts, varied_session_calls
 
 
 @settings(max_examples=40, deadline=None)
@@ -48,7 +23,7 @@ def stored_prompts(pool, session_id: str) -> list[tuple[int, int]]:
 def test_the_shared_count_is_what_a_naive_comparison_finds(seed):
     """``shared_with_previous`` on the stored chain equals comparing the prompt with the previous call's whole ids."""
     rng = random.Random(seed)
-    calls = session_calls(rng, "s", rng.randrange(1, 8))
+    calls = varied_session_calls(rng, "s", rng.randrange(1, 8))
     chain, whole_before = [], None
     for call in calls:
         prompt = array("i", call.prompt_ids)
@@ -62,7 +37,7 @@ def test_the_shared_count_is_what_a_naive_comparison_finds(seed):
 
 def test_readers_get_whole_prompts_and_the_pool_stores_new_ids(tmp_path):
     rng = random.Random(7)
-    sessions = {f"s{k}": session_calls(rng, f"s{k}", 12) for k in range(6)}
+    sessions = {f"s{k}": varied_session_calls(rng, f"s{k}", 12) for k in range(6)}
     with Pool(tmp_path / "pool") as pool:
         for sid, calls in sessions.items():
             pool.open_session(session_id=sid, group_id="g", group_size=len(sessions))
@@ -139,3 +114,22 @@ def test_a_pool_with_shared_prompts_says_so_in_its_format(tmp_path):
         second.prompt_ids[:0] = [*first.prompt_ids, *first.completion_ids]
         pool.append_call(second)
         assert pool.state().version == 2
+
+
+def test_a_prepared_call_holds_every_field_but_its_prompt():
+    """The stored payload is the record without its prompt ids, every other field kept (copied field by field)."""
+    from forge.pool.sessions import _without_prompt, prepare_call
+    from forge.v1 import common_pb2, pool_pb2
+
+    record = make_call("s", 2)
+    record.process_rewards.extend([0.25, -1.0])
+    record.adapter = "run-a"
+    expected = pool_pb2.CallRecord()
+    expected.CopyFrom(record)
+    expected.ClearField("prompt_ids")
+    prepared = prepare_call(record, now=5.0)
+    assert prepared.payload == expected.SerializeToString()
+    assert list(prepared.prompt) == list(record.prompt_ids) and list(prepared.completion) == list(record.completion_ids)
+    record.routed_experts.CopyFrom(common_pb2.ExpertRouting(layers=2, top_k=1, num_experts=4, ids=bytes(range(8))))
+    expected.routed_experts.CopyFrom(record.routed_experts)
+    assert _without_prompt(record) == expected
