@@ -11,6 +11,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from forge import expert_routing
 from forge.gateway.actor_calls import ActorCall
 from forge.gateway.actors import ActorSet
@@ -267,20 +269,25 @@ class CallRunner:
                 prompt_ids=build.ids, completion_ids=out.token_ids, all_logprobs=out.logprobs,
                 all_top_logprobs=out.top_logprobs, all_weight_versions=out.versions, tito=build.kind)
 
-    async def generate(self, state: SessionState, prompt_ids: Sequence[int], sampling: common_pb2.SamplingParams
-                       ) -> AsyncIterator[tuple[actor_pb2.GenerateChunk, int | None]]:
-        """Token-level generation recorded as a call: the actor's chunks, the last one with the call's index."""
+    async def generate(self, state: SessionState, prompt_ids: Sequence[int], sampling: common_pb2.SamplingParams,
+                       whole: bool = False) -> AsyncIterator[tuple[actor_pb2.GenerateChunk, int | None]]:
+        """Token-level generation recorded as a call: the actor's chunks, the last one with the call's index;
+        ``whole``: the actor sends the first token, then the rest in one chunk."""
         if not prompt_ids:
             raise BadRequest("prompt_ids is empty", "prompt_ids")
-        self.check_prompt(prompt_ids)           # by its length, before the ids are copied and scanned
-        prompt = list(prompt_ids)
-        bad = [t for t in prompt if not 0 <= t < self.model.vocab_size]
-        if bad:
-            raise BadRequest(f"prompt ids outside the vocabulary [0, {self.model.vocab_size}): {bad[:5]}",
+        self.check_prompt(prompt_ids)           # by its length, before the ids are scanned
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        bad = ids[(ids < 0) | (ids >= self.model.vocab_size)]
+        if bad.size:
+            raise BadRequest(f"prompt ids outside the vocabulary [0, {self.model.vocab_size}): {bad[:5].tolist()}",
                              "prompt_ids")
+        # Kept as given: a request's protobuf field goes into the actor's request and the pool's record whole, at C
+        # speed, where a list of it would cost a Python object an id.
+        prompt = prompt_ids
         started, t0 = time.time(), time.monotonic()
         actor_call = ActorCall(self.actors, RouteRequest(state.session_id, prompt, sampling.max_tokens,
-                                                         state.group_id), sampling)
+                                                         state.group_id), sampling,
+                               stream_interval=WHOLE_ANSWER if whole else 0)
         out = Completion(t0)
         with self._running(state):
             async with contextlib.aclosing(actor_call.chunks()) as chunks:

@@ -196,16 +196,16 @@ class Gateway:
         except GatewayError as exc:
             log.warning("could not close the one-call session %s: %s", session_id, exc.message)
 
-    async def generate(self, session_id: str | None, prompt_ids: Sequence[int], sampling: common_pb2.SamplingParams
-                       ) -> CallStream[tuple[actor_pb2.GenerateChunk, int | None]]:
+    async def generate(self, session_id: str | None, prompt_ids: Sequence[int], sampling: common_pb2.SamplingParams,
+                       whole: bool = False) -> CallStream[tuple[actor_pb2.GenerateChunk, int | None]]:
         """Token-level generation in an existing session, recorded as a call: the actor's chunks, the last with
-        the call's index."""
+        the call's index; ``whole``: the first token, then the rest in one chunk."""
         session = _required(session_id)
         checked = await self.work.run(sampling.ByteSize(), check_sampling, sampling, self.model.vocab_size,
                                       self.model.context_length)
         await self.grammars.check(checked, "grammar")
         state = await self.sessions.resolve(session)
-        return CallStream(state.session_id, self.runner.generate(state, prompt_ids, checked))
+        return CallStream(state.session_id, self.runner.generate(state, prompt_ids, checked, whole))
 
     async def start_session(self, request: pool_pb2.OpenSessionRequest, issue_key: bool
                             ) -> tuple[pool_pb2.SessionRecord, str | None, str]:

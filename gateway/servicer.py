@@ -151,7 +151,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     @_streaming
     async def Generate(self, request, context):
         session_id = self._session_id(context, Operation.GENERATE, request.session_id)
-        stream = await self.gateway.generate(session_id, request.prompt_ids, request.sampling)
+        stream = await self.gateway.generate(session_id, request.prompt_ids, request.sampling, whole=request.whole)
         async for chunk, index in stream.events:
             if index is not None:
                 context.set_trailing_metadata(((CALL_INDEX_KEY, str(index)),))

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 
 from forge.gateway.routing.base import ActorEndpoint, ActorView, NoActorAvailable, Router, RouteRequest, candidates
 from forge.gateway.routing.fleet import ActorModel, L3Model, Layout, Pending, Sample
@@ -234,7 +235,7 @@ class KVRouter(Router):
     def _chain(self, request: RouteRequest, layout: Layout) -> list[bytes]:
         """The prompt's reusable blocks' hashes (``forge.gateway.routing.fleet.prompt_hashes``); a session's next
         prompt extends its last one, so only the new blocks are hashed."""
-        ids, size = array("i", request.prompt_ids), layout.block_size
+        ids, size = array("i", np.asarray(request.prompt_ids, dtype=np.int32).tobytes()), layout.block_size
         full = (len(ids) - 1) // size
         hashes: list[bytes] = []
         known = self._chains.get(request.session_id) if request.session_id else None

@@ -104,7 +104,9 @@ def test_grpc_errors_are_statuses_with_messages(gateway):
             (stub.Chat, gateway_pb2.ChatRequest(session_id=session_id, messages=[user("1 " * 2100)]),
              grpc.StatusCode.INVALID_ARGUMENT, "context"),
             (stub.Generate, gateway_pb2.SessionGenerateRequest(session_id=session_id, prompt_ids=[5, 99999]),
-             grpc.StatusCode.INVALID_ARGUMENT, "vocabulary"),
+             grpc.StatusCode.INVALID_ARGUMENT, "vocabulary [0, 1024): [99999]"),
+            (stub.Generate, gateway_pb2.SessionGenerateRequest(session_id=session_id, prompt_ids=[-1, 5, -2]),
+             grpc.StatusCode.INVALID_ARGUMENT, "vocabulary [0, 1024): [-1, -2]"),
             (stub.Generate, gateway_pb2.SessionGenerateRequest(session_id=session_id),
              grpc.StatusCode.INVALID_ARGUMENT, "empty"),
             (stub.AddReward, gateway_pb2.AddRewardRequest(session_id=session_id, call_index=3, reward=1),
@@ -201,6 +203,29 @@ def test_a_whole_chat_is_one_chunk_equal_to_the_streamed_call(gateway):
         [call] = reader.get_session(whole_session).calls
     assert list(call.completion_ids) == list(whole.token_ids) and list(call.logprobs) == list(whole.logprobs)
     assert list(call.weight_versions) == list(whole.weight_versions)
+
+
+def test_a_whole_generate_is_the_first_token_then_the_rest(gateway):
+    """Generate with ``whole``: two chunks (the first token, then every other), adding up to the streamed call with
+    the same seed, and recorded as it was."""
+    prompt = TOK.encode("<|im_start|>user\nCount: 1 2 3")
+    with grpc.insecure_channel(gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        answers = []
+        for whole in (False, True):
+            session_id = stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30).session.session_id
+            sampling = common_pb2.SamplingParams(temperature=1.0, seed=5, max_tokens=12, ignore_eos=True)
+            chunks = list(stub.Generate(gateway_pb2.SessionGenerateRequest(
+                session_id=session_id, prompt_ids=prompt, sampling=sampling, whole=whole), timeout=60))
+            answers.append((session_id, chunks))
+    (_, streamed), (whole_session, whole) = answers
+    assert len(streamed) > 2 and [len(c.token_ids) for c in whole] == [1, 11]
+    assert [t for c in whole for t in c.token_ids] == [t for c in streamed for t in c.token_ids]
+    assert [v for c in whole for v in c.logprobs] == pytest.approx([v for c in streamed for v in c.logprobs],
+                                                                   abs=1e-6)
+    with PoolReader(gateway.pool_path) as reader:
+        [call] = reader.get_session(whole_session).calls
+    assert list(call.prompt_ids) == prompt and list(call.completion_ids) == [t for c in whole for t in c.token_ids]
 
 
 def test_global_and_per_session_keys_on_both_front_ends(tiny_actor, tmp_path):
