@@ -13,6 +13,8 @@ session stays open, idle). --clients processes hold the sessions between them (`
 - messages: Anthropic Messages over HTTP, at /s/<session>/v1;
 - grpc:     the gateway's gRPC Chat answering each call whole (a white-box agent; ``ChatRequest.whole``);
 - grpc-stream: the same, streamed token by token;
+- generate: the gateway's gRPC Generate with the prompt ids the client built as direct's are built, answered whole
+            (``SessionGenerateRequest.whole``): a white-box agent that manages its own context, token in, token out;
 - litellm:  chat's calls sent to a LiteLLM proxy (``bench/litellm_proxy.py``, the proxy teams put in front of vLLM
             to log calls) at /v1, which forwards them to the gateway with the session in X-Forge-Session-Id; the
             peer baseline. It needs LiteLLM's own environment (``.venv-litellm``, see that module) and one gateway.
@@ -58,7 +60,7 @@ from procfs import children, cpu_s, memory_kib
 from forge.launch import ServiceProcess
 from forge.pool.pool import PoolReader
 
-PATHS = ("direct", "chat", "messages", "grpc", "grpc-stream", "litellm")
+PATHS = ("direct", "chat", "messages", "grpc", "grpc-stream", "generate", "litellm")
 BYTES_PER_TOKEN = 8            # an int32 id and a float32 log-prob
 # Memory a session holds is read from the last repeat: the first leaves the allocator at the high-water mark of that
 # many calls in flight at once, which a later repeat of the same load reuses instead of growing.
@@ -132,6 +134,7 @@ class System:
                 "messages": [g.info["http_address"] for g in self.gateways],
                 "grpc": [g.info["grpc_address"] for g in self.gateways],
                 "grpc-stream": [g.info["grpc_address"] for g in self.gateways],
+                "generate": [g.info["grpc_address"] for g in self.gateways],
                 "litellm": [self.proxy.url] if self.proxy else []}
 
     def stage_totals(self) -> dict[str, list[float]]:

@@ -1,8 +1,9 @@
-"""The load harness's agents: client processes that hold multi-turn sessions open on one path (direct to the actor,
-chat, Messages or gRPC through a gateway, or chat through a LiteLLM proxy) and count what they see. Each session
-opens with a user turn of about ``Load.prompt_tokens`` tokens, begun with words naming the measurement's run (so no
-path is served from the prefix cache another path filled), and after each call adds the reply and a new user turn.
-``bench/gateway_load.py`` and ``bench/gateway_soak.py`` run them in processes of their own (``run_client``)."""
+"""The load harness's agents: client processes that hold multi-turn sessions open on one path (direct to the actor;
+chat, Messages, gRPC chat or token-level Generate through a gateway; or chat through a LiteLLM proxy) and count what
+they see. Each session opens with a user turn of about ``Load.prompt_tokens`` tokens, begun with words naming the
+measurement's run (so no path is served from the prefix cache another path filled), and after each call adds the
+reply and a new user turn. ``bench/gateway_load.py`` and ``bench/gateway_soak.py`` run them in processes of their
+own (``run_client``)."""
 
 from __future__ import annotations
 
@@ -151,10 +152,15 @@ async def _session_grpc(stub, s: int, load: Load, outcome: Outcome, whole: bool)
         await stub.EndSession(gateway_pb2.EndSessionRequest(session_id=sid, outcome_rewards={"load": 1.0}))
 
 
-async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome) -> None:
+async def _session_tokens(stub, tokenizer, s: int, load: Load, outcome: Outcome, through_gateway: bool) -> None:
+    """A session whose client builds its prompt ids itself (as the gateway builds them: the earlier calls' ids
+    reused) and sends them to the actor's Generate (direct) or to the gateway's (a white-box agent), answered whole."""
     from forge.gateway.tito import CallHistory
-    from forge.v1 import actor_pb2, common_pb2
+    from forge.v1 import actor_pb2, common_pb2, gateway_pb2
 
+    sid = ""
+    if through_gateway:
+        sid = (await stub.StartSession(gateway_pb2.StartSessionRequest(task_id="load"))).session.session_id
     messages = [{"role": "user", "content": opening(s, load.prompt_tokens, load.run)}]
     history = CallHistory()
     context = 0
@@ -164,7 +170,11 @@ async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome)
         prompt = history.build(tokenizer, text, has_history=c > 0).ids
         started = time.perf_counter()
         ids: list[int] = []
-        request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling, stream_interval=WHOLE_ANSWER)
+        if through_gateway:
+            request = gateway_pb2.SessionGenerateRequest(session_id=sid, prompt_ids=prompt, sampling=sampling,
+                                                         whole=True)
+        else:
+            request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling, stream_interval=WHOLE_ANSWER)
         async for chunk in stub.Generate(request):
             ids += chunk.token_ids
         outcome.answered(started)
@@ -174,6 +184,8 @@ async def _session_direct(stub, tokenizer, s: int, load: Load, outcome: Outcome)
                      {"role": "user", "content": f"Turn {c}: go on."}]
         if load.think_s:
             await asyncio.sleep(load.think_s)
+    if through_gateway and load.end_sessions:
+        await stub.EndSession(gateway_pb2.EndSessionRequest(session_id=sid, outcome_rewards={"load": 1.0}))
 
 
 async def _client(load: Load) -> Outcome:
@@ -219,9 +231,12 @@ async def _client(load: Load) -> Outcome:
                                                                             whole), s) for s in sessions))
             else:
                 tokenizer = Tokenizer.from_dir(TINY_DIR)
-                stubs = [actor_pb2_grpc.ActorStub(c) for c in channels]
-                await asyncio.gather(*(guarded(lambda s, sid: _session_direct(stubs[s % len(stubs)], tokenizer, s,
-                                                                              load, outcome), s) for s in sessions))
+                through_gateway = load.path == "generate"
+                stubs = [(gateway_pb2_grpc.GatewayStub if through_gateway else actor_pb2_grpc.ActorStub)(c)
+                         for c in channels]
+                await asyncio.gather(*(guarded(lambda s, sid: _session_tokens(stubs[s % len(stubs)], tokenizer, s,
+                                                                              load, outcome, through_gateway), s)
+                                       for s in sessions))
         finally:
             for channel in channels:
                 await channel.close()

@@ -26,7 +26,7 @@ def load(*arguments: str) -> dict:
     return json.loads(done.stdout)["results"][str(SESSIONS)]
 
 
-@pytest.mark.parametrize(("gateways", "paths"), [(1, ("direct", "chat", "messages", "grpc", "grpc-stream")),
+@pytest.mark.parametrize(("gateways", "paths"), [(1, ("direct", "chat", "messages", "grpc", "grpc-stream", "generate")),
                                                  (2, ("chat", "grpc"))])
 def test_every_call_is_answered_and_recorded_once(gateways, paths):
     results = load("--gateways", str(gateways), "--paths", *paths)
