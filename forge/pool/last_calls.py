@@ -21,11 +21,16 @@ DEFAULT_BYTES = 64 << 20
 
 @dataclass(frozen=True)
 class LastCall:
-    """Which call the ids are of, and the ids."""
+    """Which call the ids are of, and its prompt's and completion's ids (whole: its prompt includes what it shares)."""
 
     queue_position: int
     index: int
-    ids: np.ndarray
+    prompt: np.ndarray
+    completion: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.prompt.nbytes + self.completion.nbytes
 
 
 class LastCalls:
@@ -39,25 +44,25 @@ class LastCalls:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def get(self, session_id: str, queue_position: int, index: int) -> np.ndarray | None:
-        """The whole ids of call ``index`` of the session at ``queue_position``, if remembered."""
+    def get(self, session_id: str, queue_position: int, index: int) -> LastCall | None:
+        """Call ``index`` of the session at ``queue_position``, if remembered."""
         last = self._calls.get(session_id)
         if last is None or last.index != index or last.queue_position != queue_position:
             return None
-        return last.ids
+        return last
 
-    def put(self, session_id: str, queue_position: int, index: int, ids: np.ndarray) -> None:
-        """Remember the session's call ``index`` (committed) in place of its earlier one."""
+    def put(self, session_id: str, last: LastCall) -> None:
+        """Remember the session's call (committed) in place of its earlier one."""
         self.forget(session_id)
-        if ids.nbytes > self.max_bytes:
+        if last.nbytes > self.max_bytes:
             return
-        self._calls[session_id] = LastCall(queue_position, index, ids)
-        self.bytes += ids.nbytes
+        self._calls[session_id] = last
+        self.bytes += last.nbytes
         while self.bytes > self.max_bytes:
             _, oldest = self._calls.popitem(last=False)
-            self.bytes -= oldest.ids.nbytes
+            self.bytes -= oldest.nbytes
 
     def forget(self, session_id: str) -> None:
         last = self._calls.pop(session_id, None)
         if last is not None:
-            self.bytes -= last.ids.nbytes
+            self.bytes -= last.nbytes

@@ -13,7 +13,7 @@ from forge import expert_routing
 from forge.pool import layout
 from forge.pool.errors import ConflictError, InvalidRequestError, NotFoundError
 from forge.pool.fifo import STATUS_NAMES, new_entry, settle
-from forge.pool.last_calls import LastCalls
+from forge.pool.last_calls import LastCall, LastCalls
 from forge.pool.layout import COMPLETED, PENDING, PoolState
 from forge.pool.shared_prompts import StoredIds, begins_with, ids_of, shared_with_previous
 from forge.pool.store import Txn
@@ -65,9 +65,10 @@ class PreparedCall:
     completion: np.ndarray  # its completion ids, int32
 
 
-def check_call(record: pool_pb2.CallRecord) -> None:
+def check_call(record: pool_pb2.CallRecord, prompt: np.ndarray | None = None) -> None:
     """Check a call on its own (lengths, ids, numbers); InvalidRequestError says what is wrong. A gateway checks
-    before it opens a call's session, so that a call the pool would refuse leaves no empty session behind."""
+    before it opens a call's session, so that a call the pool would refuse leaves no empty session behind.
+    ``prompt``: its prompt ids as an array, where the caller has them."""
     check_id(record.session_id, "session_id")
     n = len(record.completion_ids)
     if len(record.logprobs) != n:
@@ -79,8 +80,8 @@ def check_call(record: pool_pb2.CallRecord) -> None:
         raise InvalidRequestError("prompt_ids is empty")
     if record.prompt_shared:
         raise InvalidRequestError("prompt_shared is the pool's own (how it stores a prompt): send whole prompt_ids")
-    if np.asarray(record.prompt_ids, dtype=np.int64).min() < 0 or (n and np.asarray(
-            record.completion_ids, dtype=np.int64).min() < 0):
+    if (ids_of(record.prompt_ids) if prompt is None else prompt).min() < 0 or (
+            n and ids_of(record.completion_ids).min() < 0):
         raise InvalidRequestError("token ids must be >= 0")
     if n:
         logprobs = np.asarray(record.logprobs, dtype=np.float64)
@@ -108,11 +109,12 @@ def _check_routing(record: pool_pb2.CallRecord) -> None:
 
 def prepare_call(record: pool_pb2.CallRecord, now: float) -> PreparedCall:
     """Check a call on its own and serialise it; the session is checked by the writer."""
-    check_call(record)
+    prompt = ids_of(record.prompt_ids)
+    check_call(record, prompt)
     rest = _without_prompt(record)
     if not rest.created_at:
         rest.created_at = now
-    return PreparedCall(record.session_id, record.index, rest.SerializeToString(), ids_of(record.prompt_ids),
+    return PreparedCall(record.session_id, record.index, rest.SerializeToString(), prompt,
                         ids_of(record.completion_ids))
 
 
@@ -193,13 +195,13 @@ def append_call(tx: Txn, state: PoolState, call: PreparedCall, now: float, last_
     position = session.queue_position
     previous = None if last_calls is None or index == 0 else last_calls.get(call.session_id, position, index - 1)
     if previous is not None:
-        shared = begins_with(call.prompt, previous)
+        shared = begins_with(call.prompt, previous.prompt, previous.completion)
     else:
         shared = shared_with_previous(call.prompt, index, lambda k: StoredIds.of(pool_pb2.CallRecord.FromString(
             tx.get("calls", layout.call_key(call.session_id, k)) or b"")))
     if last_calls is not None:
-        whole = np.concatenate((call.prompt, call.completion))
-        tx.on_commit.append(lambda: last_calls.put(call.session_id, position, index, whole))
+        remembered = LastCall(position, index, call.prompt, call.completion)
+        tx.on_commit.append(lambda: last_calls.put(call.session_id, remembered))
     if shared:
         state.version = max(state.version, layout.FORMAT_VERSION)     # a Forge that cannot read it refuses the pool
     ids = pool_pb2.CallRecord(index=index, prompt_ids=call.prompt[shared:].tolist(), prompt_shared=shared)

@@ -44,10 +44,13 @@ def ids_of(values: Iterable[int]) -> np.ndarray:
     return np.asarray(values, dtype=np.int32)
 
 
-def begins_with(prompt: np.ndarray, previous: np.ndarray) -> int:
-    """``len(previous)`` if ``prompt`` begins with all of ``previous`` (the previous call's whole ids), else 0."""
-    n = len(previous)
-    return n if len(prompt) >= n and np.array_equal(prompt[:n], previous) else 0
+def begins_with(prompt: np.ndarray, previous_prompt: np.ndarray, previous_completion: np.ndarray) -> int:
+    """How many ids the previous call holds (its whole prompt and completion) if ``prompt`` begins with all of them,
+    else 0."""
+    split, n = len(previous_prompt), len(previous_prompt) + len(previous_completion)
+    if len(prompt) < n or not np.array_equal(prompt[:split], previous_prompt):
+        return 0
+    return n if np.array_equal(prompt[split:n], previous_completion) else 0
 
 
 def shared_with_previous(prompt: np.ndarray, index: int, stored_call: Callable[[int], StoredIds]) -> int:

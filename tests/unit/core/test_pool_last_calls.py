@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge.pool import ConflictError, Pool
-from forge.pool.last_calls import LastCalls
+from forge.pool.last_calls import LastCall, LastCalls
 from forge.v1 import pool_pb2
 
 from helpers.pool_util import same_call, snapshot, varied_session_calls
@@ -28,14 +28,14 @@ def ids(*values: int) -> np.ndarray:
 
 def test_it_answers_only_for_the_call_it_holds():
     last = LastCalls(1 << 10)
-    last.put("s", 3, 1, ids(1, 2, 3))
-    assert list(last.get("s", 3, 1)) == [1, 2, 3]
+    last.put("s", LastCall(3, 1, ids(1, 2), ids(3)))
+    assert list(last.get("s", 3, 1).prompt) == [1, 2] and list(last.get("s", 3, 1).completion) == [3]
     assert last.get("s", 3, 0) is None            # an earlier call
     assert last.get("s", 3, 2) is None            # a call appended by another writer since
     assert last.get("s", 4, 1) is None            # a session recreated under the same id
     assert last.get("t", 3, 1) is None
-    last.put("s", 3, 2, ids(1, 2, 3, 4))
-    assert last.get("s", 3, 1) is None and list(last.get("s", 3, 2)) == [1, 2, 3, 4] and last.bytes == 16
+    last.put("s", LastCall(3, 2, ids(1, 2, 3), ids(4)))
+    assert last.get("s", 3, 1) is None and list(last.get("s", 3, 2).prompt) == [1, 2, 3] and last.bytes == 16
     last.forget("s")
     assert last.get("s", 3, 2) is None and last.bytes == 0 and len(last) == 0
 
@@ -43,12 +43,12 @@ def test_it_answers_only_for_the_call_it_holds():
 def test_it_keeps_to_its_bytes_and_forgets_the_least_recent_first():
     last = LastCalls(40)
     for name in "abc":
-        last.put(name, 0, 0, ids(*range(4)))      # 16 bytes each: the third pushes out the first
+        last.put(name, LastCall(0, 0, ids(*range(3)), ids(3)))      # 16 bytes each: the third pushes out the first
     assert last.get("a", 0, 0) is None and last.get("b", 0, 0) is not None and last.bytes == 32
-    last.put("b", 0, 1, ids(*range(4)))           # b is now the most recent: c goes next
-    last.put("d", 0, 0, ids(*range(4)))
+    last.put("b", LastCall(0, 1, ids(*range(4)), ids()))     # b is now the most recent: c goes next
+    last.put("d", LastCall(0, 0, ids(*range(4)), ids()))
     assert last.get("c", 0, 0) is None and last.get("b", 0, 1) is not None and last.bytes == 32
-    last.put("e", 0, 0, ids(*range(11)))          # larger than all it may hold: not kept, nothing lost for it
+    last.put("e", LastCall(0, 0, ids(*range(10)), ids(1)))  # more than all it may hold: not kept, nothing lost
     assert last.get("e", 0, 0) is None and last.bytes == 32 and len(last) == 2
     assert LastCalls(0).max_bytes == 0
 
@@ -80,6 +80,10 @@ def test_appends_store_the_same_with_the_memory_large_off_or_forgetting(tmp_path
         sessions = {f"s{k}": varied_session_calls(rng, f"s{k}", rng.randrange(1, 10)) for k in range(4)}
         with Pool(tmp_path_factory.mktemp("pool"), sync=False, last_calls_bytes=memory) as pool:
             append_interleaved(pool, sessions, rng)
+            if memory > 1000:
+                assert len(pool.last_calls) == len(sessions)        # each session's last call
+            else:
+                assert pool.last_calls.bytes <= memory and (memory or not len(pool.last_calls))
             for sid, calls in sessions.items():
                 got = pool.get_session(sid).calls
                 assert len(got) == len(calls) and all(same_call(g, c) for g, c in zip(got, calls, strict=True))
