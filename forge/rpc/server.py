@@ -17,6 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from forge.rpc import heap
 from forge.rpc.auth import ApiKeyInterceptor
 from forge.rpc.decoding import DecodeInterceptor
 
@@ -216,6 +217,7 @@ def run_until_signal(start: Callable[[], object], stop: Callable[[], None],
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         start()
+        heap.settle()
         if on_ready:
             on_ready()
         while not received.wait(0.5) and not (stopped and stopped.is_set()):
