@@ -288,11 +288,10 @@ class CallRunner:
         if bad.size:
             raise BadRequest(f"prompt ids outside the vocabulary [0, {self.model.vocab_size}): {bad[:5].tolist()}",
                              "prompt_ids")
-        # Kept as given: a request's protobuf field goes into the actor's request and the pool's record whole, at C
-        # speed, where a list of it would cost a Python object an id.
-        prompt = prompt_ids
+        # prompt_ids stays as given: a request's protobuf field goes into the actor's request and the pool's record at
+        # C speed, where a list of it would cost a Python object an id.
         started, t0 = time.time(), time.monotonic()
-        actor_call = ActorCall(self.actors, RouteRequest(state.session_id, prompt, sampling.max_tokens,
+        actor_call = ActorCall(self.actors, RouteRequest(state.session_id, prompt_ids, sampling.max_tokens,
                                                          state.group_id), sampling,
                                stream_interval=WHOLE_ANSWER if whole else 0)
         out = Completion(t0)
@@ -303,12 +302,12 @@ class CallRunner:
                     if chunk.finish_reason:
                         ended = time.time()
                         record = pool_pb2.CallRecord(
-                            session_id=state.session_id, index=-1, prompt_ids=prompt, completion_ids=out.token_ids,
+                            session_id=state.session_id, index=-1, prompt_ids=prompt_ids, completion_ids=out.token_ids,
                             logprobs=out.logprobs, weight_versions=out.versions,
                             actor=out.actor or self._fallback_name(actor_call),
                             timing=self._timing(chunk, ended - started, started, state),
                             finish_reason=chunk.finish_reason, sampling=sampling, created_at=ended,
-                            routed_experts=routing_of(chunk, len(prompt), out), adapter=self.actors.adapter)
+                            routed_experts=routing_of(chunk, len(prompt_ids), out), adapter=self.actors.adapter)
                         index = await self._record(state, record)
                         self.metrics.call_done(time.monotonic() - t0, out.ttft)
                         yield chunk, index
