@@ -36,7 +36,7 @@ install_packages() {
     [ ${#missing[@]} -eq 0 ] && return
     [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}; install them (apt-get install ${PACKAGES[*]}) or run as root"
     log "installing ${missing[*]} with apt-get"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >"$DIR/apt.log" 2>&1 \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 "${missing[@]}" >"$DIR/apt.log" 2>&1 \
         || { apt-get update -q >>"$DIR/apt.log" 2>&1 \
              && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >>"$DIR/apt.log" 2>&1; } \
         || die "apt-get install ${missing[*]} failed: see $DIR/apt.log"

@@ -23,7 +23,7 @@ def _install() -> None:
     if os.geteuid() != 0:
         pytest.fail(f"{CHROMIUM} or {CHROMEDRIVER} is missing: apt-get install {' '.join(PACKAGES)} (or run as root)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", *PACKAGES]
+    install = ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=600", *PACKAGES]
     if subprocess.run(install, env=env, capture_output=True).returncode != 0:
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
         done = subprocess.run(install, env=env, capture_output=True, text=True)
