@@ -7,16 +7,20 @@ matches whole (the client changed the text, or a stop string cut it), the longes
 still begins T is reused (a partial splice); if that covers none of its sampled ids, T is encoded afresh (a
 fallback). Either way the prompt decodes to exactly T.
 
-How a session's calls are held: a call whose prompt begins with the previous call's ids (what a splice gives) keeps
-only the ids after them and the text they add, linked to that call, so a session holds its context once, not once
-per call, and each call decodes only its new ids. Where the tokenizer's decoder works token by token (``ByteLevel``,
-``Metaspace``), the added text is decoded from a short window of the ids before it, with the window's own text
-checked to end on a whole character and to begin the joined text; any other decoder, or a window that fails those
-checks, decodes the whole call once.
+How a session's calls are held: the calls that each extend the one before (what a splice gives) share one line, an
+array grown by doubling that holds their ids once, each call a length into it; their text is one string, each call a
+length into it. So a session holds its context once, a call adds only its new ids and decodes only the text they add,
+and whether a prompt extends the last call, or a text begins with a call's text, is one comparison, not a walk over
+the session's calls. A call that does not extend the last one starts a line of its own. Where the tokenizer's decoder
+works token by token (``ByteLevel``, ``Metaspace``), the added text is decoded from a short window of the ids before
+it, with the window's own text checked to end on a whole character and to begin the joined text; any other decoder,
+or a window that fails those checks, decodes the whole call once, and a call whose whole text does not extend the
+text before it starts a text of its own.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +31,7 @@ from forge.tokenizer import Tokenizer
 FRESH, SPLICE, PARTIAL, FALLBACK = "fresh", "splice", "partial", "fallback"
 LOCAL_DECODERS = frozenset({"ByteLevel", "Metaspace"})
 WINDOW = 8          # ids before a call's new ones decoded with them to find the text they add
+UNKNOWN = 1 << 62   # a text length not known not to begin a text
 
 
 def decodes_locally(tokenizer: Tokenizer) -> bool:
@@ -34,49 +39,66 @@ def decodes_locally(tokenizer: Tokenizer) -> bool:
     return type(tokenizer.backend.decoder).__name__ in LOCAL_DECODERS
 
 
+class IdsLine:
+    """The ids of calls that each extend the one before: one array, grown by doubling. Only its end is ever written,
+    so a view of a call's ids stays what it was while later calls are added (from another thread too)."""
+
+    __slots__ = ("buffer", "length", "lock")
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self.buffer = ids
+        self.length = len(ids)
+        self.lock = threading.Lock()        # decoding its calls' text, which may run in worker threads
+
+    def append(self, ids: np.ndarray) -> None:
+        end = self.length + len(ids)
+        if end > len(self.buffer):
+            grown = np.empty(max(end, 2 * len(self.buffer)), dtype=np.int32)
+            grown[:self.length] = self.buffer[:self.length]
+            self.buffer = grown
+        self.buffer[self.length:end] = ids
+        self.length = end
+
+
+class TextLine:
+    """decode() of the last call of a run of calls whose text each extends the one before."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def extend(self, piece: str) -> None:
+        self.text = self.text + piece       # a new string: a reader in another thread sees the old or the new one
+
+
 @dataclass(eq=False)
 class CallMemo:
-    """What the session's call ``index`` fed and sampled: the ids after those of ``base`` (None: all of them)."""
+    """What the session's call ``index`` fed and sampled: ``line``'s first ``length`` ids, its own from ``start``."""
 
     index: int
-    own: np.ndarray                 # int32
+    line: IdsLine
+    start: int                          # the ids of the call it extends (0: it extends none)
+    length: int
     prompt_len: int
-    base: CallMemo | None = None    # the earlier call whose whole ids this call's begin with
-    length: int = field(init=False)
-    _text_base: CallMemo | None = field(default=None, init=False)   # the call whose text this call's text begins with
-    _piece: str | None = field(default=None, init=False)            # the text after it
+    previous: CallMemo | None = None    # the call it extends, until this call's text is decoded
+    _text: TextLine | None = field(default=None, init=False)
     _text_len: int = field(default=-1, init=False)
 
-    def __post_init__(self) -> None:
-        self.length = len(self.own) + (self.base.length if self.base is not None else 0)
+    @property
+    def own(self) -> np.ndarray:
+        """The ids this call added: all of them where it extends no earlier call."""
+        return self.line.buffer[self.start:self.length]
 
     def ids(self) -> np.ndarray:
-        """The call's prompt ids and completion ids, whole."""
-        parts, memo = [], self
-        while memo is not None:
-            parts.append(memo.own)
-            memo = memo.base
-        return np.concatenate(parts[::-1]) if len(parts) > 1 else self.own
+        """The call's prompt ids and completion ids, whole (a read-only view)."""
+        view = self.line.buffer[:self.length]
+        view.flags.writeable = False
+        return view
 
     def begins(self, ids: np.ndarray) -> bool:
-        """Whether ``ids`` begin with this call's whole ids, compared piece by piece along its chain (no copy)."""
-        if not 0 < self.length <= len(ids):
-            return False
-        memo = self
-        while memo is not None:
-            start = memo.length - len(memo.own)
-            if not np.array_equal(ids[start:memo.length], memo.own):
-                return False
-            memo = memo.base
-        return True
-
-    def last_ids(self, count: int) -> np.ndarray:
-        parts, have, memo = [], 0, self
-        while memo is not None and have < count:
-            parts.append(memo.own[-(count - have):])
-            have += len(parts[-1])
-            memo = memo.base
-        return np.concatenate(parts[::-1]) if parts else self.own[:0]
+        """Whether ``ids`` begin with this call's whole ids."""
+        return 0 < self.length <= len(ids) and np.array_equal(ids[:self.length], self.line.buffer[:self.length])
 
     def text_len(self, tokenizer: Tokenizer) -> int:
         self._decode(tokenizer)
@@ -84,43 +106,49 @@ class CallMemo:
 
     def text(self, tokenizer: Tokenizer) -> str:
         """decode(ids()), whole."""
-        pieces, memo = [], self
-        while memo is not None:
-            memo._decode(tokenizer)
-            pieces.append(memo._piece or "")
-            memo = memo._text_base
-        return "".join(pieces[::-1])
+        self._decode(tokenizer)
+        return self._text.text[:self._text_len]
 
     def _decode(self, tokenizer: Tokenizer) -> None:
-        """Find the text this call adds, its base's first (iteratively: a session's chain may be long)."""
-        chain, memo = [], self
-        while memo is not None and memo._text_len < 0:
-            chain.append(memo)
-            memo = memo.base
-        for memo in reversed(chain):
-            memo._decode_own(tokenizer)
+        """Find the text this call adds, the undecoded calls before it first (oldest first)."""
+        if self._text_len >= 0:
+            return
+        with self.line.lock:
+            chain, memo = [], self
+            while memo is not None and memo._text_len < 0:
+                chain.append(memo)
+                memo = memo.previous
+            for memo in reversed(chain):
+                memo._decode_own(tokenizer)
+                memo.previous = None            # its text known, it needs the call before it no longer
 
     def _decode_own(self, tokenizer: Tokenizer) -> None:
-        base = self.base
-        if base is None:
-            self._piece = tokenizer.decode(self.own.tolist())
-            self._text_len = len(self._piece)
+        previous = self.previous
+        if previous is None:                    # the first of its line, or one whose line was never decoded before
+            self._text = TextLine(tokenizer.decode(self.ids().tolist()))
+            self._text_len = len(self._text.text)
             return
+        before = previous._text_len
         if decodes_locally(tokenizer):
-            window = base.last_ids(WINDOW).tolist()
+            window = self.line.buffer[max(0, self.start - WINDOW):self.start].tolist()
             head = tokenizer.decode(window)
             joined = tokenizer.decode(window + self.own.tolist())
             if head and not head.endswith("\ufffd") and joined.startswith(head):
-                self._text_base, self._piece = base, joined[len(head):]
-                self._text_len = base._text_len + len(self._piece)
+                self._extend(previous, joined[len(head):])
                 return
         whole = tokenizer.decode(self.ids().tolist())
-        before = base.text(tokenizer)
-        if whole.startswith(before):
-            self._text_base, self._piece = base, whole[len(before):]
+        if whole.startswith(previous._text.text[:before]):
+            self._extend(previous, whole[before:])
         else:
-            self._piece = whole
-        self._text_len = len(whole)
+            self._text, self._text_len = TextLine(whole), len(whole)
+
+    def _extend(self, previous: CallMemo, piece: str) -> None:
+        """This call's text: the previous call's and ``piece``, in the previous call's text if it ends there."""
+        line, before = previous._text, previous._text_len
+        if len(line.text) != before:            # not its end (each call extends at most one: kept exact regardless)
+            line = TextLine(line.text[:before])
+        line.extend(piece)
+        self._text, self._text_len = line, before + len(piece)
 
 
 @dataclass(frozen=True)
@@ -156,13 +184,20 @@ class CallHistory:
     def add(self, index: int, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> None:
         prompt = np.asarray(prompt_ids, dtype=np.int32)
         completion = np.asarray(completion_ids, dtype=np.int32)
-        base = self._last if self._last is not None and self._last.begins(prompt) else None
-        start = base.length if base is not None else 0
-        memo = CallMemo(index, np.concatenate([prompt[start:], completion]), len(prompt), base)
+        last = self._last
+        if last is not None and last.begins(prompt):
+            line = last.line                    # ``last`` ends it: each call extends only the one added before it
+            line.append(prompt[last.length:])
+            line.append(completion)
+            memo = CallMemo(index, line, last.length, line.length, len(prompt), last)
+        else:
+            line = IdsLine(np.concatenate([prompt, completion]))
+            memo = CallMemo(index, line, 0, line.length, len(prompt))
         self.calls[index] = memo
         self._last = memo
         while len(self.calls) > self.max_calls:
             del self.calls[min(self.calls)]
+            self.calls[min(self.calls)].previous = None     # undecoded, it decodes whole if asked: the rest let go
 
     def extend(self, calls: Iterable[tuple[int, Sequence[int], Sequence[int]]]) -> None:
         for index, prompt_ids, completion_ids in calls:
@@ -174,10 +209,10 @@ class CallHistory:
         memos = list(self.calls.values())
         if not memos or not has_history:
             return PromptBuild(tokenizer.encode(text), FRESH)
-        begins: dict[int, bool] = {}
+        known: dict[int, list[int]] = {}
         best: CallMemo | None = None
         for memo in memos:
-            if self._begins(tokenizer, memo, text, begins) and (
+            if self._begins(tokenizer, memo, text, known) and (
                     best is None or memo.text_len(tokenizer) > best.text_len(tokenizer)):
                 best = memo
         if best is not None:
@@ -193,19 +228,23 @@ class CallHistory:
         return PromptBuild(head + tokenizer.encode(rest), PARTIAL, reused, memo.index)
 
     @staticmethod
-    def _begins(tokenizer: Tokenizer, memo: CallMemo, text: str, begins: dict[int, bool]) -> bool:
-        """Whether ``text`` begins with the memo's text, checked piece by piece along its chain (``begins``: what
-        is known so far, by memo id)."""
-        memo.text_len(tokenizer)
-        chain, at = [], memo
-        while at is not None and id(at) not in begins:
-            chain.append(at)
-            at = at._text_base
-        ok = begins[id(at)] if at is not None else True
-        for at in reversed(chain):
-            start = at._text_base._text_len if at._text_base is not None else 0
-            ok = ok and text.startswith(at._piece or "", start)
-            begins[id(at)] = ok
+    def _begins(tokenizer: Tokenizer, memo: CallMemo, text: str, known: dict[int, list[int]]) -> bool:
+        """Whether ``text`` begins with the memo's text. ``known``, by text line: how much of its text is known to
+        begin ``text``, and a length known not to (the calls of a line are its prefixes: the memos come oldest first,
+        so each check compares only the text added since the last one, once the whole line was found not to match)."""
+        end = memo.text_len(tokenizer)
+        line = memo._text
+        state = known.get(id(line))
+        if state is None:
+            whole = line.text
+            state = known[id(line)] = [len(whole), UNKNOWN] if text.startswith(whole) else [0, len(whole)]
+        matched, unmatched = state
+        if end <= matched:
+            return True
+        if end >= unmatched:
+            return False
+        ok = text.startswith(line.text[matched:end], matched)
+        state[0 if ok else 1] = end
         return ok
 
     @staticmethod

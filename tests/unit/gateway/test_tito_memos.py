@@ -6,7 +6,9 @@ built from such a history are the ones a history of whole calls gives."""
 
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 
 import numpy as np
 import pytest
@@ -16,7 +18,15 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from forge.assets import TINY_DIR
-from forge.gateway.tito import FALLBACK, PARTIAL, SPLICE, CallHistory, common_prefix_len, decodes_locally
+from forge.gateway.tito import (
+    FALLBACK,
+    PARTIAL,
+    SPLICE,
+    WINDOW,
+    CallHistory,
+    common_prefix_len,
+    decodes_locally,
+)
 from forge.tokenizer import Tokenizer
 
 CORPUS = ["the quick brown fox jumps over the lazy dog", "naïve café: 3 € and 5 ¥ — déjà vu", "日本語のテキスト と 漢字",
@@ -85,7 +95,8 @@ def test_held_calls_give_their_whole_ids_and_text(name, seed):
         history.add(index, prompt, completion)
         memo = history.calls[index]
         extends = bool(before) and prompt[:len(before)] == before
-        assert memo.base is (previous if extends else None)          # an extension holds only its new ids
+        assert (previous is not None and memo.line is previous.line) == extends     # an extension shares its ids
+        assert memo.start == (len(before) if extends else 0)
         assert len(memo.own) == len(prompt) + len(completion) - (len(before) if extends else 0)
         previous, before = memo, prompt + completion
     order = list(history.calls.values())
@@ -140,10 +151,53 @@ def test_a_long_session_holds_its_context_once():
         history.add(index, whole, completion)
         last_whole = whole + completion
         whole = last_whole + rng.choices(range(300), k=20)
-    held = sum(memo.own.nbytes for memo in history.calls.values())
     last = history.calls[39]
-    assert held == last.length * 4 and last.text(tok) == tok.decode(last.ids().tolist())
-    assert np.array_equal(last.ids(), last_whole)
+    assert all(memo.line is last.line for memo in history.calls.values())
+    assert last.length * 4 <= last.line.buffer.nbytes <= 2 * last.length * 4
+    assert last.text(tok) == tok.decode(last.ids().tolist()) and np.array_equal(last.ids(), last_whole)
+
+
+class CountingTokenizer:
+    """A tokenizer that counts the ids it decodes."""
+
+    def __init__(self, inner: Tokenizer) -> None:
+        self.inner, self.backend, self.decoded = inner, inner.backend, 0
+
+    def decode(self, ids: list[int]) -> str:
+        self.decoded += len(ids)
+        return self.inner.decode(ids)
+
+    def encode(self, text: str) -> list[int]:
+        return self.inner.encode(text)
+
+
+@pytest.mark.parametrize("name", ["byte-level", "metaspace"])
+def test_each_call_of_a_long_session_costs_its_new_tokens(name):
+    """A chat session of 300 calls, each prompt the last call's text and a new turn: each call decodes only its new
+    ids and a window before them, the history keeps only its calls (not every call since the session began), and
+    every prompt is the splice a history of whole calls gives."""
+    tok, rng = CountingTokenizer(tokenizer(name)), random.Random(5)
+    words = CORPUS[0].split() + CORPUS[1].split()
+
+    def sentence() -> list[int]:
+        return tok.inner.encode(" " + " ".join(rng.choices(words, k=6)))
+
+    history, ids, held = CallHistory(max_calls=8), sentence(), []
+    for index in range(300):
+        text = tok.inner.decode(ids) + " next turn"
+        tok.decoded = 0
+        built = history.build(tok, text)
+        if index:
+            assert built.kind == SPLICE and built.ids == ids + tok.inner.encode(text[len(tok.inner.decode(ids)):])
+        if index > 1:               # the first call is decoded whole; each later one, its new ids and a window
+            added = history.calls[index - 1].length - history.calls[index - 2].length
+            assert tok.decoded <= 2 * WINDOW + added, (index, tok.decoded, added)
+        completion = sentence()
+        history.add(index, built.ids, completion)
+        held.append(weakref.ref(history.calls[index]))
+        ids = built.ids + completion
+    gc.collect()
+    assert sum(ref() is not None for ref in held) == 8        # no chain back to the session's first call
 
 
 def test_a_decoder_that_reads_across_tokens_is_decoded_whole():
@@ -156,4 +210,4 @@ def test_a_decoder_that_reads_across_tokens_is_decoded_whole():
     history = CallHistory()
     history.add(0, base, [])
     history.add(1, base + extension, [])
-    assert history.calls[1].base is history.calls[0] and history.calls[1].text(tok) == "\ufffd" * 10
+    assert history.calls[1].line is history.calls[0].line and history.calls[1].text(tok) == "\ufffd" * 10
