@@ -47,7 +47,8 @@ test: venv
 	$(BIN)/ruff check .
 
 ## The heavy suite (tests/conftest.py's HEAVY: long multi-process and long-context runs), which CI runs too; its serial
-## group (xdist_group "serial": the forge up runs and the multi-host and torchrun jobs) runs one after another.
+## modules (xdist_group "serial": the forge up runs and the multi-host and torchrun jobs) run in two lanes, one module
+## of a lane after another.
 test-heavy: venv
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m heavy
 
@@ -63,7 +64,7 @@ test-cluster: venv
 	$(BIN)/python -m pytest -q -m cluster tests/cluster
 
 ## The vLLM backend's tests (marked vllm), in $(VLLM_VENV) with vLLM's CPU build beside the CPU torch, on
-## $(TEST_WORKERS) xdist workers as make test runs (a module a worker; the serial forge up runs one after another).
+## $(TEST_WORKERS) xdist workers as make test runs (a module a worker; the serial forge up runs in their lanes).
 test-vllm: vllm-venv
 	$(VLLM_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m vllm
 

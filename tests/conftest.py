@@ -16,15 +16,19 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 HELPERS = REPO / "tests" / "helpers"        # helpers/*.py: imported as helpers.NAME, some run as programs
 BIN = Path(sys.executable).parent
-# The runs that must not run beside each other (forge up, several hosts' services, torchrun jobs), each module marked
-# xdist_group("serial"): on a loaded machine two of them side by side could run past their timeouts, so the workers
-# run them one after another (see pytest_xdist_make_scheduler).
-SERIAL = frozenset({"tests/integration/app/test_e2e.py", "tests/integration/app/test_multihost.py",
-                    "tests/integration/learner/test_multinode_learner.py", "tests/integration/app/test_team_run.py",
-                    "tests/integration/rollout/test_verifiers_env.py", "tests/integration/rollout/test_openenv_env.py",
-                    "tests/integration/rollout/test_mcp_agent.py", "tests/integration/rollout/test_long_tasks.py",
-                    "tests/integration/learner/test_learner_launch.py", "tests/integration/app/test_up_hub_model.py",
-                    "tests/integration/learner/test_tinker_ranks.py"})
+# The runs that must not run beside many others (forge up, several hosts' services, torchrun jobs), each module marked
+# xdist_group("serial"): on a loaded machine several of them side by side could run past their timeouts, so they run
+# in two lanes, the modules of a lane one after another on one worker (see pytest_xdist_make_scheduler), at most two
+# at a time. The lanes hold about the same work, so that neither worker waits on the other at the end.
+SERIAL_LANES = (
+    frozenset({"tests/integration/app/test_e2e.py", "tests/integration/rollout/test_openenv_env.py",
+               "tests/integration/app/test_up_hub_model.py", "tests/integration/learner/test_tinker_ranks.py",
+               "tests/integration/rollout/test_mcp_agent.py", "tests/integration/rollout/test_long_tasks.py"}),
+    frozenset({"tests/integration/app/test_team_run.py", "tests/integration/rollout/test_verifiers_env.py",
+               "tests/integration/learner/test_learner_launch.py", "tests/integration/app/test_multihost.py",
+               "tests/integration/learner/test_multinode_learner.py"}),
+)
+SERIAL = frozenset().union(*SERIAL_LANES)
 # The heavy suite (`make test-heavy`, which .ci/run runs too): the serial runs and the other long multi-process and
 # long-context modules. Its tests are marked `heavy`; `make test` (the README's command) leaves them out.
 HEAVY = SERIAL | frozenset({
@@ -126,8 +130,8 @@ def _bwrap() -> str | None:
 @pytest.hookimpl(tryfirst=True)         # before -m selects on the heavy mark
 def pytest_collection_modifyitems(config, items) -> None:
     """Tests of the HEAVY modules are marked heavy; tests marked gpu, trtllm, vllm, agents, tinker or sandbox are
-    skipped (and say why) where the hardware, backend or isolation tool is absent; a module marked xdist_group("serial") must be
-    one of SERIAL, and the other way round."""
+    skipped (and say why) where the hardware, backend or isolation tool is absent; a module marked
+    xdist_group("serial") must be one of SERIAL, and the other way round."""
     import torch
 
     absent = {
@@ -157,11 +161,11 @@ def _module(nodeid: str) -> str:
 
 
 class _SerialFirst(OrderedDict):
-    """A work queue whose serial group comes first: the longest unit of work starts at once."""
+    """A work queue whose serial lanes come first: the longest units of work start at once."""
 
     def __setitem__(self, key, value) -> None:
         super().__setitem__(key, value)
-        if key == "serial":
+        if key.startswith("serial-"):
             self.move_to_end(key, last=False)
 
 
@@ -175,9 +179,9 @@ def pytest_cmdline_main(config) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup`` as make test runs it: each test module is one unit of work, run on one worker (its
-    module-scoped fixtures, servers among them, start once), and the SERIAL modules are one unit together, run one
-    after another on one worker, first. (pytest-xdist 3.8 cannot read xdist_group marks under pytest 9.2, so the
-    scheduler groups by module path: https://github.com/pytest-dev/pytest-xdist/issues/1386.)"""
+    module-scoped fixtures, servers among them, start once), and each lane of SERIAL modules is one unit, its modules
+    run one after another on one worker, the lanes first. (pytest-xdist 3.8 cannot read xdist_group marks under
+    pytest 9.2, so the scheduler groups by module path: https://github.com/pytest-dev/pytest-xdist/issues/1386.)"""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -189,6 +193,7 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _split_scope(self, nodeid: str) -> str:
             module = _module(nodeid)
-            return "serial" if module in SERIAL else module
+            lane = next((n for n, modules in enumerate(SERIAL_LANES) if module in modules), None)
+            return module if lane is None else f"serial-{lane}"
 
     return ModuleGroups(config, log)
