@@ -61,7 +61,8 @@ class IdsLine:
 
 
 class TextLine:
-    """decode() of the last call of a run of calls whose text each extends the one before."""
+    """decode() of the last call of a run of calls whose text each extends the one before. Only that call's successor
+    (the one call that extends it: ``CallHistory.add`` extends only the call added last) ever extends it."""
 
     __slots__ = ("text",)
 
@@ -137,18 +138,15 @@ class CallMemo:
                 self._extend(previous, joined[len(head):])
                 return
         whole = tokenizer.decode(self.ids().tolist())
-        if whole.startswith(previous._text.text[:before]):
+        if whole.startswith(previous._text.text):     # the previous call's text ends its line
             self._extend(previous, whole[before:])
         else:
             self._text, self._text_len = TextLine(whole), len(whole)
 
     def _extend(self, previous: CallMemo, piece: str) -> None:
-        """This call's text: the previous call's and ``piece``, in the previous call's text if it ends there."""
-        line, before = previous._text, previous._text_len
-        if len(line.text) != before:            # not its end (each call extends at most one: kept exact regardless)
-            line = TextLine(line.text[:before])
-        line.extend(piece)
-        self._text, self._text_len = line, before + len(piece)
+        """This call's text: the previous call's, whose line it ends, and ``piece``."""
+        previous._text.extend(piece)
+        self._text, self._text_len = previous._text, previous._text_len + len(piece)
 
 
 @dataclass(frozen=True)
