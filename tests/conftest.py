@@ -28,7 +28,8 @@ SERIAL_LANES = (
                "tests/integration/learner/test_learner_launch.py", "tests/integration/app/test_multihost.py",
                "tests/integration/learner/test_multinode_learner.py"}),
 )
-SERIAL = frozenset().union(*SERIAL_LANES)
+SERIAL_LANE = {module: f"serial-{n}" for n, lane in enumerate(SERIAL_LANES) for module in lane}   # the unit of work
+SERIAL = frozenset(SERIAL_LANE)
 # The heavy suite (`make test-heavy`, which .ci/run runs too): the serial runs and the other long multi-process and
 # long-context modules. Its tests are marked `heavy`; `make test` (the README's command) leaves them out.
 HEAVY = SERIAL | frozenset({
@@ -165,7 +166,7 @@ class _SerialFirst(OrderedDict):
 
     def __setitem__(self, key, value) -> None:
         super().__setitem__(key, value)
-        if key.startswith("serial-"):
+        if key in SERIAL_LANE.values():
             self.move_to_end(key, last=False)
 
 
@@ -193,7 +194,6 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _split_scope(self, nodeid: str) -> str:
             module = _module(nodeid)
-            lane = next((n for n, modules in enumerate(SERIAL_LANES) if module in modules), None)
-            return module if lane is None else f"serial-{lane}"
+            return SERIAL_LANE.get(module, module)
 
     return ModuleGroups(config, log)
