@@ -7,7 +7,10 @@ built from such a history are the ones a history of whole calls gives."""
 from __future__ import annotations
 
 import gc
+import json
 import random
+import subprocess
+import sys
 import weakref
 
 import numpy as np
@@ -28,6 +31,8 @@ from forge.gateway.tito import (
     decodes_locally,
 )
 from forge.tokenizer import Tokenizer
+
+from conftest import REPO
 
 CORPUS = ["the quick brown fox jumps over the lazy dog", "naïve café: 3 € and 5 ¥ — déjà vu", "日本語のテキスト と 漢字",
           "emoji 😀🎉 and  double  spaces\nnew lines\ttabs", "<tool_call>{\"name\": \"add\"}</tool_call>"] * 20
@@ -211,3 +216,12 @@ def test_a_decoder_that_reads_across_tokens_is_decoded_whole():
     history.add(0, base, [])
     history.add(1, base + extension, [])
     assert history.calls[1].line is history.calls[0].line and history.calls[1].text(tok) == "\ufffd" * 10
+
+
+def test_the_history_benchmark_splices_every_call_after_the_first():
+    """``bench/tito_history.py``'s smallest run, as the benchmarks run it: counts, not times."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "tito_history.py"), "--calls", "20", "--window", "5",
+                           "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert (result["calls"], result["splices"]) == (20, 19) and len(result["tito_ms"]) == 2
