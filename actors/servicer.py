@@ -1,4 +1,5 @@
-"""The gRPC Actor service over any backend: server-streaming Generate, Abort and Stats, for a ``grpc.aio`` server.
+"""The gRPC Actor service over any backend: server-streaming Generate (and GenerateWhole, its chunks joined into one
+answer), Abort and Stats, for a ``grpc.aio`` server.
 
 Generate is a coroutine: every open stream waits on the server's one event loop, so their number is bounded by the
 backend's queue, not by a thread pool, and a step's chunks for many streams cost one wake-up. Abort and Stats are
@@ -139,6 +140,15 @@ class ActorServicer(actor_pb2_grpc.ActorServicer):
         async for chunk in stream:
             yield chunk_to_proto(request_id, chunk, self.instance, first)
             first = False
+
+    async def GenerateWhole(self, request: actor_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+                            ) -> actor_pb2.GenerateChunk:
+        """Generate's chunks joined into one answer (the same checks and refusals; a caller that goes away aborts
+        the request as it does a stream's)."""
+        whole = actor_pb2.GenerateChunk()
+        async for chunk in self.Generate(request, context):
+            whole.MergeFrom(chunk)      # repeated fields append; the last chunk's set fields win, the first's stay
+        return whole
 
     def Abort(self, request: actor_pb2.AbortRequest, context: grpc.ServicerContext) -> actor_pb2.AbortResponse:
         if not request.request_id:

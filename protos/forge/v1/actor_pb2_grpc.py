@@ -41,6 +41,11 @@ class ActorStub:
                 request_serializer=forge_dot_v1_dot_actor__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=forge_dot_v1_dot_actor__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.GenerateWhole = channel.unary_unary(
+                '/forge.v1.Actor/GenerateWhole',
+                request_serializer=forge_dot_v1_dot_actor__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=forge_dot_v1_dot_actor__pb2.GenerateChunk.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/forge.v1.Actor/Abort',
                 request_serializer=forge_dot_v1_dot_actor__pb2.AbortRequest.SerializeToString,
@@ -64,6 +69,15 @@ class ActorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateWhole(self, request, context):
+        """Generate, answered in one message once the request ends: its chunks joined (token_ids, logprobs,
+        weight_versions and top_logprobs concatenated; actor and cached_prompt_tokens of the first chunk, the rest of
+        the last). For a caller that needs only the whole answer: one message costs both sides less than a stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Abort(self, request, context):
         """Abort a running or waiting request; its stream ends with FINISH_REASON_ABORT and its KV blocks are freed.
         """
@@ -82,6 +96,11 @@ def add_ActorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
+                    request_deserializer=forge_dot_v1_dot_actor__pb2.GenerateRequest.FromString,
+                    response_serializer=forge_dot_v1_dot_actor__pb2.GenerateChunk.SerializeToString,
+            ),
+            'GenerateWhole': grpc.unary_unary_rpc_method_handler(
+                    servicer.GenerateWhole,
                     request_deserializer=forge_dot_v1_dot_actor__pb2.GenerateRequest.FromString,
                     response_serializer=forge_dot_v1_dot_actor__pb2.GenerateChunk.SerializeToString,
             ),
@@ -122,6 +141,33 @@ class Actor:
             request,
             target,
             '/forge.v1.Actor/Generate',
+            forge_dot_v1_dot_actor__pb2.GenerateRequest.SerializeToString,
+            forge_dot_v1_dot_actor__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateWhole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forge.v1.Actor/GenerateWhole',
             forge_dot_v1_dot_actor__pb2.GenerateRequest.SerializeToString,
             forge_dot_v1_dot_actor__pb2.GenerateChunk.FromString,
             options,

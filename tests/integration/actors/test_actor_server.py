@@ -4,6 +4,7 @@ client cancel, stats and graceful stop."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import threading
 
@@ -91,6 +92,45 @@ def test_concurrent_streams_are_isolated(actor):
         for thread in threads:
             thread.join(60)
     assert [together[i] for i in range(len(prompts))] == alone
+
+
+def test_generate_whole_is_the_stream_joined_into_one_answer(actor):
+    """Random prompts, greedy: the same tokens, log-probs and versions as the stream's chunks, the first chunk's
+    actor and request id, the last one's finish reason and timing."""
+    rng = random.Random(7)
+    with grpc.insecure_channel(actor.address) as channel:
+        stub = actor_pb2_grpc.ActorStub(channel)
+        for _ in range(3):
+            request = actor_pb2.GenerateRequest(
+                request_id=f"r{rng.randrange(10**9)}", prompt_ids=[rng.randrange(1, 200) for _ in range(rng.randrange(2, 30))],
+                sampling=common_pb2.SamplingParams(temperature=0, max_tokens=rng.randrange(2, 12), ignore_eos=True),
+                stream_interval=rng.choice([0, 3]))
+            chunks = list(stub.Generate(request, timeout=60))
+            whole = stub.GenerateWhole(request, timeout=60)
+            assert list(whole.token_ids) == [t for c in chunks for t in c.token_ids]
+            assert list(whole.logprobs) == pytest.approx([p for c in chunks for p in c.logprobs], abs=1e-3)
+            assert list(whole.weight_versions) == [v for c in chunks for v in c.weight_versions]
+            assert (whole.request_id, whole.actor) == (request.request_id, chunks[0].actor)
+            assert whole.finish_reason == chunks[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+            assert whole.timing.total_s > 0 and whole.timing.decode_s <= whole.timing.total_s
+        with pytest.raises(grpc.RpcError) as err:
+            stub.GenerateWhole(actor_pb2.GenerateRequest(prompt_ids=[1, 99999]), timeout=60)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "outside the vocabulary" in err.value.details()
+
+
+def test_a_cancelled_generate_whole_aborts_its_request(actor):
+    with grpc.insecure_channel(actor.address) as channel:
+        stub = actor_pb2_grpc.ActorStub(channel)
+
+        def gauges() -> dict[str, float]:
+            return stub.Stats(common_pb2.StatsRequest(), timeout=10).gauges
+
+        answer = stub.GenerateWhole.future(actor_pb2.GenerateRequest(
+            prompt_ids=list(range(40)), sampling=common_pb2.SamplingParams(max_tokens=LONG - 100, ignore_eos=True)))
+        wait_for(lambda: gauges()["running"] == 1, "the request to run", 300)
+        answer.cancel()
+        wait_for(lambda: gauges()["running"] + gauges()["waiting"] == 0, "the cancelled request to end", 300)
+        assert gauges()["kv_used_frac"] == 0
 
 
 @pytest.mark.parametrize("prompt, sampling, message", [
