@@ -6,9 +6,9 @@ Each session opens with a user turn of about --prompt-tokens tokens and makes --
 reply and a new user turn, so its context grows by both every call, and waits --think-ms (the agent's own time: the
 session stays open, idle). --clients processes hold the sessions between them (``bench/load_sessions.py``). Paths:
 
-- direct:   the actor's gRPC Generate with the prompt the client built before it starts the clock, as the gateway
-            builds it (the earlier calls' ids reused, so the actor's prefix cache sees the same prompts), answered as
-            the gateway asks for a non-streaming call (the first token, then the rest at once); nothing is recorded;
+- direct:   the actor's gRPC GenerateWhole (one answer at the end, as the gateway asks for a non-streaming call)
+            with the prompt the client built before it starts the clock, as the gateway builds it (the earlier calls'
+            ids reused, so the actor's prefix cache sees the same prompts); nothing is recorded;
 - chat:     OpenAI chat completions over HTTP, at /s/<session>/v1 (a black-box agent);
 - messages: Anthropic Messages over HTTP, at /s/<session>/v1;
 - grpc:     the gateway's gRPC Chat answering each call whole (a white-box agent; ``ChatRequest.whole``);

@@ -1,8 +1,8 @@
 """The floor under the gateway's CPU per call: what its two servers (aiohttp for the HTTP APIs, ``grpc.aio`` for the
 gRPC API) and its gRPC client to the actors cost a call when the handler does nothing but decode the request and
 answer, measured as the gateway sees them (a chat-sized request, Forge's request-decoding interceptor on the gRPC
-server, a non-streaming answer; the gRPC client reading a two-message stream, as the gateway reads an actor's
-non-streaming answer).
+server, a non-streaming answer; the gRPC client reading an actor's non-streaming answer as one message, as the
+gateway reads it from GenerateWhole, and as the two-message stream an actor of an older Forge answers).
 
 The server runs in a process of its own and the client in this one; each side's CPU seconds over --calls calls with
 --concurrency in flight give its CPU per call. Compare with ``bench/gateway_load.py``'s gateway CPU per call: the
@@ -33,7 +33,11 @@ REQUEST = gateway_pb2.ChatRequest(session_id="s", messages=[gateway_pb2.ChatMess
 CHUNKS = [gateway_pb2.ChatChunk(token_ids=[7]), gateway_pb2.ChatChunk(text="w" * 150, token_ids=list(range(31)),
                                                                      logprobs=[-0.5] * 31,
                                                                      finish_reason=common_pb2.FINISH_REASON_LENGTH)]
+WHOLE = gateway_pb2.ChatChunk()
+for _chunk in CHUNKS:
+    WHOLE.MergeFrom(_chunk)
 METHOD = "/forge.bench.Floor/Chat"
+WHOLE_METHOD = "/forge.bench.Floor/ChatWhole"
 
 
 def _serve_http(ready, _actor_like: bool = False) -> None:
@@ -67,11 +71,16 @@ def _serve_grpc(ready, actor_like: bool = False) -> None:
         for chunk in CHUNKS if actor_like else CHUNKS[-1:]:
             yield chunk
 
+    async def chat_whole(request: object, context: grpc.aio.ServicerContext):
+        return WHOLE
+
     async def main() -> None:
         server = grpc.aio.server(interceptors=[] if actor_like else [AioDecodeInterceptor()])
         handler = grpc.unary_stream_rpc_method_handler(chat, None if actor_like else gateway_pb2.ChatRequest.FromString,
                                                        gateway_pb2.ChatChunk.SerializeToString)
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("forge.bench.Floor", {"Chat": handler})])
+        whole = grpc.unary_unary_rpc_method_handler(chat_whole, None, gateway_pb2.ChatChunk.SerializeToString)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("forge.bench.Floor",
+                                                                              {"Chat": handler, "ChatWhole": whole})])
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         ready.put(port)
@@ -103,6 +112,20 @@ async def _grpc_calls(port: int, calls: int, concurrency: int) -> None:
             for _ in range(calls // concurrency):
                 async for _chunk in chat(REQUEST):
                     pass
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def _grpc_whole_calls(port: int, calls: int, concurrency: int) -> None:
+    import grpc
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        chat = channel.unary_unary(WHOLE_METHOD, request_serializer=gateway_pb2.ChatRequest.SerializeToString,
+                                   response_deserializer=gateway_pb2.ChatChunk.FromString)
+
+        async def worker() -> None:
+            for _ in range(calls // concurrency):
+                await chat(REQUEST)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -140,7 +163,8 @@ def main() -> None:
         parser.error("--calls must be at least --concurrency, which must be at least 1; --repeats at least 1")
     cases = {"aiohttp server (HTTP APIs)": (_serve_http, False, _http_calls, 0),
              "grpc.aio server (gRPC API)": (_serve_grpc, False, _grpc_calls, 0),
-             "grpc.aio client (to an actor)": (_serve_grpc, True, _grpc_calls, 1)}
+             "grpc.aio client, one message": (_serve_grpc, True, _grpc_whole_calls, 1),
+             "grpc.aio client, a stream": (_serve_grpc, True, _grpc_calls, 1)}
     print(f"CPU ms a call, medians of {args.repeats} runs of {args.calls} calls, {args.concurrency} in flight")
     for name, (serve, actor_like, calls_of, side) in cases.items():
         runs = [measure(serve, actor_like, calls_of, args.calls, args.concurrency)[side] for _ in range(args.repeats)]

@@ -10,6 +10,7 @@ replaced by another; with none left, or after repeated refusals, the decode acto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -49,6 +50,12 @@ def joined(first: actor_pb2.GenerateChunk, chunk: actor_pb2.GenerateChunk) -> ac
     return merged
 
 
+def first_token_s(chunk: actor_pb2.GenerateChunk, elapsed_s: float) -> float:
+    """When the first token of ``chunk`` (received ``elapsed_s`` after the call was sent) came: then, unless the chunk
+    also ends the call (a whole answer), whose tokens after the first took the actor ``timing.decode_s``."""
+    return max(0.0, elapsed_s - chunk.timing.decode_s) if chunk.finish_reason else elapsed_s
+
+
 def with_prefill_routing(last: actor_pb2.GenerateChunk, prefill: actor_pb2.GenerateChunk) -> None:
     """Complete the decode actor's routing record with the prefill actor's: the decode actor fetched the prompt's
     KV, so it did not route those positions; the prefill actor did."""
@@ -67,14 +74,17 @@ def with_prefill_routing(last: actor_pb2.GenerateChunk, prefill: actor_pb2.Gener
 class ActorCall:
     """One generation: iterate ``chunks()``; ``abort()`` stops it (the stream then ends with ABORT). Fails over to
     another actor while no token has arrived; after the first token an actor failure raises UpstreamFailed.
-    ``stream_interval``: tokens per chunk after the first (0: the actor's setting)."""
+    ``stream_interval``: tokens per chunk after the first (0: the actor's setting). ``whole``: the caller needs only
+    the answer, which comes as one chunk (the actor's GenerateWhole; its stream from an actor that lacks it), and an
+    actor that fails before answering is replaced, as nothing has been shown."""
 
     def __init__(self, actors: ActorSet, route: RouteRequest, sampling: common_pb2.SamplingParams,
-                 stream_interval: int = 0) -> None:
+                 stream_interval: int = 0, whole: bool = False) -> None:
         self.actors = actors
         self.route = route
         self.sampling = sampling
         self.stream_interval = stream_interval
+        self.whole = whole
         self.actor: ActorState | None = None
         self.request_id = ""
         self.aborted = False
@@ -183,30 +193,31 @@ class ActorCall:
                                                 sampling=self.sampling, session_id=self.route.session_id,
                                                 stream_interval=self.stream_interval, continuation=continuation,
                                                 adapter=self.actors.adapter)
-            stream = actor.stub.Generate(request, metadata=self.actors.metadata)
             started = False
             sent = time.monotonic()
             router = self.actors.router
             try:
-                async for chunk in stream:
-                    if not started and chunk.token_ids:
-                        router.on_first_token(self.route, endpoint.address, time.monotonic() - sent)
-                    if chunk.finish_reason in (ERROR, ABORT) and not self.aborted:
-                        what = chunk.error or ("the actor aborted the call" if chunk.finish_reason == ABORT
-                                               else "the actor failed")
-                        if started or chunk.token_ids:
-                            raise UpstreamFailed(f"actor {endpoint.address} failed mid-stream: {what}")
-                        if continuation is not None and chunk.retryable:
-                            raise _StaleHandover(what)
-                        raise _Retry(what)
-                    if held is not None and not started:
-                        chunk = joined(held, chunk)
-                    if held is not None and chunk.finish_reason:
-                        with_prefill_routing(chunk, held)
-                    started = started or bool(chunk.token_ids)
-                    yield chunk
-                    if chunk.finish_reason:
-                        return
+                async with contextlib.aclosing(self._attempt(actor, request)) as chunks:
+                    async for chunk in chunks:
+                        if not started and chunk.token_ids:
+                            router.on_first_token(self.route, endpoint.address,
+                                                  first_token_s(chunk, time.monotonic() - sent))
+                        if chunk.finish_reason in (ERROR, ABORT) and not self.aborted:
+                            what = chunk.error or ("the actor aborted the call" if chunk.finish_reason == ABORT
+                                                   else "the actor failed")
+                            if started or chunk.token_ids:
+                                raise UpstreamFailed(f"actor {endpoint.address} failed mid-stream: {what}")
+                            if continuation is not None and chunk.retryable:
+                                raise _StaleHandover(what)
+                            raise _Retry(what)
+                        if held is not None and not started:
+                            chunk = joined(held, chunk)
+                        if held is not None and chunk.finish_reason:
+                            with_prefill_routing(chunk, held)
+                        started = started or bool(chunk.token_ids)
+                        yield chunk
+                        if chunk.finish_reason:
+                            return
                 raise _Retry("the actor closed the stream without finishing")
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), exc.details() or exc.code().name
@@ -241,8 +252,32 @@ class ActorCall:
             finally:
                 actor.in_flight -= 1
                 router.on_done(self.route, endpoint.address)
-                if not stream.done():
-                    stream.cancel()
+
+    async def _attempt(self, actor: ActorState, request: actor_pb2.GenerateRequest
+                       ) -> AsyncIterator[actor_pb2.GenerateChunk]:
+        """``request``'s chunks from ``actor``: one, the whole answer, when the call is ``whole`` and the actor serves
+        GenerateWhole (one of an older Forge answers UNIMPLEMENTED and is read as a stream from then on)."""
+        metadata = self.actors.metadata
+        if self.whole and actor.answers_whole:
+            answer = actor.stub.GenerateWhole(request, metadata=metadata)
+            try:
+                yield await answer
+                return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                actor.answers_whole = False
+                log.info("actor %s has no GenerateWhole; its answers are read as streams", actor.endpoint.address)
+            finally:
+                if not answer.done():
+                    answer.cancel()
+        stream = actor.stub.Generate(request, metadata=metadata)
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            if not stream.done():
+                stream.cancel()
 
     async def abort(self) -> None:
         """Ask the actor to stop; the remaining chunks (ending with ABORT) still arrive."""

@@ -51,6 +51,7 @@ class ActorState:
     source: Announcement | None = None          # the ready file that announced it; None: given on the command line
     failed_checks: int = 0                      # failed health checks in a row
     unhealthy_since: float | None = None        # the first of them
+    answers_whole: bool = True                  # it serves GenerateWhole (an older actor does not)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from forge import expert_routing
-from forge.gateway.actor_calls import ActorCall
+from forge.gateway.actor_calls import ActorCall, first_token_s
 from forge.gateway.actors import ActorSet
 from forge.gateway.detokenize import TextAssembler
 from forge.gateway.errors import BadRequest, UpstreamFailed
@@ -62,7 +62,7 @@ class Completion:
 
     def add(self, chunk: actor_pb2.GenerateChunk) -> None:
         if self.ttft is None and chunk.token_ids:
-            self.ttft = time.monotonic() - self.t0
+            self.ttft = first_token_s(chunk, time.monotonic() - self.t0)
         self.actor = chunk.actor or self.actor
         self.token_ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
@@ -225,7 +225,8 @@ class CallRunner:
         prompt_ids = ids_field(build.ids)
         actor_call = ActorCall(self.actors, RouteRequest(state.session_id, prompt_ids, call.sampling.max_tokens,
                                                          state.group_id),
-                               call.sampling, stream_interval=0 if incremental else WHOLE_ANSWER)
+                               call.sampling, stream_interval=0 if incremental else WHOLE_ANSWER,
+                               whole=not incremental)
         assembler = TextAssembler(self.tokenizer, call.stop, incremental=incremental)
         out = Completion(t0)
         shown = ChatDelta()
@@ -279,7 +280,7 @@ class CallRunner:
     async def generate(self, state: SessionState, prompt_ids: Sequence[int], sampling: common_pb2.SamplingParams,
                        whole: bool = False) -> AsyncIterator[tuple[actor_pb2.GenerateChunk, int | None]]:
         """Token-level generation recorded as a call: the actor's chunks, the last one with the call's index;
-        ``whole``: the actor sends the first token, then the rest in one chunk."""
+        ``whole``: one chunk, the whole completion."""
         if not prompt_ids:
             raise BadRequest("prompt_ids is empty", "prompt_ids")
         self.check_prompt(prompt_ids)           # by its length, before the ids are scanned
@@ -293,7 +294,7 @@ class CallRunner:
         started, t0 = time.time(), time.monotonic()
         actor_call = ActorCall(self.actors, RouteRequest(state.session_id, prompt_ids, sampling.max_tokens,
                                                          state.group_id), sampling,
-                               stream_interval=WHOLE_ANSWER if whole else 0)
+                               stream_interval=WHOLE_ANSWER if whole else 0, whole=whole)
         out = Completion(t0)
         with self._running(state):
             async with contextlib.aclosing(actor_call.chunks()) as chunks:

@@ -199,7 +199,7 @@ class Gateway:
     async def generate(self, session_id: str | None, prompt_ids: Sequence[int], sampling: common_pb2.SamplingParams,
                        whole: bool = False) -> CallStream[tuple[actor_pb2.GenerateChunk, int | None]]:
         """Token-level generation in an existing session, recorded as a call: the actor's chunks, the last with
-        the call's index; ``whole``: the first token, then the rest in one chunk."""
+        the call's index; ``whole``: one chunk, the whole completion."""
         session = _required(session_id)
         checked = await self.work.run(sampling.ByteSize(), check_sampling, sampling, self.model.vocab_size,
                                       self.model.context_length)

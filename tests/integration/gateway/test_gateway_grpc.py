@@ -205,9 +205,9 @@ def test_a_whole_chat_is_one_chunk_equal_to_the_streamed_call(gateway):
     assert list(call.weight_versions) == list(whole.weight_versions)
 
 
-def test_a_whole_generate_is_the_first_token_then_the_rest(gateway):
-    """Generate with ``whole``: two chunks (the first token, then every other), adding up to the streamed call with
-    the same seed, and recorded as it was."""
+def test_a_whole_generate_is_one_chunk_of_the_whole_completion(gateway):
+    """Generate with ``whole``: one chunk holding every token, the same as the streamed call's with the same seed,
+    and recorded as it was."""
     prompt = TOK.encode("<|im_start|>user\nCount: 1 2 3")
     with grpc.insecure_channel(gateway.grpc_address) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
@@ -219,7 +219,7 @@ def test_a_whole_generate_is_the_first_token_then_the_rest(gateway):
                 session_id=session_id, prompt_ids=prompt, sampling=sampling, whole=whole), timeout=60))
             answers.append((session_id, chunks))
     (_, streamed), (whole_session, whole) = answers
-    assert len(streamed) > 2 and [len(c.token_ids) for c in whole] == [1, 11]
+    assert len(streamed) > 2 and [len(c.token_ids) for c in whole] == [12]
     assert [t for c in whole for t in c.token_ids] == [t for c in streamed for t in c.token_ids]
     assert [v for c in whole for v in c.logprobs] == pytest.approx([v for c in streamed for v in c.logprobs],
                                                                    abs=1e-6)
