@@ -102,12 +102,8 @@ class ActorChat(LocalChat):
     async def _generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[list[int], str]:
         request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling_to_proto(sampling),
                                             adapter=self.adapter)
-        tokens: list[int] = []
-        finish = common_pb2.FINISH_REASON_UNSPECIFIED
-        async for chunk in self.stub.Generate(request, timeout=600):
-            tokens += chunk.token_ids
-            finish = chunk.finish_reason or finish
-        return tokens, FINISH.get(finish, "stop")
+        answer = await self.stub.GenerateWhole(request, timeout=600)
+        return list(answer.token_ids), FINISH.get(answer.finish_reason, "stop")
 
 
 def aio_channel(address: str, api_key: str | None = None) -> grpc.aio.Channel:
