@@ -10,7 +10,7 @@ from typing import Any
 from forge.gateway.errors import BadRequest, ModelNotServed
 from forge.gateway.http.anthropic import parse_messages_request
 from forge.gateway.http.formats import WIRE_FORMATS
-from forge.gateway.json_values import check_json
+from forge.gateway.json_values import check_json, may_hold_surrogates
 from forge.gateway.messages import ChatCall
 from forge.gateway.off_loop import INLINE_SIZE
 from forge.gateway.prompt_limits import PromptLimits
@@ -30,7 +30,7 @@ def decode_json(raw: bytes | bytearray) -> Any:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
     except RecursionError as exc:
         raise BadRequest("the request body is nested too deeply") from exc
-    check_json(body)
+    check_json(body, strings=may_hold_surrogates(raw))
     return body
 
 
