@@ -256,12 +256,23 @@ def tool_call_dict(call: gateway_pb2.ToolCall) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments or "{}"}}
 
 
+def _plain_message(message: gateway_pb2.ChatMessage) -> dict | None:
+    """A message that is a role and a text, as ``chat_message`` would give it without its per-message work; None for
+    any other."""
+    canonical = ROLE_ALIASES.get(message.role)
+    if canonical is None or message.tool_calls or message.tool_call_id or message.name or message.reasoning_content:
+        return None
+    return {"role": canonical, "content": message.content}
+
+
 def chat_call_from_proto(request: gateway_pb2.ChatRequest, vocab_size: int, context_length: int | None = None
                          ) -> ChatCall:
     if not request.messages:
         raise BadRequest("messages is empty", "messages")
-    messages = [chat_message(f"messages[{i}]", m.role, m.content, [tool_call_dict(c) for c in m.tool_calls],
-                             {"tool_call_id": m.tool_call_id, "name": m.name}, m.reasoning_content)
+    messages = [_plain_message(m) or chat_message(f"messages[{i}]", m.role, m.content,
+                                                  [tool_call_dict(c) for c in m.tool_calls],
+                                                  {"tool_call_id": m.tool_call_id, "name": m.name},
+                                                  m.reasoning_content)
                 for i, m in enumerate(request.messages)]
     tools = []
     for i, tool in enumerate(request.tools):

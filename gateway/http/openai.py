@@ -14,11 +14,11 @@ from forge.gateway.calls import ChatDelta, ChatResult
 from forge.gateway.errors import BadRequest
 from forge.gateway.forced_calls import check_tool_choice
 from forge.gateway.http.json_schemas import json_object_grammar, named_schema_grammar
+from forge.gateway.http.openai_messages import parse_messages
 from forge.gateway.http.wire import Answering, Event, StreamWriter, WireFormat, forge_json
 from forge.gateway.messages import (
     PENALTIES,
     ChatCall,
-    chat_message,
     check_grammar_with_tools,
     check_int32,
     check_sampling,
@@ -94,57 +94,6 @@ def field_value(body: dict, name: str, kind: str, default: Any = None) -> Any:
     if kind == "number" and not finite_number(value):
         raise BadRequest(f"{name} must be a finite number", name)
     return value
-
-
-def _content(value: Any, where: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        parts = []
-        for i, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise BadRequest(f"{where}.content[{i}]: only text parts are supported", f"{where}.content")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise BadRequest(f"{where}.content must be a string or a list of text parts", f"{where}.content")
-
-
-def _tool_calls(value: Any, where: str) -> list[dict]:
-    if not isinstance(value, list):
-        raise BadRequest(f"{where}.tool_calls must be a list", f"{where}.tool_calls")
-    calls = []
-    for i, call in enumerate(value):
-        here = f"{where}.tool_calls[{i}]"
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise BadRequest(f"{here} must be {{'type': 'function', 'function': {{'name': ..., 'arguments': "
-                             "...}}", here)
-        arguments = function.get("arguments", "{}")
-        if not isinstance(arguments, str | dict):
-            raise BadRequest(f"{here}.function.arguments must be a JSON string", here)
-        calls.append({"id": call.get("id") if isinstance(call.get("id"), str) else "", "type": "function",
-                      "function": {"name": function["name"], "arguments": arguments}})
-    return calls
-
-
-def parse_messages(value: Any) -> list[dict]:
-    if not isinstance(value, list) or not value:
-        raise BadRequest("messages must be a non-empty list", "messages")
-    messages = []
-    for i, raw in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(raw, dict):
-            raise BadRequest(f"{where} must be an object", where)
-        role = raw.get("role")
-        if not isinstance(role, str):
-            raise BadRequest(f"{where}.role must be a string (got {role!r})", f"{where}.role")
-        reasoning = raw.get("reasoning_content", raw.get("reasoning"))
-        tool_calls = _tool_calls(raw["tool_calls"], where) if raw.get("tool_calls") else None
-        message = chat_message(where, role, _content(raw.get("content"), where), tool_calls,
-                               {name: raw[name] for name in ("tool_call_id", "name") if isinstance(raw.get(name), str)},
-                               reasoning if isinstance(reasoning, str) else None)
-        messages.append(message)
-    return messages
 
 
 def read_tools(body: dict, read_one: Callable[[str, Any], dict]) -> list[dict] | None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from forge.gateway.errors import BadRequest
-from forge.gateway.http.openai import parse_messages, parse_tools
+from forge.gateway.http.openai import parse_tools
+from forge.gateway.http.openai_messages import parse_messages
 from forge.gateway.messages import check_template_kwargs
 from forge.gateway.modelinfo import ModelInfo
 from forge.tokenizer import ChatTemplateError
