@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
+from itertools import islice
 from typing import Any
 
 import jinja2
@@ -21,6 +22,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Older names under which a message's reasoning may arrive; templates read ``reasoning_content``.
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+RENDER_BATCH = 32          # pieces of rendered text joined between checks of the length
 
 
 class ChatTemplateError(ValueError):
@@ -83,9 +85,23 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class _ChatEnvironment(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, reaching a plain dict's keys as attributes (``message.role``) straight away: Jinja
+    tries the attribute first, and a dict has none by that name, so the sandbox's way raises an AttributeError
+    before it looks the key up. The same value comes back either way; every other lookup is the sandbox's."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute in obj and attribute not in DICT_ATTRIBUTES:
+            return obj[attribute]
+        return super().getattr(obj, attribute)
+
+
 @lru_cache(maxsize=32)
 def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
+    env = _ChatEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
@@ -96,8 +112,18 @@ def compile_template(source: str) -> jinja2.Template:
         raise ChatTemplateError(f"chat template does not parse: {exc}") from exc
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _plain(value: Any) -> Any:
     """Deep copy into plain dicts and lists, so the template never sees (or edits) the caller's objects."""
+    kind = type(value)
+    if kind in _SCALARS:                # the usual kinds first: the abstract checks below cost more
+        return value
+    if kind is dict:
+        return {str(k): _plain(v) for k, v in value.items()}
+    if kind is list:
+        return [_plain(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, str | bytes):
@@ -126,8 +152,8 @@ def render_chat(
     """Render ``messages`` (OpenAI-style dicts) and ``tools`` (JSON schemas) with ``template``.
 
     Extra ``variables`` (special tokens, flags such as ``enable_thinking``) are visible to the template. With
-    ``max_chars``, the text is rendered piece by piece and ``RenderLimitExceeded`` raised as soon as it is longer,
-    so an oversized conversation costs no more template work than the limit."""
+    ``max_chars``, the text is rendered in batches of pieces and ``RenderLimitExceeded`` raised after the first batch
+    that makes it longer, so an oversized conversation costs little more template work than the limit."""
     chat = [_alias_reasoning(m) for m in _plain(list(messages))]
     for message in chat:
         if not isinstance(message, dict):
@@ -137,12 +163,14 @@ def render_chat(
     try:
         if max_chars is None:
             return compile_template(template).render(**context)
-        pieces, chars = [], 0
-        for piece in compile_template(template).generate(**context):
-            chars += len(piece)
+        pieces = compile_template(template).generate(**context)
+        parts, chars = [], 0
+        while batch := list(islice(pieces, RENDER_BATCH)):
+            part = "".join(batch)
+            chars += len(part)
             if chars > max_chars:
                 raise RenderLimitExceeded(chars, max_chars)
-            pieces.append(piece)
-        return "".join(pieces)
+            parts.append(part)
+        return "".join(parts)
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(str(exc)) from exc
