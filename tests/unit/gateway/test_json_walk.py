@@ -15,6 +15,8 @@ from forge.gateway.errors import BadRequest
 from forge.gateway.http.decode import decode_json
 from forge.gateway.json_values import _shown, check_json, has_surrogate, may_hold_surrogates
 
+from helpers.refusals import refusal
+
 SMALL_DEPTH, SMALL_COUNT = 4, 40
 
 
@@ -52,15 +54,6 @@ values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=5) | st.di
                       max_leaves=60)
 
 
-def outcome(check, *args):
-    """The message of the BadRequest that ``check(*args)`` raises, or None."""
-    try:
-        check(*args)
-    except BadRequest as exc:
-        return exc.message
-    return None
-
-
 def small_limits():
     return mock.patch.multiple(json_values, MAX_JSON_DEPTH=SMALL_DEPTH, MAX_JSON_VALUES=SMALL_COUNT)
 
@@ -69,7 +62,7 @@ def small_limits():
 @given(values)
 def test_the_container_walk_refuses_what_the_value_walk_refused(value):
     with small_limits():
-        new, old = outcome(check_json, value), outcome(reference_check, value)
+        new, old = refusal(check_json, value), refusal(reference_check, value)
     assert (new is None) == (old is None), (new, old)
 
 
@@ -80,9 +73,9 @@ def test_a_single_problem_is_named_alike(value, problem, rng):
     planted = {"surrogate": "x\ud900", "depth": [[[[[1]]]]], "count": list(range(SMALL_COUNT + 1))}[problem]
     holder = [value, {"k": planted}] if rng.random() < 0.5 else {"first": value, "second": [planted]}
     with small_limits():
-        if outcome(reference_check, value) is not None:
+        if refusal(reference_check, value) is not None:
             return
-        assert outcome(check_json, holder) == outcome(reference_check, holder)
+        assert refusal(check_json, holder) == refusal(reference_check, holder)
 
 
 @settings(max_examples=400, deadline=None)
@@ -92,5 +85,5 @@ def test_a_body_is_refused_for_a_lone_surrogate_exactly_when_it_holds_one(text, 
                      ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
     holds = has_surrogate(text)
     assert may_hold_surrogates(raw) or not holds
-    refused = outcome(decode_json, raw)
+    refused = refusal(decode_json, raw)
     assert (refused is not None) == holds and (not holds or "lone surrogate" in refused)

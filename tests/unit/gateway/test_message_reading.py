@@ -6,20 +6,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge.gateway.errors import BadRequest
 from forge.gateway.http.openai_messages import parse_message, parse_messages
 from forge.gateway.messages import chat_call_from_proto, chat_message, tool_call_dict
 from forge.v1 import gateway_pb2
 
-
-def outcome(check, *args):
-    """The message of the BadRequest that ``check(*args)`` raises, or None."""
-    try:
-        check(*args)
-    except BadRequest as exc:
-        return exc.message
-    return None
-
+from helpers.refusals import refusal
 
 roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "robot", ""]) | st.integers()
 contents = st.none() | st.text(max_size=8) | st.integers() | st.lists(
@@ -34,8 +25,8 @@ def test_plain_messages_read_the_short_way_are_what_the_general_path_gives(raw):
     def general():
         return [parse_message(message, f"messages[{i}]") for i, message in enumerate(raw)]
 
-    assert outcome(parse_messages, raw) == outcome(general)
-    if outcome(general) is None:
+    assert refusal(parse_messages, raw) == refusal(general)
+    if refusal(general) is None:
         assert parse_messages(raw) == general()
 
 
@@ -58,7 +49,7 @@ def test_plain_grpc_messages_read_the_short_way_are_what_the_general_path_gives(
     def fast():
         return chat_call_from_proto(gateway_pb2.ChatRequest(messages=given_messages), 1024).messages
 
-    expected = outcome(general)
-    assert outcome(fast) == expected
+    expected = refusal(general)
+    assert refusal(fast) == expected
     if expected is None:
         assert fast() == general()
