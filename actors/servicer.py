@@ -39,6 +39,7 @@ from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
 
+WHOLE_ANSWER = 2**31 - 1      # a stream interval no request reaches: the first token, then the rest at the end
 FINISH_TO_PROTO = {
     FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
@@ -144,7 +145,9 @@ class ActorServicer(actor_pb2_grpc.ActorServicer):
     async def GenerateWhole(self, request: actor_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                             ) -> actor_pb2.GenerateChunk:
         """Generate's chunks joined into one answer (the same checks and refusals; a caller that goes away aborts
-        the request as it does a stream's)."""
+        the request as it does a stream's). Its tokens after the first come in one message of the backend's, whatever
+        stream interval the request asks."""
+        request.stream_interval = WHOLE_ANSWER
         whole = actor_pb2.GenerateChunk()
         async for chunk in self.Generate(request, context):
             whole.MergeFrom(chunk)      # repeated fields append; the last chunk's set fields win, the first's stay

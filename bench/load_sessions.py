@@ -17,7 +17,6 @@ from litellm_proxy import SESSION_HEADER, LiteLLMProxy
 HTTP_PATHS = ("chat", "messages", "litellm")
 FILLER = ("the quick brown fox jumps over a lazy dog while seven wizards quietly box jugs of liquid gold and "
           "every sentence counts its words ")
-WHOLE_ANSWER = 2**31 - 1       # the stream interval of a whole answer: its first token, then the rest
 
 
 @dataclass(frozen=True)
@@ -176,8 +175,7 @@ async def _session_tokens(stub, tokenizer, s: int, load: Load, outcome: Outcome,
             async for chunk in stub.Generate(request):
                 ids += chunk.token_ids
         else:
-            request = actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling, stream_interval=WHOLE_ANSWER)
-            ids += (await stub.GenerateWhole(request)).token_ids
+            ids += (await stub.GenerateWhole(actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling))).token_ids
         outcome.answered(started)
         context = outcome.count(len(prompt), len(ids), context)
         history.add(c, prompt, ids)

@@ -38,6 +38,7 @@ class _StaleHandover(Exception):
 
 
 HANDOVER_TRIES = 3
+WHOLE_ANSWER = 2**31 - 1      # the stream interval of a whole answer from an actor without GenerateWhole
 
 
 def joined(first: actor_pb2.GenerateChunk, chunk: actor_pb2.GenerateChunk) -> actor_pb2.GenerateChunk:
@@ -74,17 +75,17 @@ def with_prefill_routing(last: actor_pb2.GenerateChunk, prefill: actor_pb2.Gener
 class ActorCall:
     """One generation: iterate ``chunks()``; ``abort()`` stops it (the stream then ends with ABORT). Fails over to
     another actor while no token has arrived; after the first token an actor failure raises UpstreamFailed.
-    ``stream_interval``: tokens per chunk after the first (0: the actor's setting). ``whole``: the caller needs only
-    the answer, which comes as one chunk (the actor's GenerateWhole; its stream from an actor that lacks it), and an
-    actor that fails before answering is replaced, as nothing has been shown."""
+    ``whole``: the caller needs only the answer, which comes as one chunk (the actor's GenerateWhole; from an actor
+    that lacks it, a stream of the first token and then the rest), and an actor that fails before answering is
+    replaced, as nothing has been shown; else the tokens stream at the actor's interval."""
 
     def __init__(self, actors: ActorSet, route: RouteRequest, sampling: common_pb2.SamplingParams,
-                 stream_interval: int = 0, whole: bool = False) -> None:
+                 whole: bool = False) -> None:
         self.actors = actors
         self.route = route
         self.sampling = sampling
-        self.stream_interval = stream_interval
         self.whole = whole
+        self.stream_interval = WHOLE_ANSWER if whole else 0
         self.actor: ActorState | None = None
         self.request_id = ""
         self.aborted = False

@@ -42,7 +42,6 @@ from forge.v1 import actor_pb2, common_pb2, pool_pb2
 
 log = logging.getLogger(__name__)
 
-WHOLE_ANSWER = 2**31 - 1      # stream_interval asking an actor for the first token and then the rest at the end
 TITO_COUNTERS = {FRESH: "tito_fresh", SPLICE: "tito_splices", PARTIAL: "tito_partial", FALLBACK: "tito_fallbacks"}
 STOP, LENGTH, ABORT = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_ABORT
 
@@ -225,8 +224,7 @@ class CallRunner:
         prompt_ids = ids_field(build.ids)
         actor_call = ActorCall(self.actors, RouteRequest(state.session_id, prompt_ids, call.sampling.max_tokens,
                                                          state.group_id),
-                               call.sampling, stream_interval=0 if incremental else WHOLE_ANSWER,
-                               whole=not incremental)
+                               call.sampling, whole=not incremental)
         assembler = TextAssembler(self.tokenizer, call.stop, incremental=incremental)
         out = Completion(t0)
         shown = ChatDelta()
@@ -294,7 +292,7 @@ class CallRunner:
         started, t0 = time.time(), time.monotonic()
         actor_call = ActorCall(self.actors, RouteRequest(state.session_id, prompt_ids, sampling.max_tokens,
                                                          state.group_id), sampling,
-                               stream_interval=WHOLE_ANSWER if whole else 0, whole=whole)
+                               whole=whole)
         out = Completion(t0)
         with self._running(state):
             async with contextlib.aclosing(actor_call.chunks()) as chunks:

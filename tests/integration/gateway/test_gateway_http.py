@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from forge.assets import TINY_DIR
-from forge.gateway.calls import WHOLE_ANSWER
+from forge.gateway.actor_calls import WHOLE_ANSWER
 from forge.gateway.modelinfo import ModelInfo
 from forge.pool import NotFoundError, PoolReader
 from forge.tokenizer import Tokenizer

@@ -12,7 +12,6 @@ import pytest
 
 from forge.gateway.actor_calls import ActorCall, first_token_s
 from forge.gateway.actors import ActorSet
-from forge.gateway.calls import WHOLE_ANSWER
 from forge.gateway.routing import RouteRequest
 from forge.rpc import ServiceBinding, serve
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
@@ -69,7 +68,7 @@ def run_calls(addresses: list[str], calls: int, whole: bool = True) -> tuple[lis
             answers = []
             for _ in range(calls):
                 call = ActorCall(actors, RouteRequest("s", [1, 2, 3], 16), common_pb2.SamplingParams(max_tokens=16),
-                                 stream_interval=WHOLE_ANSWER, whole=whole)
+                                 whole=whole)
                 answers.append([chunk async for chunk in call.chunks()])
             return answers, actors
         finally:
