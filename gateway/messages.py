@@ -105,6 +105,13 @@ def chat_message(where: str, role: str, content: str | None, tool_calls: list[di
     return message
 
 
+def plain_message(role: object, content: object) -> dict | None:
+    """What ``chat_message`` gives for a message of only a role and a text, without its per-message work (most
+    messages are such); None where ``chat_message`` must read it."""
+    canonical = ROLE_ALIASES.get(role) if type(role) is str else None
+    return {"role": canonical, "content": content} if canonical is not None and type(content) is str else None
+
+
 def tool_function(where: str, function: dict) -> dict:
     """A tool in OpenAI's form from its function part: a non-empty name, and parameters (if any) a JSON schema
     object."""
@@ -256,24 +263,21 @@ def tool_call_dict(call: gateway_pb2.ToolCall) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments or "{}"}}
 
 
-def _plain_message(message: gateway_pb2.ChatMessage) -> dict | None:
-    """A message that is a role and a text, as ``chat_message`` would give it without its per-message work; None for
-    any other."""
-    canonical = ROLE_ALIASES.get(message.role)
-    if canonical is None or message.tool_calls or message.tool_call_id or message.name or message.reasoning_content:
-        return None
-    return {"role": canonical, "content": message.content}
+def message_from_proto(index: int, message: gateway_pb2.ChatMessage) -> dict:
+    if not (message.tool_calls or message.tool_call_id or message.name or message.reasoning_content):
+        plain = plain_message(message.role, message.content)
+        if plain is not None:
+            return plain
+    return chat_message(f"messages[{index}]", message.role, message.content,
+                        [tool_call_dict(c) for c in message.tool_calls],
+                        {"tool_call_id": message.tool_call_id, "name": message.name}, message.reasoning_content)
 
 
 def chat_call_from_proto(request: gateway_pb2.ChatRequest, vocab_size: int, context_length: int | None = None
                          ) -> ChatCall:
     if not request.messages:
         raise BadRequest("messages is empty", "messages")
-    messages = [_plain_message(m) or chat_message(f"messages[{i}]", m.role, m.content,
-                                                  [tool_call_dict(c) for c in m.tool_calls],
-                                                  {"tool_call_id": m.tool_call_id, "name": m.name},
-                                                  m.reasoning_content)
-                for i, m in enumerate(request.messages)]
+    messages = [message_from_proto(i, m) for i, m in enumerate(request.messages)]
     tools = []
     for i, tool in enumerate(request.tools):
         function: dict = {"name": tool.name, "description": tool.description or None}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from forge.gateway.errors import BadRequest
-from forge.gateway.messages import ROLE_ALIASES, chat_message
+from forge.gateway.messages import chat_message, plain_message
 
 PLAIN_MESSAGE_KEYS = frozenset({"role", "content"})
 
@@ -47,14 +47,9 @@ def parse_messages(value: Any) -> list[dict]:
         raise BadRequest("messages must be a non-empty list", "messages")
     messages = []
     for i, raw in enumerate(value):
-        # Most messages are a role and a text: read as the general path would, without its per-message work.
-        if type(raw) is dict and raw.keys() <= PLAIN_MESSAGE_KEYS and type(raw.get("content")) is str:
-            role = raw.get("role")
-            canonical = ROLE_ALIASES.get(role) if type(role) is str else None
-            if canonical is not None:
-                messages.append({"role": canonical, "content": raw["content"]})
-                continue
-        messages.append(parse_message(raw, f"messages[{i}]"))
+        plain = plain_message(raw.get("role"), raw.get("content")) \
+            if type(raw) is dict and raw.keys() <= PLAIN_MESSAGE_KEYS else None
+        messages.append(plain or parse_message(raw, f"messages[{i}]"))
     return messages
 
 
