@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import multiprocessing
 import resource
@@ -101,31 +102,24 @@ async def _http_calls(port: int, calls: int, concurrency: int) -> None:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def _grpc_calls(port: int, calls: int, concurrency: int) -> None:
+async def _grpc_calls(port: int, calls: int, concurrency: int, whole: bool = False) -> None:
+    """``calls`` gRPC calls, ``concurrency`` in flight, each answer read as a stream or (``whole``) one message."""
     import grpc
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        chat = channel.unary_stream(METHOD, request_serializer=gateway_pb2.ChatRequest.SerializeToString,
-                                    response_deserializer=gateway_pb2.ChatChunk.FromString)
+        serialize, deserialize = gateway_pb2.ChatRequest.SerializeToString, gateway_pb2.ChatChunk.FromString
+        if whole:
+            call = channel.unary_unary(WHOLE_METHOD, request_serializer=serialize, response_deserializer=deserialize)
+        else:
+            stream = channel.unary_stream(METHOD, request_serializer=serialize, response_deserializer=deserialize)
 
         async def worker() -> None:
             for _ in range(calls // concurrency):
-                async for _chunk in chat(REQUEST):
-                    pass
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-
-
-async def _grpc_whole_calls(port: int, calls: int, concurrency: int) -> None:
-    import grpc
-
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        chat = channel.unary_unary(WHOLE_METHOD, request_serializer=gateway_pb2.ChatRequest.SerializeToString,
-                                   response_deserializer=gateway_pb2.ChatChunk.FromString)
-
-        async def worker() -> None:
-            for _ in range(calls // concurrency):
-                await chat(REQUEST)
+                if whole:
+                    await call(REQUEST)
+                else:
+                    async for _chunk in stream(REQUEST):
+                        pass
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -163,7 +157,7 @@ def main() -> None:
         parser.error("--calls must be at least --concurrency, which must be at least 1; --repeats at least 1")
     cases = {"aiohttp server (HTTP APIs)": (_serve_http, False, _http_calls, 0),
              "grpc.aio server (gRPC API)": (_serve_grpc, False, _grpc_calls, 0),
-             "grpc.aio client, one message": (_serve_grpc, True, _grpc_whole_calls, 1),
+             "grpc.aio client, one message": (_serve_grpc, True, functools.partial(_grpc_calls, whole=True), 1),
              "grpc.aio client, a stream": (_serve_grpc, True, _grpc_calls, 1)}
     print(f"CPU ms a call, medians of {args.repeats} runs of {args.calls} calls, {args.concurrency} in flight")
     for name, (serve, actor_like, calls_of, side) in cases.items():

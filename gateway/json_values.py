@@ -93,7 +93,7 @@ def _may_break_bounds(value: Any, strings: bool) -> bool:
 
 def _name_the_problem(value: Any, root: str, strings: bool) -> None:
     """The BadRequest naming the first problem a depth-first walk meets (none raised when there is none)."""
-    if not isinstance(value, dict | list):
+    if not isinstance(value, CONTAINERS):
         if strings and isinstance(value, str) and has_surrogate(value):
             raise _surrogate_in(None, root)
         return
@@ -114,7 +114,7 @@ def _name_the_problem(value: Any, root: str, strings: bool) -> None:
                 key = str(key)
                 if strings and has_surrogate(key):
                     raise _surrogate_in(path, root)
-            if isinstance(child, dict | list):
+            if isinstance(child, CONTAINERS):
                 stack.append((child, depth + 1, (path, key)))
             elif strings and isinstance(child, str) and has_surrogate(child):
                 raise _surrogate_in((path, key), root)
