@@ -37,9 +37,9 @@ def run(calls: int, window: int, completion_words: int, seed: int) -> dict:
     spliced, fresh, splices = [], [], 0
     for index in range(calls):
         text = tokenizer.decode(ids) + " user: go on"
+        completion = words(completion_words)
         t0 = time.perf_counter()
         built = history.build(tokenizer, text)
-        completion = words(completion_words)
         history.add(index, built.ids, completion)
         t1 = time.perf_counter()
         tokenizer.encode(text)
