@@ -102,9 +102,9 @@ def reward_of(session: pool_pb2.SessionRecord) -> float:
     return float(sum(session.outcome_rewards.values()))
 
 
-def _call(tx: Txn, key: bytes, value: bytes, work: Work) -> pool_pb2.CallRecord:
+def _call(tx: Txn, key: bytes, number: bytes, work: Work) -> pool_pb2.CallRecord:
     work.calls += 1
-    call = pool_pb2.CallRecord.FromString(value)
+    call = pool_pb2.CallRecord.FromString(tx.record(number))
     call.index = layout.call_index_of(key)
     return call
 

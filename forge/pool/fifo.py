@@ -187,9 +187,7 @@ def rewind(tx: Txn, state: PoolState, seq: int, min_completed: int, now: float) 
 def delete_entry(tx: Txn, entry: EntryState) -> None:
     """Delete an entry with its sessions and their calls."""
     for session_id in entry.members:
-        keys = [layout.call_key(session_id, index) for index, _ in tx.call_items(session_id)]
-        for key in keys:
-            tx.delete("calls", key)
+        tx.delete_calls(session_id)
         tx.delete("sessions", layout.session_key(session_id))
         tx.delete("open", layout.session_key(session_id))
     if entry.group_id and tx.get("groups", entry.group_id.encode()) == layout.position_key(entry.position):

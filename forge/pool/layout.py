@@ -4,9 +4,12 @@ Databases (all keys byte-ordered, so cursors iterate in queue and call order):
 
 - ``meta``      ``b"state"`` -> :class:`PoolState` (JSON): head, tail, consume seq, committed cursor, counters.
 - ``sessions``  session id (UTF-8) -> ``forge.v1.SessionRecord``.
-- ``calls``     session id + ``b"\\0"`` + index (u32 big-endian) -> ``forge.v1.CallRecord`` as appended (a creation
-  time or an assigned index, when missing, merged in as protobuf fields appended to the bytes), its prompt ids after
-  those it shares with the previous call's prompt and completion (``forge.pool.shared_prompts``).
+- ``calls``     session id + ``b"\\0"`` + index (u32 big-endian) -> the call's record number (u64 big-endian).
+- ``records``   record number -> ``forge.v1.CallRecord`` as appended (a creation time or an assigned index, when
+  missing, merged in as protobuf fields appended to the bytes), its prompt ids after those it shares with the previous
+  call's prompt and completion (``forge.pool.shared_prompts``). Numbers are given in append order, so records fill
+  their pages whole however many sessions are appending at once; keyed by session, as ``calls`` is, they would land at
+  random and leave a third of each page empty.
 - ``entries``   queue position (u64 big-endian) -> :class:`EntryState` (JSON): group, size, members, counts, status.
 - ``groups``    group id (UTF-8) -> queue position of the group's entry.
 - ``open``      session id -> last activity (f64 big-endian, unix seconds) of every open session.
@@ -23,8 +26,9 @@ from typing import Any, ClassVar
 
 from forge.v1 import pool_pb2
 
-FORMAT_VERSION = 2          # 2: a call's prompt may be stored after the ids it shares with the previous call
-DATABASES = ("meta", "sessions", "calls", "entries", "groups", "open", "pending", "consumes")
+FORMAT_VERSION = 3          # 2: a call's prompt may be stored after the ids it shares with the previous call;
+                            # 3: records are keyed by record number (``forge.pool.migrate`` moves older pools)
+DATABASES = ("meta", "sessions", "calls", "records", "entries", "groups", "open", "pending", "consumes")
 STATE_KEY = b"state"
 MAX_ID_BYTES = 256          # LMDB keys are at most 511 bytes
 
@@ -64,6 +68,14 @@ def call_key(session_id: str, index: int) -> bytes:
 
 def call_index_of(key: bytes) -> int:
     return _U32.unpack(key[-4:])[0]
+
+
+def record_key(number: int) -> bytes:
+    return _U64.pack(number)
+
+
+def record_number(key: bytes) -> int:
+    return _U64.unpack(key)[0]
 
 
 def pack_time(t: float) -> bytes:
@@ -106,6 +118,7 @@ class PoolState(_Json):
     failed: int = 0
     sessions: int = 0             # opened, ever
     calls: int = 0                # appended, ever
+    records: int = 0              # record numbers given, ever (the next record's number)
     created_at: float = 0.0
 
 

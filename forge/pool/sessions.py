@@ -198,14 +198,12 @@ def append_call(tx: Txn, state: PoolState, call: PreparedCall, now: float, last_
         shared = begins_with(call.prompt, previous.prompt, previous.completion)
     else:
         shared = shared_with_previous(call.prompt, index, lambda k: StoredIds.of(pool_pb2.CallRecord.FromString(
-            tx.get("calls", layout.call_key(call.session_id, k)) or b"")))
+            (tx.call_record(call.session_id, k) or (b"", b""))[1])))
     if last_calls is not None:
         remembered = LastCall(position, index, call.prompt, call.completion)
         tx.on_commit.append(lambda: last_calls.put(call.session_id, remembered))
-    if shared:
-        state.version = max(state.version, layout.FORMAT_VERSION)     # a Forge that cannot read it refuses the pool
     ids = pool_pb2.CallRecord(index=index, prompt_ids=call.prompt[shared:].tolist(), prompt_shared=shared)
-    tx.put("calls", layout.call_key(call.session_id, index), call.payload + ids.SerializeToString())
+    tx.add_call(state, call.session_id, index, call.payload + ids.SerializeToString())
     session.num_calls = index + 1
     tx.put_session(session)
     key = layout.session_key(call.session_id)
@@ -220,14 +218,14 @@ def add_process_reward(tx: Txn, state: PoolState, reward: pool_pb2.ProcessReward
     if not math.isfinite(reward.reward):
         raise InvalidRequestError("reward must be a finite number")
     session = tx.require_session(reward.session_id)
-    key = layout.call_key(reward.session_id, reward.call_index) if reward.call_index >= 0 else None
-    data = tx.get("calls", key) if key is not None else None
-    if data is None:
+    stored = tx.call_record(reward.session_id, reward.call_index) if reward.call_index >= 0 else None
+    if stored is None:
         raise NotFoundError(f"session {reward.session_id!r} has no call {reward.call_index}")
     entry = tx.entry(session.queue_position)
     if entry is None or entry.status not in (PENDING, COMPLETED):
         raise ConflictError(f"session {reward.session_id!r} was already taken by the learner; its rewards are final")
-    tx.put("calls", key, data + pool_pb2.CallRecord(process_rewards=[reward.reward]).SerializeToString())
+    number, data = stored
+    tx.put("records", number, data + pool_pb2.CallRecord(process_rewards=[reward.reward]).SerializeToString())
 
 
 def close_session(tx: Txn, state: PoolState, request: pool_pb2.CloseSessionRequest, min_completed: int,

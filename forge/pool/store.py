@@ -18,6 +18,7 @@ import lmdb
 from forge.pool import layout
 from forge.pool.errors import NotFoundError, PoolError, PoolFullError
 from forge.pool.layout import EntryState, PoolState
+from forge.pool.migrate import update_format
 from forge.pool.shared_prompts import expand
 from forge.v1 import pool_pb2
 
@@ -145,16 +146,46 @@ class Txn:
                 return
             yield EntryState.from_bytes(value)
 
-    def call_items(self, session_id: str) -> Iterator[tuple[int, bytes]]:
-        """(index, stored CallRecord bytes) of a session's calls, in order."""
+    def call_numbers(self, session_id: str) -> Iterator[tuple[int, bytes]]:
+        """(index, record key) of a session's calls, in order."""
         prefix = layout.call_prefix(session_id)
         cursor = self.cursor("calls")
         if not cursor.set_range(prefix):
             return
-        for key, value in cursor:
+        for key, number in cursor:
             if not key.startswith(prefix):
                 return
-            yield layout.call_index_of(key), value
+            yield layout.call_index_of(key), number
+
+    def call_items(self, session_id: str) -> Iterator[tuple[int, bytes]]:
+        """(index, stored CallRecord bytes) of a session's calls, in order."""
+        for index, number in self.call_numbers(session_id):
+            yield index, self.record(number)
+
+    def record(self, number: bytes) -> bytes:
+        """A stored CallRecord by its record key."""
+        data = self.get("records", number)
+        if data is None:
+            raise PoolError(f"pool is damaged: record {layout.record_number(number)} is missing")
+        return data
+
+    def call_record(self, session_id: str, index: int) -> tuple[bytes, bytes] | None:
+        """(record key, stored CallRecord bytes) of one call, None when the session has no such call."""
+        number = self.get("calls", layout.call_key(session_id, index))
+        return None if number is None else (number, self.record(number))
+
+    def add_call(self, state: PoolState, session_id: str, index: int, data: bytes) -> None:
+        """Store a new call's record under the next record number (after every record: it fills the last page)."""
+        number = layout.record_key(state.records)
+        if not self.txn.put(number, data, db=self.dbs["records"], append=True):
+            raise PoolError(f"pool is damaged: record {state.records} is not after every stored record")
+        state.records += 1
+        self.put("calls", layout.call_key(session_id, index), number)
+
+    def delete_calls(self, session_id: str) -> None:
+        for index, number in list(self.call_numbers(session_id)):
+            self.delete("records", number)
+            self.delete("calls", layout.call_key(session_id, index))
 
     def fill_calls(self, out: pool_pb2.SessionWithCalls, session_id: str) -> None:
         """The session's calls, each with its whole prompt (``forge.pool.shared_prompts``)."""
@@ -203,6 +234,8 @@ class Store:
                     break
                 except lmdb.MapResizedError:    # another process grew the map meanwhile
                     self.env.set_mapsize(0)
+                except lmdb.MapFullError:       # moving an older pool's calls needs more room
+                    self.grow()
         except lmdb.NotFoundError as exc:
             self.env.close()
             raise PoolError(f"{self.path} is not a pool (missing database: {exc})") from exc
@@ -212,13 +245,23 @@ class Store:
 
     def _open_databases(self) -> dict[str, lmdb._Database]:
         if self.readonly:
+            meta = self.env.open_db(b"meta", create=False)
+            with self.env.begin(db=meta) as txn:
+                state = Txn(txn, {"meta": meta}).state()
+            if state.version < layout.FORMAT_VERSION:
+                raise PoolError(f"{self.path} is a pool of format {state.version}, written by an older Forge: open it "
+                                f"once for writing (`forge pool serve`, or a gateway with --pool) to move it to "
+                                f"format {layout.FORMAT_VERSION}")
             return {name: self.env.open_db(name.encode(), create=False) for name in layout.DATABASES}
         with self.env.begin(write=True) as txn:
             dbs = {name: self.env.open_db(name.encode(), txn=txn) for name in layout.DATABASES}
             tx = Txn(txn, dbs)
             if tx.get("meta", layout.STATE_KEY) is None:
                 tx.put_state(PoolState(created_at=time.time()))
-            tx.state()
+            state = tx.state()
+            if state.version < layout.FORMAT_VERSION:
+                update_format(txn, dbs, state)
+                tx.put_state(state)
         return dbs
 
     @contextlib.contextmanager

@@ -90,32 +90,6 @@ def test_a_client_may_not_send_the_stored_form(tmp_path):
             pool.append_call(call)
 
 
-def test_a_pool_with_shared_prompts_says_so_in_its_format(tmp_path):
-    """A version-1 pool (written before) takes format 2 with its first shared prompt, so an older Forge refuses it
-    instead of reading short prompts; one without is left as it is."""
-    import json
-
-    import lmdb
-
-    from forge.pool import layout
-
-    Pool(tmp_path / "pool").close()
-    env = lmdb.open(str(tmp_path / "pool"), max_dbs=len(layout.DATABASES) + 1)
-    with env.begin(write=True, db=env.open_db(b"meta")) as txn:
-        txn.put(layout.STATE_KEY, json.dumps({**json.loads(txn.get(layout.STATE_KEY)), "version": 1}).encode())
-    env.close()
-    with Pool(tmp_path / "pool") as pool:
-        assert pool.state().version == 1
-        pool.open_session(session_id="s")
-        first = make_call("s", 0)
-        pool.append_call(first)
-        assert pool.state().version == 1
-        second = make_call("s", 1)
-        second.prompt_ids[:0] = [*first.prompt_ids, *first.completion_ids]
-        pool.append_call(second)
-        assert pool.state().version == 2
-
-
 def test_a_prepared_call_holds_every_field_but_its_prompt():
     """The stored payload is the record without its prompt ids, every other field kept (copied field by field)."""
     from forge.pool.sessions import _without_prompt, prepare_call
