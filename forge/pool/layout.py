@@ -19,10 +19,11 @@ Databases (all keys byte-ordered, so cursors iterate in queue and call order):
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from forge.v1 import pool_pb2
 
@@ -86,19 +87,23 @@ def unpack_time(data: bytes) -> float:
     return _F64.unpack(data)[0]
 
 
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
+
+
 class _Json:
     """JSON (de)serialisation of a flat dataclass; unknown keys are ignored, missing ones take their defaults."""
 
-    _names: ClassVar[frozenset[str]]
-
     def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        # The instance's fields as they are, in field order: asdict() would deep-copy each value first, and the
+        # pool's state is written in every transaction.
+        return json.dumps(vars(self), separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Any:
-        raw = json.loads(data)
-        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-        return cls(**{k: v for k, v in raw.items() if k in names})
+        names = _field_names(cls)
+        return cls(**{k: v for k, v in json.loads(data).items() if k in names})
 
 
 @dataclass

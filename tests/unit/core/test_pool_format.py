@@ -4,11 +4,14 @@ session, is moved on its first opening for writing and reads back the same; a re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
 import lmdb
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from forge.pool import Pool, PoolError, PoolReader, layout
 
@@ -112,3 +115,21 @@ def test_deleting_sessions_deletes_their_records(tmp_path):
             assert tx.count("records") == tx.count("calls") == 6
             kept = {layout.record_number(n) for s in sessions[2:] for _, n in tx.call_numbers(s)}
             assert {layout.record_number(key) for key, _ in tx.cursor("records")} == kept
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**63), st.lists(st.text(max_size=40), max_size=5),
+       st.lists(st.lists(st.integers(0, 2**31), min_size=2, max_size=2), max_size=4),
+       st.floats(allow_nan=False, allow_infinity=False))
+def test_the_small_records_are_their_fields_in_json(number, members, previous, when):
+    """What the pool writes for its state, entries and consume logs is every field, in order (as ``asdict`` gives),
+    changed fields included, and reads back equal."""
+    state = layout.PoolState(created_at=when)
+    state.records, state.head = number, number // 3
+    entry = layout.EntryState(position=number, members=list(members), updated_at=when)
+    entry.members.append("late")
+    log = layout.ConsumeLog(seq=number, status=layout.CONSUMED, previous=previous, head_after=number)
+    for record in (state, entry, log):
+        data = record.to_bytes()
+        assert data == json.dumps(dataclasses.asdict(record), separators=(",", ":")).encode()
+        assert type(record).from_bytes(data) == record
