@@ -1,5 +1,6 @@
-"""The gRPC front end (forge.v1.Gateway) for white-box agents: sessions, streaming Chat, token-level Generate,
-process rewards and Stats, each translated to a call of the gateway and its result back. Handlers are coroutines on
+"""The gRPC front end (forge.v1.Gateway) for white-box agents: sessions, streaming Chat, token-level Generate (each
+also answered as one message: ChatWhole, GenerateWhole), process rewards and Stats, each translated to a call of the
+gateway and its result back. Handlers are coroutines on
 the gateway's event loop (a ``grpc.aio`` server on that loop), beside the HTTP front end and the actor streams: an
 open call holds no thread.
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -19,19 +20,20 @@ from forge.gateway.auth import KeyPolicy, Operation
 from forge.gateway.calls import ChatResult
 from forge.gateway.errors import GatewayError
 from forge.gateway.messages import chat_call_from_proto
-from forge.gateway.service import Gateway
+from forge.gateway.service import CallStream, Gateway
 from forge.rpc.auth import AioApiKeyInterceptor, key_from_metadata
 from forge.rpc.server import HEALTH_SERVICE
-from forge.v1 import gateway_pb2, gateway_pb2_grpc, pool_pb2
+from forge.v1 import actor_pb2, gateway_pb2, gateway_pb2_grpc, pool_pb2
 
 log = logging.getLogger(__name__)
 
 SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 OPERATIONS = {f"/{SERVICE}/{name}": operation for name, operation in (
     ("StartSession", Operation.START_SESSION), ("EndSession", Operation.END_SESSION),
-    ("AddReward", Operation.ADD_REWARD), ("Chat", Operation.CHAT), ("Generate", Operation.GENERATE),
-    ("Stats", Operation.STATS))}
+    ("AddReward", Operation.ADD_REWARD), ("Chat", Operation.CHAT), ("ChatWhole", Operation.CHAT),
+    ("Generate", Operation.GENERATE), ("GenerateWhole", Operation.GENERATE), ("Stats", Operation.STATS))}
 CALL_INDEX_KEY = "forge-call-index"
+T = TypeVar("T")
 
 
 def key_interceptor(policy: KeyPolicy) -> AioApiKeyInterceptor:
@@ -138,21 +140,49 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def Stats(self, request, context):
         return self.gateway.report()
 
-    @_streaming
-    async def Chat(self, request, context):
+    async def _chat(self, request: gateway_pb2.ChatRequest, context: grpc.aio.ServicerContext, whole: bool
+                    ) -> CallStream:
         session_id = self._session_id(context, Operation.CHAT, request.session_id)
         model = self.gateway.model
         size = request.ByteSize()
         call = await self.gateway.work.run(size, chat_call_from_proto, request, model.vocab_size, model.context_length)
-        stream = await self.gateway.chat(call, session_id, stream=not request.whole, size=size)
-        async for event in stream.events:
-            yield chat_chunk(event, request.whole)
+        return await self.gateway.chat(call, session_id, stream=not whole, size=size)
 
-    @_streaming
-    async def Generate(self, request, context):
+    async def _generate(self, request: gateway_pb2.SessionGenerateRequest, context: grpc.aio.ServicerContext,
+                        whole: bool) -> AsyncIterator[actor_pb2.GenerateChunk]:
         session_id = self._session_id(context, Operation.GENERATE, request.session_id)
-        stream = await self.gateway.generate(session_id, request.prompt_ids, request.sampling, whole=request.whole)
+        stream = await self.gateway.generate(session_id, request.prompt_ids, request.sampling, whole=whole)
         async for chunk, index in stream.events:
             if index is not None:
                 context.set_trailing_metadata(((CALL_INDEX_KEY, str(index)),))
             yield chunk
+
+    @_streaming
+    async def Chat(self, request, context):
+        stream = await self._chat(request, context, request.whole)
+        async for event in stream.events:
+            yield chat_chunk(event, request.whole)
+
+    @_unary
+    async def ChatWhole(self, request, context):
+        stream = await self._chat(request, context, whole=True)
+        return chat_chunk(await _last(stream.events), whole=True)
+
+    @_streaming
+    async def Generate(self, request, context):
+        async for chunk in self._generate(request, context, request.whole):
+            yield chunk
+
+    @_unary
+    async def GenerateWhole(self, request, context):
+        return await _last(self._generate(request, context, whole=True))
+
+
+async def _last(items: AsyncIterator[T]) -> T:
+    """The last of a call's events: a call answered whole has only its result."""
+    last = None
+    async for item in items:
+        last = item
+    if last is None:
+        raise RuntimeError("the call ended without a result")
+    return last

@@ -58,6 +58,16 @@ class GatewayStub:
                 request_serializer=forge_dot_v1_dot_gateway__pb2.SessionGenerateRequest.SerializeToString,
                 response_deserializer=forge_dot_v1_dot_actor__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.ChatWhole = channel.unary_unary(
+                '/forge.v1.Gateway/ChatWhole',
+                request_serializer=forge_dot_v1_dot_gateway__pb2.ChatRequest.SerializeToString,
+                response_deserializer=forge_dot_v1_dot_gateway__pb2.ChatChunk.FromString,
+                _registered_method=True)
+        self.GenerateWhole = channel.unary_unary(
+                '/forge.v1.Gateway/GenerateWhole',
+                request_serializer=forge_dot_v1_dot_gateway__pb2.SessionGenerateRequest.SerializeToString,
+                response_deserializer=forge_dot_v1_dot_actor__pb2.GenerateChunk.FromString,
+                _registered_method=True)
         self.AddReward = channel.unary_unary(
                 '/forge.v1.Gateway/AddReward',
                 request_serializer=forge_dot_v1_dot_gateway__pb2.AddRewardRequest.SerializeToString,
@@ -100,6 +110,20 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ChatWhole(self, request, context):
+        """Chat and Generate answered as one message once the call is recorded: what they answer with `whole`, without a
+        stream's cost to either side. GenerateWhole gives the call's index in the trailing metadata, as Generate does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateWhole(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AddReward(self, request, context):
         """Attach a process reward to one call of a session.
         """
@@ -133,6 +157,16 @@ def add_GatewayServicer_to_server(servicer, server):
             ),
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
+                    request_deserializer=forge_dot_v1_dot_gateway__pb2.SessionGenerateRequest.FromString,
+                    response_serializer=forge_dot_v1_dot_actor__pb2.GenerateChunk.SerializeToString,
+            ),
+            'ChatWhole': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChatWhole,
+                    request_deserializer=forge_dot_v1_dot_gateway__pb2.ChatRequest.FromString,
+                    response_serializer=forge_dot_v1_dot_gateway__pb2.ChatChunk.SerializeToString,
+            ),
+            'GenerateWhole': grpc.unary_unary_rpc_method_handler(
+                    servicer.GenerateWhole,
                     request_deserializer=forge_dot_v1_dot_gateway__pb2.SessionGenerateRequest.FromString,
                     response_serializer=forge_dot_v1_dot_actor__pb2.GenerateChunk.SerializeToString,
             ),
@@ -254,6 +288,60 @@ class Gateway:
             request,
             target,
             '/forge.v1.Gateway/Generate',
+            forge_dot_v1_dot_gateway__pb2.SessionGenerateRequest.SerializeToString,
+            forge_dot_v1_dot_actor__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChatWhole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forge.v1.Gateway/ChatWhole',
+            forge_dot_v1_dot_gateway__pb2.ChatRequest.SerializeToString,
+            forge_dot_v1_dot_gateway__pb2.ChatChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateWhole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forge.v1.Gateway/GenerateWhole',
             forge_dot_v1_dot_gateway__pb2.SessionGenerateRequest.SerializeToString,
             forge_dot_v1_dot_actor__pb2.GenerateChunk.FromString,
             options,

@@ -135,6 +135,9 @@ def test_grpc_errors_are_statuses_with_messages(gateway):
                                                                sampling=common_pb2.SamplingParams(max_tokens=2048)),
              grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
         ]
+        answered_whole = {stub.Chat: stub.ChatWhole, stub.Generate: stub.GenerateWhole}
+        cases += [(answered_whole[method], request, code, message) for method, request, code, message in cases
+                  if method in answered_whole]          # the one-message methods refuse alike
         for method, request, code, message in cases:
             with pytest.raises(grpc.RpcError) as err:
                 result = method(request, timeout=30)
@@ -180,29 +183,32 @@ def test_chat_takes_the_openai_parameters_the_http_front_end_takes(gateway):
 
 
 def test_a_whole_chat_is_one_chunk_equal_to_the_streamed_call(gateway):
-    """``whole``: one chunk once the call is recorded, holding what the streamed call's chunks add up to (same seed),
-    its ids, log-probs, versions and top log-probs as the pool records them."""
+    """``whole``, and ChatWhole: one chunk once the call is recorded, holding what the streamed call's chunks add up to
+    (same seed), its ids, log-probs, versions and top log-probs as the pool records them."""
     with grpc.insecure_channel(gateway.grpc_address) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         answers = []
-        for whole in (False, True):
+        for way in ("stream", "whole", "ChatWhole"):
             session_id = stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30).session.session_id
             sampling = common_pb2.SamplingParams(temperature=1.0, seed=11, max_tokens=12, ignore_eos=True,
                                                  top_logprobs=2)
-            chunks = list(stub.Chat(gateway_pb2.ChatRequest(session_id=session_id, messages=[user("Tell a story.")],
-                                                            sampling=sampling, whole=whole), timeout=60))
+            request = gateway_pb2.ChatRequest(session_id=session_id, messages=[user("Tell a story.")],
+                                              sampling=sampling, whole=way == "whole")
+            chunks = [stub.ChatWhole(request, timeout=60)] if way == "ChatWhole" else list(
+                stub.Chat(request, timeout=60))
             answers.append((session_id, chunks))
-    (_, streamed), (whole_session, [whole]) = answers
+    (_, streamed), *answered_whole = answers
     assert len(streamed) > 1
-    assert list(whole.token_ids) == [t for c in streamed for t in c.token_ids]
-    assert list(whole.logprobs) == pytest.approx([v for c in streamed for v in c.logprobs], abs=1e-6)
-    assert list(whole.top_logprobs) == [top for c in streamed for top in c.top_logprobs]
-    assert whole.text == "".join(c.text for c in streamed) and whole.content == streamed[-1].content
-    assert (whole.finish_reason, whole.completion_tokens) == (streamed[-1].finish_reason, 12)
-    with PoolReader(gateway.pool_path) as reader:
-        [call] = reader.get_session(whole_session).calls
-    assert list(call.completion_ids) == list(whole.token_ids) and list(call.logprobs) == list(whole.logprobs)
-    assert list(call.weight_versions) == list(whole.weight_versions)
+    for whole_session, [whole] in answered_whole:
+        assert list(whole.token_ids) == [t for c in streamed for t in c.token_ids]
+        assert list(whole.logprobs) == pytest.approx([v for c in streamed for v in c.logprobs], abs=1e-6)
+        assert list(whole.top_logprobs) == [top for c in streamed for top in c.top_logprobs]
+        assert whole.text == "".join(c.text for c in streamed) and whole.content == streamed[-1].content
+        assert (whole.finish_reason, whole.completion_tokens, whole.call_index) == (streamed[-1].finish_reason, 12, 0)
+        with PoolReader(gateway.pool_path) as reader:
+            [call] = reader.get_session(whole_session).calls
+        assert list(call.completion_ids) == list(whole.token_ids) and list(call.logprobs) == list(whole.logprobs)
+        assert list(call.weight_versions) == list(whole.weight_versions)
 
 
 def test_a_whole_generate_is_one_chunk_of_the_whole_completion(gateway):
@@ -212,20 +218,29 @@ def test_a_whole_generate_is_one_chunk_of_the_whole_completion(gateway):
     with grpc.insecure_channel(gateway.grpc_address) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         answers = []
-        for whole in (False, True):
+        for way in ("stream", "whole", "GenerateWhole"):
             session_id = stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30).session.session_id
             sampling = common_pb2.SamplingParams(temperature=1.0, seed=5, max_tokens=12, ignore_eos=True)
-            chunks = list(stub.Generate(gateway_pb2.SessionGenerateRequest(
-                session_id=session_id, prompt_ids=prompt, sampling=sampling, whole=whole), timeout=60))
+            request = gateway_pb2.SessionGenerateRequest(session_id=session_id, prompt_ids=prompt, sampling=sampling,
+                                                         whole=way == "whole")
+            if way == "GenerateWhole":
+                answer, call = stub.GenerateWhole.with_call(request, timeout=60)
+                chunks = [answer]
+            else:
+                call = stub.Generate(request, timeout=60)
+                chunks = list(call)
+            assert dict(call.trailing_metadata())["forge-call-index"] == "0"
             answers.append((session_id, chunks))
-    (_, streamed), (whole_session, whole) = answers
-    assert len(streamed) > 2 and [len(c.token_ids) for c in whole] == [12]
-    assert [t for c in whole for t in c.token_ids] == [t for c in streamed for t in c.token_ids]
-    assert [v for c in whole for v in c.logprobs] == pytest.approx([v for c in streamed for v in c.logprobs],
-                                                                   abs=1e-6)
-    with PoolReader(gateway.pool_path) as reader:
-        [call] = reader.get_session(whole_session).calls
-    assert list(call.prompt_ids) == prompt and list(call.completion_ids) == [t for c in whole for t in c.token_ids]
+    (_, streamed), *answered_whole = answers
+    assert len(streamed) > 2
+    for whole_session, whole in answered_whole:
+        assert [len(c.token_ids) for c in whole] == [12]
+        assert [t for c in whole for t in c.token_ids] == [t for c in streamed for t in c.token_ids]
+        assert [v for c in whole for v in c.logprobs] == pytest.approx([v for c in streamed for v in c.logprobs],
+                                                                       abs=1e-6)
+        with PoolReader(gateway.pool_path) as reader:
+            [call] = reader.get_session(whole_session).calls
+        assert list(call.prompt_ids) == prompt and list(call.completion_ids) == [t for c in whole for t in c.token_ids]
 
 
 def test_global_and_per_session_keys_on_both_front_ends(tiny_actor, tmp_path):
@@ -274,18 +289,22 @@ def test_global_and_per_session_keys_on_both_front_ends(tiny_actor, tmp_path):
             stub = gateway_pb2_grpc.GatewayStub(channel)
             last = list(stub.Chat(chat, timeout=60))[-1]        # the key names the session
             assert last.call_index == 1
+            assert stub.ChatWhole(chat, timeout=60).call_index == 2
             with pytest.raises(grpc.RpcError) as err:
                 list(stub.Chat(gateway_pb2.ChatRequest(session_id=other, messages=chat.messages), timeout=30))
             assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
             with pytest.raises(grpc.RpcError) as err:
+                stub.ChatWhole(gateway_pb2.ChatRequest(session_id=other, messages=chat.messages), timeout=30)
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            with pytest.raises(grpc.RpcError) as err:
                 stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            assert stub.EndSession(gateway_pb2.EndSessionRequest(), timeout=30).num_calls == 2
+            assert stub.EndSession(gateway_pb2.EndSessionRequest(), timeout=30).num_calls == 3
         with connect(gateway.grpc_address, api_key=GLOBAL_KEY) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
             started = stub.StartSession(gateway_pb2.StartSessionRequest(issue_api_key=True), timeout=30)
             assert started.api_key.startswith("fsk_")
-            assert stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges["calls"] == 2
+            assert stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges["calls"] == 3
     finally:
         gateway.stop()
     log = gateway.log()
@@ -398,8 +417,9 @@ def test_grpc_bad_input_is_invalid_argument_without_a_traceback(gateway):
             list(stub.Chat(deep, timeout=60))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "nested too deeply" in err.value.details()
         identity = {"request_serializer": lambda b: b, "response_deserializer": lambda b: b}
-        for method, streaming in (("Chat", True), ("Generate", True), ("StartSession", False), ("AddReward", False),
-                                  ("EndSession", False), ("Stats", False)):
+        for method, streaming in (("Chat", True), ("Generate", True), ("ChatWhole", False), ("GenerateWhole", False),
+                                  ("StartSession", False), ("AddReward", False), ("EndSession", False),
+                                  ("Stats", False)):
             full = f"/forge.v1.Gateway/{method}"
             with pytest.raises(grpc.RpcError) as err:
                 if streaming:

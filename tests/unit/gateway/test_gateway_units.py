@@ -586,3 +586,16 @@ def test_auto_reads_the_reasoning_tags_the_template_writes(template, name):
     assert pick_reasoning_parser(template)[0] == name
     assert pick_reasoning_parser({"default": "plain", "tool_use": template})[0] == name
     assert pick_reasoning_parser(TOK.chat_template)[0] == "think"         # the built-in model's (Qwen3's)
+
+
+def test_every_gateway_method_is_an_operation_keys_are_checked_for():
+    """A method left out of the map would be checked as reflection (refused to a session's key): each of the
+    service's methods names the operation it is."""
+    from forge.gateway.auth import Operation
+    from forge.gateway.servicer import OPERATIONS, SERVICE
+
+    methods = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].methods_by_name
+    assert set(OPERATIONS) == {f"/{SERVICE}/{name}" for name in methods}
+    assert Operation.REFLECTION not in OPERATIONS.values()
+    assert OPERATIONS[f"/{SERVICE}/ChatWhole"] == OPERATIONS[f"/{SERVICE}/Chat"] == Operation.CHAT
+    assert OPERATIONS[f"/{SERVICE}/GenerateWhole"] == OPERATIONS[f"/{SERVICE}/Generate"] == Operation.GENERATE
