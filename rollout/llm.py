@@ -43,22 +43,35 @@ def _proto_tools(tools: list[dict[str, Any]] | None) -> list[gateway_pb2.Tool]:
 
 
 class GatewayChat:
-    """LLM calls of one session through the gateway's gRPC Chat (white-box agents)."""
+    """LLM calls of one session through the gateway's gRPC ChatWhole, each answered as one message (white-box
+    agents); a gateway of an older Forge, without it, answers a whole Chat in a stream of one chunk."""
 
     def __init__(self, stub: gateway_pb2_grpc.GatewayStub, session_id: str, timeout_s: float = 600.0) -> None:
         self.stub = stub
         self.session_id = session_id
         self.timeout_s = timeout_s
+        self.answers_whole = True
 
-    async def chat(self, messages, tools, sampling: SamplingParams) -> Reply:
-        request = gateway_pb2.ChatRequest(session_id=self.session_id, messages=_proto_messages(messages),
-                                          tools=_proto_tools(tools), sampling=sampling_to_proto(sampling),
-                                          whole=True)
+    async def _answer(self, request: gateway_pb2.ChatRequest) -> gateway_pb2.ChatChunk:
+        if self.answers_whole:
+            try:
+                return await self.stub.ChatWhole(request, timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self.answers_whole = False
+        request.whole = True
         last = None
         async for chunk in self.stub.Chat(request, timeout=self.timeout_s):
             last = chunk
         if last is None:
             raise RuntimeError("the gateway's Chat stream ended without a reply")
+        return last
+
+    async def chat(self, messages, tools, sampling: SamplingParams) -> Reply:
+        request = gateway_pb2.ChatRequest(session_id=self.session_id, messages=_proto_messages(messages),
+                                          tools=_proto_tools(tools), sampling=sampling_to_proto(sampling))
+        last = await self._answer(request)
         calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                  for c in last.tool_calls]
         return Reply(last.content, calls, FINISH.get(last.finish_reason, "stop"), last.call_index,
