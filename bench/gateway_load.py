@@ -11,10 +11,10 @@ session stays open, idle). --clients processes hold the sessions between them (`
             ids reused, so the actor's prefix cache sees the same prompts); nothing is recorded;
 - chat:     OpenAI chat completions over HTTP, at /s/<session>/v1 (a black-box agent);
 - messages: Anthropic Messages over HTTP, at /s/<session>/v1;
-- grpc:     the gateway's gRPC Chat answering each call whole (a white-box agent; ``ChatRequest.whole``);
-- grpc-stream: the same, streamed token by token;
-- generate: the gateway's gRPC Generate with the prompt ids the client built as direct's are built, answered whole
-            (``SessionGenerateRequest.whole``): a white-box agent that manages its own context, token in, token out;
+- grpc:     the gateway's gRPC ChatWhole, each call answered as one message (a white-box agent);
+- grpc-stream: its Chat, streamed token by token;
+- generate: the gateway's gRPC GenerateWhole with the prompt ids the client built as direct's are built: a white-box
+            agent that manages its own context, token in, token out;
 - litellm:  chat's calls sent to a LiteLLM proxy (``bench/litellm_proxy.py``, the proxy teams put in front of vLLM
             to log calls) at /v1, which forwards them to the gateway with the session in X-Forge-Session-Id; the
             peer baseline. It needs LiteLLM's own environment (``.venv-litellm``, see that module) and one gateway.

@@ -136,11 +136,15 @@ async def _session_grpc(stub, s: int, load: Load, outcome: Outcome, whole: bool)
     for c in range(load.calls):
         sampling = common_pb2.SamplingParams(temperature=1.0, seed=s * 1000 + c, max_tokens=load.max_tokens)
         started = time.perf_counter()
-        reply = []
-        request = gateway_pb2.ChatRequest(session_id=sid, messages=messages, sampling=sampling, whole=whole)
-        async for chunk in stub.Chat(request):
-            reply.append(chunk.text)
-            last = chunk
+        request = gateway_pb2.ChatRequest(session_id=sid, messages=messages, sampling=sampling)
+        if whole:
+            last = await stub.ChatWhole(request)
+            reply = [last.text]
+        else:
+            reply = []
+            async for chunk in stub.Chat(request):
+                reply.append(chunk.text)
+                last = chunk
         outcome.answered(started)
         context = outcome.count(last.prompt_tokens, last.completion_tokens, context)
         messages += [gateway_pb2.ChatMessage(role="assistant", content="".join(reply)),
@@ -170,10 +174,8 @@ async def _session_tokens(stub, tokenizer, s: int, load: Load, outcome: Outcome,
         started = time.perf_counter()
         ids: list[int] = []
         if through_gateway:
-            request = gateway_pb2.SessionGenerateRequest(session_id=sid, prompt_ids=prompt, sampling=sampling,
-                                                         whole=True)
-            async for chunk in stub.Generate(request):
-                ids += chunk.token_ids
+            request = gateway_pb2.SessionGenerateRequest(session_id=sid, prompt_ids=prompt, sampling=sampling)
+            ids += (await stub.GenerateWhole(request)).token_ids
         else:
             ids += (await stub.GenerateWhole(actor_pb2.GenerateRequest(prompt_ids=prompt, sampling=sampling))).token_ids
         outcome.answered(started)
