@@ -5,11 +5,12 @@ Databases (all keys byte-ordered, so cursors iterate in queue and call order):
 - ``meta``      ``b"state"`` -> :class:`PoolState` (JSON): head, tail, consume seq, committed cursor, counters.
 - ``sessions``  session id (UTF-8) -> ``forge.v1.SessionRecord``.
 - ``calls``     session id + ``b"\\0"`` + index (u32 big-endian) -> the call's record number (u64 big-endian).
-- ``records``   record number -> ``forge.v1.CallRecord`` as appended (a creation time or an assigned index, when
-  missing, merged in as protobuf fields appended to the bytes), its prompt ids after those it shares with the previous
-  call's prompt and completion (``forge.pool.shared_prompts``). Numbers are given in append order, so records fill
-  their pages whole however many sessions are appending at once; keyed by session, as ``calls`` is, they would land at
-  random and leave a third of each page empty.
+- ``records``   record number + piece (u32 big-endian) -> a piece of a ``forge.v1.CallRecord`` as appended (a
+  creation time or an assigned index, when missing, merged in as protobuf fields appended to the bytes), its prompt
+  ids after those it shares with the previous call's prompt and completion (``forge.pool.shared_prompts``). Numbers
+  are given in append order and records are cut in pieces that fit in a page (``forge.pool.records``), so records fill
+  their pages whole however many sessions are appending at once and however long they are; keyed by session, as
+  ``calls`` is, they would land at random and leave a third of each page empty.
 - ``entries``   queue position (u64 big-endian) -> :class:`EntryState` (JSON): group, size, members, counts, status.
 - ``groups``    group id (UTF-8) -> queue position of the group's entry.
 - ``open``      session id -> last activity (f64 big-endian, unix seconds) of every open session.

@@ -1,7 +1,7 @@
 """Moving a pool written by an older Forge to the current layout (``forge.pool.layout``).
 
 Formats 1 and 2 kept each call's record in ``calls``, under its session's key; format 3 keeps it in ``records``, under
-a record number given in append order, and ``calls`` holds the number. The writer that opens an older pool moves it
+a record number given in append order, in pieces (``forge.pool.records``), and ``calls`` holds the number. The writer that opens an older pool moves it
 in its first transaction, so a pool is either wholly moved or untouched, whenever the process is stopped. A read-only
 opening cannot move it, and says so.
 """
@@ -13,8 +13,8 @@ import logging
 import lmdb
 
 from forge.pool import layout
-from forge.pool.errors import PoolError
 from forge.pool.layout import PoolState
+from forge.pool.records import put_record
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +33,10 @@ def update_format(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], state: 
     calls = txn.cursor(db=dbs["calls"])
     moved, found = 0, calls.first()
     while found:
-        key, data = calls.key(), calls.value()
-        number = layout.record_key(state.records)
-        if not txn.put(number, data, db=records, append=True):
-            raise PoolError(f"pool is damaged: record {state.records} is not after every stored record")
+        key = calls.key()
+        put_record(txn, records, state.records, calls.value())
+        calls.put(key, layout.record_key(state.records))        # the cursor stays on this call
         state.records += 1
-        calls.put(key, number)          # the cursor stays on this call
         moved += 1
         if moved % PROGRESS_EVERY == 0:
             log.info("moved %d of %d calls", moved, total)

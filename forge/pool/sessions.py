@@ -198,7 +198,7 @@ def append_call(tx: Txn, state: PoolState, call: PreparedCall, now: float, last_
         shared = begins_with(call.prompt, previous.prompt, previous.completion)
     else:
         shared = shared_with_previous(call.prompt, index, lambda k: StoredIds.of(pool_pb2.CallRecord.FromString(
-            (tx.call_record(call.session_id, k) or (b"", b""))[1])))
+            tx.call_record(call.session_id, k) or b"")))
     if last_calls is not None:
         remembered = LastCall(position, index, call.prompt, call.completion)
         tx.on_commit.append(lambda: last_calls.put(call.session_id, remembered))
@@ -218,14 +218,13 @@ def add_process_reward(tx: Txn, state: PoolState, reward: pool_pb2.ProcessReward
     if not math.isfinite(reward.reward):
         raise InvalidRequestError("reward must be a finite number")
     session = tx.require_session(reward.session_id)
-    stored = tx.call_record(reward.session_id, reward.call_index) if reward.call_index >= 0 else None
-    if stored is None:
+    number = tx.call_number(reward.session_id, reward.call_index) if reward.call_index >= 0 else None
+    if number is None:
         raise NotFoundError(f"session {reward.session_id!r} has no call {reward.call_index}")
     entry = tx.entry(session.queue_position)
     if entry is None or entry.status not in (PENDING, COMPLETED):
         raise ConflictError(f"session {reward.session_id!r} was already taken by the learner; its rewards are final")
-    number, data = stored
-    tx.put("records", number, data + pool_pb2.CallRecord(process_rewards=[reward.reward]).SerializeToString())
+    tx.add_to_record(number, pool_pb2.CallRecord(process_rewards=[reward.reward]).SerializeToString())
 
 
 def close_session(tx: Txn, state: PoolState, request: pool_pb2.CloseSessionRequest, min_completed: int,

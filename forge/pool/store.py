@@ -15,7 +15,7 @@ from typing import Any
 
 import lmdb
 
-from forge.pool import layout
+from forge.pool import layout, records
 from forge.pool.errors import NotFoundError, PoolError, PoolFullError
 from forge.pool.layout import EntryState, PoolState
 from forge.pool.migrate import update_format
@@ -164,27 +164,32 @@ class Txn:
 
     def record(self, number: bytes) -> bytes:
         """A stored CallRecord by its record key."""
-        data = self.get("records", number)
+        data = records.read_record(self.txn, self.dbs["records"], layout.record_number(number))
         if data is None:
             raise PoolError(f"pool is damaged: record {layout.record_number(number)} is missing")
         return data
 
-    def call_record(self, session_id: str, index: int) -> tuple[bytes, bytes] | None:
-        """(record key, stored CallRecord bytes) of one call, None when the session has no such call."""
-        number = self.get("calls", layout.call_key(session_id, index))
-        return None if number is None else (number, self.record(number))
+    def call_number(self, session_id: str, index: int) -> bytes | None:
+        """The record key of one call, None when the session has no such call."""
+        return self.get("calls", layout.call_key(session_id, index))
+
+    def call_record(self, session_id: str, index: int) -> bytes | None:
+        """The stored CallRecord bytes of one call, None when the session has no such call."""
+        number = self.call_number(session_id, index)
+        return None if number is None else self.record(number)
 
     def add_call(self, state: PoolState, session_id: str, index: int, data: bytes) -> None:
         """Store a new call's record under the next record number (after every record: it fills the last page)."""
-        number = layout.record_key(state.records)
-        if not self.txn.put(number, data, db=self.dbs["records"], append=True):
-            raise PoolError(f"pool is damaged: record {state.records} is not after every stored record")
+        records.put_record(self.txn, self.dbs["records"], state.records, data)
+        self.put("calls", layout.call_key(session_id, index), layout.record_key(state.records))
         state.records += 1
-        self.put("calls", layout.call_key(session_id, index), number)
+
+    def add_to_record(self, number: bytes, data: bytes) -> None:
+        records.add_to_record(self.txn, self.dbs["records"], layout.record_number(number), data)
 
     def delete_calls(self, session_id: str) -> None:
         for index, number in list(self.call_numbers(session_id)):
-            self.delete("records", number)
+            records.delete_record(self.txn, self.dbs["records"], layout.record_number(number))
             self.delete("calls", layout.call_key(session_id, index))
 
     def fill_calls(self, out: pool_pb2.SessionWithCalls, session_id: str) -> None:

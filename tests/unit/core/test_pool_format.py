@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge.pool import Pool, PoolError, PoolReader, layout
+from forge.pool.records import PIECE_BYTES, read_record, record_number_of
 
 from helpers.pool_util import make_call, same_call, varied_session_calls
 
@@ -45,6 +46,38 @@ def test_records_of_interleaved_sessions_fill_their_pages(tmp_path):
             assert [c.index for c in got] == list(range(counts[session]))
 
 
+def test_records_of_any_length_fill_their_pages_and_read_back(tmp_path):
+    """A record is kept in pieces, none in LMDB's overflow pages (a page or more to a value, mostly empty past 2 KB):
+    records from a few bytes to many pieces, around piece boundaries, fill their pages and read back whole; a process
+    reward added later is the record's next piece."""
+    rng = random.Random(5)
+    lengths = [1, PIECE_BYTES // 3, *(k * PIECE_BYTES + d for k in (1, 2, 5) for d in (-1, 0, 1)), 3000, 9000, 30_000]
+    with Pool(tmp_path / "pool") as pool:
+        sessions = [pool.open_session().session_id for _ in range(8)]
+        expected: dict[str, list] = {s: [] for s in sessions}
+        for _ in range(6):
+            for session in sessions:
+                # about 6 bytes an id and its log-prob, version and varint: ids of 1 to 5,000 tokens
+                tokens = max(1, rng.choice(lengths) // 6)
+                call = make_call(session, len(expected[session]), prompt_len=rng.randrange(1, 64),
+                                 completion_len=tokens)
+                pool.append_call(call)
+                expected[session].append(call)
+        pool.add_process_reward(sessions[0], 2, 0.75)
+        expected[sessions[0]][2].process_rewards.append(0.75)
+        for session, calls in expected.items():
+            got = pool.get_session(session).calls
+            assert len(got) == len(calls)
+            for stored, call in zip(got, calls, strict=True):
+                assert list(stored.completion_ids) == list(call.completion_ids)
+                assert list(stored.logprobs) == pytest.approx(list(call.logprobs), abs=1e-6)
+                assert list(stored.process_rewards) == list(call.process_rewards)
+        assert _leaf_fill(pool, "records") > 0.85
+        with pool.store.read() as tx:
+            pieces = tx.count("records")
+        assert pieces > 5 * 48                          # long records were cut
+
+
 def _write_older_format(path, version: int) -> None:
     """Turn the pool at ``path`` back into the layout of formats 1 and 2: each record under its call's key in
     ``calls``, no ``records`` database."""
@@ -53,7 +86,7 @@ def _write_older_format(path, version: int) -> None:
         calls, records = env.open_db(b"calls", txn=txn), env.open_db(b"records", txn=txn)
         meta = env.open_db(b"meta", txn=txn)
         for key, number in list(txn.cursor(db=calls)):
-            txn.put(key, txn.get(number, db=records), db=calls)
+            txn.put(key, read_record(txn, records, layout.record_number(number)), db=calls)
         txn.drop(records, delete=True)
         state = json.loads(txn.get(layout.STATE_KEY, db=meta))
         del state["records"]
@@ -114,7 +147,7 @@ def test_deleting_sessions_deletes_their_records(tmp_path):
         with pool.store.read() as tx:
             assert tx.count("records") == tx.count("calls") == 6
             kept = {layout.record_number(n) for s in sessions[2:] for _, n in tx.call_numbers(s)}
-            assert {layout.record_number(key) for key, _ in tx.cursor("records")} == kept
+            assert {record_number_of(key) for key, _ in tx.cursor("records")} == kept
 
 
 @settings(max_examples=60, deadline=None)

@@ -304,7 +304,7 @@ def test_retention_by_age(tmp_path):
 def test_the_map_grows_past_a_tiny_initial_size(tmp_path):
     with Pool(tmp_path / "p", map_size=64 * 1024) as pool:
         sid = pool.open_session().session_id
-        calls = [make_call(sid, i, prompt_len=2000, completion_len=64) for i in range(150)]
+        calls = [make_call(sid, i, prompt_len=4000, completion_len=64) for i in range(150)]
         for call in calls:
             pool.append_call(call)
         stats = pool.stats()
