@@ -29,9 +29,10 @@ def _pieces(data: bytes) -> list[bytes]:
 
 def put_record(txn: lmdb.Transaction, db: lmdb._Database, number: int, data: bytes) -> None:
     """Write record ``number``, which must come after every stored record."""
-    for piece, part in enumerate(_pieces(data)):
-        if not txn.put(_PIECE.pack(number, piece), part, db=db, append=True):
-            raise PoolError(f"pool is damaged: record {number} is not after every stored record")
+    pieces = [(_PIECE.pack(number, piece), part) for piece, part in enumerate(_pieces(data))]
+    _, added = txn.cursor(db=db).putmulti(pieces, append=True)
+    if added != len(pieces):
+        raise PoolError(f"pool is damaged: record {number} is not after every stored record")
 
 
 def _piece_keys(cursor: lmdb.Cursor, number: int) -> bool:
