@@ -63,6 +63,9 @@ class PreparedCall:
     payload: bytes          # the serialised CallRecord but its prompt ids
     prompt: np.ndarray      # its prompt ids, int32 (stored after those it shares with the previous call)
     completion: np.ndarray  # its completion ids, int32
+    # A record of its prompt ids alone, copied from the call's own field (at C speed, where the array's ids would
+    # each become a Python int first): what is stored when nothing is shared with the previous call.
+    whole_prompt: pool_pb2.CallRecord
 
 
 def check_call(record: pool_pb2.CallRecord, prompt: np.ndarray | None = None) -> None:
@@ -115,7 +118,7 @@ def prepare_call(record: pool_pb2.CallRecord, now: float) -> PreparedCall:
     if not rest.created_at:
         rest.created_at = now
     return PreparedCall(record.session_id, record.index, rest.SerializeToString(), prompt,
-                        ids_of(record.completion_ids))
+                        ids_of(record.completion_ids), pool_pb2.CallRecord(prompt_ids=record.prompt_ids))
 
 
 def _without_prompt(record: pool_pb2.CallRecord) -> pool_pb2.CallRecord:
@@ -202,7 +205,11 @@ def append_call(tx: Txn, state: PoolState, call: PreparedCall, now: float, last_
     if last_calls is not None:
         remembered = LastCall(position, index, call.prompt, call.completion)
         tx.on_commit.append(lambda: last_calls.put(call.session_id, remembered))
-    ids = pool_pb2.CallRecord(index=index, prompt_ids=call.prompt[shared:].tolist(), prompt_shared=shared)
+    if shared:
+        ids = pool_pb2.CallRecord(index=index, prompt_ids=call.prompt[shared:].tolist(), prompt_shared=shared)
+    else:
+        ids = call.whole_prompt
+        ids.index = index
     tx.add_call(state, call.session_id, index, call.payload + ids.SerializeToString())
     session.num_calls = index + 1
     tx.put_session(session)

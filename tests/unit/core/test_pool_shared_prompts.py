@@ -6,6 +6,7 @@ process reward and the FIFO's fetch."""
 from __future__ import annotations
 
 import random
+import threading
 from array import array
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from forge.pool import InvalidRequestError, Pool, PoolReader
 from forge.pool.shared_prompts import StoredIds, shared_with_previous
+from forge.v1 import pool_pb2
 
 from helpers.pool_util import make_call, same_call, stored_prompts, varied_session_calls
 
@@ -93,7 +95,7 @@ def test_a_client_may_not_send_the_stored_form(tmp_path):
 def test_a_prepared_call_holds_every_field_but_its_prompt():
     """The stored payload is the record without its prompt ids, every other field kept (copied field by field)."""
     from forge.pool.sessions import _without_prompt, prepare_call
-    from forge.v1 import common_pb2, pool_pb2
+    from forge.v1 import common_pb2
 
     record = make_call("s", 2)
     record.process_rewards.extend([0.25, -1.0])
@@ -107,3 +109,26 @@ def test_a_prepared_call_holds_every_field_but_its_prompt():
     record.routed_experts.CopyFrom(common_pb2.ExpertRouting(layers=2, top_k=1, num_experts=4, ids=bytes(range(8))))
     expected.routed_experts.CopyFrom(record.routed_experts)
     assert _without_prompt(record) == expected
+
+
+def test_a_call_is_stored_as_it_was_when_appended(tmp_path):
+    """The pool takes what it stores when a call is submitted: a caller that changes its record before the commit
+    (the future not yet done) changes nothing stored, whole prompts and shared ones alike."""
+    with Pool(tmp_path / "pool") as pool:
+        pool.open_session(session_id="s")
+        first = make_call("s", 0)
+        second = make_call("s", 1)
+        second.prompt_ids[:0] = [*first.prompt_ids, *first.completion_ids]
+        expected = [pool_pb2.CallRecord(), pool_pb2.CallRecord()]
+        for copy, call in zip(expected, (first, second), strict=True):
+            copy.CopyFrom(call)
+        gate = threading.Event()
+        held = pool.writer.submit(lambda tx, state: gate.wait(60))     # the writer waits until the records change
+        futures = [pool.append_call_async(call) for call in (first, second)]
+        for call in (first, second):
+            call.prompt_ids[0] += 1
+            call.completion_ids[0] += 1
+        gate.set()
+        assert held.result(timeout=60) and [f.result(timeout=60) for f in futures] == [0, 1]
+        stored = pool.get_session("s").calls
+        assert all(same_call(got, want) for got, want in zip(stored, expected, strict=True))
