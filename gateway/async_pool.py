@@ -1,7 +1,7 @@
 """The pool from the gateway's event loop: an in-process ``Pool`` or a remote ``PoolClient`` behind coroutines.
-Blocking calls run on a dedicated thread pool; an in-process pool's writes of sessions and calls are awaited on its
-group-commit futures directly (no thread each, and as many at once as come). Every failure comes out as a
-``GatewayError``."""
+Blocking calls run on a dedicated thread pool; the writes of sessions and calls are awaited on futures directly (an
+in-process pool's group commit, a remote pool's gRPC call): no thread each, and as many at once as come. Every
+failure comes out as a ``GatewayError``."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class AsyncPool:
             return await self._run(method, *args)
         try:
             return await asyncio.wrap_future(submit(*args))
-        except PoolError as exc:
+        except (PoolError, grpc.RpcError) as exc:
             raise from_pool_error(exc) from exc
 
     async def append_call(self, record: pool_pb2.CallRecord) -> int:

@@ -3,7 +3,8 @@ exceptions, so the learner and the gateway can use either."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from typing import Any
 
 import grpc
@@ -15,6 +16,13 @@ from forge.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 # Codes only the pool sends; UNAVAILABLE, INTERNAL, DEADLINE_EXCEEDED... stay grpc.RpcError.
 _POOL_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED,
                          grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+def _pool_error(exc: grpc.RpcError) -> Exception:
+    """The pool's exception for a status only the pool sends, else the transport's error as it is."""
+    if exc.code() not in _POOL_CODES:
+        return exc
+    return error_for_status(exc.code(), exc.details() or "")
 
 
 class PoolClient:
@@ -32,9 +40,25 @@ class PoolClient:
         try:
             return getattr(self.stub, method)(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
-            if exc.code() not in _POOL_CODES:
-                raise
-            raise error_for_status(exc.code(), exc.details() or "") from exc
+            raise _pool_error(exc) from exc
+
+    def _call_async(self, method: str, request: Any, answer: Callable[[Any], Any] = lambda response: response
+                    ) -> Future:
+        """The call under way; its future gives ``answer(response)``, or the error ``_call`` would raise. Nothing
+        waits in a thread: gRPC completes the call and runs the callback."""
+        done: Future = Future()
+        call = getattr(self.stub, method).future(request, timeout=self.timeout_s)
+
+        def finish(call: grpc.Future) -> None:
+            try:
+                done.set_result(answer(call.result()))
+            except grpc.RpcError as exc:
+                done.set_exception(_pool_error(exc))
+            except BaseException as exc:        # cancelled: the caller's future says so
+                done.set_exception(exc)
+
+        call.add_done_callback(finish)
+        return done
 
     def open_session(self, request: pool_pb2.OpenSessionRequest | None = None, /, **fields: Any
                      ) -> pool_pb2.SessionRecord:
@@ -42,6 +66,17 @@ class PoolClient:
 
     def append_call(self, record: pool_pb2.CallRecord) -> int:
         return self._call("AppendCall", record).index
+
+    # The writes a gateway makes for every session and call, as futures (``Pool``'s interface): awaited on its event
+    # loop, they hold none of its threads.
+    def open_session_async(self, request: pool_pb2.OpenSessionRequest) -> Future:
+        return self._call_async("OpenSession", request)
+
+    def append_call_async(self, record: pool_pb2.CallRecord) -> Future:
+        return self._call_async("AppendCall", record, lambda response: response.index)
+
+    def close_session_async(self, request: pool_pb2.CloseSessionRequest) -> Future:
+        return self._call_async("CloseSession", request)
 
     def add_process_reward(self, session_id: str, call_index: int, reward: float) -> None:
         self._call("AddProcessReward", pool_pb2.ProcessReward(session_id=session_id, call_index=call_index,

@@ -103,3 +103,26 @@ def test_errors_are_status_codes_with_messages_and_the_same_exceptions_on_the_cl
             client.append_call(make_call(sid, index, prompt_len=4000))
     assert pool.get_session(sid).session.num_calls == index
     assert stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges["calls"] == index
+
+
+def test_the_writes_as_futures_give_what_the_calls_give(served):
+    """A gateway awaits its writes as futures that hold no thread: they answer what the blocking calls answer, the
+    pool's exceptions included, and a service that is gone fails them with the transport's error."""
+    pool, server, client = served
+    opened = client.open_session_async(pool_pb2.OpenSessionRequest(task_id="t")).result(timeout=30)
+    sid = opened.session_id
+    calls = [make_call(sid, i) for i in range(3)]
+    for call in calls:
+        call.index = -1                                 # the next index: they may reach the writer in any order
+    futures = [client.append_call_async(call) for call in calls]
+    assert sorted(f.result(timeout=30) for f in futures) == [0, 1, 2]
+    with pytest.raises(NotFoundError, match="unknown session"):
+        client.append_call_async(make_call("nope", 0)).result(timeout=30)
+    with pytest.raises(ConflictError, match="already recorded"):
+        client.append_call_async(make_call(sid, 0)).result(timeout=30)
+    closed = client.close_session_async(pool_pb2.CloseSessionRequest(session_id=sid)).result(timeout=30)
+    assert closed.num_calls == 3 and pool.get_session(sid).session.status == pool_pb2.SESSION_STATUS_COMPLETED
+    server.stop(0)
+    with pytest.raises(grpc.RpcError) as err:
+        client.open_session_async(pool_pb2.OpenSessionRequest()).result(timeout=30)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
