@@ -1,9 +1,9 @@
 """Moving a pool written by an older Forge to the current layout (``forge.pool.layout``).
 
 Formats 1 and 2 kept each call's record in ``calls``, under its session's key; format 3 keeps it in ``records``, under
-a record number given in append order, in pieces (``forge.pool.records``), and ``calls`` holds the number. The writer that opens an older pool moves it
-in its first transaction, so a pool is either wholly moved or untouched, whenever the process is stopped. A read-only
-opening cannot move it, and says so.
+a record number given in append order, in pieces (``forge.pool.records``), and ``calls`` holds the number. The writer
+that opens an older pool moves it in its first transaction, so a pool is either wholly moved or untouched, whenever
+the process is stopped. A read-only opening cannot move it, and says so.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ class MethodLog(grpc.ServerInterceptor):
 
 def answer(request: gateway_pb2.ChatRequest, calls: int) -> gateway_pb2.ChatChunk:
     """The reply of call ``calls`` of a session: the last message echoed."""
-    return gateway_pb2.ChatChunk(text=request.messages[-1].content.upper(), content=request.messages[-1].content.upper(),
+    echoed = request.messages[-1].content.upper()
+    return gateway_pb2.ChatChunk(text=echoed, content=echoed,
                                  finish_reason=common_pb2.FINISH_REASON_STOP, call_index=calls, completion_tokens=3)
 
 
@@ -75,7 +76,8 @@ def test_each_call_is_answered_as_one_message():
     servicer = CurrentGateway()
     replies, methods, chat = chat_twice(servicer)
     assert methods == ["ChatWhole", "ChatWhole"] and chat.answers_whole
-    assert [(r.content, r.call_index, r.finish_reason) for r in replies] == [("FIRST", 0, "stop"), ("SECOND", 1, "stop")]
+    assert [(r.content, r.call_index, r.finish_reason) for r in replies] == [("FIRST", 0, "stop"),
+                                                                             ("SECOND", 1, "stop")]
     assert [r.session_id for r in servicer.requests] == ["s-1", "s-1"]
 
 
