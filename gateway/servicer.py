@@ -9,9 +9,10 @@ admit for its method, before the call is read; the handlers ask it about the ses
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -149,13 +150,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return await self.gateway.chat(call, session_id, stream=not whole, size=size)
 
     async def _generate(self, request: gateway_pb2.SessionGenerateRequest, context: grpc.aio.ServicerContext,
-                        whole: bool) -> AsyncIterator[actor_pb2.GenerateChunk]:
+                        whole: bool) -> AsyncGenerator[actor_pb2.GenerateChunk, None]:
         session_id = self._session_id(context, Operation.GENERATE, request.session_id)
         stream = await self.gateway.generate(session_id, request.prompt_ids, request.sampling, whole=whole)
-        async for chunk, index in stream.events:
-            if index is not None:
-                context.set_trailing_metadata(((CALL_INDEX_KEY, str(index)),))
-            yield chunk
+        async with contextlib.aclosing(stream.events) as events:
+            async for chunk, index in events:
+                if index is not None:
+                    context.set_trailing_metadata(((CALL_INDEX_KEY, str(index)),))
+                yield chunk
 
     @_streaming
     async def Chat(self, request, context):
@@ -178,11 +180,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return await _last(self._generate(request, context, whole=True))
 
 
-async def _last(items: AsyncIterator[T]) -> T:
-    """The last of a call's events: a call answered whole has only its result."""
+async def _last(items: AsyncGenerator[T, None]) -> T:
+    """The last of a call's events: a call answered whole has only its result. Closed at once when the caller goes
+    away (its task cancelled), which stops the call's generation."""
     last = None
-    async for item in items:
-        last = item
+    async with contextlib.aclosing(items) as events:
+        async for item in events:
+            last = item
     if last is None:
         raise RuntimeError("the call ended without a result")
     return last

@@ -331,6 +331,30 @@ def test_a_cancelled_chat_stops_the_generation_and_records_nothing(gateway):
         assert reader.get_session(session_id).session.num_calls == 0
 
 
+def test_a_cancelled_chat_whole_stops_the_generation_and_records_nothing(gateway):
+    with grpc.insecure_channel(gateway.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        session_id = stub.StartSession(gateway_pb2.StartSessionRequest(), timeout=30).session.session_id
+        before = stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges
+
+        def gauges_when(in_flight: int):
+            def check():
+                gauges = stub.Stats(common_pb2.StatsRequest(), timeout=30).gauges
+                return gauges if gauges["in_flight"] == in_flight else None
+            return check
+
+        call = stub.ChatWhole.future(gateway_pb2.ChatRequest(session_id=session_id, messages=[user("go")],
+                                                             sampling=common_pb2.SamplingParams(max_tokens=1500,
+                                                                                                ignore_eos=True)),
+                                     timeout=60)
+        wait_for(gauges_when(1), "the call to reach the actor")
+        call.cancel()
+        gauges = wait_for(gauges_when(0), "the cancelled call to end")
+        assert gauges["calls"] == before["calls"] and call.cancelled()
+    with PoolReader(gateway.pool_path) as reader:
+        assert reader.get_session(session_id).session.num_calls == 0
+
+
 def threads_of(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
