@@ -14,22 +14,12 @@ from forge.v1 import actor_pb2, actor_pb2_grpc
 
 from conftest import free_port
 from helpers.gateway_fake_actor import FakeActor
+from helpers.method_log import MethodLog
 from helpers.waiting import wait_for_async
 
 
-class CallLog(grpc.ServerInterceptor):
-    """The methods a server was asked for, implemented or not."""
-
-    def __init__(self) -> None:
-        self.methods: list[str] = []
-
-    def intercept_service(self, continuation, handler_call_details):
-        self.methods.append(handler_call_details.method)
-        return continuation(handler_call_details)
-
-
 def test_the_router_backs_off_from_an_actor_that_does_not_implement_kv_events():
-    calls = CallLog()
+    calls = MethodLog()
     binding = ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, FakeActor("script", [5]), actor_pb2,
                                 "Actor")
     server = serve([binding], interceptors=[calls])           # an Actor without KVEventSource (another backend)

@@ -17,21 +17,9 @@ from forge.rpc import ServiceBinding, serve
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 from helpers.gateway_fake_actor import FakeActor
+from helpers.method_log import MethodLog
 
 SCRIPT = [11, 12, 13, 14, 15, 16, 17]
-
-
-class MethodLog(grpc.ServerInterceptor):
-    """The Actor methods a server was asked for, implemented or not (health checks left out)."""
-
-    def __init__(self) -> None:
-        self.methods: list[str] = []
-
-    def intercept_service(self, continuation, handler_call_details):
-        service, _, method = handler_call_details.method.rpartition("/")
-        if service == "/forge.v1.Actor":
-            self.methods.append(method)
-        return continuation(handler_call_details)
 
 
 class WholeFake(FakeActor):
@@ -51,7 +39,7 @@ class WholeFake(FakeActor):
 
 
 def start(servicer: FakeActor):
-    log = MethodLog()
+    log = MethodLog("forge.v1.Actor")
     server = serve([ServiceBinding.of(actor_pb2_grpc.add_ActorServicer_to_server, servicer, actor_pb2, "Actor")],
                    interceptors=[log])
     return server, log

@@ -7,25 +7,12 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
-
 from forge.rollout.llm import GatewayChat, aio_channel
 from forge.rpc import ServiceBinding, serve
 from forge.sampling.params import SamplingParams
 from forge.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-
-class MethodLog(grpc.ServerInterceptor):
-    """The Gateway methods a server was asked for, implemented or not."""
-
-    def __init__(self) -> None:
-        self.methods: list[str] = []
-
-    def intercept_service(self, continuation, handler_call_details):
-        service, _, method = handler_call_details.method.rpartition("/")
-        if service == "/forge.v1.Gateway":
-            self.methods.append(method)
-        return continuation(handler_call_details)
+from helpers.method_log import MethodLog
 
 
 def answer(request: gateway_pb2.ChatRequest, calls: int) -> gateway_pb2.ChatChunk:
@@ -54,7 +41,7 @@ class CurrentGateway(OlderGateway):
 
 
 def chat_twice(servicer: OlderGateway) -> tuple[list, list[str], GatewayChat]:
-    log = MethodLog()
+    log = MethodLog("forge.v1.Gateway")
     server = serve([ServiceBinding.of(gateway_pb2_grpc.add_GatewayServicer_to_server, servicer, gateway_pb2,
                                       "Gateway")], interceptors=[log])
 
