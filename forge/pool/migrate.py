@@ -24,8 +24,6 @@ PROGRESS_EVERY = 100_000
 def update_format(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], state: PoolState) -> None:
     """Bring the calls of a pool of an older format to ``layout.FORMAT_VERSION`` (in ``txn``, a write transaction),
     and ``state`` with them; the caller writes the state."""
-    if state.version >= 3:
-        return
     total = txn.stat(dbs["calls"])["entries"]
     if total:
         log.info("moving the %d calls of this pool from format %d to %d", total, state.version, layout.FORMAT_VERSION)
@@ -33,9 +31,9 @@ def update_format(txn: lmdb.Transaction, dbs: dict[str, lmdb._Database], state: 
     calls = txn.cursor(db=dbs["calls"])
     moved, found = 0, calls.first()
     while found:
-        key = calls.key()
-        put_record(txn, records, state.records, calls.value())
-        calls.put(key, layout.record_key(state.records))        # the cursor stays on this call
+        number = layout.record_key(state.records)
+        put_record(txn, records, number, calls.value())
+        calls.put(calls.key(), number)          # the cursor stays on this call
         state.records += 1
         moved += 1
         if moved % PROGRESS_EVERY == 0:

@@ -16,65 +16,61 @@ import struct
 
 import lmdb
 
+from forge.pool import layout
 from forge.pool.errors import PoolError
 
 PIECE_BYTES = 400           # a page's unused end against a piece's 22 bytes of key and node: least lost about here
-_NUMBER = struct.Struct(">Q")
-_PIECE = struct.Struct(">QI")
+_PIECE = struct.Struct(">I")
+_RECORD_KEY_BYTES = len(layout.record_key(0))
 
 
 def _pieces(data: bytes) -> list[bytes]:
     return [data[start:start + PIECE_BYTES] for start in range(0, max(len(data), 1), PIECE_BYTES)]
 
 
-def put_record(txn: lmdb.Transaction, db: lmdb._Database, number: int, data: bytes) -> None:
-    """Write record ``number``, which must come after every stored record."""
-    pieces = [(_PIECE.pack(number, piece), part) for piece, part in enumerate(_pieces(data))]
+def _damaged(record: bytes, what: str) -> PoolError:
+    return PoolError(f"pool is damaged: record {layout.record_number(record)} {what}")
+
+
+def put_record(txn: lmdb.Transaction, db: lmdb._Database, record: bytes, data: bytes) -> None:
+    """Write the record whose key is ``record`` (``layout.record_key``), which must come after every stored record."""
+    pieces = [(record + _PIECE.pack(piece), part) for piece, part in enumerate(_pieces(data))]
     _, added = txn.cursor(db=db).putmulti(pieces, append=True)
     if added != len(pieces):
-        raise PoolError(f"pool is damaged: record {number} is not after every stored record")
+        raise _damaged(record, "is not after every stored record")
 
 
-def _piece_keys(cursor: lmdb.Cursor, number: int) -> bool:
-    """Put ``cursor`` on the record's first piece; False when it has none."""
-    return cursor.set_range(_NUMBER.pack(number)) and cursor.key()[:8] == _NUMBER.pack(number)
-
-
-def read_record(txn: lmdb.Transaction, db: lmdb._Database, number: int) -> bytes | None:
-    cursor = txn.cursor(db=db)
-    if not _piece_keys(cursor, number):
-        return None
-    prefix, parts = _NUMBER.pack(number), []
+def _pieces_of(cursor: lmdb.Cursor, record: bytes) -> list[tuple[bytes, bytes]]:
+    """The record's (piece key, piece), in order; empty when it has none."""
+    if not cursor.set_range(record):
+        return []
+    found = []
     for key, part in cursor:
-        if key[:8] != prefix:
+        if key[:_RECORD_KEY_BYTES] != record:
             break
-        parts.append(part)
-    return b"".join(parts)
+        found.append((key, part))
+    return found
 
 
-def add_to_record(txn: lmdb.Transaction, db: lmdb._Database, number: int, data: bytes) -> None:
+def read_record(txn: lmdb.Transaction, db: lmdb._Database, record: bytes) -> bytes | None:
+    pieces = _pieces_of(txn.cursor(db=db), record)
+    return b"".join(part for _, part in pieces) if pieces else None
+
+
+def add_to_record(txn: lmdb.Transaction, db: lmdb._Database, record: bytes, data: bytes) -> None:
     """Add ``data`` to the end of a stored record, as its next pieces."""
-    cursor = txn.cursor(db=db)
-    if not _piece_keys(cursor, number):
-        raise PoolError(f"pool is damaged: record {number} is missing")
-    prefix, count = _NUMBER.pack(number), 0
-    for key in cursor.iternext(values=False):
-        if key[:8] != prefix:
-            break
-        count += 1
+    count = len(_pieces_of(txn.cursor(db=db), record))
+    if not count:
+        raise _damaged(record, "is missing")
     for piece, part in enumerate(_pieces(data), start=count):
-        txn.put(_PIECE.pack(number, piece), part, db=db)
+        txn.put(record + _PIECE.pack(piece), part, db=db)
 
 
-def delete_record(txn: lmdb.Transaction, db: lmdb._Database, number: int) -> None:
-    cursor = txn.cursor(db=db)
-    if not _piece_keys(cursor, number):
-        return
-    prefix = _NUMBER.pack(number)
-    while cursor.key()[:8] == prefix and cursor.delete():
-        pass
+def delete_record(txn: lmdb.Transaction, db: lmdb._Database, record: bytes) -> None:
+    for key, _ in _pieces_of(txn.cursor(db=db), record):
+        txn.delete(key, db=db)
 
 
-def record_number_of(key: bytes) -> int:
-    """The record a piece's key belongs to."""
-    return _NUMBER.unpack(key[:8])[0]
+def record_of(piece_key: bytes) -> bytes:
+    """The key of the record a piece belongs to."""
+    return piece_key[:_RECORD_KEY_BYTES]

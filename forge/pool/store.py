@@ -164,7 +164,7 @@ class Txn:
 
     def record(self, number: bytes) -> bytes:
         """A stored CallRecord by its record key."""
-        data = records.read_record(self.txn, self.dbs["records"], layout.record_number(number))
+        data = records.read_record(self.txn, self.dbs["records"], number)
         if data is None:
             raise PoolError(f"pool is damaged: record {layout.record_number(number)} is missing")
         return data
@@ -180,16 +180,17 @@ class Txn:
 
     def add_call(self, state: PoolState, session_id: str, index: int, data: bytes) -> None:
         """Store a new call's record under the next record number (after every record: it fills the last page)."""
-        records.put_record(self.txn, self.dbs["records"], state.records, data)
-        self.put("calls", layout.call_key(session_id, index), layout.record_key(state.records))
+        number = layout.record_key(state.records)
+        records.put_record(self.txn, self.dbs["records"], number, data)
+        self.put("calls", layout.call_key(session_id, index), number)
         state.records += 1
 
     def add_to_record(self, number: bytes, data: bytes) -> None:
-        records.add_to_record(self.txn, self.dbs["records"], layout.record_number(number), data)
+        records.add_to_record(self.txn, self.dbs["records"], number, data)
 
     def delete_calls(self, session_id: str) -> None:
         for index, number in list(self.call_numbers(session_id)):
-            records.delete_record(self.txn, self.dbs["records"], layout.record_number(number))
+            records.delete_record(self.txn, self.dbs["records"], number)
             self.delete("calls", layout.call_key(session_id, index))
 
     def fill_calls(self, out: pool_pb2.SessionWithCalls, session_id: str) -> None:

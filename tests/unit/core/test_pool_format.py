@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge.pool import Pool, PoolError, PoolReader, layout
-from forge.pool.records import PIECE_BYTES, read_record, record_number_of
+from forge.pool.records import PIECE_BYTES, read_record, record_of
 
 from helpers.pool_util import make_call, same_call, varied_session_calls
 
@@ -86,7 +86,7 @@ def _write_older_format(path, version: int) -> None:
         calls, records = env.open_db(b"calls", txn=txn), env.open_db(b"records", txn=txn)
         meta = env.open_db(b"meta", txn=txn)
         for key, number in list(txn.cursor(db=calls)):
-            txn.put(key, read_record(txn, records, layout.record_number(number)), db=calls)
+            txn.put(key, read_record(txn, records, number), db=calls)
         txn.drop(records, delete=True)
         state = json.loads(txn.get(layout.STATE_KEY, db=meta))
         del state["records"]
@@ -147,7 +147,7 @@ def test_deleting_sessions_deletes_their_records(tmp_path):
         with pool.store.read() as tx:
             assert tx.count("records") == tx.count("calls") == 6
             kept = {layout.record_number(n) for s in sessions[2:] for _, n in tx.call_numbers(s)}
-            assert {record_number_of(key) for key, _ in tx.cursor("records")} == kept
+            assert {layout.record_number(record_of(key)) for key, _ in tx.cursor("records")} == kept
 
 
 @settings(max_examples=60, deadline=None)
