@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -27,34 +28,33 @@ from forge.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-def _guarded_write(method: Callable) -> Callable:
-    """``_guarded`` for a coroutine rpc."""
-
-    @functools.wraps(method)
-    async def run(self: PoolServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await method(self, request, context)
-        except PoolError as exc:
-            await context.abort(status_code(exc), str(exc))
-        except Exception as exc:
-            log.exception("Pool.%s failed", method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {exc}")
-
-    return run
+def _status(method: Callable, exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status an rpc's failure answers with: a pool error's own, else INTERNAL (and logged)."""
+    if isinstance(exc, PoolError):
+        return status_code(exc), str(exc)
+    log.exception("Pool.%s failed", method.__name__)
+    return grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {exc}"
 
 
 def _guarded(method: Callable) -> Callable:
-    """Run an rpc, answering pool errors (and any unexpected failure) with a status instead of a crash."""
+    """Run an rpc (a coroutine, or a plain function run in the server's threads), answering pool errors and any
+    unexpected failure with a status instead of a crash."""
+    if inspect.iscoroutinefunction(method):
+        @functools.wraps(method)
+        async def run_async(self: PoolServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                return await method(self, request, context)
+            except Exception as exc:
+                await context.abort(*_status(method, exc))
+
+        return run_async
 
     @functools.wraps(method)
     def run(self: PoolServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
-        except PoolError as exc:
-            context.abort(status_code(exc), str(exc))
         except Exception as exc:
-            log.exception("Pool.%s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {exc}")
+            context.abort(*_status(method, exc))
 
     return run
 
@@ -69,11 +69,11 @@ class PoolServicer(pool_pb2_grpc.PoolServicer):
         self.max_fetch_bytes = max_fetch_bytes
         self.started = time.time()
 
-    @_guarded_write
+    @_guarded
     async def OpenSession(self, request, context):
         return await asyncio.wrap_future(self.pool.open_session_async(request))
 
-    @_guarded_write
+    @_guarded
     async def AppendCall(self, request, context):
         return pool_pb2.AppendCallResponse(index=await asyncio.wrap_future(self.pool.append_call_async(request)))
 
@@ -82,7 +82,7 @@ class PoolServicer(pool_pb2_grpc.PoolServicer):
         self.pool.add_process_reward(request.session_id, request.call_index, request.reward)
         return pool_pb2.AddProcessRewardResponse()
 
-    @_guarded_write
+    @_guarded
     async def CloseSession(self, request, context):
         return await asyncio.wrap_future(self.pool.close_session_async(request))
 
