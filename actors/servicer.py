@@ -32,6 +32,7 @@ from forge.actors.backend import (
 from forge.expert_routing import encode as encode_routing
 from forge.sampling.params import SamplingError
 from forge.sampling.wire import sampling_from_proto
+from forge.stream_interval import WHOLE_ANSWER
 from forge.structured.check import wire_grammar_problem
 from forge.structured.sandbox import GrammarSandbox, SandboxUnavailable
 from forge.telemetry import stats_report
@@ -39,7 +40,6 @@ from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
 
-WHOLE_ANSWER = 2**31 - 1      # a stream interval no request reaches: the first token, then the rest at the end
 FINISH_TO_PROTO = {
     FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,

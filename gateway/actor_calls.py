@@ -22,6 +22,7 @@ from forge import expert_routing
 from forge.gateway.actors import ActorSet, ActorState, cancelled_here
 from forge.gateway.errors import BadRequest, Unavailable, UpstreamFailed
 from forge.gateway.routing import NoActorAvailable, RouteRequest
+from forge.stream_interval import WHOLE_ANSWER
 from forge.v1 import actor_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,6 @@ class _StaleHandover(Exception):
 
 
 HANDOVER_TRIES = 3
-WHOLE_ANSWER = 2**31 - 1      # the stream interval of a whole answer from an actor without GenerateWhole
 
 
 def joined(first: actor_pb2.GenerateChunk, chunk: actor_pb2.GenerateChunk) -> actor_pb2.GenerateChunk:

@@ -15,9 +15,9 @@ import openai
 import pytest
 
 from forge.assets import TINY_DIR
-from forge.gateway.actor_calls import WHOLE_ANSWER
 from forge.gateway.modelinfo import ModelInfo
 from forge.pool import NotFoundError, PoolReader
+from forge.stream_interval import WHOLE_ANSWER
 from forge.tokenizer import Tokenizer
 from forge.v1 import actor_pb2, actor_pb2_grpc, common_pb2, pool_pb2
 
